@@ -1,0 +1,42 @@
+"""ortlearn: train ONNX graphs with the ordinary onnxruntime, behind scikit-learn estimators.
+
+Public names are imported lazily (skl2onnx and scikit-learn take a while to
+import); ``from ortlearn import X`` works for every name in ``__all__``.
+"""
+
+from importlib import import_module
+
+__version__ = "0.1.0"
+
+# public name -> module that defines it
+_LAZY = {
+    "add_loss_output": "ortlearn.loss",
+    "get_train_initializer": "ortlearn.convert",
+    "to_train_onnx": "ortlearn.convert",
+    "build_gradient": "ortlearn.autodiff",
+    "TrainingSession": "ortlearn.training",
+    "CheckpointState": "ortlearn.training",
+    "OrtGradientOptimizer": "ortlearn.estimators",
+    "OrtLinearRegressor": "ortlearn.estimators",
+    "OrtLinearClassifier": "ortlearn.estimators",
+    "OrtMLPRegressor": "ortlearn.estimators",
+    "OrtMLPClassifier": "ortlearn.estimators",
+    "ConvergenceError": "ortlearn.exceptions",
+    "NoGradientRuleError": "ortlearn.exceptions",
+}
+_SUBMODULES = {"artifacts", "onnxblock", "api", "autodiff", "optim", "convert", "loss",
+               "training", "estimators", "exceptions"}
+
+__all__ = sorted(_LAZY) + sorted(_SUBMODULES)
+
+
+def __getattr__(name):
+    if name in _SUBMODULES:
+        return import_module(f"ortlearn.{name}")
+    if name in _LAZY:
+        return getattr(import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'ortlearn' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))
