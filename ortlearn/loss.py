@@ -1,0 +1,487 @@
+"""Add a scalar loss output (and weight penalties) to an ONNX graph.
+
+:func:`add_loss_output` turns a prediction graph ``Y = f(W, X)`` into a
+graph ``loss = L(f(W, X), label, sample_weight) + R(W)`` that the gradient
+builder differentiates with respect to the trainable initializers ``W``.
+
+The graph is assembled from small private pieces that other modules reuse:
+
+- :func:`_elementwise_loss` emits the unreduced loss of one score name,
+- :func:`_reduce_rows` averages it over the columns, then over the rows
+  (optionally weighted),
+- :func:`_penalty_terms` emits the L1/L2 penalty of named weights.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from ._onnx_helper import (
+    FLOAT_TYPES,
+    GraphBuilder,
+    elem_type_of,
+    finalize_model,
+    load_model,
+    np_dtype_to_onnx,
+    onnx_to_np_dtype,
+    shape_of,
+    value_info_map,
+)
+
+__all__ = ["SCORE_NAMES", "add_loss_output"]
+
+#: Valid values of ``score_name`` in :func:`add_loss_output`.
+SCORE_NAMES = (
+    "squared_error", "l2", "absolute_error", "l1", "elastic", "huber", "log", "cross_entropy",
+)
+
+_ALIASES = {"l2": "squared_error", "l1": "absolute_error"}
+
+# Keyword arguments each score accepts, with their defaults.
+_SCORE_KWARGS = {
+    "squared_error": {},
+    "absolute_error": {},
+    "elastic": {"l1_weight": 0.5, "l2_weight": 0.5},
+    "huber": {"epsilon": 1.0},
+    "log": {},
+    "cross_entropy": {},
+}
+
+_PENALTY_KEYS = ("l1", "l2")
+
+
+def _canonical_score(score_name: str) -> str:
+    if not isinstance(score_name, str) or score_name not in SCORE_NAMES:
+        raise ValueError(
+            f"Unknown score_name {score_name!r}; expected one of {', '.join(SCORE_NAMES)}."
+        )
+    return _ALIASES.get(score_name, score_name)
+
+
+def _score_params(score: str, kwargs: dict) -> dict:
+    """Defaults of ``score`` updated with ``kwargs``; unknown or bad values raise."""
+    allowed = _SCORE_KWARGS[score]
+    unknown = sorted(set(kwargs) - set(allowed))
+    if unknown:
+        accepted = ", ".join(allowed) if allowed else "no keyword argument"
+        raise TypeError(
+            f"Unexpected keyword argument(s) {unknown} for score_name={score!r}, "
+            f"which takes {accepted}."
+        )
+    params = {**allowed, **kwargs}
+    for key, value in params.items():
+        _check_coefficient(value, key)
+    if score == "huber" and params["epsilon"] == 0:
+        raise ValueError("epsilon must be > 0 for the huber loss, got 0.")
+    return params
+
+
+def _check_coefficient(value, what: str) -> float:
+    """``value`` as a float; ValueError unless it is a finite real >= 0."""
+    if (isinstance(value, bool) or not isinstance(value, numbers.Real)
+            or not np.isfinite(value) or value < 0):
+        raise ValueError(f"{what} must be a finite number >= 0, got {value!r}.")
+    return float(value)
+
+
+def _elementwise_loss(builder: GraphBuilder, score_name: str, pred: str, label: str,
+                      dtype=np.float32, **kwargs) -> str:
+    """Emit the unreduced loss between ``pred`` and ``label``; return its name.
+
+    Parameters
+    ----------
+    builder : GraphBuilder
+    score_name : str
+        One of :data:`SCORE_NAMES`.
+    pred, label : str
+        Names of the prediction and of the expected values. For
+        ``'cross_entropy'``, ``pred`` holds logits of shape (n, k) and
+        ``label`` int64 class indices of shape (n,) or (n, 1); otherwise
+        both have the same shape.
+    dtype : numpy dtype
+        Float type of ``pred`` (used for the constants).
+    **kwargs
+        Parameters of the score (``l1_weight``, ``l2_weight``, ``epsilon``).
+
+    Returns
+    -------
+    name : str
+        Loss of shape ``pred.shape`` ((n, 1) for ``'cross_entropy'``).
+    """
+    score = _canonical_score(score_name)
+    params = _score_params(score, kwargs)
+    if score == "cross_entropy":
+        return _cross_entropy(builder, pred, label)
+    if score == "log":
+        return _binary_log_loss(builder, pred, label, dtype)
+    diff = builder.op("Sub", [pred, label])
+    if score == "squared_error":
+        return builder.op("Mul", [diff, diff])
+    if score == "absolute_error":
+        return builder.op("Abs", [diff])
+    if score == "elastic":
+        l1_weight = builder.const(params["l1_weight"], dtype)
+        l2_weight = builder.const(params["l2_weight"], dtype)
+        l1 = builder.op("Mul", [l1_weight, builder.op("Abs", [diff])])
+        l2 = builder.op("Mul", [l2_weight, builder.op("Mul", [diff, diff])])
+        return builder.op("Add", [l1, l2])
+    return _huber(builder, diff, params["epsilon"], dtype)
+
+
+def _huber(builder: GraphBuilder, diff: str, epsilon: float, dtype) -> str:
+    # With a = |d| and m = min(a, eps): 0.5 m^2 + eps (a - m) equals 0.5 d^2
+    # when a <= eps and eps (a - eps / 2) otherwise, without a Where.
+    absd = builder.op("Abs", [diff])
+    eps = builder.const(epsilon, dtype)
+    clipped = builder.op("Min", [absd, eps])
+    quad = builder.op("Mul", [builder.const(0.5, dtype), builder.op("Mul", [clipped, clipped])])
+    lin = builder.op("Mul", [eps, builder.op("Sub", [absd, clipped])])
+    return builder.op("Add", [quad, lin])
+
+
+def _binary_log_loss(builder: GraphBuilder, score: str, label: str, dtype) -> str:
+    # max(s, 0) - y s + log(1 + exp(-|s|)): exp never overflows. Softplus is
+    # avoided on purpose: some onnxruntime builds lack its float64 kernel.
+    one = builder.const(1.0, dtype)
+    tail = builder.op("Exp", [builder.op("Neg", [builder.op("Abs", [score])])])
+    log1p = builder.op("Log", [builder.op("Add", [one, tail])])
+    hinge = builder.op("Sub", [builder.op("Relu", [score]), builder.op("Mul", [label, score])])
+    return builder.op("Add", [hinge, log1p])
+
+
+def _cross_entropy(builder: GraphBuilder, logits: str, label: str) -> str:
+    # GatherElements fails on an out-of-range class index instead of
+    # silently contributing zero as a one-hot product would.
+    logp = builder.op("LogSoftmax", [logits], axis=1)
+    index = builder.op("Reshape", [label, builder.ints([-1, 1], hint="shape")])
+    picked = builder.op("GatherElements", [logp, index], axis=1)
+    return builder.op("Neg", [picked])
+
+
+def _reduce_rows(builder: GraphBuilder, per_elem: str, weight: str | None = None,
+                 output: str | None = None) -> str:
+    """Reduce an elementwise loss of shape (n,) or (n, ...) to a scalar.
+
+    Each row is first averaged over its other dimensions; the result is the
+    mean of these row losses, or their weighted mean ``sum(w l) / sum(w)``
+    when ``weight`` (shape (n,)) is given.
+    """
+    flat = builder.op("Reshape", [per_elem, builder.ints([0, -1], hint="shape")])
+    rows = builder.reduce("ReduceMean", flat, axes=[1], keepdims=0)
+    if weight is None:
+        return builder.reduce("ReduceMean", rows, keepdims=0, output=output)
+    total = builder.reduce("ReduceSum", builder.op("Mul", [rows, weight]), keepdims=0)
+    norm = builder.reduce("ReduceSum", weight, keepdims=0)
+    return builder.op("Div", [total, norm], outputs=[output] if output else None)
+
+
+def _normalize_penalty(penalty) -> dict[str, dict[str, float]]:
+    """``{name: b}`` or ``{name: {'l1': a, 'l2': b}}`` -> ``{name: {'l1': a, 'l2': b}}``."""
+    if penalty is None:
+        return {}
+    if not isinstance(penalty, dict):
+        raise TypeError(
+            "penalty must be a dict {weight_name: l2} or {weight_name: {'l1': a, 'l2': b}}, "
+            f"got {type(penalty).__name__}."
+        )
+    normalized = {}
+    for name, spec in penalty.items():
+        if not isinstance(spec, dict):
+            spec = {"l2": spec}
+        unknown = sorted(set(spec) - set(_PENALTY_KEYS))
+        if unknown:
+            raise ValueError(
+                f"Unknown penalty key(s) {unknown} for {name!r}; expected 'l1' and/or 'l2'."
+            )
+        normalized[name] = {
+            key: _check_coefficient(spec.get(key, 0.0), f"Penalty {key} on {name!r}")
+            for key in _PENALTY_KEYS
+        }
+    return normalized
+
+
+def _penalty_terms(builder: GraphBuilder, penalty, dtypes: dict[str, int],
+                   dtype=np.float32) -> str | None:
+    """Emit ``sum_w l1 * sum|w| + l2 * sum w^2``; return its name (None if zero).
+
+    Parameters
+    ----------
+    builder : GraphBuilder
+    penalty : dict
+        ``{name: l2}`` or ``{name: {'l1': a, 'l2': b}}``.
+    dtypes : dict
+        ONNX element type of every weight that may be penalised.
+    dtype : numpy dtype
+        Type of the result (each term is cast to it if needed).
+
+    Raises
+    ------
+    ValueError
+        For a name missing from ``dtypes``.
+    TypeError
+        For a weight that is not float32/float64.
+    """
+    normalized = _normalize_penalty(penalty)
+    missing = sorted(set(normalized) - set(dtypes))
+    if missing:
+        raise ValueError(
+            f"penalty names unknown weight(s) {missing}; available initializers: "
+            f"{sorted(dtypes)}."
+        )
+    target = np_dtype_to_onnx(dtype)
+    terms = []
+    for name, coefs in normalized.items():
+        if dtypes[name] not in FLOAT_TYPES:
+            raise TypeError(
+                f"Cannot penalise {name!r}: it is a {TensorProto.DataType.Name(dtypes[name])} "
+                "tensor, not float or double."
+            )
+        wdtype = onnx_to_np_dtype(dtypes[name])
+        parts = []
+        if coefs["l1"]:
+            parts.append(_scaled_sum(builder, builder.op("Abs", [name]), coefs["l1"], wdtype))
+        if coefs["l2"]:
+            parts.append(_scaled_sum(builder, builder.op("Mul", [name, name]), coefs["l2"], wdtype))
+        if parts:
+            term = _add_all(builder, parts)
+            terms.append(term if dtypes[name] == target else builder.cast(term, target))
+    return _add_all(builder, terms) if terms else None
+
+
+def _scaled_sum(builder: GraphBuilder, x: str, coef: float, dtype) -> str:
+    total = builder.reduce("ReduceSum", x, keepdims=0)
+    return builder.op("Mul", [builder.const(coef, dtype), total])
+
+
+def _add_all(builder: GraphBuilder, names: list[str]) -> str:
+    result = names[0]
+    for name in names[1:]:
+        result = builder.op("Add", [result, name])
+    return result
+
+
+def _select_prediction(model: onnx.ModelProto, output_index) -> str:
+    """Name of the value used as prediction."""
+    outputs = [o.name for o in model.graph.output]
+    if output_index is None:
+        return outputs[0]
+    if isinstance(output_index, str):
+        produced = {name for node in model.graph.node for name in node.output}
+        if output_index in outputs or output_index in produced:
+            return output_index
+        raise ValueError(
+            f"output_index={output_index!r} is neither an output of the model nor a value "
+            f"computed by one of its nodes; outputs: {outputs}."
+        )
+    if isinstance(output_index, bool) or not isinstance(output_index, numbers.Integral):
+        raise TypeError(
+            f"output_index must be an int or an output name, got {type(output_index).__name__}."
+        )
+    if not -len(outputs) <= output_index < len(outputs):
+        raise ValueError(
+            f"output_index={output_index} is out of range: the model has {len(outputs)} "
+            f"output(s) {outputs}."
+        )
+    return outputs[output_index]
+
+
+def _check_prediction(model, infos, pred: str, score: str, output_index):
+    """Return (element type, shape) of the prediction after checking them."""
+    info = infos.get(pred)
+    elem = elem_type_of(info) if info is not None else 0
+    if elem not in FLOAT_TYPES:
+        type_name = TensorProto.DataType.Name(elem) if elem else "of unknown type"
+        floats = [f"{i} ({o.name!r})" for i, o in enumerate(model.graph.output)
+                  if elem_type_of(o) in FLOAT_TYPES]
+        hint = (f"pass output_index= the index or name of the scores, e.g. one of {floats}"
+                if floats else "pass output_index= the name of a float value of the graph")
+        raise TypeError(
+            f"The prediction {pred!r} (output_index={output_index!r}) is {type_name}; "
+            f"score_name={score!r} needs a float or double tensor: {hint}."
+        )
+    shape = shape_of(info)
+    if not shape:
+        # The label input is declared with the prediction's shape.
+        raise ValueError(
+            f"The prediction {pred!r} has an unknown shape or is a scalar; the loss needs "
+            "a prediction of shape (n, ...): declare its shape on the model's output."
+        )
+    if score == "cross_entropy" and len(shape) != 2:
+        raise ValueError(
+            f"score_name='cross_entropy' needs logits of shape (n, n_classes); "
+            f"{pred!r} has rank {len(shape)}."
+        )
+    if score == "log" and not _is_binary_score_shape(shape):
+        raise ValueError(
+            f"score_name='log' needs scores of shape (n,) or (n, 1); {pred!r} has shape "
+            f"{shape}. Use score_name='cross_entropy' for multiclass logits."
+        )
+    return elem, shape
+
+
+def _is_binary_score_shape(shape) -> bool:
+    """(n,) or (n, 1), an unknown second dimension accepted."""
+    if len(shape) == 1:
+        return True
+    return len(shape) == 2 and (shape[1] == 1 or not isinstance(shape[1], int))
+
+
+def _label_info(name: str, score: str, elem: int, shape) -> onnx.ValueInfoProto:
+    if score == "cross_entropy":
+        # Class indices of shape (n,), like scikit-learn's y (onnx.checker
+        # wants a rank on every input, so (n, 1) cannot be declared too).
+        return helper.make_tensor_value_info(name, TensorProto.INT64, [_batch_dim(shape)])
+    return helper.make_tensor_value_info(name, elem, [_batch_dim(shape)] + list(shape[1:]))
+
+
+def _batch_dim(shape) -> str:
+    return shape[0] if shape and isinstance(shape[0], str) and shape[0] else "N"
+
+
+def _reserve(builder: GraphBuilder, name: str, argument: str) -> str:
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"{argument} must be a non-empty string, got {name!r}.")
+    try:
+        return builder.reserve(name)
+    except ValueError:
+        raise ValueError(
+            f"{argument}={name!r} is already a name in the graph; choose another {argument}."
+        ) from None
+
+
+def add_loss_output(onx, score_name: str = "squared_error", loss_name: str = "loss",
+                    label_name: str = "label", weight_name: str | None = None,
+                    penalty: dict | None = None, output_index=None,
+                    **kwargs) -> onnx.ModelProto:
+    """Add a scalar loss output computed from a prediction of the graph.
+
+    The loss is::
+
+        loss = mean_i l_i  (or sum_i w_i l_i / sum_i w_i with sample weights)
+               + sum over penalised weights W of (l1 * sum|W| + l2 * sum W^2)
+
+    where ``l_i`` is the elementwise loss of row ``i`` averaged over the
+    output columns, so that a multi-output ``'squared_error'`` equals
+    :func:`sklearn.metrics.mean_squared_error`. Penalties have no 1/2 factor
+    and are not divided by the number of rows.
+
+    Parameters
+    ----------
+    onx : onnx.ModelProto, bytes or path
+        Model computing the prediction; it is not modified.
+    score_name : str, default='squared_error'
+        Elementwise loss between the prediction ``p`` and the label ``y``
+        (``d = y - p``):
+
+        - ``'squared_error'`` or ``'l2'``: ``d ** 2``;
+        - ``'absolute_error'`` or ``'l1'``: ``|d|``;
+        - ``'elastic'``: ``l1_weight * |d| + l2_weight * d ** 2``;
+        - ``'huber'``: ``0.5 * d ** 2`` if ``|d| <= epsilon`` else
+          ``epsilon * (|d| - epsilon / 2)`` (the textbook form, as in
+          :class:`sklearn.linear_model.SGDRegressor`);
+        - ``'log'``: binary log-loss of scores (logits) ``s`` of shape (n,)
+          or (n, 1) and labels in {0, 1}, computed as
+          ``max(s, 0) - y s + log(1 + exp(-|s|))`` (finite for any ``s``);
+        - ``'cross_entropy'``: multiclass log-loss ``-log softmax(s)[y]`` of
+          logits of shape (n, n_classes) and int64 class indices in
+          [0, n_classes) of shape (n,); an index out of range makes
+          onnxruntime fail rather than count zero.
+
+        ``'log'`` and ``'cross_entropy'`` take logits, not probabilities:
+        select the input of the final Sigmoid/Softmax with ``output_index``.
+    loss_name : str, default='loss'
+        Name of the new scalar output, of the prediction's float type.
+    label_name : str, default='label'
+        Name of the new input holding the expected values: same type and
+        shape as the prediction, with a dynamic first dimension; int64
+        class indices of shape (n,) for ``'cross_entropy'``.
+    weight_name : str, default=None
+        If given, name of a new input of shape (n,) and of the prediction's
+        type holding sample weights.
+    penalty : dict, default=None
+        ``{initializer_name: {'l1': a, 'l2': b}}`` or
+        ``{initializer_name: b}`` (meaning ``{'l2': b}``).
+    output_index : int or str, default=None
+        Which value is the prediction: an output index, an output name or
+        the name of any value computed by a node. None means the first
+        output.
+    **kwargs
+        Parameters of the score: ``l1_weight`` and ``l2_weight`` (both 0.5
+        by default) for ``'elastic'``, ``epsilon`` (1.0) for ``'huber'``.
+
+    Returns
+    -------
+    model : onnx.ModelProto
+        A new model with the original inputs, then ``label_name`` (and
+        ``weight_name``); its outputs are ``loss_name`` followed by the
+        original outputs.
+
+    Raises
+    ------
+    ValueError
+        For an unknown score name, penalised weight or output, a name
+        already present in the graph, a negative coefficient or a
+        prediction of the wrong shape.
+    TypeError
+        For a prediction that is not float or double (pass
+        ``output_index``), a keyword argument the score does not take, or a
+        penalised weight that is not float.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from sklearn.linear_model import LinearRegression
+    >>> from skl2onnx import to_onnx
+    >>> from ortlearn import add_loss_output
+    >>> X = np.arange(20, dtype=np.float32).reshape(10, 2)
+    >>> y = X @ np.array([1.0, 2.0], dtype=np.float32)
+    >>> onx = to_onnx(LinearRegression().fit(X, y), X, black_op={'LinearRegressor'})
+    >>> onx_loss = add_loss_output(onx, score_name='elastic', weight_name='weight',
+    ...                            l1_weight=0.1, l2_weight=0.9,
+    ...                            penalty={'coef': {'l2': 0.01}})
+    >>> [i.name for i in onx_loss.graph.input]
+    ['X', 'label', 'weight']
+    >>> [o.name for o in onx_loss.graph.output]
+    ['loss', 'variable']
+    """
+    score = _canonical_score(score_name)
+    params = _score_params(score, kwargs)
+    model = load_model(onx)
+    if not model.graph.output:
+        raise ValueError("The model has no output to compute a loss from.")
+    if weight_name is not None and weight_name == label_name:
+        raise ValueError(f"label_name and weight_name are both {label_name!r}.")
+
+    pred = _select_prediction(model, output_index)
+    # Declared output types first: inferred ones carry generated dim names.
+    infos = value_info_map(model)
+    infos.update({o.name: o for o in model.graph.output if elem_type_of(o)})
+    elem, shape = _check_prediction(model, infos, pred, score, output_index)
+    dtype = onnx_to_np_dtype(elem)
+
+    builder = GraphBuilder.for_model(model, prefix=f"{loss_name}_")
+    loss = _reserve(builder, loss_name, "loss_name")
+    label = _reserve(builder, label_name, "label_name")
+    weight = None if weight_name is None else _reserve(builder, weight_name, "weight_name")
+
+    inits = {init.name: init.data_type for init in model.graph.initializer}
+    pen = _penalty_terms(builder, penalty, inits, dtype)
+    per_elem = _elementwise_loss(builder, score, pred, label, dtype, **params)
+    data = _reduce_rows(builder, per_elem, weight, output=None if pen else loss)
+    if pen is not None:
+        builder.op("Add", [data, pen], outputs=[loss])
+
+    graph = model.graph
+    builder.add_to_graph(graph)
+    graph.input.append(_label_info(label, score, elem, shape))
+    if weight is not None:
+        graph.input.append(helper.make_tensor_value_info(weight, elem, [_batch_dim(shape)]))
+    originals = list(graph.output)
+    del graph.output[:]
+    graph.output.append(helper.make_tensor_value_info(loss, elem, []))
+    graph.output.extend(originals)
+    return finalize_model(model)

@@ -1,0 +1,440 @@
+"""Tests of ortlearn.loss: every loss value against numpy / sklearn.metrics."""
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from scipy.special import expit, softmax
+from sklearn.datasets import load_breast_cancer, load_diabetes, load_iris
+from sklearn.linear_model import LinearRegression, LogisticRegression
+from sklearn.metrics import (
+    log_loss,
+    mean_absolute_error,
+    mean_squared_error,
+)
+from skl2onnx import to_onnx
+
+from conftest import run_onnx
+from ortlearn import add_loss_output
+from ortlearn._onnx_helper import DEFAULT_OPSET, GraphBuilder, make_model
+from ortlearn.loss import SCORE_NAMES, _elementwise_loss, _penalty_terms, _reduce_rows
+
+DTYPES = [np.float32, np.float64]
+
+
+def _rtol(dtype):
+    return 1e-5 if dtype == np.float32 else 1e-12
+
+
+def identity_model(dtype, shape=("N", 1), name="Y"):
+    """A model whose output is its input: the prediction is what we feed."""
+    elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["X"], [name])], "identity",
+        [helper.make_tensor_value_info("X", elem, list(shape))],
+        [helper.make_tensor_value_info(name, elem, list(shape))],
+    )
+    return make_model(graph, [helper.make_opsetid("", DEFAULT_OPSET)])
+
+
+def linear_model(coef, intercept, flat=False):
+    """X @ coef + intercept with trainable initializers; output (N, k) or (N,)."""
+    dtype = coef.dtype
+    elem = helper.np_dtype_to_tensor_dtype(dtype)
+    k = coef.shape[1]
+    nodes = [helper.make_node("MatMul", ["X", "coef"], ["mm"]),
+             helper.make_node("Add", ["mm", "intercept"], ["scores" if flat else "Y"])]
+    if flat:
+        nodes.append(helper.make_node(
+            "Constant", [], ["flat_shape"],
+            value=numpy_helper.from_array(np.array([-1], dtype=np.int64))))
+        nodes.append(helper.make_node("Reshape", ["scores", "flat_shape"], ["Y"]))
+    graph = helper.make_graph(
+        nodes, "linear",
+        [helper.make_tensor_value_info("X", elem, ["N", coef.shape[0]])],
+        [helper.make_tensor_value_info("Y", elem, ["N"] if flat else ["N", k])],
+        [numpy_helper.from_array(coef, "coef"), numpy_helper.from_array(intercept, "intercept")],
+    )
+    return make_model(graph, [helper.make_opsetid("", DEFAULT_OPSET)])
+
+
+def _loss(model, feeds):
+    out = run_onnx(model, feeds)
+    assert out[0].shape == ()
+    return float(out[0])
+
+
+@pytest.fixture(scope="module")
+def diabetes():
+    X, y = load_diabetes(return_X_y=True)
+    return X, y
+
+
+@pytest.fixture(scope="module")
+def iris_logreg():
+    X, y = load_iris(return_X_y=True)
+    clf = LogisticRegression(max_iter=500).fit(X, y)
+    return X, y, clf
+
+
+# --------------------------------------------------------------------- seed
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_seed_003_elastic_with_weights_and_penalty(diabetes, dtype):
+    X, y = diabetes
+    X = X.astype(dtype)
+    reg = LinearRegression().fit(X, y)
+    onx = to_onnx(reg, X, black_op={"LinearRegressor"})
+    onx_loss = add_loss_output(onx, weight_name="weight", score_name="elastic",
+                               l1_weight=0.1, l2_weight=0.9, penalty={"coef": {"l2": 0.01}})
+    onnx.checker.check_model(onx_loss)
+    assert [i.name for i in onx_loss.graph.input] == ["X", "label", "weight"]
+    assert [o.name for o in onx_loss.graph.output] == ["loss", "variable"]
+    # No initializer added: constants are nodes.
+    assert ({i.name for i in onx_loss.graph.initializer}
+            == {i.name for i in onx.graph.initializer})
+
+    rng = np.random.default_rng(0)
+    w = rng.uniform(0.5, 2, size=len(y)).astype(dtype)
+    label = (y + rng.normal(size=len(y)) * 10).astype(dtype).reshape(-1, 1)
+    loss, pred = run_onnx(onx_loss, {"X": X, "label": label, "weight": w})
+    np.testing.assert_allclose(pred, reg.predict(X).reshape(-1, 1), rtol=1e-4)
+
+    d = (label - pred).ravel().astype(np.float64)
+    expected = (np.sum(w * (0.1 * np.abs(d) + 0.9 * d ** 2)) / np.sum(w)
+                + 0.01 * np.sum(reg.coef_.astype(dtype).astype(np.float64) ** 2))
+    assert loss.dtype == dtype
+    np.testing.assert_allclose(loss, expected, rtol=_rtol(dtype) * 10)
+
+
+# ---------------------------------------------------- regression scores
+
+def _huber(d, eps):
+    a = np.abs(d)
+    return np.where(a <= eps, 0.5 * d ** 2, eps * (a - eps / 2))
+
+
+def _reference(score, y, p, w, **kw):
+    """Reference loss from sklearn.metrics or numpy."""
+    if score in ("squared_error", "l2"):
+        return mean_squared_error(y, p, sample_weight=w)
+    if score in ("absolute_error", "l1"):
+        return mean_absolute_error(y, p, sample_weight=w)
+    d = y - p
+    if score == "elastic":
+        elem = kw.get("l1_weight", 0.5) * np.abs(d) + kw.get("l2_weight", 0.5) * d ** 2
+    else:
+        elem = _huber(d, kw.get("epsilon", 1.0))
+    return np.average(elem.mean(axis=1), weights=w)
+
+
+REGRESSION_CASES = [
+    ("squared_error", {}), ("l2", {}), ("absolute_error", {}), ("l1", {}),
+    ("elastic", {}), ("elastic", {"l1_weight": 0.3, "l2_weight": 2.0}),
+    ("huber", {}), ("huber", {"epsilon": 0.25}),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("n_outputs", [1, 3])
+@pytest.mark.parametrize("score,kw", REGRESSION_CASES)
+def test_regression_scores(score, kw, n_outputs, weighted, dtype):
+    rng = np.random.default_rng(1)
+    n = 57
+    p = rng.normal(size=(n, n_outputs)).astype(dtype)
+    y = (p + rng.normal(scale=1.5, size=(n, n_outputs))).astype(dtype)
+    w = rng.uniform(0, 3, size=n).astype(dtype) if weighted else None
+    model = add_loss_output(identity_model(dtype, ("N", n_outputs)), score_name=score,
+                            weight_name="w" if weighted else None, **kw)
+    feeds = {"X": p, "label": y}
+    if weighted:
+        feeds["w"] = w
+    p64, y64 = p.astype(np.float64), y.astype(np.float64)
+    w64 = None if w is None else w.astype(np.float64)
+    expected = _reference(score, y64, p64, w64, **kw)
+    np.testing.assert_allclose(_loss(model, feeds), expected, rtol=_rtol(dtype) * 10)
+
+
+def test_huber_closed_form_both_branches():
+    eps = 0.5
+    p = np.zeros((4, 1))
+    y = np.array([[0.2], [-0.5], [2.0], [-3.0]])
+    model = add_loss_output(identity_model(np.float64), score_name="huber", epsilon=eps)
+    expected = np.mean([0.5 * 0.04, 0.5 * 0.25, 0.5 * (2.0 - 0.25), 0.5 * (3.0 - 0.25)])
+    assert _loss(model, {"X": p, "label": y}) == pytest.approx(expected, rel=1e-14)
+
+
+def test_regression_on_diabetes_matches_sklearn(diabetes):
+    X, y = diabetes
+    reg = LinearRegression().fit(X[:300], y[:300])
+    model = add_loss_output(to_onnx(reg, X, black_op={"LinearRegressor"}))
+    loss = _loss(model, {"X": X, "label": y.reshape(-1, 1)})
+    assert loss == pytest.approx(mean_squared_error(y, reg.predict(X)), rel=1e-10)
+
+
+# ------------------------------------------------------------ log losses
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("flat", [False, True])
+def test_binary_log_loss_breast_cancer(dtype, weighted, flat):
+    X, y = load_breast_cancer(return_X_y=True)
+    X = (X - X.mean(axis=0)) / X.std(axis=0)
+    clf = LogisticRegression(max_iter=200).fit(X, y)
+    model = add_loss_output(
+        linear_model(clf.coef_.T.astype(dtype), clf.intercept_.astype(dtype), flat=flat),
+        score_name="log", weight_name="sw" if weighted else None)
+    w = np.random.default_rng(2).uniform(0.1, 2, size=len(y)) if weighted else None
+    label = y.astype(dtype) if flat else y.astype(dtype).reshape(-1, 1)
+    feeds = {"X": X.astype(dtype), "label": label}
+    if weighted:
+        feeds["sw"] = w.astype(dtype)
+    scores = X @ clf.coef_.ravel() + clf.intercept_[0]
+    expected = log_loss(y, expit(scores), sample_weight=w)
+    np.testing.assert_allclose(_loss(model, feeds), expected, rtol=1e-4 if dtype == np.float32
+                               else 1e-9)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_binary_log_loss_extreme_logits(dtype):
+    s = np.array([[1000.0], [-1000.0], [1000.0], [-1000.0], [0.0]], dtype=dtype)
+    y = np.array([[1.0], [0.0], [0.0], [1.0], [1.0]], dtype=dtype)
+    model = add_loss_output(identity_model(dtype), score_name="log")
+    loss = _loss(model, {"X": s, "label": y})
+    assert np.isfinite(loss)
+    # Right side: log(1 + e^-1000) ~ 0; wrong side: 1000; zero logit: log 2.
+    assert loss == pytest.approx((0 + 0 + 1000 + 1000 + np.log(2)) / 5, rel=1e-6)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("weighted", [False, True])
+def test_cross_entropy_iris_raw_scores(iris_logreg, dtype, weighted):
+    X, y, clf = iris_logreg
+    onx = to_onnx(clf, X.astype(dtype), black_op={"LinearClassifier"},
+                  options={"zipmap": False})
+    # 'raw_scores' is an intermediate value (the Softmax input), selected by name;
+    # the graph already has an output named 'label'.
+    model = add_loss_output(onx, score_name="cross_entropy", output_index="raw_scores",
+                            label_name="y", weight_name="sw" if weighted else None)
+    assert [o.name for o in model.graph.output] == ["loss", "label", "probabilities"]
+    w = np.random.default_rng(3).uniform(0.1, 2, size=len(y)) if weighted else None
+    feeds = {"X": X.astype(dtype), "y": y}
+    if weighted:
+        feeds["sw"] = w.astype(dtype)
+    loss, labels, proba = run_onnx(model, feeds)
+    np.testing.assert_array_equal(labels, clf.predict(X))
+    expected = log_loss(y, clf.predict_proba(X), sample_weight=w)
+    np.testing.assert_allclose(loss, expected, rtol=1e-5 if dtype == np.float32 else 1e-9)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_cross_entropy_extreme_logits(dtype):
+    s = np.array([[1000.0, -1000.0, 0.0], [1000.0, -1000.0, 0.0], [0.0, 0.0, 0.0]], dtype=dtype)
+    y = np.array([0, 1, 2], dtype=np.int64)
+    model = add_loss_output(identity_model(dtype, ("N", 3)), score_name="cross_entropy")
+    loss = _loss(model, {"X": s, "label": y})
+    assert np.isfinite(loss)
+    assert loss == pytest.approx((0.0 + 2000.0 + np.log(3)) / 3, rel=1e-6)
+
+
+def test_cross_entropy_label_out_of_range_fails():
+    model = add_loss_output(identity_model(np.float64, ("N", 3)), score_name="cross_entropy")
+    with pytest.raises(Exception, match="GatherElements"):
+        run_onnx(model, {"X": np.zeros((2, 3)), "label": np.array([0, 3])})
+
+
+def test_cross_entropy_matches_sklearn_on_random_logits():
+    rng = np.random.default_rng(4)
+    s = rng.normal(scale=3, size=(100, 5))
+    y = rng.integers(0, 5, size=100)
+    w = rng.uniform(0, 1, size=100)
+    model = add_loss_output(identity_model(np.float64, ("N", 5)), score_name="cross_entropy",
+                            weight_name="w")
+    loss = _loss(model, {"X": s, "label": y, "w": w})
+    expected = log_loss(y, softmax(s, axis=1), sample_weight=w, labels=range(5))
+    assert loss == pytest.approx(expected, rel=1e-10)
+
+
+@pytest.mark.parametrize("label_shape", [("N",), ("N", 1)])
+def test_reusable_pieces_cross_entropy_label_shapes(label_shape):
+    """_elementwise_loss + _reduce_rows in another graph, labels (n,) or (n, 1)."""
+    builder = GraphBuilder(opset=DEFAULT_OPSET)
+    per_elem = _elementwise_loss(builder, "cross_entropy", "S", "L", np.float64)
+    _reduce_rows(builder, per_elem, output="out")
+    graph = helper.make_graph(
+        builder.nodes, "pieces",
+        [helper.make_tensor_value_info("S", TensorProto.DOUBLE, ["N", 4]),
+         helper.make_tensor_value_info("L", TensorProto.INT64, list(label_shape))],
+        [helper.make_tensor_value_info("out", TensorProto.DOUBLE, [])])
+    model = make_model(graph, [helper.make_opsetid("", DEFAULT_OPSET)])
+    rng = np.random.default_rng(6)
+    s = rng.normal(size=(20, 4))
+    y = rng.integers(0, 4, size=20)
+    (loss,) = run_onnx(model, {"S": s, "L": y.reshape(-1, *label_shape[1:])})
+    assert loss == pytest.approx(log_loss(y, softmax(s, axis=1), labels=range(4)), rel=1e-10)
+
+
+def test_penalty_terms_cast_to_loss_dtype():
+    """A float32 weight penalised in a float64 loss (e.g. a per-batch penalty graph)."""
+    builder = GraphBuilder(opset=DEFAULT_OPSET)
+    _penalty_terms(builder, {"W": {"l1": 0.5, "l2": 0.25}}, {"W": TensorProto.FLOAT},
+                   np.float64)
+    builder.op("Identity", [builder.nodes[-1].output[0]], outputs=["out"])
+    graph = helper.make_graph(
+        builder.nodes, "pen", [helper.make_tensor_value_info("W", TensorProto.FLOAT, [3])],
+        [helper.make_tensor_value_info("out", TensorProto.DOUBLE, [])])
+    model = make_model(graph, [helper.make_opsetid("", DEFAULT_OPSET)])
+    w = np.array([1.0, -2.0, 0.5], dtype=np.float32)
+    (out,) = run_onnx(model, {"W": w})
+    assert out.dtype == np.float64
+    assert out == pytest.approx(0.5 * 3.5 + 0.25 * 5.25, rel=1e-7)
+
+
+# ------------------------------------------------------------- penalties
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("penalty,l1,l2,l1_b,l2_b", [
+    ({"coef": {"l1": 0.3, "l2": 0.2}}, 0.3, 0.2, 0.0, 0.0),
+    ({"coef": 0.5}, 0.0, 0.5, 0.0, 0.0),
+    ({"coef": {"l1": 0.1}, "intercept": {"l2": 2.0, "l1": 0.7}}, 0.1, 0.0, 0.7, 2.0),
+    ({"coef": {"l1": 0.0, "l2": 0.0}}, 0.0, 0.0, 0.0, 0.0),
+])
+def test_penalties(dtype, penalty, l1, l2, l1_b, l2_b):
+    rng = np.random.default_rng(5)
+    coef = rng.normal(size=(4, 2)).astype(dtype)
+    intercept = rng.normal(size=2).astype(dtype)
+    X = rng.normal(size=(30, 4)).astype(dtype)
+    y = rng.normal(size=(30, 2)).astype(dtype)
+    model = add_loss_output(linear_model(coef, intercept), penalty=penalty)
+    assert {i.name for i in model.graph.initializer} == {"coef", "intercept"}
+    pred = X.astype(np.float64) @ coef + intercept
+    c, b = coef.astype(np.float64), intercept.astype(np.float64)
+    expected = (mean_squared_error(y, pred) + l1 * np.abs(c).sum() + l2 * (c ** 2).sum()
+                + l1_b * np.abs(b).sum() + l2_b * (b ** 2).sum())
+    np.testing.assert_allclose(_loss(model, {"X": X, "label": y}), expected,
+                               rtol=_rtol(dtype) * 10)
+
+
+# ----------------------------------------------------------- output_index
+
+def _two_output_model():
+    """Outputs: 'cls' (int64), 'half' = X / 2 and 'double' = 2 X."""
+    nodes = [
+        helper.make_node("Constant", [], ["two"], value=numpy_helper.from_array(np.array(2.0))),
+        helper.make_node("ArgMax", ["X"], ["cls"], axis=1),
+        helper.make_node("Div", ["X", "two"], ["half"]),
+        helper.make_node("Mul", ["X", "two"], ["double"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "multi", [helper.make_tensor_value_info("X", TensorProto.DOUBLE, ["N", 1])],
+        [helper.make_tensor_value_info("cls", TensorProto.INT64, ["N", 1]),
+         helper.make_tensor_value_info("half", TensorProto.DOUBLE, ["N", 1]),
+         helper.make_tensor_value_info("double", TensorProto.DOUBLE, ["N", 1])])
+    return make_model(graph, [helper.make_opsetid("", DEFAULT_OPSET)])
+
+
+@pytest.mark.parametrize("output_index,factor", [(1, 0.5), ("half", 0.5), (2, 2.0),
+                                                 ("double", 2.0), (-1, 2.0)])
+def test_output_index(output_index, factor):
+    x = np.arange(6, dtype=np.float64).reshape(-1, 1)
+    y = np.ones((6, 1))
+    model = add_loss_output(_two_output_model(), output_index=output_index,
+                            label_name="target")
+    out = run_onnx(model, {"X": x, "target": y})
+    assert [o.name for o in model.graph.output] == ["loss", "cls", "half", "double"]
+    assert out[0] == pytest.approx(mean_squared_error(y, factor * x), rel=1e-14)
+    np.testing.assert_array_equal(out[2], x / 2)
+
+
+def test_default_output_of_wrong_type_asks_for_output_index():
+    with pytest.raises(TypeError, match=r"output_index.*'half'"):
+        add_loss_output(_two_output_model(), label_name="target")
+
+
+def test_classifier_label_output_is_rejected(iris_logreg):
+    X, y, clf = iris_logreg
+    onx = to_onnx(clf, X, black_op={"LinearClassifier"}, options={"zipmap": False})
+    with pytest.raises(TypeError, match="INT64.*output_index.*probabilities"):
+        add_loss_output(onx, score_name="cross_entropy", label_name="y")
+    with pytest.raises(ValueError, match="label_name='label' is already a name"):
+        add_loss_output(onx, score_name="cross_entropy", output_index="raw_scores")
+
+
+# ----------------------------------------------------------------- errors
+
+def test_unknown_score_name_lists_valid_ones():
+    with pytest.raises(ValueError, match="'hinge'.*squared_error.*cross_entropy"):
+        add_loss_output(identity_model(np.float64), score_name="hinge")
+
+
+@pytest.mark.parametrize("score,kw,exc,match", [
+    ("squared_error", {"epsilon": 1.0}, TypeError, "epsilon.*takes no keyword"),
+    ("elastic", {"alpha": 1.0}, TypeError, "alpha.*l1_weight, l2_weight"),
+    ("huber", {"epsilon": 0.0}, ValueError, "epsilon must be > 0"),
+    ("elastic", {"l1_weight": -1.0}, ValueError, "l1_weight must be a finite number"),
+])
+def test_bad_score_kwargs(score, kw, exc, match):
+    with pytest.raises(exc, match=match):
+        add_loss_output(identity_model(np.float64), score_name=score, **kw)
+
+
+def test_unknown_penalty_name_lists_initializers():
+    model = linear_model(np.ones((2, 1)), np.zeros(1))
+    with pytest.raises(ValueError, match=r"\['weights'\].*\['coef', 'intercept'\]"):
+        add_loss_output(model, penalty={"weights": 0.1})
+
+
+@pytest.mark.parametrize("penalty,exc,match", [
+    ({"coef": {"l3": 1.0}}, ValueError, "'l3'"),
+    ({"coef": -0.1}, ValueError, "l2 on 'coef' must be a finite number >= 0"),
+    ({"coef": {"l1": float("nan")}}, ValueError, "l1 on 'coef'"),
+    ([("coef", 0.1)], TypeError, "penalty must be a dict"),
+])
+def test_bad_penalty(penalty, exc, match):
+    model = linear_model(np.ones((2, 1)), np.zeros(1))
+    with pytest.raises(exc, match=match):
+        add_loss_output(model, penalty=penalty)
+
+
+def test_penalty_on_integer_initializer(diabetes):
+    X, y = diabetes
+    onx = to_onnx(LinearRegression().fit(X, y), X, black_op={"LinearRegressor"})
+    with pytest.raises(TypeError, match="'shape_tensor'.*INT64"):
+        add_loss_output(onx, penalty={"shape_tensor": 0.1})
+
+
+@pytest.mark.parametrize("output_index,exc,match", [
+    (3, ValueError, "out of range.*3 output"),
+    ("nope", ValueError, "'nope' is neither"),
+    (1.0, TypeError, "int or an output name"),
+])
+def test_bad_output_index(output_index, exc, match):
+    with pytest.raises(exc, match=match):
+        add_loss_output(_two_output_model(), output_index=output_index, label_name="t")
+
+
+@pytest.mark.parametrize("kw,match", [
+    ({"loss_name": "X"}, "loss_name='X'"),
+    ({"label_name": "Y"}, "label_name='Y'"),
+    ({"weight_name": "label"}, "both 'label'"),
+])
+def test_name_conflicts(kw, match):
+    with pytest.raises(ValueError, match=match):
+        add_loss_output(identity_model(np.float64), **kw)
+
+
+def test_shape_checks_of_log_losses():
+    with pytest.raises(ValueError, match=r"'log' needs scores of shape \(n,\) or \(n, 1\)"):
+        add_loss_output(identity_model(np.float64, ("N", 3)), score_name="log")
+    with pytest.raises(ValueError, match="cross_entropy' needs logits"):
+        add_loss_output(identity_model(np.float64, ("N",)), score_name="cross_entropy")
+
+
+def test_input_model_is_not_modified_and_bytes_accepted():
+    model = identity_model(np.float64)
+    before = model.SerializeToString()
+    out = add_loss_output(before, penalty=None)
+    assert model.SerializeToString() == before
+    assert out.graph.output[0].name == "loss"
+    assert set(SCORE_NAMES) >= {"squared_error", "log", "cross_entropy", "huber"}
