@@ -1,0 +1,17 @@
+"""Optimizer update graphs (standard ONNX) and learning-rate schedules.
+
+- :class:`SGD`, :class:`Adam`, :class:`AdamW`: update rules that append
+  their nodes to a :class:`~ortlearn._onnx_helper.GraphBuilder`;
+  :func:`build_optimizer_model` writes them as ``optimizer_model.onnx``;
+  :func:`clip_grad_norm` clips gradients by their global norm.
+- :class:`Constant`, :class:`InvScaling`, :class:`Optimal`,
+  :class:`Adaptive`, :class:`LinearLR`: learning-rate schedules.
+"""
+
+from .optimizers import SGD, Adam, AdamW, build_optimizer_model, clip_grad_norm
+from .schedules import Adaptive, Constant, InvScaling, LinearLR, Optimal
+
+__all__ = [
+    "SGD", "Adam", "AdamW", "build_optimizer_model", "clip_grad_norm",
+    "Constant", "InvScaling", "Optimal", "Adaptive", "LinearLR",
+]
