@@ -1,0 +1,292 @@
+"""``generate_artifacts``: the training artifacts of ``onnxruntime.training.artifacts``, in standard ONNX.
+
+The files follow ``doc/artifacts_format.md`` and are read by
+:class:`ortlearn.TrainingSession`. ``from onnxruntime.training import artifacts``
+becomes ``from ortlearn import artifacts``.
+"""
+
+from __future__ import annotations
+
+import os
+from enum import Enum
+from pathlib import Path
+
+import onnx
+from onnx import numpy_helper
+
+from ._onnx_helper import FLOAT_TYPES, load_model
+from .onnxblock import _graph_utils, blocks, loss as loss_blocks, optim as optim_blocks
+from .onnxblock.blocks import Block
+from .onnxblock.model_accessor import base, empty_base
+from .onnxblock.onnxblock import TrainingBlock
+
+__all__ = ["LossType", "OptimType", "generate_artifacts"]
+
+#: Name of the loss output when a loss is added.
+LOSS_OUTPUT = "loss"
+# Models whose initializers exceed this size are saved with external data
+# (protobuf cannot serialize more than 2 GB).
+_EXTERNAL_DATA_THRESHOLD = 1 << 30
+
+
+class LossType(Enum):
+    """Loss added by :func:`generate_artifacts` (same values as onnxruntime-training).
+
+    - ``MSELoss`` = 1: :class:`ortlearn.onnxblock.loss.MSELoss`;
+    - ``CrossEntropyLoss`` = 2: :class:`~ortlearn.onnxblock.loss.CrossEntropyLoss`
+      (target: int64 class indices);
+    - ``BCEWithLogitsLoss`` = 3: :class:`~ortlearn.onnxblock.loss.BCEWithLogitsLoss`;
+    - ``L1Loss`` = 4: :class:`~ortlearn.onnxblock.loss.L1Loss`.
+
+    All use ``reduction='mean'`` and a graph input ``target``.
+    """
+
+    MSELoss = 1
+    CrossEntropyLoss = 2
+    BCEWithLogitsLoss = 3
+    L1Loss = 4
+
+
+class OptimType(Enum):
+    """Optimizer of the optimizer model written by :func:`generate_artifacts`.
+
+    Values 1 and 2 are those of onnxruntime-training; 3 to 5 are ortlearn's
+    additions:
+
+    - ``AdamW`` = 1: :class:`ortlearn.onnxblock.optim.AdamW` with its defaults;
+    - ``SGD`` = 2: plain SGD (``p -= lr * g``);
+    - ``Adam`` = 3: Adam as scikit-learn's MLP computes it (:class:`ortlearn.optim.Adam`);
+    - ``SGDMomentum`` = 4: SGD with momentum 0.9;
+    - ``SGDNesterov`` = 5: SGD with Nesterov momentum 0.9.
+    """
+
+    AdamW = 1
+    SGD = 2
+    Adam = 3
+    SGDMomentum = 4
+    SGDNesterov = 5
+
+
+_LOSSES = {
+    LossType.MSELoss: loss_blocks.MSELoss,
+    LossType.CrossEntropyLoss: loss_blocks.CrossEntropyLoss,
+    LossType.BCEWithLogitsLoss: loss_blocks.BCEWithLogitsLoss,
+    LossType.L1Loss: loss_blocks.L1Loss,
+}
+_OPTIMIZERS = {
+    OptimType.AdamW: lambda: optim_blocks.AdamW(),
+    OptimType.SGD: lambda: optim_blocks.SGD(),
+    OptimType.Adam: lambda: optim_blocks.Adam(),
+    OptimType.SGDMomentum: lambda: optim_blocks.SGD(momentum=0.9),
+    OptimType.SGDNesterov: lambda: optim_blocks.SGD(momentum=0.9, nesterov=True),
+}
+
+
+class _TrainingBlock(TrainingBlock):
+    """Loss on the chosen outputs, the loss renamed ``loss``, then the extra outputs."""
+
+    def __init__(self, loss_block: Block, rename_loss: bool, additional_output_names):
+        super().__init__()
+        self._loss = loss_block
+        self._rename_loss = rename_loss
+        self._additional = list(additional_output_names or [])
+
+    def build(self, *inputs_to_loss):
+        output = self._loss(*inputs_to_loss)
+        names = [output] if isinstance(output, str) else list(output)
+        model = self.base
+        if (self._rename_loss and names[0] != LOSS_OUTPUT
+                and _graph_utils.produced_by_node(model, names[0])
+                and LOSS_OUTPUT not in _all_names(model)):
+            _graph_utils.rename_value(model, names[0], LOSS_OUTPUT)
+            names[0] = LOSS_OUTPUT
+        return [*names, *self._additional]
+
+
+def _all_names(model: onnx.ModelProto) -> set[str]:
+    g = model.graph
+    names = {i.name for i in g.input} | {i.name for i in g.initializer}
+    for node in g.node:
+        names.update(node.output)
+    return names
+
+
+def _loss_block(loss) -> Block:
+    if loss is None:
+        return blocks.PassThrough()
+    if isinstance(loss, Block):
+        return loss
+    if isinstance(loss, LossType):
+        return _LOSSES[loss]()
+    raise TypeError(
+        f"loss must be a LossType, an onnxblock.Block or None, got {loss!r}; "
+        f"supported LossType values: {[t.name for t in LossType]}.")
+
+
+def _optimizer_block(optimizer) -> Block | None:
+    if optimizer is None or isinstance(optimizer, Block):
+        return optimizer
+    if isinstance(optimizer, OptimType):
+        return _OPTIMIZERS[optimizer]()
+    raise TypeError(
+        f"optimizer must be an OptimType, an onnxblock optimizer block or None, got "
+        f"{optimizer!r}; supported OptimType values: {[t.name for t in OptimType]}.")
+
+
+def _name_list(names, what: str) -> list[str]:
+    if names is None:
+        return []
+    if isinstance(names, str):
+        raise TypeError(f"{what} must be a list of names, got the string {names!r}.")
+    names = list(names)
+    duplicated = sorted({n for n in names if names.count(n) > 1})
+    if duplicated:
+        raise ValueError(f"{what} names {duplicated} more than once.")
+    return names
+
+
+def _loss_inputs(model: onnx.ModelProto, loss, loss_input_names) -> list[str]:
+    """Values fed to the loss: ``loss_input_names``, else the first output for a LossType
+    loss and every output for a custom block (onnxruntime-training's behaviour)."""
+    outputs = [o.name for o in model.graph.output]
+    if loss_input_names is not None:
+        names = _name_list(loss_input_names, "loss_input_names")
+        unknown = [n for n in names if n not in _all_names(model)]
+        if unknown:
+            raise ValueError(f"loss_input_names {unknown} are not values of the model.")
+        return names
+    if not outputs:
+        raise ValueError("The model has no output to put a loss on.")
+    return outputs[:1] if isinstance(loss, LossType) else outputs
+
+
+def _save(model: onnx.ModelProto, path: Path) -> None:
+    big = sum(len(t.raw_data) for t in model.graph.initializer) > _EXTERNAL_DATA_THRESHOLD
+    onnx.save_model(model, os.fspath(path), save_as_external_data=big,
+                    all_tensors_to_one_file=True, location=path.name + ".data")
+
+
+def generate_artifacts(model, requires_grad=None, frozen_params=None, loss=None, optimizer=None,
+                       artifact_directory=None, prefix: str = "", ort_format: bool = False,
+                       custom_op_library=None, additional_output_names=None,
+                       nominal_checkpoint: bool = False, loss_input_names=None) -> None:
+    """Write the training, eval and optimizer models and the checkpoint of ``model``.
+
+    Same signature as ``onnxruntime.training.artifacts.generate_artifacts``;
+    the files are standard ONNX models and a safetensors checkpoint, laid out
+    as ``doc/artifacts_format.md`` describes:
+
+    - ``{prefix}training_model.onnx``: forward, loss, gradients of the loss
+      w.r.t. ``requires_grad`` and their accumulation buffers;
+    - ``{prefix}eval_model.onnx``: forward and loss, Dropout and
+      BatchNormalization in inference mode;
+    - ``{prefix}optimizer_model.onnx`` when ``optimizer`` is given;
+    - ``{prefix}checkpoint`` (and ``{prefix}nominal_checkpoint`` if asked).
+
+    The initializers in ``requires_grad`` and ``frozen_params`` become graph
+    inputs whose values go to the checkpoint; other initializers stay in the
+    models.
+
+    Parameters
+    ----------
+    model : onnx.ModelProto or path
+        Forward model (a path loads external data too, for models over 2 GB).
+    requires_grad : list of str, default=None
+        Initializers to train. None: every float initializer not in ``frozen_params``.
+    frozen_params : list of str, default=None
+        Initializers kept constant but stored in the checkpoint.
+    loss : LossType or onnxblock.Block, default=None
+        Loss added on the model's output(s), renamed ``loss``. A ``LossType``
+        takes the first output and a graph input ``target``; a custom block is
+        called on every output (as onnxruntime-training does). None: no loss
+        is added and the first output is differentiated.
+    optimizer : OptimType or onnxblock optimizer block, default=None
+        None: no optimizer model.
+    artifact_directory : str or path, default=None
+        Where to write (created if missing). None: the current directory.
+    prefix : str, default=''
+        Prefix of every file name.
+    ort_format : bool, default=False
+        Not supported: ortlearn writes standard ONNX only.
+    custom_op_library : path, default=None
+        Not supported: ortlearn's graphs use standard operators only.
+    additional_output_names : list of str, default=None
+        Values of the model added as outputs after the loss.
+    nominal_checkpoint : bool, default=False
+        Also write a checkpoint holding only the parameters' types and shapes.
+    loss_input_names : list of str, default=None
+        Values fed to the loss instead of the default outputs.
+
+    Raises
+    ------
+    NotImplementedError
+        If ``ort_format`` is true.
+    ValueError
+        For ``custom_op_library``, an unknown, duplicated or both trainable and
+        frozen parameter name, an unknown loss input or output name.
+    TypeError
+        For an unsupported loss or optimizer, or a trainable initializer that
+        is not float32/float64.
+
+    Examples
+    --------
+    >>> from ortlearn import artifacts
+    >>> # artifacts.generate_artifacts(model, requires_grad=["weight1", "bias1"],
+    >>> #     loss=artifacts.LossType.CrossEntropyLoss,
+    >>> #     optimizer=artifacts.OptimType.AdamW, artifact_directory="out")
+    """
+    if ort_format:
+        raise NotImplementedError(
+            "ort_format=True is not supported: ortlearn writes standard ONNX models, which "
+            "onnxruntime loads directly.")
+    if custom_op_library is not None:
+        raise ValueError(
+            "custom_op_library is not supported: ortlearn's training graphs use standard "
+            "ONNX operators only.")
+    loss_block = _loss_block(loss)
+    optim_block = _optimizer_block(optimizer)
+    frozen = _name_list(frozen_params, "frozen_params")
+    base_model = load_model(model)
+    if requires_grad is None:
+        requires_grad = [i.name for i in base_model.graph.initializer
+                         if i.data_type in FLOAT_TYPES and i.name not in frozen]
+    trainable = _name_list(requires_grad, "requires_grad")
+    both = [n for n in trainable if n in frozen]
+    if both:
+        raise ValueError(f"Parameters both in requires_grad and frozen_params: {both}.")
+    additional = _name_list(additional_output_names, "additional_output_names")
+    unknown = [n for n in additional if n not in _all_names(base_model)]
+    if unknown:
+        raise ValueError(f"additional_output_names {unknown} are not values of the model.")
+
+    block = _TrainingBlock(loss_block, loss is not None, additional)
+    for name in trainable:
+        block.requires_grad(name)
+    for name in frozen:
+        block.requires_grad(name, False)
+    with base(base_model):
+        block(*_loss_inputs(base_model, loss, loss_input_names))
+    training_model, eval_model = block.to_model_proto()
+    trainable_params, frozen_tensors = block.parameters()
+
+    directory = Path(os.getcwd() if artifact_directory is None else os.fsdecode(artifact_directory))
+    directory.mkdir(parents=True, exist_ok=True)
+    _save(training_model, directory / f"{prefix}training_model.onnx")
+    _save(eval_model, directory / f"{prefix}eval_model.onnx")
+    _write_checkpoints(directory, prefix, trainable_params, frozen_tensors, nominal_checkpoint)
+    if optim_block is not None:
+        with empty_base() as accessor:
+            optim_block((trainable_params, frozen_tensors))
+        _save(accessor.model, directory / f"{prefix}optimizer_model.onnx")
+
+
+def _write_checkpoints(directory: Path, prefix: str, trainable, frozen, nominal: bool) -> None:
+    from .training.checkpoint import CheckpointState
+
+    values = ({t.name: numpy_helper.to_array(t) for t in trainable},
+              {t.name: numpy_helper.to_array(t) for t in frozen})
+    CheckpointState.save_checkpoint(CheckpointState.from_parameters(*values),
+                                    directory / f"{prefix}checkpoint")
+    if nominal:
+        CheckpointState.save_checkpoint(CheckpointState.from_parameters(*values, nominal=True),
+                                        directory / f"{prefix}nominal_checkpoint")

@@ -1,0 +1,19 @@
+"""Build ONNX models by stacking blocks: the API of ``onnxruntime.training.onnxblock``.
+
+Everything is written in standard ONNX operators, so the models run in the
+ordinary ``onnxruntime``. ``from onnxruntime.training import onnxblock``
+becomes ``from ortlearn import onnxblock``.
+
+Examples
+--------
+>>> from ortlearn import onnxblock
+>>> sorted(n for n in onnxblock.__all__ if n[0].isupper())
+['Block', 'ForwardBlock', 'TrainingBlock']
+"""
+
+from . import blocks, loss, optim
+from .blocks import Block
+from .model_accessor import base, empty_base
+from .onnxblock import ForwardBlock, TrainingBlock
+
+__all__ = ["Block", "ForwardBlock", "TrainingBlock", "base", "blocks", "empty_base", "loss", "optim"]

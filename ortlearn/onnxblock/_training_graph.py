@@ -1,0 +1,145 @@
+"""From a forward+loss model to the training and eval models of the artifact format.
+
+See ``doc/artifacts_format.md`` for the names and the order of the inputs and
+outputs written here.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Sequence
+
+import onnx
+from onnx import TensorProto, helper
+
+from .._onnx_helper import FLOAT_TYPES, GraphBuilder, finalize_model, initializer_map
+
+#: Key of the JSON metadata the training session reads.
+METADATA_KEY = "ortlearn.training"
+LAZY_RESET_GRAD = "lazy_reset_grad"
+BUFFER_SUFFIX = "_grad.accumulation.buffer"
+OUT_SUFFIX = "_grad.accumulation.out"
+
+
+def split_parameters(model: onnx.ModelProto, requires_grad: Sequence[str],
+                     frozen: Sequence[str]) -> tuple[list[TensorProto], list[TensorProto]]:
+    """The initializers named in ``requires_grad`` and ``frozen`` (copies, in that order).
+
+    Raises
+    ------
+    ValueError
+        For a name that is not an initializer of the model, or in both lists.
+    TypeError
+        For a trainable initializer whose type is not float32 or float64.
+    """
+    both = sorted(set(requires_grad) & set(frozen))
+    if both:
+        raise ValueError(f"Parameters both trainable and frozen: {both}.")
+    inits = initializer_map(model.graph)
+    unknown = [n for n in [*requires_grad, *frozen] if n not in inits]
+    if unknown:
+        raise ValueError(
+            f"Parameters {unknown} are not initializers of the model; "
+            f"its initializers are {sorted(inits)}.")
+    not_float = [f"{n} ({TensorProto.DataType.Name(inits[n].data_type)})"
+                 for n in requires_grad if inits[n].data_type not in FLOAT_TYPES]
+    if not_float:
+        raise TypeError(f"Only float32/float64 initializers can be trained, got {not_float}.")
+
+    def copies(names):
+        out = []
+        for name in names:
+            t = TensorProto()
+            t.CopyFrom(inits[name])
+            out.append(t)
+        return out
+
+    return copies(requires_grad), copies(frozen)
+
+
+def _parameters_to_inputs(model: onnx.ModelProto, params: list[TensorProto]) -> list[str]:
+    """Turn the parameters into graph inputs placed after the user inputs; return the user inputs."""
+    g = model.graph
+    names = {p.name for p in params}
+    kept = [i for i in g.initializer if i.name not in names]
+    del g.initializer[:]
+    g.initializer.extend(kept)
+    user_inputs = [i for i in g.input if i.name not in names]
+    del g.input[:]
+    g.input.extend(user_inputs)
+    g.input.extend(helper.make_tensor_value_info(p.name, p.data_type, list(p.dims)) for p in params)
+    return [i.name for i in user_inputs]
+
+
+def _set_inference_mode(model: onnx.ModelProto) -> None:
+    """Dropout off and BatchNormalization on its running statistics."""
+    b = GraphBuilder.for_model(model, prefix="eval_")
+    for node in model.graph.node:
+        if node.op_type == "Dropout" and len(node.input) > 2 and node.input[2]:
+            node.input[2] = b.const(False, hint="training_mode")
+        elif node.op_type == "BatchNormalization":
+            for a in node.attribute:
+                if a.name == "training_mode":
+                    a.i = 0
+            del node.output[1:]
+    # Constants first: they must precede the nodes that read them.
+    nodes = b.nodes + list(model.graph.node)
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+
+
+def _set_metadata(model, user_inputs, user_outputs, trainable, frozen) -> None:
+    meta = {"user_inputs": list(user_inputs), "user_outputs": list(user_outputs),
+            "trainable": list(trainable), "frozen": list(frozen)}
+    kept = [p for p in model.metadata_props if p.key != METADATA_KEY]
+    del model.metadata_props[:]
+    model.metadata_props.extend(kept)
+    model.metadata_props.add(key=METADATA_KEY, value=json.dumps(meta))
+
+
+def _add_gradient_accumulation(model: onnx.ModelProto, trainable: list[TensorProto],
+                               grads: dict[str, str]) -> None:
+    """``out = Where(lazy_reset_grad, grad, buffer + grad)`` for each trainable parameter."""
+    g = model.graph
+    b = GraphBuilder.for_model(model, prefix="accumulation_")
+    reset = b.reserve(LAZY_RESET_GRAD)
+    for p in trainable:
+        buffer = b.reserve(p.name + BUFFER_SUFFIX)
+        out = b.reserve(p.name + OUT_SUFFIX)
+        g.input.append(helper.make_tensor_value_info(buffer, p.data_type, list(p.dims)))
+        grad = grads[p.name]
+        b.op("Where", [reset, grad, b.op("Add", [buffer, grad])], outputs=[out])
+        g.output.append(helper.make_tensor_value_info(out, p.data_type, list(p.dims)))
+    g.input.append(helper.make_tensor_value_info(reset, TensorProto.BOOL, []))
+    b.add_to_graph(g)
+
+
+def build_training_and_eval(model: onnx.ModelProto, requires_grad: Sequence[str],
+                            frozen: Sequence[str]):
+    """Training and eval models of a forward+loss model whose first output is the loss.
+
+    Returns
+    -------
+    training_model, eval_model : onnx.ModelProto
+    parameters : tuple of (list of TensorProto, list of TensorProto)
+        Trainable and frozen parameters.
+    """
+    from ..autodiff import append_backward
+
+    trainable, frozen_params = split_parameters(model, requires_grad, frozen)
+    user_outputs = [o.name for o in model.graph.output]
+    forward = onnx.ModelProto()
+    forward.CopyFrom(model)
+    user_inputs = _parameters_to_inputs(forward, trainable + frozen_params)
+    names = ([p.name for p in trainable], [p.name for p in frozen_params])
+
+    eval_model = onnx.ModelProto()
+    eval_model.CopyFrom(forward)
+    _set_inference_mode(eval_model)
+    _set_metadata(eval_model, user_inputs, user_outputs, *names)
+
+    training = forward
+    grads = append_backward(training, user_outputs[0], names[0])
+    _add_gradient_accumulation(training, trainable, grads)
+    _set_metadata(training, user_inputs, user_outputs, *names)
+    return finalize_model(training), finalize_model(eval_model), (trainable, frozen_params)

@@ -1,0 +1,121 @@
+"""The model that blocks build on: ``onnxblock.base`` and ``onnxblock.empty_base``.
+
+Blocks do not receive the model they change as an argument: like
+``onnxruntime.training.onnxblock``, they read it from a module-level
+accessor that these two context managers set for the duration of a
+``with`` statement.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import onnx
+from onnx import helper
+
+from .._onnx_helper import DEFAULT_OPSET, finalize_model, load_model
+
+__all__ = ["ModelAccessor", "base", "empty_base"]
+
+_GLOBAL_ACCESSOR = None
+
+
+class ModelAccessor:
+    """Holds the model the blocks of a ``with`` statement change.
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        The model; blocks change it in place.
+    """
+
+    def __init__(self, model: onnx.ModelProto):
+        self._model = model
+
+    @property
+    def model(self) -> onnx.ModelProto:
+        """The model being built."""
+        return self._model
+
+
+def current_model() -> onnx.ModelProto:
+    """The model of the enclosing ``base``/``empty_base`` block.
+
+    Raises
+    ------
+    RuntimeError
+        Outside of ``with onnxblock.base(...)`` or ``with onnxblock.empty_base()``.
+    """
+    if _GLOBAL_ACCESSOR is None:
+        raise RuntimeError(
+            "A block was called outside of a model context: build blocks inside "
+            "`with onnxblock.base(model):` or `with onnxblock.empty_base():`."
+        )
+    return _GLOBAL_ACCESSOR.model
+
+
+@contextmanager
+def _accessor(model: onnx.ModelProto):
+    global _GLOBAL_ACCESSOR
+    if _GLOBAL_ACCESSOR is not None:
+        raise RuntimeError("A base model is already active: onnxblock contexts do not nest.")
+    _GLOBAL_ACCESSOR = ModelAccessor(model)
+    try:
+        yield _GLOBAL_ACCESSOR
+    finally:
+        _GLOBAL_ACCESSOR = None
+
+
+@contextmanager
+def base(model):
+    """Build blocks on top of a copy of ``model``.
+
+    Parameters
+    ----------
+    model : onnx.ModelProto, bytes or path
+        The base model (it is copied, never changed).
+
+    Yields
+    ------
+    ModelAccessor
+        Its ``model`` attribute is the model the blocks build.
+
+    Examples
+    --------
+    >>> import onnx
+    >>> from onnx import TensorProto, helper
+    >>> from ortlearn import onnxblock
+    >>> graph = helper.make_graph(
+    ...     [helper.make_node("Identity", ["x"], ["y"])], "g",
+    ...     [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+    ...     [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    >>> model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    >>> with onnxblock.base(model) as accessor:
+    ...     loss = onnxblock.loss.MSELoss()("y")
+    >>> [i.name for i in accessor.model.graph.input]
+    ['x', 'target']
+    """
+    with _accessor(load_model(model)) as accessor:
+        yield accessor
+
+
+@contextmanager
+def empty_base(opset_version: int | None = None):
+    """Build blocks into an empty model (used for optimizer models).
+
+    Parameters
+    ----------
+    opset_version : int, default=None
+        ai.onnx opset of the model; None means ortlearn's default opset.
+
+    Yields
+    ------
+    ModelAccessor
+    """
+    graph = helper.make_graph([], "onnxblock", [], [])
+    version = DEFAULT_OPSET if opset_version is None else int(opset_version)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", version)],
+                              producer_name="ortlearn")
+    finalize_model(model, check=False)
+    with _accessor(model) as accessor:
+        yield accessor
