@@ -1,0 +1,843 @@
+"""``TrainingSession``: the onnxruntime-training C++ ``TrainingSession`` on plain onnxruntime.
+
+The session runs the three artifacts described in ``doc/artifacts_format.md``
+(training, eval and optimizer models) in ordinary ``onnxruntime.InferenceSession``
+objects. Parameters, gradient accumulation buffers and optimizer state live on
+the device as ``onnxruntime.OrtValue`` objects and are bound through
+``IOBinding``:
+
+* every value a step writes (gradients, updated parameters, updated optimizer
+  state) goes to the spare half of a *ping-pong* pair of preallocated
+  OrtValues, and the pair is swapped after the call: no allocation and no copy
+  of them per step, never a host round trip of the weights;
+* one ``IOBinding`` is built per (model, parity) combination the first time it
+  is needed and reused afterwards, so a step only binds the user inputs and
+  outputs;
+* the learning rate, the optimizer step counter and the ``lazy_reset_grad``
+  flag are scalar OrtValues updated in place (``update_inplace``).
+
+The session binds its :class:`~ortlearn.training.CheckpointState`: reading
+``state.parameters[name].data`` copies the live value to the host, writing it
+updates the device value, and saving the state writes the trained values and
+the optimizer state.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import helper, numpy_helper
+
+from .._onnx_helper import (
+    elem_type_of,
+    finalize_model,
+    load_model,
+    onnx_to_np_dtype,
+    shape_of,
+    value_info_map,
+)
+from ..optim.schedules import LinearLR
+from .checkpoint import CheckpointState
+from .device import make_session, make_session_options, parse_device
+
+__all__ = ["TrainingSession"]
+
+TRAINING_METADATA_KEY = "ortlearn.training"
+OPTIMIZER_METADATA_KEY = "ortlearn.optimizer"
+GRAD_BUFFER_SUFFIX = "_grad.accumulation.buffer"
+GRAD_OUTPUT_SUFFIX = "_grad.accumulation.out"
+LAZY_RESET_GRAD = "lazy_reset_grad"
+LEARNING_RATE = "learning_rate"
+STEP = "step"
+#: Learning rate of a fresh optimizer (onnxruntime-training's default).
+DEFAULT_LEARNING_RATE = 1e-3
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """Names of a training or eval model, as the artifacts contract orders them."""
+
+    user_inputs: list
+    user_outputs: list
+    trainable: list
+    frozen: list
+
+
+@dataclass(frozen=True)
+class _OptimizerLayout:
+    """Names of an optimizer model: its parameters, their states, its hyper-parameters."""
+
+    params: list
+    states: list
+    hyper: dict
+
+
+def _metadata(model: onnx.ModelProto, key: str) -> dict | None:
+    for prop in model.metadata_props:
+        if prop.key == key:
+            try:
+                return json.loads(prop.value)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"metadata_props[{key!r}] is not valid JSON: {exc}") from exc
+    return None
+
+
+def _read_layout(model: onnx.ModelProto, what: str) -> _Layout:
+    """Read the user/parameter names of a training or eval model.
+
+    The names come from ``metadata_props['ortlearn.training']``; a model without
+    it is read by position, following the contract's input order.
+    """
+    meta = _metadata(model, TRAINING_METADATA_KEY)
+    inputs = [i.name for i in model.graph.input]
+    outputs = [o.name for o in model.graph.output]
+    if meta is not None:
+        try:
+            layout = _Layout(list(meta["user_inputs"]), list(meta["user_outputs"]),
+                             list(meta["trainable"]), list(meta["frozen"]))
+        except KeyError as exc:
+            raise ValueError(
+                f"The {what} model's metadata_props[{TRAINING_METADATA_KEY!r}] lacks {exc}."
+            ) from None
+        missing = [n for n in layout.user_inputs if n not in inputs]
+        missing += [n for n in layout.user_outputs if n not in outputs]
+        if missing:
+            raise ValueError(f"The {what} model's metadata names values the graph "
+                             f"does not have: {missing}.")
+        return layout
+    # No metadata: trainable parameters are the ones with a gradient buffer.
+    buffers = [n for n in inputs if n.endswith(GRAD_BUFFER_SUFFIX)]
+    trainable = [n[: -len(GRAD_BUFFER_SUFFIX)] for n in buffers]
+    first = inputs.index(trainable[0]) if trainable else len(inputs)
+    end = inputs.index(buffers[0]) if buffers else len(inputs)
+    return _Layout(inputs[:first], [n for n in outputs if not n.endswith(GRAD_OUTPUT_SUFFIX)],
+                   trainable, [n for n in inputs[first:end] if n not in trainable])
+
+
+def _read_optimizer_layout(model: onnx.ModelProto) -> _OptimizerLayout:
+    meta = _metadata(model, OPTIMIZER_METADATA_KEY)
+    if meta is None:
+        raise ValueError(
+            f"The optimizer model has no metadata_props[{OPTIMIZER_METADATA_KEY!r}]: "
+            "it was not written by ortlearn.artifacts.generate_artifacts."
+        )
+    return _OptimizerLayout(list(meta.get("params", [])), list(meta.get("states", [])),
+                            dict(meta.get("hyper", {})))
+
+
+def _input_types(model: onnx.ModelProto) -> dict:
+    """``{input name: (numpy dtype, declared shape)}``."""
+    return {i.name: (onnx_to_np_dtype(elem_type_of(i)), shape_of(i)) for i in model.graph.input}
+
+
+def _as_model(model, what: str) -> onnx.ModelProto:
+    if model is None:
+        raise ValueError(f"No {what} model was given.")
+    return load_model(os.fspath(model) if isinstance(model, os.PathLike) else model)
+
+
+class TrainingSession:
+    """Train an ONNX model from ortlearn training artifacts, on the CPU or a GPU.
+
+    The Python counterpart of onnxruntime-training's C++ ``Ort::TrainingSession``,
+    running on the ordinary ``onnxruntime`` package.
+
+    Parameters
+    ----------
+    state : CheckpointState
+        Parameters (and optionally optimizer state) to start or resume from. The
+        session binds it: its parameters then read and write the live values.
+    train_model : str, path-like, bytes or onnx.ModelProto
+        The training model (``training_model.onnx``).
+    eval_model : str, path-like, bytes or onnx.ModelProto, optional
+        The eval model (``eval_model.onnx``); needed by :meth:`eval_step` and
+        :meth:`export_model_for_inferencing`.
+    optimizer_model : str, path-like, bytes or onnx.ModelProto, optional
+        The optimizer model (``optimizer_model.onnx``); needed by
+        :meth:`optimizer_step`. It can be attached later with
+        :meth:`attach_optimizer`.
+    device : str, default='cpu'
+        ``'cpu'``, ``'cuda'`` or ``'cuda:N'``.
+    session_options : onnxruntime.SessionOptions, optional
+        Options of the sessions running the three models. One default set
+        (:func:`ortlearn.training.device.make_session_options`) otherwise.
+
+    Raises
+    ------
+    TypeError
+        If ``state`` is not a CheckpointState.
+    ValueError
+        For an unknown device, a device onnxruntime cannot use, or a checkpoint
+        whose parameters do not match the models (every mismatch is listed).
+    RuntimeError
+        If ``state`` is bound to another session (release it with :meth:`close`).
+
+    Notes
+    -----
+    Besides the methods of the C++ API, the session offers
+    :meth:`attach_optimizer` (what ``api.Optimizer`` uses), :meth:`close`
+    (unbind the state), :meth:`parameters_size`, and the methods a bound
+    CheckpointState calls: :meth:`get_parameter`, :meth:`set_parameter`,
+    :meth:`get_gradient`, :meth:`export_optimizer_state`.
+
+    Examples
+    --------
+    >>> from ortlearn import CheckpointState, TrainingSession
+    >>> state = CheckpointState.load_checkpoint("artifacts/checkpoint")  # doctest: +SKIP
+    >>> session = TrainingSession(state, "artifacts/training_model.onnx",
+    ...                           "artifacts/eval_model.onnx",
+    ...                           "artifacts/optimizer_model.onnx")  # doctest: +SKIP
+    >>> for X, y in batches:  # doctest: +SKIP
+    ...     loss = session.train_step(X, y)[0]
+    ...     session.optimizer_step()
+    ...     session.lazy_reset_grad()
+    """
+
+    def __init__(self, state, train_model, eval_model=None, optimizer_model=None,
+                 device="cpu", session_options=None):
+        if not isinstance(state, CheckpointState):
+            raise TypeError(f"state must be a CheckpointState, got {type(state).__name__}.")
+        self._device = parse_device(device)
+        self._session_options = session_options or make_session_options()
+        self._state = state
+        self._train_model = _as_model(train_model, "training")
+        self._train_layout = _read_layout(self._train_model, "training")
+        self._train_types = _input_types(self._train_model)
+        self._eval_model = None if eval_model is None else _as_model(eval_model, "eval")
+        if self._eval_model is not None:
+            self._eval_layout = _read_layout(self._eval_model, "eval")
+            self._eval_types = _input_types(self._eval_model)
+        self._check_state()
+
+        self._train_sess = self._open(self._train_model)
+        self._eval_sess = None if self._eval_model is None else self._open(self._eval_model)
+        self._bindings: dict = {}
+        self._init_parameters()
+        self._init_gradients()
+
+        self._optimizer = None
+        self._lr_scheduler = None
+        if optimizer_model is not None:
+            self.attach_optimizer(optimizer_model)
+        state._bind(self)
+
+    # ------------------------------------------------------------------ setup
+    def _open(self, model: onnx.ModelProto) -> ort.InferenceSession:
+        return make_session(model, self._device, self._session_options)
+
+    def _ortvalue(self, array: np.ndarray) -> ort.OrtValue:
+        """A new OrtValue on the session's device holding a copy of ``array``."""
+        array = np.ascontiguousarray(array)
+        value = ort.OrtValue.ortvalue_from_shape_and_type(
+            list(array.shape), array.dtype, self._device.ort_device_type, self._device.index)
+        value.update_inplace(array)
+        return value
+
+    def _zeros(self, name: str) -> ort.OrtValue:
+        dtype, shape = self._param_types[name]
+        return self._ortvalue(np.zeros(shape, dtype=dtype))
+
+    def _check_state(self) -> None:
+        """Compare the checkpoint's parameters with the models' parameter inputs."""
+        layout = self._train_layout
+        expected = {n: self._train_types[n] for n in layout.trainable + layout.frozen}
+        if self._eval_model is not None:
+            for name in self._eval_layout.trainable + self._eval_layout.frozen:
+                expected.setdefault(name, self._eval_types[name])
+        self._state.check_matches(expected, trainable=layout.trainable)
+        params = self._state.parameters
+        self._param_types = {n: (params[n].dtype, tuple(params[n].shape)) for n in expected}
+
+    def _init_parameters(self) -> None:
+        params = self._state.parameters
+        self._params = {}  # name -> [current, spare] for trainable parameters
+        self._frozen = {}  # name -> OrtValue
+        for name in self._param_types:
+            nominal = params[name].nominal
+            value = self._zeros(name) if nominal else self._ortvalue(params[name].data)
+            if name in self._train_layout.trainable:
+                self._params[name] = [value, self._zeros(name)]
+            else:
+                self._frozen[name] = value
+        self._param_parity = 0
+        # Read before binding: once bound, the state asks the session for it.
+        step = self._state.optimizer_step
+        self._saved_optimizer = None if step is None else (
+            self._state.optimizer_state, step, self._state.optimizer_learning_rate)
+
+    def _init_gradients(self) -> None:
+        self._grads = {n: [self._zeros(n), self._zeros(n)] for n in self._train_layout.trainable}
+        self._grad_parity = 0
+        self._grad_computed = False
+        # A new session starts with a reset, as onnxruntime-training's does.
+        self._reset_pending = True
+        self._reset_value = self._ortvalue(np.array(True))
+        self._reset_bound = True
+
+    def attach_optimizer(self, optimizer_model) -> None:
+        """Load the optimizer model into this session (what ``api.Optimizer`` does).
+
+        The optimizer state (step, learning rate, moments) is taken from the
+        checkpoint when it holds one, otherwise it starts at zero with the
+        learning rate of the optimizer's hyper-parameters (``lr``), or 1e-3.
+
+        Parameters
+        ----------
+        optimizer_model : str, path-like, bytes or onnx.ModelProto
+            The optimizer model (``optimizer_model.onnx``).
+
+        Raises
+        ------
+        ValueError
+            If an optimizer is already attached, or the optimizer model does not
+            update exactly the trainable parameters of the training model.
+        """
+        if self._optimizer is not None:
+            raise ValueError("This training session already has an optimizer model.")
+        model = _as_model(optimizer_model, "optimizer")
+        layout = _read_optimizer_layout(model)
+        trainable = self._train_layout.trainable
+        if sorted(layout.params) != sorted(trainable):
+            raise ValueError(
+                "The optimizer model does not update the trainable parameters of the training "
+                f"model: optimizer parameters {layout.params}, trainable parameters {trainable}."
+            )
+        inputs = {i.name for i in model.graph.input}
+        wanted = [LEARNING_RATE, STEP] + [
+            f"{p}{suffix}" for p in trainable
+            for suffix in ["", ".gradient"] + [f".{s}" for s in layout.states]]
+        missing = [n for n in wanted if n not in inputs]
+        if missing:
+            raise ValueError(f"The optimizer model lacks the inputs {missing}.")
+        saved = self._saved_optimizer_state(layout)
+        self._opt_states = {
+            (p, s): [self._ortvalue(saved[0][p][s]) if saved else self._zeros(p),
+                     self._zeros(p)]
+            for p in trainable for s in layout.states}
+        self._step = saved[1] if saved else 0
+        lr = saved[2] if saved else layout.hyper.get("lr", DEFAULT_LEARNING_RATE)
+        self._lr = float(lr)
+        self._lr_value = self._ortvalue(np.array(self._lr, dtype=np.float32))
+        self._step_value = self._ortvalue(np.array(self._step + 1, dtype=np.int64))
+        self._optimizer_layout = layout
+        self._optimizer = self._open(model)
+
+    def _saved_optimizer_state(self, layout: _OptimizerLayout) -> tuple | None:
+        """The checkpoint's ``(states, step, learning_rate)``, checked against the model."""
+        if self._saved_optimizer is None:
+            return None
+        states = self._saved_optimizer[0]
+        problems = []
+        for p in layout.params:
+            for s in layout.states:
+                value = states.get(p, {}).get(s)
+                if value is None:
+                    problems.append(f"it lacks {p}.{s}")
+                elif (value.dtype, value.shape) != self._param_types[p]:
+                    problems.append(f"{p}.{s} is {value.dtype} {value.shape}, "
+                                    f"the parameter {self._param_types[p][0]} "
+                                    f"{self._param_types[p][1]}")
+        if problems:
+            raise ValueError("The checkpoint's optimizer state does not match the optimizer "
+                             f"model: {'; '.join(problems)}.")
+        return self._saved_optimizer
+
+    # ---------------------------------------------------------------- binding
+    def _binding(self, key: tuple) -> ort.IOBinding:
+        """The IOBinding of one model for one parity combination (built once)."""
+        binding = self._bindings.get(key)
+        if binding is None:
+            build = {"train": self._bind_train, "eval": self._bind_eval,
+                     "optim": self._bind_optimizer}[key[0]]
+            binding = build(*key[1:])
+            self._bindings[key] = binding
+        return binding
+
+    def _bind_outputs(self, binding, names) -> None:
+        # Rebound per call (in place): a bound output keeps the value of the
+        # previous run, which onnxruntime would reuse and refuse for another
+        # batch size.
+        for name in names:
+            binding.bind_output(name, self._device.ort_device_type, self._device.index)
+
+    def _bind_params(self, binding, names, pp: int) -> None:
+        for name in names:
+            value = self._params[name][pp] if name in self._params else self._frozen[name]
+            binding.bind_ortvalue_input(name, value)
+
+    def _bind_train(self, pp: int, gp: int) -> ort.IOBinding:
+        layout = self._train_layout
+        binding = self._train_sess.io_binding()
+        self._bind_params(binding, layout.trainable + layout.frozen, pp)
+        for name in layout.trainable:
+            binding.bind_ortvalue_input(f"{name}{GRAD_BUFFER_SUFFIX}", self._grads[name][gp])
+        binding.bind_ortvalue_input(LAZY_RESET_GRAD, self._reset_value)
+        # User outputs first: get_outputs() follows the binding order.
+        self._bind_outputs(binding, layout.user_outputs)
+        for name in layout.trainable:
+            binding.bind_ortvalue_output(f"{name}{GRAD_OUTPUT_SUFFIX}", self._grads[name][1 - gp])
+        return binding
+
+    def _bind_eval(self, pp: int) -> ort.IOBinding:
+        layout = self._eval_layout
+        binding = self._eval_sess.io_binding()
+        self._bind_params(binding, layout.trainable + layout.frozen, pp)
+        return binding
+
+    def _bind_optimizer(self, pp: int, gp: int) -> ort.IOBinding:
+        binding = self._optimizer.io_binding()
+        binding.bind_ortvalue_input(LEARNING_RATE, self._lr_value)
+        binding.bind_ortvalue_input(STEP, self._step_value)
+        for p in self._optimizer_layout.params:
+            binding.bind_ortvalue_input(p, self._params[p][pp])
+            binding.bind_ortvalue_input(f"{p}.gradient", self._grads[p][gp])
+            binding.bind_ortvalue_output(f"{p}.updated", self._params[p][1 - pp])
+            for s in self._optimizer_layout.states:
+                binding.bind_ortvalue_input(f"{p}.{s}", self._opt_states[p, s][pp])
+                binding.bind_ortvalue_output(f"{p}.{s}.updated", self._opt_states[p, s][1 - pp])
+        return binding
+
+    def _bind_user_inputs(self, binding, inputs, layout: _Layout, types: dict, what: str):
+        names = layout.user_inputs
+        if len(inputs) != len(names):
+            raise ValueError(f"{what} expects {len(names)} input(s) {names}, "
+                             f"got {len(inputs)}.")
+        for name, value in zip(names, inputs):
+            if isinstance(value, ort.OrtValue):
+                binding.bind_ortvalue_input(name, value)
+                continue
+            dtype = types[name][0]
+            if not isinstance(value, np.ndarray):
+                value = np.asarray(value, dtype=dtype)
+            elif value.dtype != dtype:
+                raise TypeError(f"Input {name!r} of {what} must be {dtype}, got {value.dtype}.")
+            binding.bind_cpu_input(name, np.ascontiguousarray(value))
+
+    @staticmethod
+    def _fetch(binding, n_outputs: int, return_ortvalues: bool) -> list:
+        outputs = binding.get_outputs()[:n_outputs]
+        return list(outputs) if return_ortvalues else [o.numpy() for o in outputs]
+
+    # ------------------------------------------------------------ training loop
+    def train_step(self, *inputs, return_ortvalues=False) -> list:
+        """Run the training model: user outputs, and gradients accumulated on the device.
+
+        Parameters
+        ----------
+        *inputs : numpy.ndarray or onnxruntime.OrtValue
+            The user inputs, in the order of ``input_names(training=True)``.
+        return_ortvalues : bool, default=False
+            Return the outputs as OrtValues left on the device (no host copy).
+
+        Returns
+        -------
+        list of numpy.ndarray or onnxruntime.OrtValue
+            The user outputs (the loss first), in the order of
+            ``output_names(training=True)``.
+
+        Raises
+        ------
+        ValueError
+            If the number of inputs is not the number of user inputs.
+        TypeError
+            If an input array does not have the dtype the model declares.
+        """
+        layout = self._train_layout
+        binding = self._binding(("train", self._param_parity, self._grad_parity))
+        self._bind_user_inputs(binding, inputs, layout, self._train_types, "train_step")
+        self._bind_outputs(binding, layout.user_outputs)
+        if self._reset_pending != self._reset_bound:
+            self._reset_value.update_inplace(np.array(self._reset_pending))
+            self._reset_bound = self._reset_pending
+        self._train_sess.run_with_iobinding(binding)
+        self._grad_parity = 1 - self._grad_parity
+        self._reset_pending = False
+        self._grad_computed = True
+        return self._fetch(binding, len(layout.user_outputs), return_ortvalues)
+
+    def eval_step(self, *inputs, return_ortvalues=False) -> list:
+        """Run the eval model with the current parameters.
+
+        Parameters
+        ----------
+        *inputs : numpy.ndarray or onnxruntime.OrtValue
+            The user inputs, in the order of ``input_names(training=False)``.
+        return_ortvalues : bool, default=False
+            Return the outputs as OrtValues left on the device (no host copy).
+
+        Returns
+        -------
+        list of numpy.ndarray or onnxruntime.OrtValue
+            The user outputs, in the order of ``output_names(training=False)``.
+
+        Raises
+        ------
+        ValueError
+            If the session has no eval model or the number of inputs is wrong.
+        """
+        self._require_eval("eval_step")
+        binding = self._binding(("eval", self._param_parity))
+        self._bind_user_inputs(binding, inputs, self._eval_layout, self._eval_types, "eval_step")
+        self._bind_outputs(binding, self._eval_layout.user_outputs)
+        self._eval_sess.run_with_iobinding(binding)
+        return self._fetch(binding, len(self._eval_layout.user_outputs), return_ortvalues)
+
+    def lazy_reset_grad(self) -> None:
+        """Reset the accumulated gradients at the next :meth:`train_step`.
+
+        Nothing is written now: the next training step ignores the
+        accumulation buffers (its ``lazy_reset_grad`` input is true).
+        """
+        self._reset_pending = True
+
+    def optimizer_step(self) -> None:
+        """Update the trainable parameters with the accumulated gradients.
+
+        Raises
+        ------
+        ValueError
+            If the session has no optimizer model.
+        """
+        self._require_optimizer("optimizer_step")
+        self._step_value.update_inplace(np.array(self._step + 1, dtype=np.int64))
+        binding = self._binding(("optim", self._param_parity, self._grad_parity))
+        self._optimizer.run_with_iobinding(binding)
+        self._param_parity = 1 - self._param_parity
+        self._step += 1
+
+    def set_learning_rate(self, learning_rate: float) -> None:
+        """Set the learning rate the next optimizer steps use.
+
+        Parameters
+        ----------
+        learning_rate : float
+            The new learning rate.
+
+        Raises
+        ------
+        ValueError
+            If the session has no optimizer model.
+        """
+        self._require_optimizer("set_learning_rate")
+        self._set_lr(float(learning_rate))
+
+    def _set_lr(self, learning_rate: float) -> None:
+        if learning_rate != self._lr:
+            self._lr_value.update_inplace(np.array(learning_rate, dtype=np.float32))
+            self._lr = learning_rate
+
+    def get_learning_rate(self) -> float:
+        """The learning rate the next optimizer step uses.
+
+        Raises
+        ------
+        ValueError
+            If the session has no optimizer model.
+        """
+        self._require_optimizer("get_learning_rate")
+        return float(np.float32(self._lr))
+
+    def register_linear_lr_scheduler(self, warmup_step_count: int, total_step_count: int,
+                                     initial_lr: float) -> None:
+        """Drive the learning rate with a linear warmup then linear decay to 0.
+
+        Like PyTorch's ``LambdaLR`` with a linear schedule: after registration
+        the learning rate is ``initial_lr * f(0)``; each :meth:`scheduler_step`
+        counts one step ``t`` and sets it to ``initial_lr * f(t)``, where
+        ``f(t) = t / max(1, warmup)`` while ``t < warmup``, then
+        ``max(0, (total - t) / max(1, total - warmup))``.
+
+        Parameters
+        ----------
+        warmup_step_count : int
+            Number of steps of the linear increase from 0 to ``initial_lr``.
+        total_step_count : int
+            Step at which the learning rate reaches 0.
+        initial_lr : float
+            Peak learning rate.
+
+        Raises
+        ------
+        ValueError
+            If the session has no optimizer model, a step count is negative,
+            ``warmup_step_count > total_step_count`` or ``initial_lr <= 0``.
+        """
+        self._require_optimizer("register_linear_lr_scheduler")
+        self._lr_scheduler = LinearLR(warmup_step_count, total_step_count, initial_lr)
+        self._scheduler_step_count = 0
+        self._set_lr(self._lr_scheduler.learning_rate(0))
+
+    def scheduler_step(self) -> None:
+        """Advance the registered learning rate scheduler by one step.
+
+        Raises
+        ------
+        ValueError
+            If no scheduler is registered.
+        """
+        if self._lr_scheduler is None:
+            raise ValueError("scheduler_step needs a learning rate scheduler: "
+                             "call register_linear_lr_scheduler first.")
+        self._scheduler_step_count += 1
+        self._set_lr(self._lr_scheduler.learning_rate(self._scheduler_step_count))
+
+    def _require_optimizer(self, method: str) -> None:
+        if self._optimizer is None:
+            raise ValueError(f"{method} needs an optimizer model: pass optimizer_model to "
+                             "TrainingSession or call attach_optimizer.")
+
+    def _require_eval(self, method: str) -> None:
+        if self._eval_sess is None:
+            raise ValueError(f"{method} needs an eval model: pass eval_model to TrainingSession.")
+
+    # ------------------------------------------------------------------ model IO
+    def input_names(self, training: bool) -> list:
+        """Names of the user inputs of the training (or eval) model.
+
+        Raises
+        ------
+        ValueError
+            If ``training`` is false and the session has no eval model.
+        """
+        if not training:
+            self._require_eval("input_names(training=False)")
+        return list((self._train_layout if training else self._eval_layout).user_inputs)
+
+    def output_names(self, training: bool) -> list:
+        """Names of the user outputs of the training (or eval) model.
+
+        Raises
+        ------
+        ValueError
+            If ``training`` is false and the session has no eval model.
+        """
+        if not training:
+            self._require_eval("output_names(training=False)")
+        return list((self._train_layout if training else self._eval_layout).user_outputs)
+
+    # -------------------------------------------------------------- parameters
+    def _param_names(self, only_trainable: bool) -> list:
+        layout = self._train_layout
+        return list(layout.trainable) if only_trainable else layout.trainable + [
+            n for n in self._param_types if n not in layout.trainable]
+
+    def _live(self, name: str) -> ort.OrtValue:
+        if name in self._params:
+            return self._params[name][self._param_parity]
+        return self._frozen[name]
+
+    def _buffer_dtype(self, names: list) -> np.dtype:
+        dtypes = {self._param_types[n][0] for n in names}
+        if len(dtypes) > 1:
+            raise TypeError("The parameters do not share one dtype "
+                            f"({sorted(map(str, dtypes))}): they cannot share a buffer.")
+        return dtypes.pop() if dtypes else np.dtype(np.float32)
+
+    def parameters_size(self, only_trainable: bool = True) -> int:
+        """Number of scalars in the (trainable) parameters."""
+        return sum(int(np.prod(self._param_types[n][1], dtype=np.int64))
+                   for n in self._param_names(only_trainable))
+
+    def to_buffer(self, only_trainable: bool) -> np.ndarray:
+        """Copy the parameters into one contiguous 1-D array.
+
+        Parameters
+        ----------
+        only_trainable : bool
+            Copy only the trainable parameters, else all of them (trainable
+            first, then frozen, in the training model's order).
+
+        Returns
+        -------
+        numpy.ndarray
+            The flattened parameters, concatenated.
+        """
+        names = self._param_names(only_trainable)
+        dtype = self._buffer_dtype(names)
+        if not names:
+            return np.zeros(0, dtype=dtype)
+        return np.concatenate([self._live(n).numpy().ravel() for n in names])
+
+    def from_buffer(self, buffer, only_trainable: bool | None = None) -> None:
+        """Load the parameters from one contiguous 1-D buffer (the inverse of :meth:`to_buffer`).
+
+        With a nominal checkpoint, this is how the parameters get their values:
+        the checkpoint is complete afterwards.
+
+        Parameters
+        ----------
+        buffer : numpy.ndarray or onnxruntime.OrtValue
+            1-D, with as many elements as the trainable parameters or all parameters.
+        only_trainable : bool, optional
+            Which parameters the buffer holds; by default deduced from its size.
+
+        Raises
+        ------
+        ValueError
+            If the buffer is not 1-D or its size matches neither choice.
+        TypeError
+            If its dtype is not the parameters' dtype.
+        """
+        if isinstance(buffer, ort.OrtValue):
+            buffer = buffer.numpy()
+        buffer = np.asarray(buffer)
+        if buffer.ndim != 1:
+            raise ValueError(f"The buffer must be 1-D, got shape {buffer.shape}.")
+        if only_trainable is None:
+            only_trainable = buffer.size == self.parameters_size(True)
+        names = self._param_names(only_trainable)
+        expected = self.parameters_size(only_trainable)
+        if buffer.size != expected:
+            raise ValueError(
+                f"The buffer has {buffer.size} elements, the {'trainable ' * only_trainable}"
+                f"parameters have {expected}.")
+        dtype = self._buffer_dtype(names)
+        if buffer.dtype != dtype:
+            raise TypeError(f"The buffer must be {dtype}, got {buffer.dtype}.")
+        offset = 0
+        for name in names:
+            shape = self._param_types[name][1]
+            size = int(np.prod(shape, dtype=np.int64))
+            # Through the bound state, which marks nominal parameters as filled.
+            self._state.parameters[name].data = buffer[offset:offset + size].reshape(shape)
+            offset += size
+
+    # ------------------------------------------------------- state provider
+    # The bound CheckpointState calls these to read and write the live values.
+    def get_parameter(self, name: str) -> np.ndarray:
+        """A host copy of the current value of parameter ``name``."""
+        return self._live(self._known(name)).numpy()
+
+    def set_parameter(self, name: str, value) -> None:
+        """Overwrite parameter ``name`` on the device.
+
+        Raises
+        ------
+        ValueError
+            If the value's shape is not the parameter's.
+        TypeError
+            If the value's dtype is not the parameter's.
+        """
+        dtype, shape = self._param_types[self._known(name)]
+        value = np.asarray(value)
+        if value.dtype != dtype:
+            raise TypeError(f"Parameter {name!r} is {dtype}, got a value of dtype {value.dtype}.")
+        if value.shape != tuple(shape):
+            raise ValueError(f"Parameter {name!r} has shape {tuple(shape)}, "
+                             f"got a value of shape {value.shape}.")
+        self._live(name).update_inplace(np.ascontiguousarray(value))
+
+    def get_gradient(self, name: str) -> np.ndarray | None:
+        """The accumulated gradient of trainable parameter ``name`` (None before any step)."""
+        if self._known(name) not in self._grads or not self._grad_computed:
+            return None
+        return self._grads[name][self._grad_parity].numpy()
+
+    def export_optimizer_state(self) -> tuple | None:
+        """The optimizer state on the host, as a bound CheckpointState saves it.
+
+        Returns
+        -------
+        tuple or None
+            ``(states, step, learning_rate)`` with ``states`` =
+            ``{param: {state_name: numpy.ndarray}}`` and ``step`` the number of
+            updates made. Without an optimizer model: the checkpoint's optimizer
+            state, unchanged, or None if it had none.
+        """
+        if self._optimizer is None:
+            return self._saved_optimizer
+        states = {p: {} for p in self._optimizer_layout.params}
+        for (p, s), pair in self._opt_states.items():
+            states[p][s] = pair[self._param_parity].numpy()
+        return states, self._step, self._lr
+
+    def close(self) -> None:
+        """Release the CheckpointState: copy the live values back into it, then unbind it.
+
+        The state can then be used by another session. This session must not
+        be used afterwards.
+        """
+        self._state._unbind()
+
+    def _known(self, name: str) -> str:
+        if name not in self._param_types:
+            raise KeyError(f"{name!r} is not a parameter of this session; parameters: "
+                           f"{list(self._param_types)}.")
+        return name
+
+    # ------------------------------------------------------------- inference
+    def export_model_for_inferencing(self, inference_model_path, graph_output_names) -> None:
+        """Write the eval model pruned to ``graph_output_names``, parameters baked in.
+
+        The parameters become initializers holding their current values; nodes,
+        inputs (labels) and outputs (the loss) not needed to compute
+        ``graph_output_names`` are removed.
+
+        Parameters
+        ----------
+        inference_model_path : str or path-like
+            Where to write the inference model.
+        graph_output_names : list of str
+            Outputs of the inference model (values of the eval model).
+
+        Raises
+        ------
+        ValueError
+            If the session has no eval model or a name is not a value of it.
+        """
+        self._require_eval("export_model_for_inferencing")
+        model = _prune_to_inference(self._eval_model, list(graph_output_names),
+                                    {n: self.get_parameter(n) for n in self._param_types})
+        onnx.save(model, os.fspath(inference_model_path))
+
+
+def _subgraph_inputs(node: onnx.NodeProto) -> set:
+    """Names a node's subgraphs (If/Loop/Scan bodies) read from outer scopes."""
+    names = set()
+    for attr in node.attribute:
+        graphs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
+        for graph in graphs:
+            for sub in graph.node:
+                names.update(sub.input)
+                names.update(_subgraph_inputs(sub))
+    return names
+
+
+def _prune_to_inference(eval_model: onnx.ModelProto, outputs: list,
+                        params: dict) -> onnx.ModelProto:
+    """The eval model computing only ``outputs``, with ``params`` as initializers."""
+    if not outputs:
+        raise ValueError("graph_output_names is empty: name at least one output.")
+    infos = value_info_map(eval_model)
+    unknown = [n for n in outputs if n not in infos]
+    if unknown:
+        raise ValueError(f"graph_output_names {unknown} are not values of the eval model; "
+                         f"its outputs are {[o.name for o in eval_model.graph.output]}.")
+    graph = eval_model.graph
+    needed, kept = set(outputs), []
+    for node in reversed(graph.node):
+        if any(o in needed for o in node.output):
+            kept.append(node)
+            needed.update(n for n in node.input if n)
+            needed.update(_subgraph_inputs(node))
+    kept.reverse()
+    inputs = [i for i in graph.input if i.name in needed and i.name not in params]
+    initializers = [numpy_helper.from_array(value, name) for name, value in params.items()
+                    if name in needed]
+    initializers += [i for i in graph.initializer if i.name in needed and i.name not in params]
+    new_outputs = []
+    for name in outputs:
+        info = onnx.ValueInfoProto()
+        info.CopyFrom(infos[name])
+        new_outputs.append(info)
+    new_graph = helper.make_graph(kept, graph.name, inputs, new_outputs, initializers)
+    model = helper.make_model(new_graph, opset_imports=list(eval_model.opset_import),
+                              producer_name="ortlearn")
+    for func in eval_model.functions:
+        model.functions.append(func)
+    return finalize_model(model)
