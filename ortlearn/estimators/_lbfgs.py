@@ -1,0 +1,170 @@
+"""Full-batch L-BFGS on an ONNX loss graph (scipy drives, onnxruntime evaluates).
+
+Each evaluation scipy asks for is ONE onnxruntime call on a gradient model
+(:func:`ortlearn.autodiff.build_gradient`) returning the loss and every
+gradient; the data are put on the device once. scipy works in float64, the
+weights are cast to the graph's dtype for onnxruntime.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import scipy.optimize
+from onnx import helper, numpy_helper
+
+from .._onnx_helper import load_model
+from ..autodiff import build_gradient
+from ..exceptions import ConvergenceWarning
+from ..training.device import make_session, parse_device
+from ._engine import _check_input_names, _check_loss_output, _check_trainable, _conform_state
+
+__all__ = ["minimize_lbfgs"]
+
+
+def _weights_as_inputs(model: onnx.ModelProto, trainable: list[str]) -> dict:
+    """Turn the trainable initializers into graph inputs; return their values."""
+    graph = model.graph
+    values, kept = {}, []
+    for init in graph.initializer:
+        if init.name in trainable:
+            values[init.name] = numpy_helper.to_array(init)
+            graph.input.append(helper.make_tensor_value_info(
+                init.name, init.data_type, list(init.dims)))
+        else:
+            kept.append(init)
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
+    return {n: values[n] for n in trainable}
+
+
+class _LossAndGradient:
+    """``f(w) -> (loss, gradient)`` for scipy, one onnxruntime call each."""
+
+    def __init__(self, grad_model, weights: dict, arrays, input_names, device,
+                 session_options=None):
+        self._device = parse_device(device)
+        self._session = make_session(grad_model, self._device, session_options)
+        self._names = list(weights)
+        self._shapes = [weights[n].shape for n in self._names]
+        self._dtypes = [weights[n].dtype for n in self._names]
+        self._sizes = [int(np.prod(s, dtype=np.int64)) for s in self._shapes]
+        self._binding = self._session.io_binding()
+        kind, index = self._device.ort_device_type, self._device.index
+        # The data go to the device once, not once per evaluation.
+        self._data = [ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(a), kind, index)
+                      for a in arrays]
+        for name, value in zip(input_names, self._data):
+            self._binding.bind_ortvalue_input(name, value)
+        for output in self._session.get_outputs():
+            self._binding.bind_output(output.name, "cpu")
+        self.n_calls = 0
+
+    def unflatten(self, flat: np.ndarray) -> dict:
+        out, offset = {}, 0
+        for name, shape, dtype, size in zip(self._names, self._shapes, self._dtypes,
+                                            self._sizes):
+            out[name] = flat[offset:offset + size].reshape(shape).astype(dtype)
+            offset += size
+        return out
+
+    def __call__(self, flat: np.ndarray) -> tuple[float, np.ndarray]:
+        for name, value in self.unflatten(flat).items():
+            self._binding.bind_cpu_input(name, value)
+        self._session.run_with_iobinding(self._binding)
+        outputs = self._binding.copy_outputs_to_cpu()
+        self.n_calls += 1
+        grad = np.concatenate([np.asarray(g, dtype=np.float64).ravel() for g in outputs[1:]])
+        return float(outputs[0]), grad
+
+
+def minimize_lbfgs(loss_model, trainable, initial_weights, arrays, input_names=None,
+                   device="cpu", max_iter=100, tol=1e-4, verbose=0, loss_output="loss",
+                   max_fun=15000, session_options=None):
+    """Minimise the graph's loss over the whole data set with scipy's L-BFGS-B.
+
+    Same options as scikit-learn's ``LogisticRegression(solver='lbfgs')``
+    (``maxiter``, ``maxls=50``, ``gtol=tol``, ``ftol=64 * eps``) and
+    ``MLPRegressor(solver='lbfgs')`` (``maxfun``).
+
+    Parameters
+    ----------
+    loss_model : onnx.ModelProto, bytes or path
+        Graph with a scalar output ``loss_output``.
+    trainable : list of str
+        Float initializers to optimise.
+    initial_weights : dict or None
+        Starting values of some weights (name -> array); the others start
+        from their initializers.
+    arrays : list of numpy.ndarray
+        The data, aligned with ``input_names``, of the inputs' dtypes.
+    input_names : list of str, default=None
+        The data inputs (graph inputs that are not initializers) in the
+        order of ``arrays``; None: graph order.
+    device : str, default='cpu'
+    max_iter : int, default=100
+        Maximum number of L-BFGS iterations.
+    tol : float, default=1e-4
+        ``gtol``: stop when the largest gradient component is below it.
+    verbose : int, default=0
+        > 0 prints the loss after each iteration.
+    loss_output : str, default='loss'
+    max_fun : int, default=15000
+        Maximum number of loss evaluations.
+    session_options : onnxruntime.SessionOptions, default=None
+
+    Returns
+    -------
+    weights : dict of str to numpy.ndarray
+        The optimised weights, in the graph's dtype.
+    n_iter : int
+        Iterations made.
+    loss : float
+        The loss at the returned weights.
+
+    Warns
+    -----
+    ConvergenceWarning
+        When the iteration or evaluation budget ran out before convergence.
+
+    Raises
+    ------
+    ValueError
+        Unknown weights or inputs, a missing loss output, a bad
+        ``initial_weights``.
+    """
+    model = load_model(loss_model)
+    _check_loss_output(model, loss_output)
+    trainable = _check_trainable(model, trainable)
+    input_names = _check_input_names(model, input_names)
+    weights = _weights_as_inputs(model, trainable)
+    if initial_weights:
+        weights.update(_conform_state(dict(initial_weights), weights, partial=True))
+    grad_model = build_gradient(model, wrt=trainable, loss_output=loss_output)
+    fun = _LossAndGradient(grad_model, weights, arrays, input_names, device, session_options)
+    x0 = np.concatenate([w.astype(np.float64).ravel() for w in weights.values()])
+    options = {"maxiter": max_iter, "maxfun": max_fun, "maxls": 50, "gtol": tol,
+               "ftol": 64 * np.finfo(float).eps}
+    # scipy deprecates iprint: a callback prints the progress instead.
+    callback = _printer(fun) if verbose > 0 else None
+    result = scipy.optimize.minimize(fun, x0, method="L-BFGS-B", jac=True, options=options,
+                                     callback=callback)
+    if result.status == 1:
+        warnings.warn(f"L-BFGS did not converge in {max_iter} iterations / {max_fun} "
+                      f"evaluations ({result.message}); increase max_iter or scale the data.",
+                      ConvergenceWarning, stacklevel=2)
+    return fun.unflatten(result.x), int(result.nit), float(result.fun)
+
+
+def _printer(fun: _LossAndGradient):
+    state = {"iteration": 0}
+
+    def callback(intermediate_result):
+        state["iteration"] += 1
+        print(f"L-BFGS iteration {state['iteration']}: loss={intermediate_result.fun:.6g} "
+              f"({fun.n_calls} evaluations)")
+
+    return callback

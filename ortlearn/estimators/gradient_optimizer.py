@@ -1,0 +1,512 @@
+"""``OrtGradientOptimizer``: train any ONNX graph that holds its own loss (onnxcustom's API)."""
+
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+from sklearn.base import BaseEstimator
+from sklearn.utils import check_random_state
+from sklearn.utils.validation import check_is_fitted
+
+from .._onnx_helper import elem_type_of, finalize_model, load_model, onnx_to_np_dtype, shape_of
+from ..convert import get_train_initializer
+from ..exceptions import ConvergenceError
+from ..optim import SGD, Adam, AdamW
+from ..optim.optimizers import _Optimizer
+from ..training.device import make_session, parse_device
+from ._engine import TrainingEngine, _batches
+
+__all__ = ["OrtGradientOptimizer"]
+
+_OPTIMIZERS = ("sgd", "adam", "adamw")
+_SCHEDULES = ("constant", "invscaling")
+_ORT_TYPES = {"tensor(float)": np.float32, "tensor(double)": np.float64}
+
+
+class _Runtime:
+    """Holds the onnxruntime objects of a fitted estimator; never pickled or copied.
+
+    sklearn's ``check_dict_unchanged`` forbids creating attributes in
+    ``predict``: the holder is created in ``fit`` and filled lazily.
+    """
+
+    def __init__(self):
+        self.engine = None
+        self.inference = None
+
+    def __getstate__(self):
+        return {}
+
+    def __setstate__(self, state):
+        self.__init__()
+
+    def __deepcopy__(self, memo):
+        return _Runtime()
+
+
+def _subgraph_inputs(node: onnx.NodeProto) -> set:
+    """Names read by a node's subgraphs (If/Loop/Scan bodies)."""
+    names = set()
+    for attr in node.attribute:
+        graphs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
+        for graph in graphs:
+            for sub in graph.node:
+                names.update(sub.input)
+                names.update(_subgraph_inputs(sub))
+    return names
+
+
+def _prune(model: onnx.ModelProto, outputs: list[str], weights: dict) -> onnx.ModelProto:
+    """``model`` computing only ``outputs``, ``weights`` written into its initializers."""
+    graph = model.graph
+    needed, kept = set(outputs), []
+    for node in reversed(graph.node):
+        if any(o in needed for o in node.output):
+            kept.append(node)
+            needed.update(n for n in node.input if n)
+            needed.update(_subgraph_inputs(node))
+    kept.reverse()
+    inits = [numpy_helper.from_array(weights[i.name], i.name) if i.name in weights else i
+             for i in graph.initializer if i.name in needed]
+    init_names = {i.name for i in graph.initializer}
+    inputs = [i for i in graph.input if i.name in needed and i.name not in init_names]
+    outs = [o for o in graph.output if o.name in outputs]
+    new_graph = helper.make_graph(kept, graph.name, inputs, outs, inits)
+    pruned = helper.make_model(new_graph, opset_imports=list(model.opset_import),
+                               producer_name="ortlearn")
+    pruned.functions.extend(model.functions)
+    return finalize_model(pruned)
+
+
+def _check_finite(name: str, array: np.ndarray) -> None:
+    if np.issubdtype(array.dtype, np.floating) and not np.isfinite(array).all():
+        raise ValueError(f"{name} contains NaN or infinity.")
+
+
+class OrtGradientOptimizer(BaseEstimator):
+    """Train the weights of an ONNX graph that computes its own loss.
+
+    onnxcustom's ``OrtGradientOptimizer`` on the ordinary onnxruntime: the
+    graph comes from :func:`ortlearn.add_loss_output` (or onnxblock) and has
+    a scalar output ``loss_output_name``; its first input is ``X``, the
+    label input is the other data input, ``sample_weight_name`` the
+    optional sample-weight input. ``fit`` runs mini-batch gradient descent
+    in onnxruntime; the trained graph without its loss is
+    :meth:`get_trained_onnx`.
+
+    Parameters
+    ----------
+    model_onnx : onnx.ModelProto, bytes or path
+        The graph with its loss.
+    weights_to_train : list of str, default=None
+        Initializers to train. None: :func:`ortlearn.get_train_initializer`
+        (every float initializer).
+    loss_output_name : str, default='loss'
+        Name of the loss output.
+    max_iter : int, default=100
+        Number of epochs (onnxcustom's default).
+    optimizer : {'sgd', 'adam', 'adamw'} or ortlearn.optim optimizer, default='sgd'
+        ``'sgd'``: plain SGD, with ``momentum`` if > 0; ``'adam'``:
+        :class:`ortlearn.optim.Adam` (scikit-learn MLP's); ``'adamw'``:
+        :class:`ortlearn.optim.AdamW` with its defaults. An
+        :class:`ortlearn.optim.SGD`/``Adam``/``AdamW`` instance is used as is.
+    learning_rate : float or {'constant', 'invscaling'}, default='invscaling'
+        A float is a constant learning rate. ``'constant'`` uses ``eta0``;
+        ``'invscaling'`` uses ``eta0 / t ** power_t`` where ``t`` is the
+        1-based epoch (onnxcustom's default schedule, that of
+        ``SGDRegressor(learning_rate='invscaling')`` with the rate changed
+        once per epoch).
+    eta0 : float, default=0.01
+        Initial learning rate of the string schedules (onnxcustom's default).
+    power_t : float, default=0.25
+        Exponent of ``'invscaling'`` (onnxcustom's default).
+    momentum : float, default=0.0
+        Momentum of ``optimizer='sgd'`` (scikit-learn's convention).
+    batch_size : int, default=10
+        Rows per mini-batch (onnxcustom's default).
+    device : str, default='cpu'
+        ``'cpu'``, ``'cuda'`` or ``'cuda:N'``.
+    warm_start : bool, default=False
+        Continue from the previous fit: weights, optimizer state, epoch
+        count and random generator (two warm fits of ``k`` epochs equal one
+        fit of ``2k``).
+    verbose : int, default=0
+        Print the loss of each epoch when > 0.
+    validation_every : float or int, default=0.1
+        With ``X_val`` given to ``fit``: compute the validation loss every
+        ``validation_every`` epochs (an int >= 1) or every
+        ``max(1, round(validation_every * max_iter))`` epochs (a float in
+        (0, 1), onnxcustom's meaning). 0 disables it.
+    sample_weight_name : str, default='weight'
+        Name of the graph's sample-weight input. When the graph has it and
+        ``fit`` gets no ``sample_weight``, ones are fed.
+    random_state : int, RandomState instance or None, default=None
+        Shuffling of the rows at each epoch.
+    shuffle : bool, default=True
+        Shuffle the rows at each epoch.
+
+    Attributes
+    ----------
+    state_ : dict of str to numpy.ndarray
+        The trained weights (use :meth:`get_state`).
+    train_losses_ : list of float
+        Mean training loss of each epoch (penalties included), weighted by
+        batch size.
+    validation_losses_ : list of float
+        Validation losses, one every ``validation_every`` epochs.
+    n_iter_ : int
+        Epochs run (summed over warm starts).
+    input_names_ : list of str
+        The data inputs: X, the label, then the sample weight if any.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from sklearn.datasets import make_regression
+    >>> from sklearn.linear_model import LinearRegression
+    >>> from skl2onnx import to_onnx
+    >>> from ortlearn import add_loss_output, OrtGradientOptimizer
+    >>> X, y = make_regression(200, n_features=10, noise=1.0, random_state=0)
+    >>> X, y = X.astype(np.float32), y.astype(np.float32)
+    >>> onx = to_onnx(LinearRegression().fit(X, y), X, black_op={'LinearRegressor'})
+    >>> onx_loss = add_loss_output(onx, weight_name='weight', score_name='elastic',
+    ...                            l1_weight=0.1, l2_weight=0.9,
+    ...                            penalty={'coef': {'l2': 0.01}})
+    >>> train_session = OrtGradientOptimizer(onx_loss, ['intercept', 'coef'],
+    ...                                      learning_rate=1e-3, random_state=0)
+    >>> train_session.fit(X, y, np.ones(200, dtype=np.float32))  # doctest: +ELLIPSIS
+    OrtGradientOptimizer(...)
+    >>> state_tensors = train_session.get_state()
+    >>> losses = train_session.train_losses_
+    >>> bool(losses[-1] < losses[0])
+    True
+    """
+
+    def __init__(self, model_onnx, weights_to_train=None, loss_output_name="loss", max_iter=100,
+                 optimizer="sgd", learning_rate="invscaling", eta0=0.01, power_t=0.25,
+                 momentum=0.0, batch_size=10, device="cpu", warm_start=False, verbose=0,
+                 validation_every=0.1, sample_weight_name="weight", random_state=None,
+                 shuffle=True):
+        self.model_onnx = model_onnx
+        self.weights_to_train = weights_to_train
+        self.loss_output_name = loss_output_name
+        self.max_iter = max_iter
+        self.optimizer = optimizer
+        self.learning_rate = learning_rate
+        self.eta0 = eta0
+        self.power_t = power_t
+        self.momentum = momentum
+        self.batch_size = batch_size
+        self.device = device
+        self.warm_start = warm_start
+        self.verbose = verbose
+        self.validation_every = validation_every
+        self.sample_weight_name = sample_weight_name
+        self.random_state = random_state
+        self.shuffle = shuffle
+
+    # ------------------------------------------------------------ parameters
+    def _optimizer_spec(self) -> _Optimizer:
+        if isinstance(self.optimizer, _Optimizer):
+            return self.optimizer
+        if self.optimizer == "sgd":
+            return SGD(momentum=self.momentum)
+        if self.optimizer == "adam":
+            return Adam()
+        if self.optimizer == "adamw":
+            return AdamW()
+        raise ValueError(f"Unknown optimizer {self.optimizer!r}; expected one of {_OPTIMIZERS} "
+                         "or an ortlearn.optim optimizer instance.")
+
+    def _learning_rate_at(self, epoch: int) -> float:
+        """Learning rate of the 1-based ``epoch``."""
+        if self.learning_rate == "invscaling":
+            return self.eta0 / epoch ** self.power_t
+        if self.learning_rate == "constant":
+            return self.eta0
+        return float(self.learning_rate)
+
+    def _check_params(self) -> None:
+        lr = self.learning_rate
+        if isinstance(lr, str):
+            if lr not in _SCHEDULES:
+                raise ValueError(f"Unknown learning_rate {lr!r}; expected a float or one of "
+                                 f"{_SCHEDULES}.")
+            if not (isinstance(self.eta0, numbers.Real) and self.eta0 > 0):
+                raise ValueError(f"eta0 must be > 0, got {self.eta0!r}.")
+            if not (isinstance(self.power_t, numbers.Real) and self.power_t >= 0):
+                raise ValueError(f"power_t must be >= 0, got {self.power_t!r}.")
+        elif not (isinstance(lr, numbers.Real) and np.isfinite(lr) and lr > 0):
+            raise ValueError(f"learning_rate must be a finite float > 0 or one of {_SCHEDULES}, "
+                             f"got {lr!r}.")
+        for name in ("max_iter", "batch_size"):
+            value = getattr(self, name)
+            if not (isinstance(value, numbers.Integral) and value >= 1):
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}.")
+        ve = self.validation_every
+        if not (isinstance(ve, numbers.Real) and ve >= 0
+                and (ve < 1 or float(ve).is_integer())):
+            raise ValueError("validation_every must be 0, a float in (0, 1) or an integer "
+                             f">= 1, got {ve!r}.")
+        parse_device(self.device)
+
+    def _validation_period(self) -> int:
+        ve = self.validation_every
+        if ve == 0:
+            return 0
+        return int(ve) if ve >= 1 else max(1, round(ve * self.max_iter))
+
+    # -------------------------------------------------------------- the graph
+    def _read_graph(self) -> None:
+        """Loss model, trained weights and the roles of the data inputs."""
+        model = load_model(self.model_onnx)
+        outputs = [o.name for o in model.graph.output]
+        if self.loss_output_name not in outputs:
+            raise ValueError(f"The graph has no output {self.loss_output_name!r} (outputs: "
+                             f"{outputs}); add a loss with ortlearn.add_loss_output.")
+        weights = (get_train_initializer(model) if self.weights_to_train is None
+                   else list(self.weights_to_train))
+        inits = {i.name for i in model.graph.initializer}
+        data = [i.name for i in model.graph.input if i.name not in inits]
+        weight = self.sample_weight_name if self.sample_weight_name in data else None
+        labels = [n for n in data[1:] if n != weight]
+        if len(labels) != 1:
+            raise ValueError(f"Expected the data inputs X, a label and optionally "
+                             f"{self.sample_weight_name!r}; the graph's data inputs are {data}.")
+        self._loss_model = model
+        self._weights = weights
+        self.input_names_ = [data[0], labels[0]] + ([weight] if weight else [])
+        declared = {i.name: i for i in model.graph.input}
+        self._input_info = {n: (onnx_to_np_dtype(elem_type_of(declared[n])),
+                                shape_of(declared[n])) for n in self.input_names_}
+        self._prediction_outputs = [o for o in outputs if o != self.loss_output_name]
+
+    def _new_engine(self, initial_weights=None) -> TrainingEngine:
+        return TrainingEngine(self._loss_model, self._weights, self._optimizer_spec(),
+                              device=self.device, input_names=self.input_names_,
+                              loss_output=self.loss_output_name, initial_weights=initial_weights)
+
+    def _engine(self) -> TrainingEngine:
+        """The fitted engine, rebuilt after unpickling."""
+        runtime = self._runtime
+        if runtime.engine is None:
+            if not hasattr(self, "_loss_model"):
+                self._read_graph()
+            runtime.engine = self._new_engine(self.state_)
+            runtime.engine.load_optimizer_state(self._optimizer_state)
+        return runtime.engine
+
+    # ------------------------------------------------------------------ data
+    def _arrays(self, X, y, sample_weight) -> list[np.ndarray]:
+        """X, label (and weights) as the graph declares them; ValueError on bad data."""
+        x_name, y_name = self.input_names_[:2]
+        X = np.asarray(X)
+        if X.ndim != 2 or X.shape[0] == 0:
+            raise ValueError(f"X must be a non-empty 2-D array, got shape {X.shape}.")
+        info = self._input_info
+        X = X.astype(info[x_name][0], copy=False)
+        _check_finite("X", X)
+        declared = info[x_name][1]
+        if declared and len(declared) == 2 and isinstance(declared[1], int) \
+                and declared[1] != X.shape[1]:
+            raise ValueError(f"X has {X.shape[1]} features, the graph's input {x_name!r} "
+                             f"expects {declared[1]}.")
+        n = X.shape[0]
+        y = np.asarray(y)
+        if y.shape[0] != n:
+            raise ValueError(f"X has {n} rows but y has {y.shape[0]}.")
+        y = self._as_label(y, info[y_name][1], y_name).astype(info[y_name][0], copy=False)
+        _check_finite("y", y)
+        arrays = [np.ascontiguousarray(X), np.ascontiguousarray(y)]
+        if len(self.input_names_) == 3:
+            dtype = info[self.input_names_[2]][0]
+            sample_weight = (np.ones(n, dtype=dtype) if sample_weight is None
+                             else np.asarray(sample_weight, dtype=dtype))
+            if sample_weight.shape != (n,):
+                raise ValueError(f"sample_weight must have shape ({n},), got "
+                                 f"{sample_weight.shape}.")
+            _check_finite("sample_weight", sample_weight)
+            if (sample_weight < 0).any():
+                raise ValueError("sample_weight contains negative values.")
+            arrays.append(sample_weight)
+        elif sample_weight is not None:
+            raise ValueError(f"sample_weight was given but the graph has no input "
+                             f"{self.sample_weight_name!r}: build it with "
+                             f"add_loss_output(..., weight_name={self.sample_weight_name!r}).")
+        return arrays
+
+    @staticmethod
+    def _as_label(y: np.ndarray, shape, name: str) -> np.ndarray:
+        rank = None if shape is None else len(shape)
+        if rank == 2 and y.ndim == 1:
+            y = y.reshape(-1, 1)
+        elif rank == 1 and y.ndim == 2 and y.shape[1] == 1:
+            y = y.ravel()
+        if rank is not None and y.ndim != rank:
+            raise ValueError(f"y has shape {y.shape}, the graph's label {name!r} has rank "
+                             f"{rank}.")
+        if rank == 2 and isinstance(shape[1], int) and y.shape[1] != shape[1]:
+            raise ValueError(f"y has {y.shape[1]} columns, the graph's label {name!r} "
+                             f"expects {shape[1]}.")
+        return y
+
+    # ------------------------------------------------------------------- fit
+    def fit(self, X, y, sample_weight=None, X_val=None, y_val=None):
+        """Train the weights for ``max_iter`` epochs of mini-batch gradient descent.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+        y : array-like of shape (n_samples,) or (n_samples, n_outputs)
+        sample_weight : array-like of shape (n_samples,), default=None
+            Fed to the graph's ``sample_weight_name`` input (ones if None).
+        X_val, y_val : array-like, default=None
+            Validation data for ``validation_losses_``.
+
+        Returns
+        -------
+        self
+
+        Raises
+        ------
+        ValueError
+            Bad parameters, NaN/inf or badly shaped data, unknown weights.
+        ConvergenceError
+            Training diverged; the last finite weights are kept and the
+            estimator stays usable.
+        """
+        self._check_params()
+        continuing = self.warm_start and hasattr(self, "state_")
+        if not continuing:
+            self._read_graph()
+        arrays = self._arrays(X, y, sample_weight)
+        val = None
+        if X_val is not None:
+            if y_val is None:
+                raise ValueError("X_val was given without y_val.")
+            val = self._arrays(X_val, y_val, None)
+        if continuing:
+            engine = self._engine()
+        else:
+            engine = self._new_engine()
+            self._rng = check_random_state(self.random_state)
+            self.train_losses_, self.validation_losses_, self.n_iter_ = [], [], 0
+        self._runtime = _Runtime()
+        self._runtime.engine = engine
+        period = self._validation_period()
+        n = arrays[0].shape[0]
+        try:
+            for _ in range(self.max_iter):
+                epoch = self.n_iter_ + 1
+                engine.set_learning_rate(self._learning_rate_at(epoch))
+                batches = _batches(n, self.batch_size, self._rng if self.shuffle else None)
+                loss = engine.train_epoch(arrays, batches)
+                self.train_losses_.append(loss)
+                self.n_iter_ = epoch
+                if val is not None and period and epoch % period == 0:
+                    self.validation_losses_.append(engine.eval_loss(val))
+                if self.verbose:
+                    print(f"[OrtGradientOptimizer] epoch {epoch}: loss={loss:.6g}")
+        except ConvergenceError as exc:
+            self._store(engine)
+            raise ConvergenceError(f"{exc} (epoch {self.n_iter_ + 1})") from exc
+        self._store(engine)
+        return self
+
+    def _store(self, engine: TrainingEngine) -> None:
+        """Fitted attributes on the host (what pickling keeps)."""
+        self.state_ = engine.get_state()
+        self._optimizer_state = engine.optimizer_state()
+        self._runtime.inference = None
+
+    # ------------------------------------------------------------ the weights
+    def get_state(self) -> dict:
+        """The trained weights.
+
+        Returns
+        -------
+        dict of str to numpy.ndarray
+            Copies, keyed by initializer name.
+        """
+        check_is_fitted(self, "state_")
+        return {n: v.copy() for n, v in self.state_.items()}
+
+    def set_state(self, state: dict) -> None:
+        """Replace the trained weights (e.g. with those of :meth:`get_state`).
+
+        Parameters
+        ----------
+        state : dict of str to array-like
+            One value per trained weight, of its shape.
+
+        Raises
+        ------
+        ValueError
+            Naming unknown or missing weights, wrong shapes, or non-finite values.
+        """
+        check_is_fitted(self, "state_")
+        for name, value in state.items():
+            _check_finite(f"Weight {name!r}", np.asarray(value))
+        engine = self._engine()
+        engine.set_state(state)
+        self.state_ = engine.get_state()
+        self._runtime.inference = None
+
+    def get_trained_onnx(self) -> onnx.ModelProto:
+        """The inference graph with the trained weights.
+
+        The original model's outputs only: the loss output, the label and
+        sample-weight inputs and the nodes computing the loss are removed.
+
+        Returns
+        -------
+        onnx.ModelProto
+        """
+        check_is_fitted(self, "state_")
+        if not hasattr(self, "_loss_model"):
+            self._read_graph()
+        return _prune(self._loss_model, self._prediction_outputs, self.state_)
+
+    # --------------------------------------------------------------- predict
+    def _inference(self):
+        runtime = self._runtime
+        if runtime.inference is None:
+            runtime.inference = make_session(self.get_trained_onnx(), self.device)
+        return runtime.inference
+
+    def predict(self, X):
+        """The first output of the original model, computed with the trained weights.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+
+        Returns
+        -------
+        numpy.ndarray
+        """
+        check_is_fitted(self, "state_")
+        sess = self._inference()
+        info = sess.get_inputs()[0]
+        X = np.asarray(X)
+        if X.ndim != 2:
+            raise ValueError(f"X must be a 2-D array, got shape {X.shape}.")
+        X = X.astype(_ORT_TYPES.get(info.type, np.float32), copy=False)
+        _check_finite("X", X)
+        return sess.run([sess.get_outputs()[0].name], {info.name: X})[0]
+
+    def score(self, X, y, sample_weight=None):
+        """Minus the loss of the graph on ``(X, y)`` (greater is better, as sklearn wants).
+
+        The loss is the graph's own: penalties included, weighted by
+        ``sample_weight`` when the graph has a sample-weight input.
+
+        Returns
+        -------
+        float
+        """
+        check_is_fitted(self, "state_")
+        return -self._engine().eval_loss(self._arrays(X, y, sample_weight))
