@@ -1,0 +1,30 @@
+"""Reverse-mode differentiation of ONNX graphs, in standard ONNX operators.
+
+:func:`build_gradient` turns a model holding a scalar loss into a model
+returning the loss and its gradients w.r.t. chosen weights.
+:func:`append_backward` is its core, for code that adds more nodes (an
+optimizer update) to the same graph. Each operator has one rule in
+:data:`GRADIENT_RULES`; :func:`register_gradient` adds rules.
+
+Operators in :data:`NON_DIFFERENTIABLE_OPS`, and every node whose outputs are
+integer or boolean, carry no gradient (it is zero, not an error); a value that
+depends on the weights and reaches any other operator without a rule raises
+:class:`~ortlearn.exceptions.NoGradientRuleError`.
+"""
+
+from . import (  # noqa: F401  (registers the rules)
+    _rules_activations, _rules_elementwise, _rules_linalg, _rules_losses, _rules_reduce,
+    _rules_shape,
+)
+from ._backward import append_backward, build_gradient
+from ._context import GradientContext
+from ._registry import GRADIENT_RULES, NON_DIFFERENTIABLE_OPS, register_gradient
+
+__all__ = [
+    "GRADIENT_RULES",
+    "GradientContext",
+    "NON_DIFFERENTIABLE_OPS",
+    "append_backward",
+    "build_gradient",
+    "register_gradient",
+]

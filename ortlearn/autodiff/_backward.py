@@ -1,0 +1,238 @@
+"""The reverse pass: walk the forward graph backwards, one rule per node."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from .._onnx_helper import (
+    GraphBuilder, elem_type_of, finalize_model, load_model, shape_of, value_info_map,
+)
+from ._context import GradientContext, attr
+from ._registry import get_rule, is_non_differentiable
+
+_DIFF_TYPES = (TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16, TensorProto.BFLOAT16)
+
+
+def _subgraph_inputs(node: onnx.NodeProto) -> set[str]:
+    """Names a node reads, including the outer values its subgraphs use."""
+    names = {i for i in node.input if i}
+    for a in node.attribute:
+        for g in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+            for sub in g.node:
+                names |= _subgraph_inputs(sub)
+    return names
+
+
+def _is_float_output(node: onnx.NodeProto, name: str, infos: dict) -> bool:
+    info = infos.get(name)
+    elem = elem_type_of(info) if info is not None else 0
+    if not elem and node.op_type == "Cast":
+        elem = attr(node, "to")
+    return not elem or elem in _DIFF_TYPES
+
+
+def _differentiable_values(graph: onnx.GraphProto, wrt: Sequence[str], infos: dict) -> set[str]:
+    """Values that depend on ``wrt`` through differentiable float paths."""
+    diff = set(wrt)
+    for node in graph.node:
+        if is_non_differentiable(node) or not (_subgraph_inputs(node) & diff):
+            continue
+        diff.update(o for o in node.output if o and _is_float_output(node, o, infos))
+    return diff
+
+
+def _constant_values(graph: onnx.GraphProto, wrt: Sequence[str]) -> dict[str, np.ndarray]:
+    """Values known before running: initializers that are not inputs, Constant nodes."""
+    inputs = {i.name for i in graph.input}
+    values = {init.name: numpy_helper.to_array(init) for init in graph.initializer
+              if init.name not in inputs and init.name not in wrt}
+    for node in graph.node:
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+            a = node.attribute[0]
+            if a.name == "value":
+                values[node.output[0]] = numpy_helper.to_array(a.t)
+            elif a.name in ("value_float", "value_int", "value_floats", "value_ints"):
+                values[node.output[0]] = np.asarray(helper.get_attribute_value(a))
+    return values
+
+
+def _check_names(graph: onnx.GraphProto, loss_output: str, wrt: Sequence[str], infos: dict):
+    produced = {o for node in graph.node for o in node.output}
+    sources = {i.name for i in graph.input} | {i.name for i in graph.initializer}
+    if loss_output not in produced | sources:
+        raise ValueError(f"The graph has no value named {loss_output!r} (loss_output).")
+    for name in wrt:
+        if name not in sources:
+            raise ValueError(
+                f"{name!r} in wrt is neither an initializer nor an input of the graph.")
+        elem = elem_type_of(infos[name]) if name in infos else 0
+        if elem not in _DIFF_TYPES:
+            kind = TensorProto.DataType.Name(elem) if elem else "unknown"
+            raise TypeError(f"Cannot differentiate w.r.t. {name!r}: its type is {kind}, "
+                            "not a float type.")
+    if len(set(wrt)) != len(wrt):
+        raise ValueError(f"wrt holds duplicate names: {list(wrt)}.")
+    loss_shape = shape_of(infos[loss_output]) if loss_output in infos else None
+    if loss_shape and all(isinstance(d, int) for d in loss_shape) and np.prod(loss_shape) != 1:
+        raise ValueError(f"The loss {loss_output!r} must be a scalar or hold one element; "
+                         f"its shape is {loss_shape}.")
+
+
+def append_backward(model: onnx.ModelProto, loss_output: str, wrt: Sequence[str],
+                    builder: GraphBuilder | None = None) -> dict[str, str]:
+    """Append the backward pass of ``loss_output`` to ``model.graph``, in place.
+
+    This is the core of :func:`build_gradient`, for code that fuses the
+    forward pass, the gradients and more (an optimizer update) in one graph.
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        Forward model, modified in place: the backward nodes are appended to
+        its graph (its inputs, outputs and initializers are left unchanged; a
+        training-mode Dropout without mask output gets one).
+    loss_output : str
+        Name of the scalar (or one-element) float value to differentiate.
+    wrt : sequence of str
+        Float initializers or graph inputs to differentiate with respect to.
+    builder : GraphBuilder, optional
+        Builder used for the new names and nodes (default: a builder for
+        ``model`` with prefix ``'grad_'``). Its pending nodes are added to the
+        graph along with the backward nodes.
+
+    Returns
+    -------
+    grads : dict of str to str
+        ``{weight name: name of its gradient value}``, in ``wrt`` order. A
+        weight the loss does not depend on gets a tensor of zeros of its shape.
+
+    Raises
+    ------
+    NoGradientRuleError
+        When a value depending on ``wrt`` reaches an operator without a rule.
+    ValueError, TypeError
+        For an unknown loss or weight name, a non-float weight, a loss with
+        more than one element.
+
+    Examples
+    --------
+    >>> from onnx import helper, TensorProto, numpy_helper
+    >>> import numpy as np
+    >>> graph = helper.make_graph(
+    ...     [helper.make_node("Mul", ["X", "W"], ["Y"]),
+    ...      helper.make_node("ReduceSum", ["Y"], ["loss"], keepdims=0)],
+    ...     "g", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [3])],
+    ...     [helper.make_tensor_value_info("loss", TensorProto.FLOAT, [])],
+    ...     [numpy_helper.from_array(np.ones(3, np.float32), "W")])
+    >>> model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    >>> grads = append_backward(model, "loss", ["W"])
+    >>> list(grads)
+    ['W']
+    """
+    if builder is None:
+        builder = GraphBuilder.for_model(model, prefix="grad_")
+    return _append_backward(model, loss_output, list(wrt), builder, value_info_map(model))
+
+
+def _append_backward(model, loss_output, wrt, builder, infos):
+    graph = model.graph
+    _check_names(graph, loss_output, wrt, infos)
+    differentiable = _differentiable_values(graph, wrt, infos)
+    ctx = GradientContext(builder, infos, _constant_values(graph, wrt), differentiable)
+
+    pending: dict[str, list[str]] = {}
+    if loss_output in differentiable:
+        pending[loss_output] = [ctx.fill_like(loss_output, 1)]
+    for node in reversed(graph.node):
+        if not any(o in pending for o in node.output):
+            continue
+        out_grads = [ctx.accumulate(pending.pop(o)) if o in pending else None
+                     for o in node.output]
+        in_grads = get_rule(node)(ctx, node, out_grads)
+        for name, grad in zip(node.input, in_grads):
+            if grad is not None and ctx.needs(name):
+                pending.setdefault(name, []).append(grad)
+
+    grads = {}
+    for name in wrt:
+        # A weight the loss does not depend on has a zero gradient.
+        grads[name] = ctx.accumulate(pending[name]) if name in pending else ctx.zeros_like(name)
+    builder.add_to_graph(graph)
+    return grads
+
+
+def _default_wrt(model: onnx.ModelProto) -> list[str]:
+    from ..convert import get_train_initializer  # lazy: convert imports skl2onnx
+
+    return list(get_train_initializer(model))
+
+
+def build_gradient(model, wrt: Sequence[str] | None = None,
+                   loss_output: str = "loss") -> onnx.ModelProto:
+    """Model computing a loss and its gradients w.r.t. weights, in standard ONNX.
+
+    Parameters
+    ----------
+    model : onnx.ModelProto, bytes or path
+        Forward model holding a scalar (or one-element) float value
+        ``loss_output``; the opset of its ai.onnx domain must be 13 or more.
+    wrt : list of str, optional
+        Float initializers or graph inputs to differentiate with respect to.
+        Default: ``ortlearn.get_train_initializer(model)``.
+    loss_output : str, default='loss'
+        Name of the loss value.
+
+    Returns
+    -------
+    onnx.ModelProto
+        The forward graph plus the backward nodes, with the same inputs and
+        initializers; its outputs are ``loss_output`` then ``<name>_grad``
+        for each name in ``wrt``, in that order, each with the type and shape
+        of its weight. Only values that depend on ``wrt`` get backward nodes.
+        A weight the loss does not depend on gets a gradient of zeros.
+
+    Raises
+    ------
+    NoGradientRuleError
+        When a value depending on ``wrt`` reaches an operator without a
+        gradient rule; the message names the operator type and the node.
+    ValueError, TypeError
+        For an unknown loss or weight name, a non-float weight, a loss with
+        more than one element, a ``<name>_grad`` name already in the graph.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from onnx import helper, TensorProto, numpy_helper
+    >>> from ortlearn.autodiff import build_gradient
+    >>> graph = helper.make_graph(
+    ...     [helper.make_node("MatMul", ["X", "W"], ["Y"]),
+    ...      helper.make_node("ReduceSumSquare", ["Y"], ["loss"], keepdims=0)],
+    ...     "g", [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", 2])],
+    ...     [helper.make_tensor_value_info("loss", TensorProto.FLOAT, [])],
+    ...     [numpy_helper.from_array(np.ones((2, 1), np.float32), "W")])
+    >>> model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    >>> grad_model = build_gradient(model, wrt=["W"])
+    >>> [o.name for o in grad_model.graph.output]
+    ['loss', 'W_grad']
+    """
+    model = load_model(model)
+    wrt = _default_wrt(model) if wrt is None else list(wrt)
+    builder = GraphBuilder.for_model(model, prefix="grad_")
+    infos = value_info_map(model)
+    grad_names = [builder.reserve(f"{name}_grad") for name in wrt]
+    grads = _append_backward(model, loss_output, wrt, builder, infos)
+
+    outputs = [infos.get(loss_output) or helper.make_empty_tensor_value_info(loss_output)]
+    for name, out in zip(wrt, grad_names):
+        builder.op("Identity", [grads[name]], outputs=[out])
+        info = infos[name]
+        outputs.append(helper.make_tensor_value_info(out, elem_type_of(info), shape_of(info)))
+    builder.add_to_graph(model.graph)
+    del model.graph.output[:]
+    model.graph.output.extend(outputs)
+    return finalize_model(model)

@@ -1,0 +1,214 @@
+"""What a gradient rule sees: the builder, static types and shapes, helpers."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from .._onnx_helper import GraphBuilder, elem_type_of, onnx_to_np_dtype, shape_of
+
+
+def attr(node: onnx.NodeProto, name: str, default=None):
+    """Value of attribute ``name`` of ``node`` (``default`` when absent)."""
+    for a in node.attribute:
+        if a.name == name:
+            value = helper.get_attribute_value(a)
+            return value.decode() if isinstance(value, bytes) else value
+    return default
+
+
+def optional_input(node: onnx.NodeProto, index: int) -> str | None:
+    """Name of input ``index`` of ``node``, None when omitted."""
+    return node.input[index] if len(node.input) > index and node.input[index] else None
+
+
+class GradientContext:
+    """State shared by the gradient rules during one backward pass.
+
+    Attributes
+    ----------
+    b : GraphBuilder
+        Builder receiving the backward nodes.
+    """
+
+    def __init__(self, builder: GraphBuilder, infos: dict, constants: dict, differentiable: set):
+        self.b = builder
+        self._infos = infos
+        self._constants = constants
+        self._differentiable = differentiable
+        self._shapes: dict[str, str] = {}
+
+    @property
+    def opset(self) -> int:
+        return self.b.opset
+
+    def needs(self, name: str | None) -> bool:
+        """Whether the gradient of ``name`` is wanted (it depends on a weight)."""
+        return bool(name) and name in self._differentiable
+
+    # static information -------------------------------------------------
+    def shape(self, name: str) -> list | None:
+        """Static shape of a forward value (ints, symbols, None), None if unknown rank."""
+        info = self._infos.get(name)
+        return None if info is None else shape_of(info)
+
+    def rank(self, name: str, node: onnx.NodeProto | None = None) -> int | None:
+        """Rank of ``name``; with ``node``, raise ValueError when it is unknown."""
+        shape = self.shape(name)
+        if shape is None and node is not None:
+            raise ValueError(
+                f"The gradient of {node.op_type} node {node.name!r} needs the rank of "
+                f"{name!r}, which shape inference could not find."
+            )
+        return None if shape is None else len(shape)
+
+    def dtype(self, name: str) -> int:
+        """ONNX element type of ``name``."""
+        info = self._infos.get(name)
+        elem = elem_type_of(info) if info is not None else 0
+        if not elem:
+            raise ValueError(f"The element type of {name!r} is unknown (shape inference failed).")
+        return elem
+
+    def constant_value(self, name: str | None) -> np.ndarray | None:
+        """Value of a non-trainable initializer or Constant output, else None."""
+        return self._constants.get(name) if name else None
+
+    # emitting helpers ---------------------------------------------------
+    def const(self, value, like: str) -> str:
+        """A constant with the element type of value ``like``."""
+        return self.b.const(np.asarray(value, dtype=onnx_to_np_dtype(self.dtype(like))))
+
+    def shape_of(self, name: str) -> str:
+        """A ``Shape`` node of ``name`` (one per value)."""
+        if name not in self._shapes:
+            self._shapes[name] = self.b.op("Shape", [name])
+        return self._shapes[name]
+
+    def size_as(self, name: str, like: str) -> str:
+        """Number of elements of ``name`` as a scalar of ``like``'s type."""
+        return self.b.cast(self.b.op("Size", [name]), self.dtype(like))
+
+    def fill_like(self, name: str, value: float, dtype_of: str | None = None) -> str:
+        """A tensor of ``name``'s shape filled with ``value``."""
+        np_dtype = onnx_to_np_dtype(self.dtype(dtype_of or name))
+        shape = self.shape(name)
+        if shape is not None and all(isinstance(d, int) for d in shape):
+            return self.b.const(np.full(shape, value, dtype=np_dtype))
+        return self.b.op("ConstantOfShape", [self.shape_of(name)],
+                         value=numpy_helper.from_array(np.array([value], dtype=np_dtype)))
+
+    def zeros_like(self, name: str) -> str:
+        return self.fill_like(name, 0)
+
+    def reshape_like(self, grad: str, name: str) -> str:
+        """``grad`` reshaped to the shape of ``name``."""
+        return self.b.op("Reshape", [grad, self.shape_of(name)])
+
+    def mask_where(self, cond: str, grad: str, like: str) -> str:
+        """``grad`` where ``cond`` holds, 0 elsewhere (``like``: a value of grad's type)."""
+        return self.b.op("Where", [cond, grad, self.const(0, like=like)])
+
+    def transpose_last2(self, x: str, rank: int) -> str:
+        perm = list(range(rank - 2)) + [rank - 1, rank - 2]
+        return self.b.op("Transpose", [x], perm=perm)
+
+    def accumulate(self, grads: Sequence[str]) -> str:
+        """Sum of gradient contributions to one value."""
+        return grads[0] if len(grads) == 1 else self.b.op("Sum", list(grads))
+
+    def sum_to(self, grad: str, target: str, grad_shape: Sequence | None) -> str:
+        """Reduce a broadcast gradient back to the shape of ``target``.
+
+        Static shapes decide the axes when they can (no node when none is
+        needed); otherwise the axes are computed at run time from the shapes
+        of ``grad`` and ``target`` (dynamic batch dimension).
+
+        Parameters
+        ----------
+        grad : str
+            Gradient with the broadcast shape.
+        target : str
+            Forward value the gradient belongs to.
+        grad_shape : list or None
+            Static shape of ``grad`` (ints, symbols or None per dim), None if
+            its rank is unknown.
+        """
+        tshape = self.shape(target)
+        if grad_shape is not None and tshape is not None:
+            axes = _static_reduce_axes(list(grad_shape), tshape)
+            if axes is not None:
+                if not axes:
+                    return grad
+                lead = len(grad_shape) - len(tshape)
+                red = self.b.reduce("ReduceSum", grad, axes, keepdims=1)
+                return self.b.squeeze(red, list(range(lead))) if lead else red
+        return self._dynamic_sum_to(grad, target, grad_shape, tshape)
+
+    def _dynamic_sum_to(self, grad, target, grad_shape, tshape) -> str:
+        b = self.b
+        gshape = b.op("Shape", [grad])
+        tsh = self.shape_of(target)
+        if grad_shape is not None and tshape is not None:
+            lead = len(grad_shape) - len(tshape)
+            padded = b.op("Concat", [b.ints([1] * lead, hint="ones"), tsh], axis=0) if lead else tsh
+        else:
+            lead = b.op("Sub", [b.op("Size", [gshape]), b.op("Size", [tsh])])
+            ones = b.op("ConstantOfShape", [b.op("Reshape", [lead, b.ints([1], hint="one")])],
+                        value=numpy_helper.from_array(np.array([1], dtype=np.int64)))
+            padded = b.op("Concat", [ones, tsh], axis=0)
+        # Axes where target and gradient differ: the target has 1 (or no dim) there.
+        differ = b.op("Not", [b.op("Equal", [padded, gshape])])
+        axes = b.op("Reshape", [b.op("NonZero", [differ]), b.ints([-1], hint="flat")])
+        red = b.op("ReduceSum", [grad, axes], keepdims=1, noop_with_empty_axes=1)
+        return b.op("Reshape", [red, tsh])
+
+    def scatter_flat(self, x: str, positions: str, grad: str, accumulate: bool) -> str:
+        """Zeros of ``x``'s shape receiving ``grad`` at flat ``positions``.
+
+        With ``accumulate``, repeated positions add up (Gather); otherwise
+        they are assumed unique (Slice).
+        """
+        b = self.b
+        flat_pos = b.op("Reshape", [positions, b.ints([-1], hint="flat")])
+        flat_g = b.op("Reshape", [grad, b.ints([-1], hint="flat")])
+        size = b.op("Size", [x])
+        if accumulate and self.opset < 16:
+            # ScatterElements adds duplicates from opset 16 on: use a one-hot product.
+            every = b.op("Range", [b.const(np.int64(0)), size, b.const(np.int64(1))])
+            hits = b.op("Equal", [b.unsqueeze(flat_pos, [1]), every])
+            onehot = b.cast(hits, self.dtype(x))
+            flat = b.op("MatMul", [b.unsqueeze(flat_g, [0]), onehot])
+        else:
+            zeros = b.op("ConstantOfShape", [b.unsqueeze(size, [0])],
+                         value=numpy_helper.from_array(
+                             np.array([0], dtype=onnx_to_np_dtype(self.dtype(x)))))
+            kwargs = {"reduction": "add"} if accumulate else {}
+            flat = b.op("ScatterElements", [zeros, flat_pos, flat_g], axis=0, **kwargs)
+        return self.reshape_like(flat, x)
+
+    def positions(self, x: str) -> str:
+        """Int64 tensor of ``x``'s shape holding each element's flat index."""
+        b = self.b
+        flat = b.op("Range", [b.const(np.int64(0)), b.op("Size", [x]), b.const(np.int64(1))])
+        return self.reshape_like(flat, x)
+
+
+def _static_reduce_axes(gshape: list, tshape: list) -> list[int] | None:
+    """Axes to sum so a gradient of shape ``gshape`` fits ``tshape`` (None: unknown)."""
+    lead = len(gshape) - len(tshape)
+    if lead < 0:
+        return None
+    axes = list(range(lead))
+    for i, (dg, dt) in enumerate(zip(gshape[lead:], tshape), start=lead):
+        if dt == 1:
+            if dg != 1:
+                axes.append(i)
+        elif isinstance(dt, int):
+            continue  # a dim > 1 is never broadcast
+        elif dt is None or dg != dt:
+            return None  # a symbolic dim may be 1 at run time
+    return axes

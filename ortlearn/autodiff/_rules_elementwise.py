@@ -1,0 +1,198 @@
+"""Gradients of the broadcasting arithmetic operators and of Where/Clip/Max/Min."""
+
+from __future__ import annotations
+
+import math
+
+from ._context import optional_input
+from ._registry import register_gradient
+
+
+def _out_shape(ctx, node):
+    return ctx.shape(node.output[0])
+
+
+@register_gradient("Add", "Sum")
+def _add(ctx, node, grads):
+    shape = _out_shape(ctx, node)
+    return [ctx.sum_to(grads[0], x, shape) if ctx.needs(x) else None for x in node.input]
+
+
+@register_gradient("Mean")
+def _mean(ctx, node, grads):
+    y = node.output[0]
+    g = ctx.b.op("Div", [grads[0], ctx.const(len(node.input), like=y)])
+    return [ctx.sum_to(g, x, ctx.shape(y)) if ctx.needs(x) else None for x in node.input]
+
+
+@register_gradient("Sub")
+def _sub(ctx, node, grads):
+    a, b = node.input
+    shape = _out_shape(ctx, node)
+    return [ctx.sum_to(grads[0], a, shape) if ctx.needs(a) else None,
+            ctx.sum_to(ctx.b.op("Neg", [grads[0]]), b, shape) if ctx.needs(b) else None]
+
+
+@register_gradient("Mul")
+def _mul(ctx, node, grads):
+    a, b = node.input
+    shape, g = _out_shape(ctx, node), grads[0]
+    return [ctx.sum_to(ctx.b.op("Mul", [g, b]), a, shape) if ctx.needs(a) else None,
+            ctx.sum_to(ctx.b.op("Mul", [g, a]), b, shape) if ctx.needs(b) else None]
+
+
+@register_gradient("Div")
+def _div(ctx, node, grads):
+    a, b = node.input
+    y, g = node.output[0], grads[0]
+    shape = ctx.shape(y)
+    da = db = None
+    if ctx.needs(a):
+        da = ctx.sum_to(ctx.b.op("Div", [g, b]), a, shape)
+    if ctx.needs(b):
+        # d(a/b)/db = -y/b
+        db = ctx.sum_to(ctx.b.op("Neg", [ctx.b.op("Mul", [g, ctx.b.op("Div", [y, b])])]), b, shape)
+    return [da, db]
+
+
+@register_gradient("Pow")
+def _pow(ctx, node, grads):
+    x, e = node.input
+    y, g = node.output[0], grads[0]
+    shape = ctx.shape(y)
+    dx = de = None
+    if ctx.needs(x):
+        ef = e if ctx.dtype(e) == ctx.dtype(x) else ctx.b.cast(e, ctx.dtype(x))
+        lowered = ctx.b.op("Sub", [ef, ctx.const(1, like=x)])
+        slope = ctx.b.op("Mul", [ef, ctx.b.op("Pow", [x, lowered])])
+        dx = ctx.sum_to(ctx.b.op("Mul", [g, slope]), x, shape)
+    if ctx.needs(e):
+        # d(x**e)/de = y * log(x), defined for x > 0
+        xe = x if ctx.dtype(e) == ctx.dtype(x) else ctx.b.cast(x, ctx.dtype(e))
+        ye = y if ctx.dtype(e) == ctx.dtype(y) else ctx.b.cast(y, ctx.dtype(e))
+        ge = g if ctx.dtype(e) == ctx.dtype(y) else ctx.b.cast(g, ctx.dtype(e))
+        slope = ctx.b.op("Mul", [ye, ctx.b.op("Log", [xe])])
+        de = ctx.sum_to(ctx.b.op("Mul", [ge, slope]), e, shape)
+    return [dx, de]
+
+
+@register_gradient("Neg")
+def _neg(ctx, node, grads):
+    return [ctx.b.op("Neg", [grads[0]])]
+
+
+@register_gradient("Identity")
+def _identity(ctx, node, grads):
+    return [grads[0]]
+
+
+@register_gradient("Where")
+def _where(ctx, node, grads):
+    cond, a, b = node.input
+    y, g = node.output[0], grads[0]
+    shape = ctx.shape(y)
+    zero = ctx.const(0, like=y)
+    da = db = None
+    if ctx.needs(a):
+        da = ctx.sum_to(ctx.b.op("Where", [cond, g, zero]), a, shape)
+    if ctx.needs(b):
+        db = ctx.sum_to(ctx.b.op("Where", [cond, zero, g]), b, shape)
+    return [None, da, db]
+
+
+@register_gradient("Clip")
+def _clip(ctx, node, grads):
+    x, g = node.input[0], grads[0]
+    lo, hi = optional_input(node, 1), optional_input(node, 2)
+    b = ctx.b
+    # x receives the gradient where lo <= x <= hi; a bound where it clips.
+    inside = None
+    for bound, cmp in ((lo, "GreaterOrEqual"), (hi, "LessOrEqual")):
+        if bound is not None:
+            ok = b.op(cmp, [x, bound])
+            inside = ok if inside is None else b.op("And", [inside, ok])
+    result = [grads[0] if inside is None else ctx.mask_where(inside, g, x)]
+    for bound, cmp in ((lo, "Less"), (hi, "Greater")):
+        if ctx.needs(bound):
+            clipped = ctx.mask_where(b.op(cmp, [x, bound]), g, x)
+            result.append(b.reduce("ReduceSum", clipped, None, keepdims=0))
+        else:
+            result.append(None)
+    return result
+
+
+@register_gradient("Max", "Min")
+def _max_min(ctx, node, grads):
+    y, g = node.output[0], grads[0]
+    shape = ctx.shape(y)
+    b = ctx.b
+    last = max((i for i, x in enumerate(node.input) if ctx.needs(x)), default=-1)
+    taken, result = None, []
+    for i, x in enumerate(node.input[:last + 1]):
+        # On ties the first input equal to the result gets the gradient.
+        hit = b.op("Equal", [x, y])
+        if taken is not None:
+            hit = b.op("And", [hit, b.op("Not", [taken])])
+        taken = hit if taken is None else b.op("Or", [taken, hit])
+        result.append(ctx.sum_to(ctx.mask_where(hit, g, y), x, shape) if ctx.needs(x) else None)
+    return result
+
+
+def _unary(op_type):
+    """Register ``fn(ctx, x, y, g) -> dx`` as the rule of a one-input operator."""
+    def decorator(fn):
+        @register_gradient(op_type)
+        def rule(ctx, node, grads):
+            return [fn(ctx, node, node.input[0], node.output[0], grads[0])]
+        return fn
+    return decorator
+
+
+@_unary("Sqrt")
+def _sqrt(ctx, node, x, y, g):
+    return ctx.b.op("Div", [ctx.b.op("Mul", [g, ctx.const(0.5, like=y)]), y])
+
+
+@_unary("Reciprocal")
+def _reciprocal(ctx, node, x, y, g):
+    return ctx.b.op("Neg", [ctx.b.op("Mul", [g, ctx.b.op("Mul", [y, y])])])
+
+
+@_unary("Exp")
+def _exp(ctx, node, x, y, g):
+    return ctx.b.op("Mul", [g, y])
+
+
+@_unary("Log")
+def _log(ctx, node, x, y, g):
+    return ctx.b.op("Div", [g, x])
+
+
+@_unary("Abs")
+def _abs(ctx, node, x, y, g):
+    return ctx.b.op("Mul", [g, ctx.b.op("Sign", [x])])
+
+
+@_unary("Sin")
+def _sin(ctx, node, x, y, g):
+    return ctx.b.op("Mul", [g, ctx.b.op("Cos", [x])])
+
+
+@_unary("Cos")
+def _cos(ctx, node, x, y, g):
+    return ctx.b.op("Neg", [ctx.b.op("Mul", [g, ctx.b.op("Sin", [x])])])
+
+
+@_unary("Erf")
+def _erf(ctx, node, x, y, g):
+    b = ctx.b
+    gauss = b.op("Exp", [b.op("Neg", [b.op("Mul", [x, x])])])
+    return b.op("Mul", [b.op("Mul", [g, ctx.const(2 / math.sqrt(math.pi), like=x)]), gauss])
+
+
+@register_gradient("Cast")
+def _cast(ctx, node, grads):
+    x = node.input[0]
+    if not ctx.needs(x):
+        return [None]
+    return [ctx.b.cast(grads[0], ctx.dtype(x))]

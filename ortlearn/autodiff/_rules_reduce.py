@@ -1,0 +1,111 @@
+"""Gradients of the Reduce* operators (axes as attribute or input, keepdims, noop)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._context import attr, optional_input
+from ._registry import register_gradient
+
+
+class _Reduction:
+    """How a Reduce* node maps its input to its output, for the backward pass."""
+
+    def __init__(self, ctx, node):
+        self.ctx, self.node = ctx, node
+        self.x, self.y = node.input[0], node.output[0]
+        self.keepdims = attr(node, "keepdims", 1)
+        self.axes_input = optional_input(node, 1)
+        if self.axes_input is None:
+            axes = attr(node, "axes")
+        else:
+            axes = ctx.constant_value(self.axes_input)
+        self.axes = None if axes is None else [int(a) for a in np.ravel(axes)]
+        dynamic = self.axes_input is not None and self.axes is None
+        #: no axes given: every axis is reduced, or none with noop_with_empty_axes=1
+        #: (onnxruntime then still applies the elementwise part: |x| for ReduceL2,
+        #: x**2 for ReduceSumSquare; the formulas below cover that case too)
+        self.no_axes = not dynamic and not self.axes
+        self.identity = self.no_axes and bool(attr(node, "noop_with_empty_axes", 0))
+
+    def kept(self, value: str) -> str:
+        """``value`` (of the output's shape) reshaped to broadcast against the input."""
+        ctx = self.ctx
+        if self.keepdims or self.no_axes:
+            return value  # reduced dims already kept, or a scalar (all axes)
+        if self.axes is not None:
+            return ctx.b.unsqueeze(value, self.axes)
+        kept_shape = ctx.b.op("Shape", [self.reduce_like("ReduceSum", self.x)])
+        return ctx.b.op("Reshape", [value, kept_shape])
+
+    def reduce_like(self, op_type: str, value: str) -> str:
+        """``value`` reduced over the node's axes, keeping dims."""
+        if self.identity:
+            return value
+        axes = self.axes_input if self.axes is None else (self.axes or None)
+        if axes is None:
+            return self.ctx.b.reduce(op_type, value, None, keepdims=1)
+        return self.ctx.b.reduce(op_type, value, axes, keepdims=1,
+                                 noop_with_empty_axes=attr(self.node, "noop_with_empty_axes", 0))
+
+    def count(self) -> str:
+        """Number of input elements per output element, in the input's type."""
+        ctx = self.ctx
+        sx, sy = ctx.shape(self.x), ctx.shape(self.y)
+        if sx is not None and sy is not None and all(isinstance(d, int) for d in sx + sy):
+            return ctx.const(np.prod(sx) / np.prod(sy), like=self.x)
+        return ctx.b.op("Div", [ctx.size_as(self.x, self.x), ctx.size_as(self.y, self.x)])
+
+
+def _reduction(op_type):
+    def decorator(fn):
+        @register_gradient(op_type)
+        def rule(ctx, node, grads):
+            red = _Reduction(ctx, node)
+            return [fn(ctx, red, red.kept(grads[0])), None]
+        return fn
+    return decorator
+
+
+@_reduction("ReduceSum")
+def _reduce_sum(ctx, red, g):
+    return ctx.b.op("Expand", [g, ctx.shape_of(red.x)])
+
+
+@_reduction("ReduceMean")
+def _reduce_mean(ctx, red, g):
+    return ctx.b.op("Expand", [ctx.b.op("Div", [g, red.count()]), ctx.shape_of(red.x)])
+
+
+@_reduction("ReduceSumSquare")
+def _reduce_sum_square(ctx, red, g):
+    twice = ctx.b.op("Mul", [red.x, ctx.const(2, like=red.x)])
+    return ctx.b.op("Mul", [twice, g])
+
+
+@_reduction("ReduceL1")
+def _reduce_l1(ctx, red, g):
+    return ctx.b.op("Mul", [ctx.b.op("Sign", [red.x]), g])
+
+
+@_reduction("ReduceL2")
+def _reduce_l2(ctx, red, g):
+    return ctx.b.op("Mul", [ctx.b.op("Div", [red.x, red.kept(red.y)]), g])
+
+
+@_reduction("ReduceLogSumExp")
+def _reduce_log_sum_exp(ctx, red, g):
+    soft = ctx.b.op("Exp", [ctx.b.op("Sub", [red.x, red.kept(red.y)])])
+    return ctx.b.op("Mul", [soft, g])
+
+
+def _extremum(ctx, red, g):
+    # Ties share the gradient equally.
+    b = ctx.b
+    hit = b.cast(b.op("Equal", [red.x, red.kept(red.y)]), ctx.dtype(red.x))
+    share = b.op("Div", [hit, red.reduce_like("ReduceSum", hit)])
+    return b.op("Mul", [share, g])
+
+
+_reduction("ReduceMax")(_extremum)
+_reduction("ReduceMin")(_extremum)

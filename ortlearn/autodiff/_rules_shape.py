@@ -1,0 +1,104 @@
+"""Gradients of the data-movement operators (reshapes, slicing, gathering, tiling)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._context import attr, optional_input
+from ._registry import register_gradient
+
+
+@register_gradient("Reshape", "Flatten", "Squeeze", "Unsqueeze")
+def _reshape(ctx, node, grads):
+    x = node.input[0]
+    return [ctx.reshape_like(grads[0], x)]
+
+
+@register_gradient("Transpose")
+def _transpose(ctx, node, grads):
+    perm = attr(node, "perm")
+    if perm is None:  # default: reversed axes, its own inverse
+        return [ctx.b.op("Transpose", [grads[0]])]
+    return [ctx.b.op("Transpose", [grads[0]], perm=[int(i) for i in np.argsort(perm)])]
+
+
+def _dim(ctx, x, axis):
+    """Length of ``x`` along ``axis`` as a one-element int64 tensor."""
+    shape = ctx.shape(x)
+    if shape is not None and isinstance(shape[axis], int):
+        return ctx.b.ints([shape[axis]], hint="dim")
+    return ctx.b.op("Gather", [ctx.shape_of(x), ctx.b.ints([axis], hint="axis")])
+
+
+@register_gradient("Concat")
+def _concat(ctx, node, grads):
+    axis = attr(node, "axis")
+    if axis < 0:
+        axis += ctx.rank(node.output[0], node)
+    sizes = ctx.b.op("Concat", [_dim(ctx, x, axis) for x in node.input], axis=0)
+    pieces = ctx.b.op("Split", [grads[0], sizes], n_outputs=len(node.input), axis=axis)
+    pieces = pieces if isinstance(pieces, list) else [pieces]
+    return [p if ctx.needs(x) else None for p, x in zip(pieces, node.input)]
+
+
+@register_gradient("Split")
+def _split(ctx, node, grads):
+    parts = [g if g is not None else ctx.zeros_like(o) for g, o in zip(grads, node.output)]
+    return [ctx.b.op("Concat", parts, axis=attr(node, "axis", 0))]
+
+
+@register_gradient("Slice")
+def _slice(ctx, node, grads):
+    x = node.input[0]
+    picked = ctx.b.op("Slice", [ctx.positions(x)] + list(node.input[1:]))
+    return [ctx.scatter_flat(x, picked, grads[0], accumulate=False)]
+
+
+@register_gradient("Gather", "GatherElements")
+def _gather(ctx, node, grads):
+    x, indices = node.input
+    picked = ctx.b.op(node.op_type, [ctx.positions(x), indices], axis=attr(node, "axis", 0))
+    return [ctx.scatter_flat(x, picked, grads[0], accumulate=True), None]
+
+
+@register_gradient("Expand")
+def _expand(ctx, node, grads):
+    x = node.input[0]
+    return [ctx.sum_to(grads[0], x, ctx.shape(node.output[0])), None]
+
+
+@register_gradient("Tile")
+def _tile(ctx, node, grads):
+    x, repeats = node.input
+    rank = ctx.rank(x, node)
+    b = ctx.b
+    # View the output as [r0, d0, r1, d1, ...] and sum over the repeat axes.
+    pairs = b.op("Concat", [b.unsqueeze(repeats, [1]), b.unsqueeze(ctx.shape_of(x), [1])], axis=1)
+    split = b.op("Reshape", [grads[0], b.op("Reshape", [pairs, b.ints([-1], hint="flat")])])
+    return [b.reduce("ReduceSum", split, list(range(0, 2 * rank, 2)), keepdims=0), None]
+
+
+@register_gradient("Dropout")
+def _dropout(ctx, node, grads):
+    x, g = node.input[0], grads[0]
+    ratio, training = optional_input(node, 1), optional_input(node, 2)
+    flag = ctx.constant_value(training)
+    if training is None or (flag is not None and not bool(flag)):
+        return [g]  # inference mode: the identity
+    if len(node.output) < 2 or not node.output[1]:
+        # The gradient needs the mask drawn by the forward pass: expose it.
+        mask = ctx.b.unique_name("dropout_mask")
+        if len(node.output) < 2:
+            node.output.append(mask)
+        else:
+            node.output[1] = mask
+    b = ctx.b
+    if ratio is None:
+        keep = ctx.const(0.5, like=x)
+    else:
+        r = ratio if ctx.dtype(ratio) == ctx.dtype(x) else b.cast(ratio, ctx.dtype(x))
+        keep = b.op("Sub", [ctx.const(1, like=x), r])
+    scale = b.op("Reciprocal", [keep])
+    if flag is None:  # training mode decided at run time
+        scale = b.op("Where", [training, scale, ctx.const(1, like=x)])
+    return [b.op("Mul", [ctx.mask_where(node.output[1], g, x), scale])]

@@ -1,0 +1,575 @@
+"""Gradients built by ortlearn.autodiff against central finite differences (float64)."""
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from hypothesis import given, settings, strategies as st
+from onnx import TensorProto, helper, numpy_helper
+
+from ortlearn._onnx_helper import finalize_model, np_dtype_to_onnx, value_info_map
+from ortlearn.autodiff import append_backward, build_gradient, register_gradient
+from ortlearn.autodiff import GRADIENT_RULES
+from ortlearn.exceptions import NoGradientRuleError
+
+D = TensorProto.DOUBLE
+
+
+# ---------------------------------------------------------------- helpers
+def _session(model):
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+
+def _model(nodes, inputs, outputs, inits=(), opset=18):
+    graph = helper.make_graph(nodes, "g", inputs, outputs, list(inits))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    return finalize_model(model, check=False)
+
+
+def _const_node(name, value):
+    return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(value, name))
+
+
+def _cast_floats(values, dtype):
+    return {k: (v.astype(dtype) if v.dtype.kind == "f" else v) for k, v in values.items()}
+
+
+def loss_model(nodes, weights, consts=None, inputs=None, dtype=np.float64, opset=18,
+               out="Y", input_dims=None, seed=1):
+    """``loss = ReduceSum(out * R)`` for a fixed random R: every output element counts.
+
+    ``weights`` become initializers, ``consts`` Constant nodes, ``inputs`` graph
+    inputs (declared with ``input_dims`` when given). Returns (model, feeds).
+    """
+    weights = _cast_floats(weights, dtype)
+    consts = _cast_floats(consts or {}, dtype)
+    feeds = _cast_floats(inputs or {}, dtype)
+    input_dims = input_dims or {}
+    const_nodes = [_const_node(k, v) for k, v in consts.items()]
+    graph_inputs = [helper.make_tensor_value_info(k, np_dtype_to_onnx(v.dtype),
+                                                  input_dims.get(k, v.shape))
+                    for k, v in feeds.items()]
+    inits = [numpy_helper.from_array(v, k) for k, v in weights.items()]
+    fwd = _model(const_nodes + list(nodes), graph_inputs,
+                 [helper.make_empty_tensor_value_info(out)], inits, opset)
+    info = value_info_map(fwd)[out]
+    y_type = info.type.tensor_type.elem_type
+    del fwd.graph.output[:]
+    fwd.graph.output.append(helper.make_tensor_value_info(out, y_type, None))
+    y = _session(fwd).run(None, feeds)[0]
+    r = np.random.default_rng(seed).standard_normal(y.shape).astype(y.dtype)
+    tail = [_const_node("R", r), helper.make_node("Mul", [out, "R"], ["YR"]),
+            helper.make_node("ReduceSum", ["YR"], ["loss"], keepdims=0)]
+    model = _model(const_nodes + list(nodes) + tail, graph_inputs,
+                   [helper.make_tensor_value_info("loss", y_type, [])], inits, opset)
+    onnx.checker.check_model(model)
+    return model, feeds
+
+
+def _random_weights_of(model):
+    """The R of ``loss = ReduceSum(Y * R)``, i.e. the gradient of the loss w.r.t. Y."""
+    return numpy_helper.to_array(
+        next(n for n in model.graph.node if n.output[0] == "R").attribute[0].t)
+
+
+def numeric_gradient(model, feeds, wrt, eps=1e-6):
+    """Central finite differences of ``loss``; one session, weights fed as inputs."""
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    values = dict(feeds)
+    for init in model.graph.initializer:
+        values[init.name] = numpy_helper.to_array(init).copy()
+        model.graph.input.append(helper.make_tensor_value_info(
+            init.name, init.data_type, list(init.dims)))
+    del model.graph.initializer[:]
+    sess = _session(model)
+    grads = {}
+    for name in wrt:
+        w = values[name]
+        g = np.zeros(w.shape)
+        for idx in np.ndindex(w.shape):
+            old = w[idx]
+            w[idx] = old + eps
+            up = sess.run(["loss"], values)[0]
+            w[idx] = old - eps
+            down = sess.run(["loss"], values)[0]
+            w[idx] = old
+            g[idx] = (up - down) / (2 * eps)
+        grads[name] = g
+    return grads
+
+
+def analytic_gradient(model, feeds, wrt):
+    grad_model = build_gradient(model, wrt=wrt)
+    onnx.checker.check_model(grad_model, full_check=True)
+    assert [o.name for o in grad_model.graph.output] == ["loss"] + [f"{w}_grad" for w in wrt]
+    res = _session(grad_model).run(None, feeds)
+    for name, grad in zip(wrt, res[1:]):
+        ref = feeds[name] if name in feeds else numpy_helper.to_array(
+            next(i for i in model.graph.initializer if i.name == name))
+        assert grad.shape == ref.shape and grad.dtype == ref.dtype, name
+    return dict(zip(wrt, res[1:])), grad_model
+
+
+def assert_close(grad, ref, rtol=1e-6):
+    scale = max(1.0, float(np.max(np.abs(ref), initial=0)))
+    np.testing.assert_allclose(grad, ref, rtol=rtol, atol=rtol * 0.1 * scale)
+
+
+def check_op(nodes, weights, consts=None, inputs=None, opset=18, wrt=None, float32=True,
+             dtype=np.float64):
+    """Gradients of ``nodes`` vs finite differences in float64, and in float32 vs float64.
+
+    ``dtype=np.float32`` is for operators onnxruntime has no float64 kernel for
+    (finite differences then use a large step: keep those graphs linear).
+    """
+    wrt = list(weights) if wrt is None else wrt
+    model, feeds = loss_model(nodes, weights, consts, inputs, dtype, opset)
+    grads, _ = analytic_gradient(model, feeds, wrt)
+    single = dtype == np.float32
+    ref = numeric_gradient(model, feeds, wrt, eps=1e-2 if single else 1e-6)
+    for name in wrt:
+        assert_close(grads[name], ref[name], rtol=1e-3 if single else 1e-6)
+    float32 = float32 and not single
+    if float32:
+        model32, feeds32 = loss_model(nodes, weights, consts, inputs, np.float32, opset)
+        grads32, _ = analytic_gradient(model32, feeds32, wrt)
+        for name in wrt:
+            assert_close(grads32[name], grads[name], rtol=2e-3)
+    return grads
+
+
+def node(op, inputs, out="Y", **attrs):
+    return helper.make_node(op, inputs, [out] if isinstance(out, str) else out, **attrs)
+
+
+RNG = np.random.default_rng(0)
+
+
+def randn(*shape):
+    return RNG.standard_normal(shape)
+
+
+def away(*shape):
+    """Random values at least 0.2 away from 0 (kinks of Relu, Abs, Sign...)."""
+    return RNG.choice([-1.0, 1.0], size=shape) * RNG.uniform(0.2, 2.0, size=shape)
+
+
+def positive(*shape):
+    return RNG.uniform(0.5, 2.0, size=shape)
+
+
+# ---------------------------------------------------------------- linalg
+@pytest.mark.parametrize("sa, sb", [
+    ((3, 4), (4, 2)), ((2, 3, 4), (4, 5)), ((2, 1, 3, 4), (3, 4, 2)), ((4,), (4, 2)),
+    ((3, 4), (4,)), ((4,), (4,)), ((2, 3, 4), (4,)), ((4,), (2, 4, 3)),
+])
+def test_matmul(sa, sb):
+    check_op([node("MatMul", ["A", "B"])], {"A": randn(*sa), "B": randn(*sb)})
+
+
+@pytest.mark.parametrize("ta, tb", [(0, 0), (1, 0), (0, 1), (1, 1)])
+@pytest.mark.parametrize("c_shape", [(3,), (4, 1), (1,), (), (4, 3), None])
+def test_gemm(ta, tb, c_shape):
+    a = randn(2, 4) if ta else randn(4, 2)
+    b = randn(3, 2) if tb else randn(2, 3)
+    weights = {"A": a, "B": b}
+    inputs = ["A", "B"]
+    if c_shape is not None:
+        weights["C"] = randn(*c_shape)
+        inputs.append("C")
+    check_op([node("Gemm", inputs, alpha=0.7, beta=1.3, transA=ta, transB=tb)], weights,
+             float32=c_shape == (3,))
+
+
+# ---------------------------------------------------------------- elementwise
+BROADCAST_PAIRS = [((3, 4), (3, 4)), ((3, 4), (4,)), ((2, 3, 4), (3, 1)), ((1,), (2, 3)),
+                   ((), (3,)), ((3, 1), (1, 4))]
+
+
+@pytest.mark.parametrize("op", ["Add", "Sub", "Mul", "Div"])
+@pytest.mark.parametrize("sa, sb", BROADCAST_PAIRS)
+def test_binary_broadcast(op, sa, sb):
+    check_op([node(op, ["A", "B"])], {"A": randn(*sa), "B": away(*sb)}, float32=sa == (3, 4))
+
+
+@settings(max_examples=12, deadline=None)
+@given(st.sampled_from(["Add", "Sub", "Mul", "Div"]),
+       st.lists(st.integers(1, 3), min_size=0, max_size=3), st.data())
+def test_binary_broadcast_drawn(op, out_shape, data):
+    def operand():
+        rank = data.draw(st.integers(0, len(out_shape)))
+        dims = out_shape[len(out_shape) - rank:]
+        return tuple(d if data.draw(st.booleans()) else 1 for d in dims)
+    check_op([node(op, ["A", "B"])], {"A": randn(*operand()), "B": away(*operand())},
+             float32=False)
+
+
+def test_same_input_twice():
+    check_op([node("Mul", ["A", "A"], "T"), node("Div", ["T", "A"])], {"A": away(3, 2)})
+
+
+@pytest.mark.parametrize("shapes", [[(3, 4), (4,), (1, 4)], [(2, 3), (2, 3)], [(2, 1), ()]])
+@pytest.mark.parametrize("op", ["Sum", "Mean", "Max", "Min"])
+def test_variadic(op, shapes):
+    weights = {f"X{i}": randn(*s) for i, s in enumerate(shapes)}
+    # onnxruntime has no float64 Mean kernel (the gradient uses none).
+    dtype = np.float32 if op == "Mean" else np.float64
+    check_op([node(op, list(weights))], weights, float32=False, dtype=dtype)
+
+
+def test_max_ties_go_to_first_input():
+    x = randn(2, 3)
+    model, feeds = loss_model([node("Max", ["A", "B"])], {"A": x, "B": x.copy()})
+    grads, _ = analytic_gradient(model, feeds, ["A", "B"])
+    np.testing.assert_array_equal(grads["A"], _random_weights_of(model))
+    np.testing.assert_array_equal(grads["B"], 0)
+
+
+@pytest.mark.parametrize("op, data, attrs", [
+    ("Neg", randn, {}), ("Sqrt", positive, {}), ("Reciprocal", away, {}), ("Exp", randn, {}),
+    ("Log", positive, {}), ("Abs", away, {}), ("Relu", away, {}),
+    ("LeakyRelu", away, {"alpha": 0.1}), ("Elu", away, {"alpha": 0.7}), ("Selu", away, {}),
+    ("Tanh", randn, {}), ("Sigmoid", randn, {}), ("Softplus", randn, {}),
+    ("Softsign", randn, {}), ("HardSigmoid", away, {"alpha": 0.3}),
+    ("Sin", randn, {}), ("Cos", randn, {}), ("Identity", randn, {}),
+    ("Softmax", randn, {}), ("Softmax", randn, {"axis": 0}), ("LogSoftmax", randn, {}),
+    ("LogSoftmax", randn, {"axis": 1}),
+])
+def test_unary(op, data, attrs):
+    check_op([node(op, ["X"], **attrs)], {"X": data(2, 3, 4)}, float32=op != "Sin")
+
+
+def test_erf():
+    # onnxruntime has no float64 Erf kernel: compare with the closed form in float32.
+    x = randn(3, 4)
+    model, feeds = loss_model([node("Erf", ["X"])], {"X": x}, dtype=np.float32)
+    grads, _ = analytic_gradient(model, feeds, ["X"])
+    expected = 2 / np.sqrt(np.pi) * np.exp(-x ** 2) * _random_weights_of(model)
+    np.testing.assert_allclose(grads["X"], expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("opset", [13, 18])
+def test_pow(opset):
+    check_op([node("Pow", ["X", "E"])], {"X": positive(3, 4), "E": randn(4)}, opset=opset)
+    check_op([node("Pow", ["X", "E"])], {"X": randn(3, 4)},
+             consts={"E": np.array(3, dtype=np.int64)}, opset=opset)
+
+
+def test_cast_float_and_int_paths():
+    nodes = [node("Cast", ["X"], "XD", to=D), node("Cast", ["X"], "XI", to=TensorProto.INT64),
+             node("Cast", ["XI"], "XF", to=D), node("Add", ["XD", "XF"])]
+    check_op(nodes, {"X": RNG.uniform(0.1, 0.9, (3, 2)) + np.arange(6).reshape(3, 2)})
+
+
+def test_non_differentiable_ops_get_zero_gradient():
+    ops = ["Floor", "Ceil", "Round", "Sign"]
+    nodes = [node(op, ["X"], f"Z{i}") for i, op in enumerate(ops)]
+    nodes += [node("Sum", ["X"] + [f"Z{i}" for i in range(len(ops))], "S"),
+              node("ArgMax", ["X"], "AM", axis=1), node("Cast", ["AM"], "AMF", to=D),
+              node("Shape", ["X"], "SH"), node("Cast", ["SH"], "SHF", to=D),
+              node("ReduceSum", ["SHF"], "SHS", keepdims=0), node("Greater", ["X", "S"], "GT"),
+              node("Cast", ["GT"], "GTF", to=D),
+              node("Sum", ["S", "AMF", "SHS", "GTF"])]
+    x = RNG.uniform(0.2, 0.4, (3, 2)) + np.arange(6).reshape(3, 2)
+    grads = check_op(nodes, {"X": x}, float32=False)
+    assert grads  # FD agrees: every piecewise-constant path contributes nothing
+
+
+@pytest.mark.parametrize("bounds", ["both", "min", "max", "none", "trainable"])
+def test_clip(bounds):
+    inputs = {"both": ["X", "lo", "hi"], "min": ["X", "lo"], "max": ["X", "", "hi"],
+              "none": ["X"], "trainable": ["X", "lo", "hi"]}[bounds]
+    consts = {"lo": np.array(-0.5), "hi": np.array(0.7)}
+    weights = {"X": away(4, 5) * 0.6 + 0.1}
+    if bounds == "trainable":
+        weights.update(consts)
+        consts = {}
+    x = weights["X"]
+    weights["X"] = np.where(np.abs(x - 0.7) < 0.05, 0.9, np.where(np.abs(x + 0.5) < 0.05, -0.9, x))
+    check_op([node("Clip", inputs)], weights, consts=consts)
+
+
+def test_where():
+    cond = RNG.random((3, 1)) > 0.5
+    check_op([node("Where", ["C", "A", "B"])], {"A": randn(3, 4), "B": randn(4)},
+             consts={"C": cond})
+
+
+# ---------------------------------------------------------------- shapes
+def test_reshape_flatten_squeeze_unsqueeze_transpose():
+    i64 = lambda *v: np.array(v, dtype=np.int64)  # noqa: E731
+    nodes = [node("Reshape", ["X", "s"], "R1"), node("Flatten", ["R1"], "F", axis=2),
+             node("Unsqueeze", ["F", "ua"], "U"), node("Squeeze", ["U", "ua"], "Q"),
+             node("Transpose", ["Q"], "T1", perm=[1, 0]), node("Transpose", ["T1"])]
+    check_op(nodes, {"X": randn(2, 3, 4)}, consts={"s": i64(3, 2, 2, 2), "ua": i64(0, 3)})
+
+
+@pytest.mark.parametrize("axis", [0, 1, -1])
+def test_concat(axis):
+    shapes = {0: [(1, 3), (2, 3)], 1: [(2, 1), (2, 4)], -1: [(2, 2), (2, 3)]}[axis]
+    nodes = [node("Concat", ["A", "K", "B"], axis=axis)]
+    check_op(nodes, {"A": randn(*shapes[0]), "B": randn(*shapes[1])},
+             consts={"K": randn(*shapes[0])})
+
+
+@pytest.mark.parametrize("opset", [13, 18])
+def test_split_with_unused_output(opset):
+    nodes = [node("Split", ["X", "s"], ["P0", "P1", "P2"], axis=1),
+             node("Mul", ["P0", "P2"])]
+    check_op(nodes, {"X": randn(3, 5)}, consts={"s": np.array([2, 1, 2], dtype=np.int64)},
+             opset=opset)
+
+
+@pytest.mark.parametrize("starts, ends, axes, steps", [
+    ([1], [3], [1], [1]), ([0, 4], [2, 0], [0, 1], [1, -2]), ([-2], [100], [-1], [1]),
+])
+def test_slice(starts, ends, axes, steps):
+    consts = {k: np.array(v, dtype=np.int64) for k, v in
+              dict(st_=starts, en=ends, ax=axes, sp=steps).items()}
+    check_op([node("Slice", ["X", "st_", "en", "ax", "sp"])], {"X": randn(3, 5)}, consts=consts)
+
+
+@pytest.mark.parametrize("opset", [13, 18])
+@pytest.mark.parametrize("axis, indices", [(0, [[0, 2], [2, 2]]), (1, [1, -1, 1])])
+def test_gather(opset, axis, indices):
+    check_op([node("Gather", ["X", "I"], axis=axis)], {"X": randn(3, 4)},
+             consts={"I": np.array(indices, dtype=np.int64)}, opset=opset)
+
+
+def test_gather_elements():
+    idx = np.array([[0, 2, 2], [1, 1, 0]], dtype=np.int64)
+    check_op([node("GatherElements", ["X", "I"], axis=1)], {"X": randn(2, 4)}, consts={"I": idx})
+
+
+def test_expand_and_tile():
+    i64 = lambda *v: np.array(v, dtype=np.int64)  # noqa: E731
+    check_op([node("Expand", ["X", "s"])], {"X": randn(3, 1)}, consts={"s": i64(2, 3, 4)})
+    check_op([node("Tile", ["X", "r"])], {"X": randn(2, 3)}, consts={"r": i64(3, 2)})
+
+
+def test_dropout_inference_is_identity():
+    check_op([node("Dropout", ["X", "r"])], {"X": randn(3, 4)}, consts={"r": np.array(0.3)})
+    check_op([node("Dropout", ["X", "r", "t"], ["Y", "M"])], {"X": randn(3, 4)},
+             consts={"r": np.array(0.3), "t": np.array(False)})
+
+
+@pytest.mark.parametrize("with_mask", [True, False])
+def test_dropout_training_uses_the_mask(with_mask):
+    outs = ["Y", "M"] if with_mask else ["Y"]
+    nodes = [node("Dropout", ["X", "r", "t"], outs, seed=3)]
+    model, feeds = loss_model(nodes, {"X": positive(40, 5)},
+                              consts={"r": np.array(0.25), "t": np.array(True)})
+    r = _random_weights_of(model)
+    grads, _ = analytic_gradient(model, feeds, ["X"])
+    gx = grads["X"]
+    # loss = sum(X * mask / (1 - p) * R), gradient = mask / (1 - p) * R
+    ratio = gx / r
+    assert set(np.round(np.unique(ratio), 10)) <= {0.0, round(1 / 0.75, 10)}
+    assert 0 < np.count_nonzero(ratio) < ratio.size
+
+
+# ---------------------------------------------------------------- reductions
+REDUCE_OPS = ["ReduceSum", "ReduceMean", "ReduceSumSquare", "ReduceL1", "ReduceL2",
+              "ReduceLogSumExp", "ReduceMax", "ReduceMin"]
+
+
+def reduce_node(op, axes, keepdims, opset, noop=None):
+    extra = {} if noop is None else {"noop_with_empty_axes": noop}
+    if axes is None:
+        return node(op, ["X"], keepdims=keepdims, **extra), {}
+    if op == "ReduceSum" or opset >= 18:
+        return (node(op, ["X", "ax"], keepdims=keepdims, **extra),
+                {"ax": np.array(axes, dtype=np.int64)})
+    return node(op, ["X"], axes=axes, keepdims=keepdims), {}
+
+
+@pytest.mark.parametrize("opset", [13, 18])
+@pytest.mark.parametrize("op", REDUCE_OPS)
+def test_reductions(op, opset):
+    x = away(2, 3, 4) if op == "ReduceL1" else randn(2, 3, 4)
+    for axes, keepdims in [([1], 0), ([1], 1), ([-1, 0], 0), (None, 0), (None, 1)]:
+        n, consts = reduce_node(op, axes, keepdims, opset)
+        check_op([n], {"X": x}, consts=consts, opset=opset, float32=axes == [1])
+
+
+@pytest.mark.parametrize("op", REDUCE_OPS)
+def test_reduction_noop_with_empty_axes(op):
+    n, _ = reduce_node(op, None, 0, 18, noop=1)
+    check_op([n], {"X": away(2, 3)})
+
+
+def test_reduction_with_axes_computed_at_run_time():
+    nodes = [node("Shape", ["K"], "ks"), node("Slice", ["ks", "z", "o"], "ax"),
+             node("ReduceMean", ["X", "ax"], keepdims=0)]
+    consts = {"K": np.zeros((2, 1)), "z": np.array([0], np.int64), "o": np.array([1], np.int64)}
+    check_op(nodes, {"X": randn(3, 4, 2)}, consts=consts)
+
+
+# ---------------------------------------------------------------- losses
+@pytest.mark.parametrize("reduction", ["none", "sum", "mean"])
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("ignore", [None, 1])
+@pytest.mark.parametrize("shape", [(6, 3), (4, 3, 2)])
+def test_classification_losses(reduction, weighted, ignore, shape):
+    labels = RNG.integers(0, shape[1], (shape[0],) + shape[2:]).astype(np.int64)
+    consts = {"L": labels}
+    inputs = ["S", "L"]
+    if weighted:
+        consts["W"] = positive(shape[1])
+        inputs.append("W")
+    attrs = {"reduction": reduction}
+    if ignore is not None:
+        attrs["ignore_index"] = ignore
+    check_op([node("SoftmaxCrossEntropyLoss", inputs, **attrs)], {"S": randn(*shape)},
+             consts=consts, float32=False)
+    check_op([node("NegativeLogLikelihoodLoss", inputs, **attrs)], {"S": randn(*shape)},
+             consts=consts, float32=False)
+
+
+def test_softmax_cross_entropy_log_prob_output():
+    nodes = [node("SoftmaxCrossEntropyLoss", ["S", "L"], ["CE", "LP"]), node("Add", ["LP", "CE"])]
+    check_op(nodes, {"S": randn(5, 4)}, consts={"L": np.array([0, 3, 1, 1, 2], np.int64)})
+
+
+# ---------------------------------------------------------------- the pass itself
+def test_dynamic_batch_dimension():
+    nodes = [node("Mul", ["X", "W"], "H"), node("Add", ["H", "B"], "Y"),
+             node("ReduceSumSquare", ["Y"], "loss", keepdims=0)]
+    w, b = randn(1, 3), randn(3)
+    model = _model(nodes, [helper.make_tensor_value_info("X", D, ["N", 3])],
+                   [helper.make_tensor_value_info("loss", D, [])],
+                   [numpy_helper.from_array(w, "W"), numpy_helper.from_array(b, "B")])
+    grad_model = build_gradient(model, wrt=["W", "B"])
+    sess = _session(grad_model)
+    for n in (1, 7):
+        x = randn(n, 3)
+        loss, gw, gb = sess.run(None, {"X": x})
+        y = x * w + b
+        np.testing.assert_allclose(loss, (y ** 2).sum())
+        np.testing.assert_allclose(gw, (2 * y * x).sum(axis=0, keepdims=True))
+        np.testing.assert_allclose(gb, (2 * y).sum(axis=0))
+
+
+def test_broadcast_decided_at_run_time():
+    # Both operands have symbolic dims: which one broadcasts is known only at run time.
+    nodes = [node("Mul", ["A", "B"])]
+    dims = {"A": ["N", 3], "B": ["M", 3]}
+    for na, nb in [(1, 4), (4, 1), (4, 4)]:
+        model, feeds = loss_model(nodes, {}, inputs={"A": randn(na, 3), "B": randn(nb, 3)},
+                                  input_dims=dims)
+        grads, grad_model = analytic_gradient(model, feeds, ["A", "B"])
+        assert "NonZero" in {n.op_type for n in grad_model.graph.node}
+        ref = numeric_gradient(model, feeds, ["A", "B"])
+        for name in "AB":
+            assert_close(grads[name], ref[name])
+
+
+def test_missing_rule_names_operator_and_node():
+    nodes = [node("Atan", ["X"], "T"), helper.make_node("Mul", ["T", "X"], ["Y"], name="m")]
+    nodes[0].name = "my_atan"
+    # (float32: onnxruntime has no float64 Atan kernel)
+    model, _ = loss_model(nodes, {"X": randn(3)}, dtype=np.float32)
+    with pytest.raises(NoGradientRuleError, match="'Atan'.*'my_atan'"):
+        build_gradient(model, wrt=["X"])
+    # Atan on a path that does not depend on the weights needs no rule.
+    check_op([node("Atan", ["K"], "T"), node("Mul", ["T", "X"])], {"X": randn(3)},
+             consts={"K": randn(3)}, dtype=np.float32)
+
+
+def test_register_gradient():
+    @register_gradient("Atan")
+    def atan_grad(ctx, node, grads):
+        x = node.input[0]
+        denom = ctx.b.op("Add", [ctx.const(1, like=x), ctx.b.op("Mul", [x, x])])
+        return [ctx.b.op("Div", [grads[0], denom])]
+    try:
+        x = randn(2, 3)
+        model, feeds = loss_model([node("Atan", ["X"])], {"X": x}, dtype=np.float32)
+        grads, _ = analytic_gradient(model, feeds, ["X"])
+        np.testing.assert_allclose(grads["X"], _random_weights_of(model) / (1 + x ** 2),
+                                   rtol=1e-5, atol=1e-6)
+    finally:
+        del GRADIENT_RULES["", "Atan"]
+
+
+def test_unused_weight_gets_zero_gradient():
+    nodes = [node("Mul", ["A", "A"])]
+    model, feeds = loss_model(nodes, {"A": randn(2, 3), "U": randn(4, 1)})
+    grads, _ = analytic_gradient(model, feeds, ["U", "A"])
+    np.testing.assert_array_equal(grads["U"], np.zeros((4, 1)))
+
+
+def _chain(n_layers, dim=4):
+    nodes, inits, h = [], [], "X"
+    for i in range(n_layers):
+        nodes += [node("MatMul", [h, f"W{i}"], f"M{i}"), node("Tanh", [f"M{i}"], f"H{i}")]
+        inits.append(numpy_helper.from_array(randn(dim, dim), f"W{i}"))
+        h = f"H{i}"
+    nodes.append(node("ReduceSumSquare", [h], "loss", keepdims=0))
+    return _model(nodes, [helper.make_tensor_value_info("X", D, ["N", dim])],
+                  [helper.make_tensor_value_info("loss", D, [])], inits)
+
+
+def test_gradient_graph_is_proportional():
+    n = 12
+    model = _chain(n)
+    forward = len(model.graph.node)
+    last = len(build_gradient(model, wrt=[f"W{n - 1}"]).graph.node) - forward
+    every = len(build_gradient(model, wrt=[f"W{i}" for i in range(n)]).graph.node) - forward
+    assert last <= 10
+    assert every <= 9 * n + 5
+    assert last * 5 < every
+
+
+def test_default_wrt_and_output_order():
+    model = _chain(2)
+    grad_model = build_gradient(model.SerializeToString())
+    assert [o.name for o in grad_model.graph.output] == ["loss", "W0_grad", "W1_grad"]
+    assert [i.name for i in grad_model.graph.initializer] == ["W0", "W1"]
+    assert [i.name for i in grad_model.graph.input] == ["X"]
+
+
+def test_append_backward_in_place():
+    model = _chain(2)
+    reference = build_gradient(model, wrt=["W1", "W0"])
+    n_before = len(model.graph.node)
+    grads = append_backward(model, "loss", ["W1", "W0"])
+    assert list(grads) == ["W1", "W0"]
+    assert len(model.graph.node) > n_before
+    assert [o.name for o in model.graph.output] == ["loss"]  # outputs left to the caller
+    model.graph.output.extend([helper.make_tensor_value_info(g, D, None) for g in grads.values()])
+    x = randn(5, 4)
+    got = _session(model).run(None, {"X": x})
+    expected = _session(reference).run(None, {"X": x})
+    for a, b in zip(got, expected):
+        np.testing.assert_allclose(a, b, rtol=1e-12)
+
+
+@pytest.mark.parametrize("opset", [13, 15, 18, 20, 22])
+def test_opsets(opset):
+    model = _chain(3)
+    model.opset_import[0].version = opset
+    feeds = {"X": randn(3, 4)}
+    grads, _ = analytic_gradient(model, feeds, ["W0", "W2"])
+    ref = numeric_gradient(model, feeds, ["W0", "W2"])
+    for name in grads:
+        assert_close(grads[name], ref[name])
+
+
+@pytest.mark.parametrize("wrt, loss, error", [
+    (["nope"], "loss", ValueError), (["W0"], "nope", ValueError),
+])
+def test_bad_names(wrt, loss, error):
+    with pytest.raises(error, match="nope"):
+        build_gradient(_chain(1), wrt=wrt, loss_output=loss)
+
+
+def test_non_scalar_loss_is_refused():
+    model = _model([node("Mul", ["X", "W"], "loss")],
+                   [helper.make_tensor_value_info("X", D, [3])],
+                   [helper.make_tensor_value_info("loss", D, [3])],
+                   [numpy_helper.from_array(randn(3), "W")])
+    with pytest.raises(ValueError, match="scalar"):
+        build_gradient(model, wrt=["W"])
