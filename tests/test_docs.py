@@ -1,0 +1,213 @@
+"""Every Python example of README.md and doc/ runs, and the Sphinx guide builds with -W.
+
+Conventions (also stated in doc/index.rst):
+
+- an example is a fenced ```` ```python ```` block (Markdown) or a ``.. code-block:: python``
+  block (reST); a block whose first line starts with ``>>>`` runs as a doctest;
+- the examples of one page run in order, in one namespace, in a fresh temporary working
+  directory (examples may write files); pages do not share anything;
+- a block that cannot run here starts with ``# doc: skip-test (reason)``; it is not run, and
+  :func:`test_skipped_examples_are_reported` lists it.
+"""
+
+from __future__ import annotations
+
+import doctest
+import importlib.util
+import re
+import subprocess
+import sys
+import textwrap
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DOC = ROOT / "doc"
+SKIP_MARK = re.compile(r"^#\s*doc:\s*skip-test\s*\((?P<reason>[^)]+)\)")
+# A generous ceiling per block: the examples are meant to take < 5 s; this catches a
+# training run that silently became long, not a slow machine.
+BLOCK_TIME_LIMIT_S = 30.0
+
+_FENCE = re.compile(r"^(?P<indent> *)```+\s*(?:python|py|\{code-block\}\s+python)\s*$")
+_RST = re.compile(r"^(?P<indent> *)\.\. (?:code-block|code|sourcecode)::\s+(?:python|py|pycon)\s*$")
+
+
+@dataclass
+class Example:
+    path: Path
+    line: int  # 1-based line of the block's first code line
+    code: str
+
+    @property
+    def where(self) -> str:
+        path = self.path.relative_to(ROOT) if self.path.is_relative_to(ROOT) else self.path
+        return f"{path}:{self.line}"
+
+    @property
+    def skip_reason(self) -> str | None:
+        first = self.code.lstrip().splitlines()[0] if self.code.strip() else ""
+        match = SKIP_MARK.match(first)
+        return match.group("reason").strip() if match else None
+
+
+def _markdown_blocks(path: Path, lines: list[str]) -> list[Example]:
+    examples, i = [], 0
+    while i < len(lines):
+        match = _FENCE.match(lines[i])
+        i += 1
+        if not match:
+            continue
+        start, body = i, []
+        while i < len(lines) and not lines[i].strip().startswith("```"):
+            body.append(lines[i])
+            i += 1
+        i += 1  # the closing fence
+        examples.append(Example(path, start + 1, textwrap.dedent("\n".join(body))))
+    return examples
+
+
+def _rst_blocks(path: Path, lines: list[str]) -> list[Example]:
+    examples, i = [], 0
+    while i < len(lines):
+        match = _RST.match(lines[i])
+        i += 1
+        if not match:
+            continue
+        indent = len(match.group("indent"))
+        # directive options (":linenos:") and the blank line before the body
+        while i < len(lines) and (not lines[i].strip() or lines[i].strip().startswith(":")):
+            i += 1
+        start, body = i, []
+        while i < len(lines) and (not lines[i].strip()
+                                  or len(lines[i]) - len(lines[i].lstrip()) > indent):
+            body.append(lines[i])
+            i += 1
+        examples.append(Example(path, start + 1, textwrap.dedent("\n".join(body)).strip("\n")))
+    return examples
+
+
+def extract_examples(path: Path) -> list[Example]:
+    """The Python examples of one page, in page order."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    parse = _rst_blocks if path.suffix == ".rst" else _markdown_blocks
+    return parse(path, lines)
+
+
+def doc_pages() -> list[Path]:
+    pages = [ROOT / "README.md"]
+    pages += sorted(p for p in DOC.rglob("*") if p.suffix in (".rst", ".md")
+                    and "_build" not in p.relative_to(DOC).parts)
+    return pages
+
+
+PAGES_WITH_EXAMPLES = [p for p in doc_pages() if extract_examples(p)]
+
+
+def _run_doctest(example: Example, namespace: dict) -> None:
+    test = doctest.DocTestParser().get_doctest(example.code, namespace, example.where,
+                                               str(example.path), example.line - 1)
+    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    output = []
+    runner.run(test, out=output.append, clear_globs=False)
+    if runner.failures:
+        raise AssertionError("".join(output))
+
+
+def _run(example: Example, namespace: dict) -> float:
+    start = time.perf_counter()
+    if example.code.lstrip().startswith(">>>"):
+        _run_doctest(example, namespace)
+    else:
+        # blank lines up to the block's first line keep tracebacks on the page's line numbers
+        source = "\n" * (example.line - 1) + example.code
+        exec(compile(source, str(example.path), "exec"), namespace)
+    return time.perf_counter() - start
+
+
+@pytest.fixture
+def isolated_gradient_rules():
+    """Examples may register gradient rules: restore the registry afterwards."""
+    from ortlearn.autodiff import GRADIENT_RULES, NON_DIFFERENTIABLE_OPS
+
+    rules, non_diff = dict(GRADIENT_RULES), set(NON_DIFFERENTIABLE_OPS)
+    yield
+    GRADIENT_RULES.clear()
+    GRADIENT_RULES.update(rules)
+    NON_DIFFERENTIABLE_OPS.clear()
+    NON_DIFFERENTIABLE_OPS.update(non_diff)
+
+
+@pytest.mark.parametrize("page", PAGES_WITH_EXAMPLES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_page_examples_run(page, tmp_path, monkeypatch, isolated_gradient_rules):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    namespace = {"__name__": "__doc_example__"}
+    for example in extract_examples(page):
+        if example.skip_reason:
+            continue
+        try:
+            elapsed = _run(example, namespace)
+        except Exception:
+            pytest.fail(f"example at {example.where} failed:\n{traceback.format_exc()}",
+                        pytrace=False)
+        assert elapsed < BLOCK_TIME_LIMIT_S, (
+            f"example at {example.where} took {elapsed:.1f} s; examples must stay quick")
+
+
+def test_examples_are_found():
+    """The extractors see the README's example and those of every guide page."""
+    readme = extract_examples(ROOT / "README.md")
+    assert readme and "OrtMLPRegressor" in readme[0].code
+    assert readme[0].line == 1 + (ROOT / "README.md").read_text().splitlines().index(
+        readme[0].code.splitlines()[0])
+    for name in ("quickstart.rst", "training_api.rst", "custom_losses.rst", "gradients.rst"):
+        assert extract_examples(DOC / name), name
+
+
+def test_extractors_on_synthetic_pages(tmp_path):
+    rst = tmp_path / "p.rst"
+    rst.write_text("Title\n=====\n\n.. code-block:: python\n\n   x = 1\n\n   y = x + 1\n\n"
+                   "Text.\n\n.. code-block:: bash\n\n   ls\n\n"
+                   ".. code-block:: python\n\n   # doc: skip-test (needs CUDA)\n   z = 3\n")
+    md = tmp_path / "p.md"
+    md.write_text("# T\n\n```python\na = 1\n```\n\n```bash\nls\n```\n\n```python\n>>> 1 + 1\n2\n```\n")
+    rst_examples = extract_examples(rst)
+    assert [(e.line, e.code) for e in rst_examples] == [
+        (6, "x = 1\n\ny = x + 1"), (18, "# doc: skip-test (needs CUDA)\nz = 3")]
+    assert [e.skip_reason for e in rst_examples] == [None, "needs CUDA"]
+    md_examples = extract_examples(md)
+    assert [(e.line, e.code) for e in md_examples] == [(4, "a = 1"), (12, ">>> 1 + 1\n2")]
+    namespace = {}
+    _run(md_examples[1], namespace)
+    bad = md_examples[1].__class__(md, 12, ">>> 1 + 1\n3")
+    with pytest.raises(AssertionError):
+        _run(bad, namespace)
+
+
+def test_skipped_examples_are_reported():
+    skipped = [f"{e.where} ({e.skip_reason})" for p in doc_pages()
+               for e in extract_examples(p) if e.skip_reason]
+    if skipped:
+        pytest.skip(f"{len(skipped)} example(s) marked not to run here: " + "; ".join(skipped))
+
+
+def _sphinx_missing() -> str | None:
+    for module in ("sphinx", "numpydoc", "myst_parser"):
+        if importlib.util.find_spec(module) is None:
+            return module
+    return None
+
+
+@pytest.mark.skipif(_sphinx_missing() is not None,
+                    reason="the doc extra (sphinx, numpydoc, myst-parser) is not installed")
+def test_sphinx_build_has_no_warning(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-b", "html",
+         "-d", str(tmp_path / "doctrees"), str(DOC), str(tmp_path / "html")],
+        capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-6000:]
+    assert (tmp_path / "html" / "index.html").exists()
