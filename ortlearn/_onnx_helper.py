@@ -264,3 +264,61 @@ class GraphBuilder:
         graph.node.extend(self.nodes)
         self.nodes = []
         self._const_cache.clear()
+
+
+def _subgraph_inputs(node: onnx.NodeProto) -> set:
+    """Names a node's subgraphs (If/Loop/Scan bodies) read from outer scopes."""
+    names = set()
+    for attr in node.attribute:
+        graphs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
+        for graph in graphs:
+            for sub in graph.node:
+                names.update(sub.input)
+                names.update(_subgraph_inputs(sub))
+    return names
+
+
+def prune_model(model: onnx.ModelProto, outputs: Sequence[str],
+                weights: dict | None = None) -> onnx.ModelProto:
+    """The part of ``model`` that computes ``outputs``, ``weights`` baked in.
+
+    ``outputs`` may name any value of the graph, not only its outputs. Each
+    entry of ``weights`` (name -> array) becomes an initializer, replacing
+    the graph input or initializer of that name; inputs and initializers
+    that no kept node reads are dropped.
+
+    Raises
+    ------
+    ValueError
+        If ``outputs`` is empty or names a value the graph does not have.
+    """
+    weights = weights or {}
+    if not outputs:
+        raise ValueError("No output to keep: name at least one output.")
+    infos = value_info_map(model)
+    unknown = [n for n in outputs if n not in infos]
+    if unknown:
+        raise ValueError(f"{unknown} are not values of the model; its outputs are "
+                         f"{[o.name for o in model.graph.output]}.")
+    graph = model.graph
+    needed, kept = set(outputs), []
+    for node in reversed(graph.node):
+        if any(o in needed for o in node.output):
+            kept.append(node)
+            needed.update(n for n in node.input if n)
+            needed.update(_subgraph_inputs(node))
+    kept.reverse()
+    inputs = [i for i in graph.input if i.name in needed and i.name not in weights]
+    initializers = [numpy_helper.from_array(np.asarray(value), name)
+                    for name, value in weights.items() if name in needed]
+    initializers += [i for i in graph.initializer if i.name in needed and i.name not in weights]
+    new_outputs = []
+    for name in outputs:
+        info = onnx.ValueInfoProto()
+        info.CopyFrom(infos[name])
+        new_outputs.append(info)
+    new_graph = helper.make_graph(kept, graph.name, inputs, new_outputs, initializers)
+    pruned = helper.make_model(new_graph, opset_imports=list(model.opset_import),
+                               producer_name="ortlearn")
+    pruned.functions.extend(model.functions)
+    return finalize_model(pruned)

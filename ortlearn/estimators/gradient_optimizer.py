@@ -6,12 +6,11 @@ import numbers
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
 from sklearn.base import BaseEstimator
 from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted
 
-from .._onnx_helper import elem_type_of, finalize_model, load_model, onnx_to_np_dtype, shape_of
+from .._onnx_helper import elem_type_of, load_model, onnx_to_np_dtype, prune_model, shape_of
 from ..convert import get_train_initializer
 from ..exceptions import ConvergenceError
 from ..optim import SGD, Adam, AdamW
@@ -45,40 +44,6 @@ class _Runtime:
 
     def __deepcopy__(self, memo):
         return _Runtime()
-
-
-def _subgraph_inputs(node: onnx.NodeProto) -> set:
-    """Names read by a node's subgraphs (If/Loop/Scan bodies)."""
-    names = set()
-    for attr in node.attribute:
-        graphs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
-        for graph in graphs:
-            for sub in graph.node:
-                names.update(sub.input)
-                names.update(_subgraph_inputs(sub))
-    return names
-
-
-def _prune(model: onnx.ModelProto, outputs: list[str], weights: dict) -> onnx.ModelProto:
-    """``model`` computing only ``outputs``, ``weights`` written into its initializers."""
-    graph = model.graph
-    needed, kept = set(outputs), []
-    for node in reversed(graph.node):
-        if any(o in needed for o in node.output):
-            kept.append(node)
-            needed.update(n for n in node.input if n)
-            needed.update(_subgraph_inputs(node))
-    kept.reverse()
-    inits = [numpy_helper.from_array(weights[i.name], i.name) if i.name in weights else i
-             for i in graph.initializer if i.name in needed]
-    init_names = {i.name for i in graph.initializer}
-    inputs = [i for i in graph.input if i.name in needed and i.name not in init_names]
-    outs = [o for o in graph.output if o.name in outputs]
-    new_graph = helper.make_graph(kept, graph.name, inputs, outs, inits)
-    pruned = helper.make_model(new_graph, opset_imports=list(model.opset_import),
-                               producer_name="ortlearn")
-    pruned.functions.extend(model.functions)
-    return finalize_model(pruned)
 
 
 def _check_finite(name: str, array: np.ndarray) -> None:
@@ -468,7 +433,7 @@ class OrtGradientOptimizer(BaseEstimator):
         check_is_fitted(self, "state_")
         if not hasattr(self, "_loss_model"):
             self._read_graph()
-        return _prune(self._loss_model, self._prediction_outputs, self.state_)
+        return prune_model(self._loss_model, self._prediction_outputs, self.state_)
 
     # --------------------------------------------------------------- predict
     def _inference(self):

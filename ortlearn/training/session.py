@@ -31,15 +31,13 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 import onnxruntime as ort
-from onnx import helper, numpy_helper
 
 from .._onnx_helper import (
     elem_type_of,
-    finalize_model,
     load_model,
     onnx_to_np_dtype,
+    prune_model,
     shape_of,
-    value_info_map,
 )
 from ..optim.schedules import LinearLR
 from .checkpoint import CheckpointState
@@ -791,53 +789,7 @@ class TrainingSession:
             If the session has no eval model or a name is not a value of it.
         """
         self._require_eval("export_model_for_inferencing")
-        model = _prune_to_inference(self._eval_model, list(graph_output_names),
-                                    {n: self.get_parameter(n) for n in self._param_types})
+        model = prune_model(self._eval_model, list(graph_output_names),
+                            {n: self.get_parameter(n) for n in self._param_types})
         onnx.save(model, os.fspath(inference_model_path))
 
-
-def _subgraph_inputs(node: onnx.NodeProto) -> set:
-    """Names a node's subgraphs (If/Loop/Scan bodies) read from outer scopes."""
-    names = set()
-    for attr in node.attribute:
-        graphs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
-        for graph in graphs:
-            for sub in graph.node:
-                names.update(sub.input)
-                names.update(_subgraph_inputs(sub))
-    return names
-
-
-def _prune_to_inference(eval_model: onnx.ModelProto, outputs: list,
-                        params: dict) -> onnx.ModelProto:
-    """The eval model computing only ``outputs``, with ``params`` as initializers."""
-    if not outputs:
-        raise ValueError("graph_output_names is empty: name at least one output.")
-    infos = value_info_map(eval_model)
-    unknown = [n for n in outputs if n not in infos]
-    if unknown:
-        raise ValueError(f"graph_output_names {unknown} are not values of the eval model; "
-                         f"its outputs are {[o.name for o in eval_model.graph.output]}.")
-    graph = eval_model.graph
-    needed, kept = set(outputs), []
-    for node in reversed(graph.node):
-        if any(o in needed for o in node.output):
-            kept.append(node)
-            needed.update(n for n in node.input if n)
-            needed.update(_subgraph_inputs(node))
-    kept.reverse()
-    inputs = [i for i in graph.input if i.name in needed and i.name not in params]
-    initializers = [numpy_helper.from_array(value, name) for name, value in params.items()
-                    if name in needed]
-    initializers += [i for i in graph.initializer if i.name in needed and i.name not in params]
-    new_outputs = []
-    for name in outputs:
-        info = onnx.ValueInfoProto()
-        info.CopyFrom(infos[name])
-        new_outputs.append(info)
-    new_graph = helper.make_graph(kept, graph.name, inputs, new_outputs, initializers)
-    model = helper.make_model(new_graph, opset_imports=list(eval_model.opset_import),
-                              producer_name="ortlearn")
-    for func in eval_model.functions:
-        model.functions.append(func)
-    return finalize_model(model)
