@@ -1,0 +1,7 @@
+"""Benchmarks: ortlearn against scikit-learn and PyTorch, measured in one process run.
+
+Run ``python -m benchmarks --help`` (or ``python benchmarks/run.py``). The runner
+lives in :mod:`benchmarks.run`, the workloads in :mod:`benchmarks.workloads`, the
+thread and environment handling in :mod:`benchmarks._env` and the table, JSON and
+chart output in :mod:`benchmarks.report`.
+"""

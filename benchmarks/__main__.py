@@ -1,0 +1,5 @@
+"""``python -m benchmarks``: see :func:`benchmarks.run.main`."""
+
+from benchmarks.run import main
+
+raise SystemExit(main())

@@ -1,0 +1,115 @@
+"""Summaries, the markdown table, the JSON result file and the chart."""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+
+
+def summarize(raw: list[dict]) -> dict:
+    """Median of each numeric key over the repetitions (None values left out)."""
+    keys = sorted({k for r in raw for k, v in r.items() if _is_number(v)})
+    out = {}
+    for key in keys:
+        values = [r[key] for r in raw if _is_number(r.get(key))]
+        out[key] = statistics.median(values) if values else None
+    return out
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def ratio(a, b):
+    """``a / b`` (None when either is missing or ``b`` is 0)."""
+    if a is None or b is None or b == 0:
+        return None
+    return a / b
+
+
+def _fmt(value, digits=3) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return f"{value:.{digits}g}"
+
+
+def markdown_table(result: dict) -> str:
+    """One row per (workload, contender): median time, ratios, quality, setup."""
+    lines = ["| workload | contender | time | unit | / sklearn | / torch | quality | setup s |",
+             "|---|---|---:|---|---:|---:|---|---:|"]
+    notes = []
+    for key, wl in result["workloads"].items():
+        for name, c in wl["contenders"].items():
+            if "error" in c:
+                lines.append(f"| {key} | {name} | failed | | | | | |")
+                notes.append(f"{key} {name}: {c['error']}")
+                continue
+            med = c["median"]
+            quality = f"{wl['quality']}={_fmt(med.get(wl['quality']), 4)}" \
+                if med.get(wl["quality"]) is not None else "-"
+            lines.append(f"| {key} | {name} | {_fmt(med.get('time'))} | {c['unit']} | "
+                         f"{_fmt(c['ratio_to_sklearn'])} | {_fmt(c['ratio_to_torch'])} | "
+                         f"{quality} | {_fmt(med.get('setup_s'))} |")
+            if c.get("note"):
+                notes.append(f"{key} {name}: {c['note']}")
+        notes += [f"{key}: {n}" for n in wl.get("notes", [])]
+    table = "\n".join(lines)
+    if notes:
+        table += "\n\n" + "\n".join(f"- {n}" for n in notes)
+    return table
+
+
+def write_json(result: dict, path) -> None:
+    with open(path, "w") as f:
+        json.dump(result, f, indent=1, default=_jsonable)
+        f.write("\n")
+
+
+def _jsonable(value):
+    if hasattr(value, "item"):  # numpy scalars
+        return value.item()
+    if isinstance(value, tuple):
+        return list(value)
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+def write_chart(result: dict, path) -> bool:
+    """Bar chart of the median times, one panel per workload (False without matplotlib)."""
+    try:
+        import matplotlib
+    except ImportError:
+        return False
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    workloads = {k: w for k, w in result["workloads"].items()
+                 if any("error" not in c for c in w["contenders"].values())}
+    if not workloads:
+        return False
+    fig, axes = plt.subplots(len(workloads), 1, squeeze=False,
+                             figsize=(7, 1.0 + 1.1 * sum(len(w["contenders"])
+                                                          for w in workloads.values()) / 2))
+    colors = {"ortlearn": "tab:blue", "sklearn": "tab:orange", "torch": "tab:red",
+              "onnxruntime": "tab:gray"}
+    for ax, (key, wl) in zip(axes[:, 0], workloads.items()):
+        rows = [(n, c) for n, c in wl["contenders"].items() if "error" not in c]
+        names = [n if c["unit"] == wl["unit"] else f"{n} ({c['unit']})" for n, c in rows]
+        times = [c["median"]["time"] for _, c in rows]
+        bars = ax.barh(names, times,
+                       color=[colors.get(c["library"], "tab:green") for _, c in rows])
+        ax.bar_label(bars, fmt="%.3g", fontsize=7, padding=2)
+        ax.margins(x=0.15)  # room for the labels
+        ax.invert_yaxis()
+        ax.set_title(f"{key}: {wl['title']}", fontsize=9, loc="left")
+        ax.set_xlabel(wl["unit"], fontsize=8)
+        ax.tick_params(labelsize=8)
+    meta = result["meta"]
+    fig.suptitle(f"ortlearn benchmark, {meta['threads']} threads, {meta['machine']['device']}, "
+                 f"median of {meta['reps']}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True

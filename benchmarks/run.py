@@ -1,0 +1,197 @@
+"""Benchmark ortlearn against scikit-learn and PyTorch in one process run.
+
+Usage::
+
+    python -m benchmarks [--workloads W1,W3] [--reps 3] [--threads 2] [--device cpu]
+                         [--scale 1.0] [--epochs N] [--out DIR] [--pause 0.5]
+    python benchmarks/run.py ...        # same
+
+Workloads (see :mod:`benchmarks.workloads` for what exactly is timed):
+
+* W1 linear regression, make_regression(100k, 100), SGD, batch 256, 10 epochs;
+* W2 MLP regressor 100-100(relu)-1, same data, Adam, batch 256, 10 epochs;
+* W3 MLP classifier 64-100-10 on digits, Adam, batch 64, 50 epochs;
+* W4 logistic regression, make_classification(100k, 100), L-BFGS to tol 1e-4;
+* W5 tiny linear model (10 features, batch 32): microseconds per training step.
+
+Method: the contenders of a workload run interleaved, their order rotated every
+repetition, each after a pause (so the worker threads of the previous library go
+idle), after one unrecorded short warm-up run of each; the medians over ``--reps``
+repetitions are reported, with the ratio of medians to the scikit-learn and the
+PyTorch contender (``time / reference time``: below 1 is faster). numpy/scipy
+(OpenBLAS, through threadpoolctl), torch and onnxruntime all get ``--threads``
+threads. Results: ``results.json``, ``results.md`` and, with matplotlib,
+``results.png`` in ``--out``. PyTorch is optional: without it its contenders are
+skipped with a printed note.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+import warnings
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: make the package importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks import _env, report  # noqa: E402
+from benchmarks.workloads import BUILDERS, Options  # noqa: E402
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    """Parse the command line (``argv`` None: ``sys.argv[1:]``)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks",
+        description="ortlearn against scikit-learn and PyTorch, in one process run.")
+    parser.add_argument("--workloads", default=",".join(BUILDERS),
+                        help="comma-separated subset of %(default)s")
+    parser.add_argument("--reps", type=int, default=3, help="timed repetitions (median)")
+    parser.add_argument("--device", default="cpu", help="ortlearn device: cpu, cuda, cuda:N")
+    parser.add_argument("--threads", type=int, default=2,
+                        help="threads of OpenBLAS, torch and onnxruntime")
+    parser.add_argument("--scale", type=float, default=1.0,
+                        help="fraction of the data sizes (0.01 for a smoke run)")
+    parser.add_argument("--epochs", type=int, default=None,
+                        help="epochs of every epoch workload (default: W1 10, W2 10, W3 50, W5 5)")
+    parser.add_argument("--out", default="benchmark_results", help="directory of the results")
+    parser.add_argument("--pause", type=float, default=0.5,
+                        help="seconds of pause before each timed run")
+    args = parser.parse_args(argv)
+    keys = [k.strip().upper() for k in args.workloads.split(",") if k.strip()]
+    unknown = [k for k in keys if k not in BUILDERS]
+    if unknown or not keys:
+        parser.error(f"unknown workload(s) {unknown}; choose among {list(BUILDERS)}")
+    args.workloads = keys
+    for name, low in (("reps", 1), ("threads", 1), ("epochs", 1)):
+        value = getattr(args, name)
+        if value is not None and value < low:
+            parser.error(f"--{name} must be >= {low}, got {value}")
+    if not 0 < args.scale <= 1:
+        parser.error(f"--scale must be in (0, 1], got {args.scale}")
+    if args.device != "cpu" and not args.device.startswith("cuda"):
+        parser.error(f"--device must be cpu, cuda or cuda:N, got {args.device!r}")
+    return args
+
+
+def _rotate(items: list, k: int) -> list:
+    if not items:
+        return items
+    k %= len(items)
+    return items[k:] + items[:k]
+
+
+def _call(contender, seed: int, warmup: bool) -> dict:
+    with warnings.catch_warnings():
+        # max_iter is fixed on purpose: silence "did not converge" and the like
+        warnings.simplefilter("ignore")
+        return contender.run(seed, warmup)
+
+
+def measure(workload, reps: int, pause: float) -> dict:
+    """Warm up, then time every contender ``reps`` times, interleaved.
+
+    A contender that raises is reported with its error and left out of the
+    remaining repetitions; the others go on.
+    """
+    entries, alive = {}, []
+    for c in workload.contenders:
+        entries[c.name] = {"library": c.library, "note": c.note,
+                           "unit": c.unit or workload.unit, "raw": []}
+        try:
+            _call(c, seed=1000, warmup=True)
+            alive.append(c)
+        except Exception as exc:  # noqa: BLE001  a benchmark reports failures and goes on
+            entries[c.name]["error"] = f"{type(exc).__name__}: {exc}"
+            print(f"  {workload.key} {c.name} failed in warm-up: {entries[c.name]['error']}",
+                  flush=True)
+    for rep in range(reps):
+        for c in _rotate(list(alive), rep):
+            if "error" in entries[c.name]:
+                continue
+            time.sleep(pause)  # let the previous library's spinning threads go idle
+            try:
+                m = _call(c, seed=rep, warmup=False)
+            except Exception as exc:  # noqa: BLE001
+                entries[c.name]["error"] = f"{type(exc).__name__}: {exc}"
+                print(f"  {workload.key} {c.name} failed: {entries[c.name]['error']}", flush=True)
+                continue
+            entries[c.name]["raw"].append({"rep": rep, **m})
+            print(f"  {workload.key} rep {rep} {c.name:<24} {m['time']:.4g} "
+                  f"{entries[c.name]['unit']}",
+                  flush=True)
+    for entry in entries.values():
+        entry["median"] = report.summarize(entry["raw"]) if "error" not in entry else {}
+    ref = {lib: entries.get(name, {}).get("median", {}).get("time")
+           for lib, name in (("sklearn", workload.sklearn_ref), ("torch", workload.torch_ref))}
+    for entry in entries.values():
+        # a contender timed in another unit (a whole closed-form fit) gets no ratio
+        time_ = entry["median"].get("time") if entry["unit"] == workload.unit else None
+        entry["ratio_to_sklearn"] = report.ratio(time_, ref["sklearn"])
+        entry["ratio_to_torch"] = report.ratio(time_, ref["torch"])
+    return {"title": workload.title, "unit": workload.unit, "quality": workload.quality,
+            "params": workload.params, "sklearn_ref": workload.sklearn_ref,
+            "torch_ref": workload.torch_ref, "notes": workload.notes, "contenders": entries}
+
+
+def run(args: argparse.Namespace) -> dict:
+    """Run the selected workloads; write and return the result dictionary."""
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    notes = []
+    load_start = os.getloadavg()
+    torch = _env.import_torch()
+    if torch is None:
+        notes.append("torch is not installed: the PyTorch contenders are skipped")
+        print(notes[-1], flush=True)
+    import sklearn.linear_model  # noqa: F401  loaded before the thread limits are applied
+    import sklearn.neural_network  # noqa: F401
+
+    with _env.thread_limits(args.threads, torch):
+        threads = _env.thread_report(torch)
+        print(f"threads: {args.threads} requested; in force: {threads}", flush=True)
+        opts = Options(scale=args.scale, epochs=args.epochs, device=args.device, torch=torch,
+                       torch_device=_env.torch_device(torch, args.device) if torch else "cpu")
+        workloads = {}
+        for key in args.workloads:
+            workload = BUILDERS[key](opts)
+            print(f"{key}: {workload.title} {workload.params}", flush=True)
+            workloads[key] = measure(workload, args.reps, args.pause)
+    result = {
+        "meta": {"versions": _env.versions(), "machine": _env.machine(args.device),
+                 "threads": args.threads, "threads_in_force": threads, "reps": args.reps,
+                 "scale": args.scale, "epochs": args.epochs, "pause_s": args.pause,
+                 "torch_device": opts.torch_device if torch else None,
+                 # other processes on the machine skew the timings: say how busy it was
+                 "loadavg_1min_start_end": [load_start[0], os.getloadavg()[0]],
+                 "argv": vars(args) | {"workloads": ",".join(args.workloads)}, "notes": notes},
+        "workloads": workloads,
+    }
+    table = report.markdown_table(result)
+    print("\n" + table + "\n", flush=True)
+    chart = out / "results.png"
+    if report.write_chart(result, chart):
+        result["meta"]["chart"] = str(chart)
+        print(f"chart: {chart}", flush=True)
+    else:
+        result["meta"]["chart"] = None
+        notes.append("matplotlib is not installed: the chart was skipped")
+        print(notes[-1], flush=True)
+    (out / "results.md").write_text(table + "\n")
+    report.write_json(result, out / "results.json")
+    print(f"results: {out / 'results.json'}", flush=True)
+    return result
+
+
+def main(argv=None) -> int:
+    """Entry point of ``python -m benchmarks``; returns the exit status."""
+    result = run(parse_args(argv))
+    failed = [f"{k} {n}" for k, w in result["workloads"].items()
+              for n, c in w["contenders"].items() if "error" in c]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

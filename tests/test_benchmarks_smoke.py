@@ -1,0 +1,98 @@
+"""Smoke run of the benchmark runner (tiny sizes): it runs and its JSON is complete.
+
+Passes with or without torch and matplotlib: their contenders and the chart are
+optional, and the runner says when it skipped them.
+"""
+
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+# benchmarks/ is not an installed package: import it from the checkout
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.run import main, parse_args  # noqa: E402
+
+HAS_TORCH = importlib.util.find_spec("torch") is not None
+HAS_MPL = importlib.util.find_spec("matplotlib") is not None
+TIMED = {"W1": "s/epoch", "W3": "s/epoch", "W5": "us/step"}
+
+
+def _finite(value):
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    status = main(["--scale", "0.01", "--reps", "1", "--epochs", "2", "--pause", "0",
+                   "--workloads", "W1,W3,W5", "--out", str(out)])
+    with open(out / "results.json") as f:
+        return status, json.load(f), out
+
+
+def test_runs_every_contender(smoke):
+    status, result, _ = smoke
+    errors = {f"{k} {n}": c["error"] for k, w in result["workloads"].items()
+              for n, c in w["contenders"].items() if "error" in c}
+    assert errors == {}
+    assert status == 0
+
+
+def test_meta(smoke):
+    _, result, out = smoke
+    meta = result["meta"]
+    assert meta["threads"] == 2 and meta["reps"] == 1 and meta["scale"] == 0.01
+    assert meta["threads_in_force"]["onnxruntime_intra_op"] == 2
+    assert meta["machine"]["device"] == "cpu" and meta["machine"]["date"]
+    for name in ("ortlearn", "numpy", "scikit-learn", "onnxruntime"):
+        assert meta["versions"][name]
+    assert (meta["chart"] is not None) == HAS_MPL == (out / "results.png").exists()
+    if not HAS_MPL:
+        assert any("chart was skipped" in n for n in meta["notes"])
+    if not HAS_TORCH:
+        assert any("torch is not installed" in n for n in meta["notes"])
+    assert (out / "results.md").read_text().startswith("| workload |")
+
+
+def test_workloads_numbers(smoke):
+    _, result, _ = smoke
+    assert list(result["workloads"]) == ["W1", "W3", "W5"]
+    for key, wl in result["workloads"].items():
+        assert wl["unit"] == TIMED[key]
+        names = set(wl["contenders"])
+        assert {n for n in names if n.startswith("ortlearn_")}, key
+        assert any(n.startswith("torch_") for n in names) == HAS_TORCH
+        for name, c in wl["contenders"].items():
+            assert len(c["raw"]) == 1
+            assert _finite(c["median"]["time"]) and c["median"]["time"] > 0, (key, name)
+            if c["library"] != "onnxruntime":
+                assert _finite(c["median"][wl["quality"]]), (key, name)
+            ref = c["ratio_to_sklearn"] if key != "W5" else c["ratio_to_torch"]
+            assert ref is None or _finite(ref)
+        if HAS_TORCH:
+            assert wl["contenders"][wl["torch_ref"]]["ratio_to_torch"] == pytest.approx(1.0)
+        if wl["sklearn_ref"]:
+            assert wl["contenders"][wl["sklearn_ref"]]["ratio_to_sklearn"] == pytest.approx(1.0)
+
+
+def test_ortlearn_ran_the_epochs_asked(smoke):
+    _, result, _ = smoke
+    for key in ("W1", "W3", "W5"):
+        raw = result["workloads"][key]["contenders"][
+            "ortlearn_sgd" if key != "W3" else "ortlearn_adam"]["raw"][0]
+        assert raw["epochs"] == 2
+        assert _finite(raw["setup_s"]) and _finite(raw["fit_1_epoch_s"])
+        assert raw["total_s"] >= raw["fit_1_epoch_s"] * 0.5
+
+
+def test_options_are_checked():
+    args = parse_args(["--workloads", "w1,W4", "--threads", "3"])
+    assert args.workloads == ["W1", "W4"] and args.threads == 3 and args.reps == 3
+    for bad in (["--workloads", "W9"], ["--scale", "0"], ["--reps", "0"],
+                ["--device", "tpu"]):
+        with pytest.raises(SystemExit):
+            parse_args(bad)
