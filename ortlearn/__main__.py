@@ -1,0 +1,181 @@
+"""Command line: ``python -m ortlearn {demo,info}``.
+
+``demo`` trains ortlearn estimators on data sets that ship with scikit-learn,
+prints one line per epoch, then a table next to scikit-learn's own solvers
+with the same settings, and writes a PNG of the loss curves.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+
+def _demo_jobs(max_iter: int):
+    """(title, data loader, ortlearn estimator, sklearn estimator, task) per demo run.
+
+    Both sides get the same solver, hyper-parameters, epochs and random_state.
+    """
+    from sklearn.datasets import load_diabetes, load_digits
+    from sklearn.linear_model import SGDRegressor
+    from sklearn.neural_network import MLPClassifier, MLPRegressor
+
+    from ortlearn import OrtLinearRegressor, OrtMLPClassifier, OrtMLPRegressor
+
+    mlp = dict(hidden_layer_sizes=(64,), solver="adam", learning_rate_init=1e-2,
+               batch_size=32, max_iter=max_iter, random_state=0, tol=0.0)
+    return [
+        ("MLP classifier, digits", load_digits,
+         OrtMLPClassifier(**mlp), MLPClassifier(**mlp), "classification"),
+        ("MLP regressor, diabetes", load_diabetes,
+         OrtMLPRegressor(**mlp), MLPRegressor(**mlp), "regression"),
+        ("linear regressor (SGD), diabetes", load_diabetes,
+         OrtLinearRegressor(max_iter=max_iter, tol=None, random_state=0),
+         SGDRegressor(max_iter=max_iter, tol=None, random_state=0), "regression"),
+    ]
+
+
+def _split(loader, task):
+    from sklearn.model_selection import train_test_split
+    from sklearn.preprocessing import StandardScaler
+
+    X, y = loader(return_X_y=True)
+    X_train, X_test, y_train, y_test = train_test_split(
+        X, y, test_size=0.25, random_state=0, stratify=y if task == "classification" else None)
+    scaler = StandardScaler().fit(X_train)
+    if task == "regression":
+        # scaled targets keep the same learning rate sensible for both libraries
+        mean, std = y_train.mean(), y_train.std()
+        y_train, y_test = (y_train - mean) / std, (y_test - mean) / std
+    return scaler.transform(X_train), scaler.transform(X_test), y_train, y_test
+
+
+def _fit_timed(estimator, X, y):
+    import warnings
+
+    from sklearn.exceptions import ConvergenceWarning
+
+    start = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        estimator.fit(X, y)
+    return time.perf_counter() - start
+
+
+def run_demo(device: str = "cpu", max_iter: int = 30, plot: str | None = "ortlearn_demo.png",
+             verbose: bool = True, out=sys.stdout) -> list[dict]:
+    """Train the demo models and compare them with scikit-learn.
+
+    Returns one dict per job: title, ortlearn / sklearn test score and fit time,
+    and the two loss curves.
+    """
+    rows = []
+    for title, loader, ort_est, skl_est, task in _demo_jobs(max_iter):
+        X_train, X_test, y_train, y_test = _split(loader, task)
+        print(f"\n== {title}: ortlearn {type(ort_est).__name__} on {device} ==", file=out)
+        ort_est.set_params(device=device, verbose=int(verbose))
+        ort_time = _fit_timed(ort_est, X_train, y_train)
+        skl_time = _fit_timed(skl_est, X_train, y_train)
+        rows.append({
+            "title": title,
+            "ortlearn_score": ort_est.score(X_test, y_test),
+            "sklearn_score": skl_est.score(X_test, y_test),
+            "ortlearn_fit_s": ort_time,
+            "sklearn_fit_s": skl_time,
+            "ortlearn_losses": list(ort_est.train_losses_),
+            "sklearn_losses": list(getattr(skl_est, "loss_curve_", [])),
+            "metric": "accuracy" if task == "classification" else "R²",
+        })
+    _print_table(rows, out)
+    if plot:
+        _plot(rows, plot, out)
+    return rows
+
+
+def _print_table(rows, out):
+    header = f"{'job':36s} {'metric':8s} {'ortlearn':>9s} {'sklearn':>9s} {'ort fit s':>10s} {'skl fit s':>10s}"
+    print("\n" + header, file=out)
+    print("-" * len(header), file=out)
+    for r in rows:
+        print(f"{r['title']:36s} {r['metric']:8s} {r['ortlearn_score']:9.4f} {r['sklearn_score']:9.4f} "
+              f"{r['ortlearn_fit_s']:10.3f} {r['sklearn_fit_s']:10.3f}", file=out)
+
+
+def _plot(rows, path, out):
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("\nmatplotlib is not installed: plot skipped (pip install 'ortlearn[plot]').",
+              file=out)
+        return
+    fig, axes = plt.subplots(1, len(rows), figsize=(5 * len(rows), 3.5))
+    for ax, r in zip(axes, rows):
+        ax.plot(r["ortlearn_losses"], label="ortlearn")
+        if r["sklearn_losses"]:
+            ax.plot(r["sklearn_losses"], "--", label="scikit-learn")
+        ax.set_title(r["title"], fontsize=9)
+        ax.set_xlabel("epoch")
+        ax.set_ylabel("training loss")
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    print(f"\nloss curves written to {path}", file=out)
+
+
+def _info(out=sys.stdout):
+    import onnx
+    import onnxruntime
+    import sklearn
+    import skl2onnx
+
+    import ortlearn
+
+    print(f"ortlearn {ortlearn.__version__}", file=out)
+    for mod in (onnxruntime, onnx, skl2onnx, sklearn):
+        print(f"{mod.__name__} {mod.__version__}", file=out)
+    print(f"providers: {', '.join(onnxruntime.get_available_providers())}", file=out)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m ortlearn",
+        description="ortlearn: train ONNX graphs with onnxruntime behind scikit-learn estimators.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    demo = sub.add_parser(
+        "demo", help="train on digits and diabetes, compare with scikit-learn",
+        description="Train OrtMLPClassifier on digits, OrtMLPRegressor and OrtLinearRegressor "
+                    "on diabetes, one line per epoch, then a table next to scikit-learn's "
+                    "solvers with the same settings and a PNG of the loss curves.")
+    demo.add_argument("--device", default="cpu", help="'cpu', 'cuda' or 'cuda:N' (default: cpu)")
+    demo.add_argument("--max-iter", type=int, default=30, help="epochs per model (default: 30)")
+    demo.add_argument("--plot", default="ortlearn_demo.png",
+                      help="PNG file for the loss curves (default: ortlearn_demo.png)")
+    demo.add_argument("--no-plot", action="store_true", help="do not write the PNG")
+    demo.add_argument("--quiet", action="store_true", help="no per-epoch lines")
+    sub.add_parser("info", help="print versions and available execution providers")
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "info":
+        _info()
+        return 0
+    if args.max_iter < 1:
+        build_parser().error("--max-iter must be >= 1")
+    try:
+        run_demo(device=args.device, max_iter=args.max_iter,
+                 plot=None if args.no_plot else args.plot, verbose=not args.quiet)
+    except ValueError as exc:  # e.g. a CUDA device without onnxruntime-gpu
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

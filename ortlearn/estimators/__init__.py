@@ -1,0 +1,19 @@
+"""scikit-learn estimators trained with onnxruntime.
+
+- :class:`OrtMLPRegressor`, :class:`OrtMLPClassifier`: scikit-learn's MLPs;
+- :class:`OrtLinearRegressor`, :class:`OrtLinearClassifier`: linear models
+  with the objectives of ``SGDRegressor`` / ``SGDClassifier(loss='log_loss')``;
+- :class:`OrtGradientOptimizer`: trains any ONNX graph that computes its own loss.
+"""
+
+from ._linear import OrtLinearClassifier, OrtLinearRegressor
+from ._mlp import OrtMLPClassifier, OrtMLPRegressor
+from .gradient_optimizer import OrtGradientOptimizer
+
+__all__ = [
+    "OrtGradientOptimizer",
+    "OrtLinearClassifier",
+    "OrtLinearRegressor",
+    "OrtMLPClassifier",
+    "OrtMLPRegressor",
+]

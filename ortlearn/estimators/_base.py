@@ -1,0 +1,583 @@
+"""Shared fit logic of the scikit-learn-native estimators.
+
+:class:`BaseOrtEstimator` is to ortlearn's estimators what
+``BaseMultilayerPerceptron`` is to scikit-learn's MLPs: it validates the
+data, builds the counterpart estimator (``estimator_``) whose weights are
+initialised as scikit-learn does, turns it into an ONNX loss graph, trains
+it with a :class:`~ortlearn.estimators._engine.TrainingEngine` (or
+:func:`~ortlearn.estimators._lbfgs.minimize_lbfgs`) and writes the trained
+weights back. Every step of the epoch loop is a method a subclass can
+override (``_build_engine``, ``_run_epoch``, ``_update_no_improvement``,
+``_log_epoch``), as in skorch.
+
+Subclasses provide the counterpart (``_make_counterpart``), the objective
+(``_objective``), the optimizer (``_optimizer``) and the learning-rate
+schedule (``_make_schedule``, ``_schedule_per_step``).
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+import warnings
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+from sklearn.base import BaseEstimator, _fit_context, is_classifier
+from sklearn.metrics import accuracy_score, r2_score
+from sklearn.model_selection import train_test_split
+from sklearn.utils import check_random_state
+from sklearn.utils.multiclass import check_classification_targets
+from sklearn.utils.validation import (
+    _check_sample_weight,
+    check_is_fitted,
+    column_or_1d,
+    validate_data,
+)
+
+from ..convert import get_weights, init_template, set_weights, to_train_onnx
+from ..exceptions import ConvergenceError, ConvergenceWarning
+from ..training.device import make_session, parse_device
+from ._engine import TrainingEngine, _conform_state
+from ._lbfgs import minimize_lbfgs
+from ._objective import INPUT_NAMES, LOSS, label_dtype
+
+__all__ = ["BaseOrtEstimator"]
+
+_FLOAT_DTYPES = (np.float64, np.float32)
+
+
+class _Runtime:
+    """onnxruntime objects of a fitted estimator: created in ``fit``, filled lazily.
+
+    ``InferenceSession`` objects cannot be pickled or deep-copied, and
+    scikit-learn forbids ``predict`` to add attributes to the estimator: the
+    estimator holds this object from ``fit`` on, ``predict`` fills it, and
+    a copy or an unpickled estimator starts with an empty one.
+    """
+
+    def __init__(self):
+        self.engine = None
+        self.session = None
+        self.validation_session = None
+
+    def __getstate__(self):
+        return {}
+
+    def __setstate__(self, state):
+        self.__init__()
+
+    def __deepcopy__(self, memo):
+        return _Runtime()
+
+    def reset_predictions(self) -> None:
+        self.session = None
+
+
+def _check_weights_valid(sample_weight, X) -> np.ndarray:
+    """Sample weights as an array of X's dtype (ones when None), validated."""
+    sample_weight = _check_sample_weight(sample_weight, X, dtype=X.dtype,
+                                         ensure_non_negative=True)
+    if not np.isfinite(sample_weight).all():
+        raise ValueError("sample_weight contains NaN or infinite values.")
+    if not sample_weight.any():
+        raise ValueError("sample_weight is all zeros: at least one sample must have a "
+                         "positive weight.")
+    return sample_weight
+
+
+def _weights_as_inputs(model: onnx.ModelProto, names) -> onnx.ModelProto:
+    """A copy of ``model`` where the initializers ``names`` are graph inputs."""
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    graph = copy.graph
+    kept = []
+    for init in graph.initializer:
+        if init.name in names:
+            graph.input.append(helper.make_tensor_value_info(init.name, init.data_type,
+                                                             list(init.dims)))
+        else:
+            kept.append(init)
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
+    return copy
+
+
+class BaseOrtEstimator(BaseEstimator):
+    """Base class of ortlearn's scikit-learn-native estimators (not for direct use).
+
+    Subclasses define the parameters (``__init__`` and
+    ``_parameter_constraints``) and the hooks listed in the module
+    docstring. Fitted attributes common to every subclass:
+
+    Attributes
+    ----------
+    estimator_ : estimator
+        The scikit-learn counterpart holding the trained weights; it predicts
+        without ortlearn.
+    train_losses_ : list of float
+        Training objective of each epoch (mean of the batch losses, weighted
+        by the batch sizes); the final loss for ``solver='lbfgs'``.
+    loss_curve_ : list of float
+        Same list as ``train_losses_`` (scikit-learn's name).
+    loss_ : float
+        Last value of ``train_losses_``.
+    validation_losses_ : list of float or None
+        Objective on the validation split after each epoch
+        (``early_stopping=True`` only).
+    validation_scores_ : list of float or None
+        Score (R² or accuracy) on the validation split after each epoch
+        (``early_stopping=True`` only).
+    best_validation_score_ : float or None
+        Best validation score (``early_stopping=True`` only).
+    best_loss_ : float or None
+        Smallest training loss (``early_stopping=False`` only).
+    n_iter_ : int
+        Epochs run by the last call to ``fit`` or ``partial_fit`` (L-BFGS
+        iterations for ``solver='lbfgs'``).
+    t_ : int
+        Number of training samples seen.
+    n_features_in_ : int
+    feature_names_in_ : ndarray of str
+        Only when X has feature names that are all strings.
+    """
+
+    #: True: stop once the count of epochs without improvement exceeds
+    #: ``n_iter_no_change`` (MLP); False: once it reaches it (SGD).
+    _stop_after_exceeding = True
+
+    # ------------------------------------------------------------------ hooks
+    def _make_counterpart(self):
+        """An unfitted scikit-learn estimator with this one's hyper-parameters."""
+        raise NotImplementedError
+
+    def _objective(self, inference_model: onnx.ModelProto, kind: str) -> onnx.ModelProto:
+        """The loss graph (inputs ``X``, ``y``, ``sample_weight``; output ``loss``)."""
+        raise NotImplementedError
+
+    def _optimizer(self):
+        """The ortlearn.optim update rule of ``solver``."""
+        raise NotImplementedError
+
+    def _make_schedule(self):
+        """The learning-rate schedule (``ortlearn.optim.schedules``)."""
+        raise NotImplementedError
+
+    def _learning_rates(self):
+        """``(rate for the next epoch or None, per-step callable or None)``."""
+        raise NotImplementedError
+
+    #: Rows per mini-batch of ``batch_size='auto'`` (at most n_samples).
+    _auto_batch_size = 200
+
+    def _batch_size(self, n_samples: int) -> int:
+        if self.batch_size == "auto":
+            return min(self._auto_batch_size, n_samples)
+        if self.batch_size > n_samples:
+            warnings.warn(f"Got batch_size={self.batch_size} larger than the {n_samples} "
+                          "samples; it is clipped.")
+        return int(np.clip(self.batch_size, 1, n_samples))
+
+    # ------------------------------------------------------------------- data
+    def _kind(self) -> str:
+        if not is_classifier(self):
+            return "regressor"
+        return "binary" if len(self.classes_) == 2 else "multiclass"
+
+    def _validate_xy(self, X, y, reset: bool):
+        """X (float64 or float32, kept), y as scikit-learn takes it."""
+        dtype = _FLOAT_DTYPES if reset else self._dtype
+        if is_classifier(self):
+            X, y = validate_data(self, X, y, reset=reset, dtype=dtype, multi_output=True)
+            if y.ndim == 2 and y.shape[1] > 1:
+                raise ValueError(
+                    f"{type(self).__name__} does not support multilabel or multi-output "
+                    f"targets: y has {y.shape[1]} columns. Fit one estimator per column.")
+            y = column_or_1d(y, warn=True)
+            check_classification_targets(y)
+        else:
+            X, y = validate_data(self, X, y, reset=reset, dtype=dtype, y_numeric=True,
+                                 multi_output=self._multi_output)
+            if not self._multi_output:
+                y = column_or_1d(y, warn=True)
+        return X, y
+
+    def _encode_target(self, y) -> np.ndarray:
+        """y as the graph's ``y`` input: floats (n, k), 0/1 column, or class indices."""
+        kind = self._kind()
+        if kind == "regressor":
+            y = np.asarray(y, dtype=self._dtype)
+            return y.reshape(len(y), -1)
+        unknown = np.setdiff1d(y, self.classes_)
+        if unknown.size:
+            raise ValueError(f"y contains labels {unknown.tolist()} not in classes_ "
+                             f"{self.classes_.tolist()}.")
+        index = np.searchsorted(self.classes_, y)
+        if kind == "binary":
+            return index.astype(self._dtype).reshape(-1, 1)
+        return index.astype(label_dtype(kind, self._dtype))
+
+    def _set_classes(self, y, classes) -> None:
+        if classes is not None:
+            self.classes_ = np.unique(np.asarray(classes))
+        else:
+            self.classes_ = np.unique(y)
+        if len(self.classes_) < 2:
+            raise ValueError(
+                f"{type(self).__name__} needs samples of at least 2 classes in the data, "
+                f"but the data contains only one class: {self.classes_[0]!r}.")
+
+    # ------------------------------------------------------------------- fit
+    @_fit_context(prefer_skip_nested_validation=True)
+    def fit(self, X, y, sample_weight=None):
+        """Fit the model to X and y.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+            Training data (float32 data trains in float32, anything else in
+            float64).
+        y : array-like of shape (n_samples,) or (n_samples, n_outputs)
+            Target values (class labels for classifiers).
+        sample_weight : array-like of shape (n_samples,), default=None
+            Non-negative weights, not all zero.
+
+        Returns
+        -------
+        self : object
+            The fitted estimator.
+        """
+        return self._fit(X, y, sample_weight, incremental=False)
+
+    def _partial_fit(self, X, y, sample_weight=None, classes=None):
+        if self.solver == "lbfgs":
+            raise ValueError("partial_fit is not available for solver='lbfgs'; use "
+                             "'sgd', 'adam' or 'adamw'.")
+        if self.early_stopping:
+            raise ValueError("partial_fit does not support early_stopping=True.")
+        return self._fit(X, y, sample_weight, incremental=True, classes=classes)
+
+    def _fit(self, X, y, sample_weight, incremental: bool, classes=None):
+        first = not hasattr(self, "estimator_") or (not self.warm_start and not incremental)
+        device = parse_device(self.device)
+        X, y = self._validate_xy(X, y, reset=first)
+        if first:
+            self._dtype = np.dtype(X.dtype)
+        X = X.astype(self._dtype, copy=False)
+        sample_weight = _check_weights_valid(sample_weight, X)
+        if is_classifier(self):
+            self._prepare_classes(y, classes, incremental, first)
+        y_enc = self._encode_target(y)
+        if first:
+            self._initialize(X, y)
+        else:
+            # As scikit-learn: each call draws from a fresh generator.
+            self._random_state = check_random_state(self.random_state)
+        runtime = self._runtime
+        if first or not incremental:
+            # fit (warm start included) starts a new optimizer and schedule, as sklearn does.
+            runtime.engine, self._optimizer_state = None, None
+            self._schedule = self._make_schedule()
+        if self.solver == "lbfgs":
+            self._fit_lbfgs(X, y_enc, sample_weight, device)
+        else:
+            if runtime.engine is None:
+                runtime.engine = self._build_engine(X, device)
+            self._fit_epochs(runtime.engine, X, y, y_enc, sample_weight, incremental)
+        return self
+
+    def _prepare_classes(self, y, classes, incremental: bool, first: bool) -> None:
+        if incremental and not hasattr(self, "classes_"):
+            if classes is None:
+                raise ValueError("classes must be passed on the first call to partial_fit.")
+            self._set_classes(y, classes)
+        elif incremental and classes is not None and not np.array_equal(
+                np.unique(classes), self.classes_):
+            raise ValueError(f"classes={np.unique(classes).tolist()} is not the same as on "
+                             f"the first call to partial_fit: {self.classes_.tolist()}.")
+        elif first and not incremental:
+            self._set_classes(y, None)
+
+    def _initialize(self, X, y) -> None:
+        """Fresh counterpart (sklearn's initial weights), curves and counters."""
+        if is_classifier(self):
+            # A row per class: init_template learns the classes from y.
+            X0 = np.zeros((len(self.classes_), X.shape[1]), dtype=self._dtype)
+            template = init_template(self._make_counterpart(), X0, self.classes_)
+        else:
+            template = init_template(self._make_counterpart(), X, y)
+        self.estimator_ = template
+        # MLPs keep drawing from the generator that initialised the weights, as sklearn does.
+        self._random_state = getattr(template, "_random_state", None) or check_random_state(
+            self.random_state)
+        self._runtime = _Runtime()
+        self._optimizer_state = None
+        self.train_losses_ = []
+        self.loss_curve_ = self.train_losses_
+        self.validation_losses_ = [] if self.early_stopping else None
+        self.validation_scores_ = [] if self.early_stopping else None
+        self.best_validation_score_ = -np.inf if self.early_stopping else None
+        self.best_loss_ = None if self.early_stopping else np.inf
+        self._no_improvement_count = 0
+        self.n_iter_ = 0
+        self.t_ = 0
+
+    def _inference_model(self) -> onnx.ModelProto:
+        """``to_train_onnx`` of ``estimator_``, robust to equal weights.
+
+        skl2onnx merges initializers holding equal values (zero ``coef`` and
+        ``intercept`` of one feature become one tensor): the graph is built
+        from a copy with distinct placeholder values, then gets the real ones.
+        """
+        weights = get_weights(self.estimator_)
+        probe = copy.deepcopy(self.estimator_)
+        start, placeholders = 1.0, {}
+        for name, value in weights.items():
+            placeholders[name] = start + np.arange(value.size).reshape(value.shape) / 1024
+            start += value.size
+        set_weights(probe, placeholders)
+        sample = np.zeros((1, self.n_features_in_), dtype=self._dtype)
+        model = to_train_onnx(probe, sample, dtype=self._dtype)
+        for init in model.graph.initializer:
+            init.CopyFrom(numpy_helper.from_array(
+                np.asarray(weights[init.name], dtype=self._dtype), init.name))
+        return model
+
+    def _loss_model(self, X):
+        model = self._objective(self._inference_model(), self._kind())
+        return model, list(get_weights(self.estimator_))
+
+    def _build_engine(self, X, device) -> TrainingEngine:
+        """Loss graph → training session, from the weights of ``estimator_``."""
+        model, trainable = self._loss_model(X)
+        engine = TrainingEngine(model, trainable, self._optimizer(), device=str(device),
+                                input_names=list(INPUT_NAMES), loss_output=LOSS)
+        if self._optimizer_state is not None:
+            engine.load_optimizer_state(self._optimizer_state)
+        return engine
+
+    def _fit_lbfgs(self, X, y_enc, sample_weight, device) -> None:
+        model, trainable = self._loss_model(X)
+        weights, n_iter, loss = minimize_lbfgs(
+            model, trainable, None, [X, y_enc, sample_weight], list(INPUT_NAMES),
+            device=str(device), max_iter=self.max_iter, tol=self._lbfgs_tol(),
+            verbose=int(self.verbose), loss_output=LOSS, max_fun=self._max_fun())
+        self.n_iter_ = n_iter
+        self.t_ += X.shape[0] * max(n_iter, 1)
+        self.train_losses_.append(loss)
+        self.loss_ = loss
+        self._store_weights(weights)
+
+    def _lbfgs_tol(self) -> float:
+        return self.tol if self.tol is not None else 0.0
+
+    def _max_fun(self) -> int:
+        return getattr(self, "max_fun", 15000)
+
+    # ---------------------------------------------------------------- epochs
+    def _split(self, X, y, y_enc, sample_weight):
+        """Training and validation parts (stratified for classifiers), as sklearn's MLP."""
+        if not self.early_stopping:
+            return (X, y_enc, sample_weight), None
+        stratify = y if is_classifier(self) else None
+        X_tr, X_val, yenc_tr, yenc_val, y_tr, y_val, sw_tr, sw_val = train_test_split(
+            X, y_enc, y, sample_weight, random_state=self._random_state,
+            test_size=self.validation_fraction, stratify=stratify)
+        if X_val.shape[0] < 2:
+            raise ValueError("The validation set is too small. Increase "
+                             "'validation_fraction' or the size of your dataset.")
+        return (X_tr, yenc_tr, sw_tr), (X_val, y_val, yenc_val, sw_val)
+
+    def _fit_epochs(self, engine, X, y, y_enc, sample_weight, incremental: bool) -> None:
+        """The epoch loop: shuffle, batches, one epoch, bookkeeping, stopping."""
+        train, validation = self._split(X, y, y_enc, sample_weight)
+        n_samples = train[0].shape[0]
+        batch_size = self._batch_size(n_samples)
+        order = np.arange(n_samples)
+        self.n_iter_ = 0
+        self._best_state = None
+        max_iter = 1 if incremental else self.max_iter
+        start = time.perf_counter()
+        try:
+            for _ in range(max_iter):
+                if self.shuffle:
+                    order = order[self._random_state.permutation(n_samples)]
+                batches = [order[i:i + batch_size] for i in range(0, n_samples, batch_size)]
+                loss = self._run_epoch(engine, train, batches)
+                self.n_iter_ += 1
+                self.t_ += n_samples
+                self.train_losses_.append(loss)
+                self.loss_ = loss
+                self._update_no_improvement(engine, loss, validation)
+                self._log_epoch(time.perf_counter() - start)
+                if self._plateau() and self._schedule.on_plateau():
+                    if self.verbose:
+                        print(self._stop_message())
+                    break
+                if self._plateau():
+                    self._no_improvement_count = 0
+                if not incremental and self.n_iter_ == self.max_iter:
+                    self._warn_max_iter()
+        except ConvergenceError:
+            self._finish_epochs(engine)
+            raise
+        except KeyboardInterrupt:
+            warnings.warn("Training interrupted by user.")
+        self._finish_epochs(engine)
+
+    def _run_epoch(self, engine, train, batches) -> float:
+        """One pass over ``batches``; returns the epoch's training loss."""
+        lr_epoch, lr_for_step = self._learning_rates()
+        if lr_epoch is not None:
+            engine.set_learning_rate(lr_epoch)
+        return engine.train_epoch(list(train), batches, lr_for_step=lr_for_step)
+
+    def _plateau(self) -> bool:
+        count, limit = self._no_improvement_count, self.n_iter_no_change
+        return count > limit if self._stop_after_exceeding else count >= limit
+
+    def _tol(self) -> float:
+        return -np.inf if self.tol is None else self.tol
+
+    def _update_no_improvement(self, engine, loss: float, validation) -> None:
+        """Count epochs without improvement; keep the best weights when early stopping."""
+        if validation is None:
+            if loss > self.best_loss_ - self._tol():
+                self._no_improvement_count += 1
+            else:
+                self._no_improvement_count = 0
+            self.best_loss_ = min(self.best_loss_, loss)
+            return
+        X_val, y_val, yenc_val, sw_val = validation
+        state = engine.get_state()
+        score = self._validation_score(state, X_val, y_val, sw_val)
+        self.validation_scores_.append(score)
+        self.validation_losses_.append(engine.eval_loss([X_val, yenc_val, sw_val]))
+        if score < self.best_validation_score_ + self._tol():
+            self._no_improvement_count += 1
+        else:
+            self._no_improvement_count = 0
+        if score > self.best_validation_score_:
+            self.best_validation_score_ = score
+            self._best_state = state
+
+    def _validation_score(self, state, X_val, y_val, sw_val) -> float:
+        """R² or accuracy of the weights ``state`` on the validation split."""
+        session = self._runtime.validation_session
+        if session is None:
+            model = _weights_as_inputs(self._inference_model(), list(state))
+            session = make_session(model, "cpu")
+            self._runtime.validation_session = session
+        outputs = self._output_names()
+        values = dict(zip(outputs, session.run(outputs, {"X": X_val, **state})))
+        y_pred = self._predict_from_outputs(values)
+        metric = accuracy_score if is_classifier(self) else r2_score
+        return float(metric(y_val, y_pred, sample_weight=sw_val))
+
+    def _stop_message(self) -> str:
+        what = "Validation score" if self.early_stopping else "Training loss"
+        return (f"{what} did not improve more than tol={self.tol} for "
+                f"{self.n_iter_no_change} consecutive epochs. Stopping.")
+
+    def _warn_max_iter(self) -> None:
+        warnings.warn(f"Maximum iterations ({self.max_iter}) reached and the optimization "
+                      "hasn't converged yet.", ConvergenceWarning)
+
+    def _log_epoch(self, elapsed: float) -> None:
+        """With ``verbose``: one line per epoch (epoch, loss, validation score, time)."""
+        if not self.verbose:
+            return
+        line = f"Iteration {self.n_iter_}, loss = {self.loss_:.8f}"
+        if self.early_stopping:
+            line += f", validation score = {self.validation_scores_[-1]:.6f}"
+        print(f"{line}, elapsed = {elapsed:.2f} s")
+
+    def _finish_epochs(self, engine) -> None:
+        """Best weights back on the device (early stopping), weights into ``estimator_``."""
+        if self._best_state is not None:
+            engine.set_state(self._best_state)
+        self._best_state = None
+        self._runtime.validation_session = None
+        self._optimizer_state = engine.optimizer_state()
+        self._store_weights(engine.get_state())
+
+    def _store_weights(self, weights: dict) -> None:
+        set_weights(self.estimator_, weights)
+        self._runtime.reset_predictions()
+
+    # ------------------------------------------------------------- state I/O
+    def get_state(self) -> dict:
+        """The trained weights, named as in the ONNX graph.
+
+        Returns
+        -------
+        dict of str to ndarray
+            Copies of the weights (``coef``/``intercept`` for linear models,
+            ``coefficient``, ``intercepts``, ``coefficient1``, ... for MLPs).
+        """
+        check_is_fitted(self)
+        return {k: np.array(v, copy=True) for k, v in get_weights(self.estimator_).items()}
+
+    def set_state(self, state: dict) -> None:
+        """Replace the weights (every name of :meth:`get_state`, same shapes).
+
+        Parameters
+        ----------
+        state : dict of str to array-like
+
+        Raises
+        ------
+        ValueError
+            Unknown or missing names, wrong shapes.
+        """
+        check_is_fitted(self)
+        clean = _conform_state(state, get_weights(self.estimator_))
+        if self._runtime.engine is not None:
+            self._runtime.engine.set_state(clean)
+        self._store_weights(clean)
+
+    # ------------------------------------------------------------ prediction
+    def to_onnx(self) -> onnx.ModelProto:
+        """The trained inference model (``to_train_onnx`` of ``estimator_``).
+
+        Returns
+        -------
+        onnx.ModelProto
+            Input ``X``; outputs ``variable`` (regressors) or ``label``,
+            ``probabilities``, ``raw_scores`` (classifiers).
+        """
+        check_is_fitted(self)
+        return self._inference_model()
+
+    def _output_names(self) -> list[str]:
+        return ["variable"]
+
+    def _run_inference(self, X, outputs) -> dict:
+        check_is_fitted(self)
+        X = validate_data(self, X, reset=False, dtype=_FLOAT_DTYPES)
+        X = X.astype(self._dtype, copy=False)
+        runtime = self._runtime
+        if runtime.session is None:
+            runtime.session = make_session(self._inference_model(), self.device)
+        return dict(zip(outputs, runtime.session.run(outputs, {"X": X})))
+
+    def _predict_from_outputs(self, values: dict):
+        raise NotImplementedError
+
+    def _log_proba(self, X) -> np.ndarray:
+        """Log-probabilities from the logits onnxruntime computes (finite where exp underflows)."""
+        raw = self._run_inference(X, ["raw_scores"])["raw_scores"]
+        if raw.shape[1] == 1:
+            raw = np.hstack([np.zeros_like(raw), raw])
+        shifted = raw - raw.max(axis=1, keepdims=True)
+        return shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+
+    def __sklearn_is_fitted__(self) -> bool:
+        return hasattr(self, "estimator_")
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.non_deterministic = False
+        return tags
+

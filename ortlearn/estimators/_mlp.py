@@ -1,0 +1,417 @@
+"""Multi-layer perceptrons trained with onnxruntime: ``OrtMLPRegressor``, ``OrtMLPClassifier``."""
+
+from __future__ import annotations
+
+from numbers import Integral, Real
+
+import numpy as np
+from sklearn.base import ClassifierMixin, RegressorMixin, _fit_context
+from sklearn.neural_network import MLPClassifier, MLPRegressor
+from sklearn.utils._param_validation import Interval, StrOptions
+
+from ..optim import SGD, Adam, AdamW
+from ..optim.schedules import Adaptive, Constant, InvScaling
+from ._base import BaseOrtEstimator
+from ._objective import mlp_objective
+
+__all__ = ["OrtMLPRegressor", "OrtMLPClassifier"]
+
+
+class BaseOrtMLP(BaseOrtEstimator):
+    """Shared parameters and hooks of the two MLPs (not for direct use)."""
+
+    _parameter_constraints: dict = {
+        "hidden_layer_sizes": ["array-like", Interval(Integral, 1, None, closed="left")],
+        "activation": [StrOptions({"identity", "logistic", "tanh", "relu"})],
+        "solver": [StrOptions({"sgd", "adam", "adamw", "lbfgs"})],
+        "alpha": [Interval(Real, 0, None, closed="left")],
+        "batch_size": [StrOptions({"auto"}), Interval(Integral, 1, None, closed="left")],
+        "learning_rate": [StrOptions({"constant", "invscaling", "adaptive"})],
+        "learning_rate_init": [Interval(Real, 0, None, closed="neither")],
+        "power_t": [Interval(Real, 0, None, closed="left")],
+        "max_iter": [Interval(Integral, 1, None, closed="left")],
+        "shuffle": ["boolean"],
+        "random_state": ["random_state"],
+        "tol": [Interval(Real, 0, None, closed="left")],
+        "verbose": ["verbose"],
+        "warm_start": ["boolean"],
+        "momentum": [Interval(Real, 0, 1, closed="both")],
+        "nesterovs_momentum": ["boolean"],
+        "early_stopping": ["boolean"],
+        "validation_fraction": [Interval(Real, 0, 1, closed="left")],
+        "beta_1": [Interval(Real, 0, 1, closed="left")],
+        "beta_2": [Interval(Real, 0, 1, closed="left")],
+        "epsilon": [Interval(Real, 0, None, closed="neither")],
+        "n_iter_no_change": [Interval(Integral, 1, None, closed="left")],
+        "max_fun": [Interval(Integral, 1, None, closed="left")],
+        "device": [str],
+    }
+
+    _counterpart_class = None
+
+    def __init__(self, hidden_layer_sizes=(100,), activation="relu", *, solver="adam",
+                 alpha=0.0001, batch_size="auto", learning_rate="constant",
+                 learning_rate_init=0.001, power_t=0.5, max_iter=200, shuffle=True,
+                 random_state=None, tol=1e-4, verbose=False, warm_start=False, momentum=0.9,
+                 nesterovs_momentum=True, early_stopping=False, validation_fraction=0.1,
+                 beta_1=0.9, beta_2=0.999, epsilon=1e-8, n_iter_no_change=10, max_fun=15000,
+                 device="cpu"):
+        self.hidden_layer_sizes = hidden_layer_sizes
+        self.activation = activation
+        self.solver = solver
+        self.alpha = alpha
+        self.batch_size = batch_size
+        self.learning_rate = learning_rate
+        self.learning_rate_init = learning_rate_init
+        self.power_t = power_t
+        self.max_iter = max_iter
+        self.shuffle = shuffle
+        self.random_state = random_state
+        self.tol = tol
+        self.verbose = verbose
+        self.warm_start = warm_start
+        self.momentum = momentum
+        self.nesterovs_momentum = nesterovs_momentum
+        self.early_stopping = early_stopping
+        self.validation_fraction = validation_fraction
+        self.beta_1 = beta_1
+        self.beta_2 = beta_2
+        self.epsilon = epsilon
+        self.n_iter_no_change = n_iter_no_change
+        self.max_fun = max_fun
+        self.device = device
+
+    def _make_counterpart(self):
+        params = {name: getattr(self, name) for name in self._counterpart_class().get_params()
+                  if hasattr(self, name)}
+        params["solver"] = "adam" if self.solver == "adamw" else self.solver
+        return self._counterpart_class(**params)
+
+    def _objective(self, inference_model, kind):
+        # AdamW decays the weights itself (decoupled): no L2 term in the loss.
+        alpha = 0.0 if self.solver == "adamw" else self.alpha
+        return mlp_objective(inference_model, kind, alpha)
+
+    def _optimizer(self):
+        if self.solver == "sgd":
+            return SGD(momentum=self.momentum,
+                       nesterov=self.nesterovs_momentum and self.momentum > 0)
+        if self.solver == "adam":
+            return Adam(beta_1=self.beta_1, beta_2=self.beta_2, epsilon=self.epsilon)
+        return AdamW(betas=(self.beta_1, self.beta_2), eps=self.epsilon,
+                     weight_decay=self.alpha)
+
+    def _make_schedule(self):
+        if self.solver != "sgd" or self.learning_rate == "constant":
+            return Constant(self.learning_rate_init)
+        if self.learning_rate == "invscaling":
+            return InvScaling(self.learning_rate_init, self.power_t)
+        return Adaptive(self.learning_rate_init)
+
+    def _learning_rates(self):
+        # sklearn's MLP changes the rate between epochs: invscaling uses the
+        # number of samples seen so far.
+        return self._schedule.learning_rate(self.t_ + 1), None
+
+    def _predict_from_outputs(self, values):
+        raise NotImplementedError
+
+
+class OrtMLPRegressor(RegressorMixin, BaseOrtMLP):
+    """Multi-layer perceptron regressor trained with onnxruntime.
+
+    The parameters, the initial weights (from ``random_state``), the
+    batches and the update rules are those of
+    :class:`sklearn.neural_network.MLPRegressor`; the training steps run in
+    onnxruntime (on ``device``) and ``predict`` runs the trained ONNX graph.
+
+    Objective (the one ``MLPRegressor`` descends), per mini-batch with
+    sample weights ``w`` (ones by default)::
+
+        0.5 * sum_k sum_i w_i (y_ik - p_ik)^2 / sum_i w_i
+            + 0.5 * alpha * sum_layers ||W||^2 / sum_i w_i
+
+    i.e. half the mean squared error (summed over the outputs, as
+    ``MLPRegressor``'s gradient is) plus the L2 penalty divided by the
+    number of rows of the batch; intercepts are not penalised.
+
+    Parameters
+    ----------
+    hidden_layer_sizes : array-like of shape (n_layers - 2,), default=(100,)
+        Number of units of each hidden layer.
+    activation : {'identity', 'logistic', 'tanh', 'relu'}, default='relu'
+        Activation of the hidden layers.
+    solver : {'adam', 'sgd', 'adamw', 'lbfgs'}, default='adam'
+        ``'adam'`` and ``'sgd'``: scikit-learn's update rules;
+        ``'adamw'``: Adam with decoupled weight decay ``alpha`` applied to
+        every weight (the L2 term leaves the loss); ``'lbfgs'``: full-batch
+        L-BFGS-B (scipy), the loss and gradients computed by onnxruntime.
+    alpha : float, default=0.0001
+        Strength of the L2 penalty.
+    batch_size : int or 'auto', default='auto'
+        Rows per mini-batch; ``'auto'`` is ``min(200, n_samples)``.
+    learning_rate : {'constant', 'invscaling', 'adaptive'}, default='constant'
+        Schedule of ``solver='sgd'``, as in scikit-learn (the rate changes
+        between epochs).
+    learning_rate_init : float, default=0.001
+        Initial learning rate (``'sgd'``, ``'adam'``, ``'adamw'``).
+    power_t : float, default=0.5
+        Exponent of ``'invscaling'``.
+    max_iter : int, default=200
+        Maximum number of epochs (iterations for ``'lbfgs'``).
+    shuffle : bool, default=True
+        Shuffle the samples at each epoch.
+    random_state : int, RandomState instance or None, default=None
+        Initial weights, shuffling and validation split; an int gives
+        identical predictions from one fit to the next.
+    tol : float, default=1e-4
+        Improvement below which an epoch counts as no improvement.
+    verbose : bool, default=False
+        Print one line per epoch: epoch, loss, validation score, elapsed time.
+    warm_start : bool, default=False
+        Start ``fit`` from the current weights.
+    momentum : float, default=0.9
+        Momentum of ``solver='sgd'``.
+    nesterovs_momentum : bool, default=True
+        Nesterov's momentum (``solver='sgd'``).
+    early_stopping : bool, default=False
+        Hold out ``validation_fraction`` of the data, stop when its R² stops
+        improving and keep the weights of the best epoch.
+    validation_fraction : float, default=0.1
+        Size of the validation split.
+    beta_1, beta_2 : float, default=0.9, 0.999
+        Adam's moment decay rates.
+    epsilon : float, default=1e-8
+        Adam's epsilon.
+    n_iter_no_change : int, default=10
+        Epochs without improvement (by ``tol``) before stopping.
+    max_fun : int, default=15000
+        Maximum number of loss evaluations of ``'lbfgs'``.
+    device : str, default='cpu'
+        ``'cpu'``, ``'cuda'`` or ``'cuda:N'`` (needs onnxruntime-gpu).
+
+    Attributes
+    ----------
+    estimator_ : MLPRegressor
+        The scikit-learn MLP holding the trained weights.
+    train_losses_, loss_curve_ : list of float
+        Training loss of each epoch.
+    loss_ : float
+        Last training loss.
+    validation_losses_, validation_scores_ : list of float or None
+        Loss and R² on the validation split (``early_stopping=True``).
+    best_validation_score_, best_loss_ : float or None
+    n_iter_ : int
+        Epochs run.
+    t_ : int
+        Training samples seen.
+    n_features_in_ : int
+    feature_names_in_ : ndarray of str
+
+    See Also
+    --------
+    sklearn.neural_network.MLPRegressor : The scikit-learn estimator.
+    OrtMLPClassifier : The classifier.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from ortlearn.estimators import OrtMLPRegressor
+    >>> rng = np.random.RandomState(0)
+    >>> X = rng.randn(100, 3)
+    >>> y = X @ [1.0, -2.0, 0.5]
+    >>> reg = OrtMLPRegressor(hidden_layer_sizes=(16,), max_iter=300, random_state=0).fit(X, y)
+    >>> bool(reg.score(X, y) > 0.9)
+    True
+    """
+
+    _counterpart_class = MLPRegressor
+    _multi_output = True
+
+    def predict(self, X):
+        """Predict with the trained ONNX graph.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+
+        Returns
+        -------
+        ndarray of shape (n_samples,) or (n_samples, n_outputs)
+        """
+        return self._predict_from_outputs(self._run_inference(X, self._output_names()))
+
+    def _predict_from_outputs(self, values):
+        pred = values["variable"]
+        return pred.ravel() if pred.shape[1] == 1 else pred
+
+    @_fit_context(prefer_skip_nested_validation=True)
+    def partial_fit(self, X, y, sample_weight=None):
+        """One epoch over X and y (starting from the current weights).
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+        y : array-like of shape (n_samples,) or (n_samples, n_outputs)
+        sample_weight : array-like of shape (n_samples,), default=None
+
+        Returns
+        -------
+        self : object
+        """
+        return self._partial_fit(X, y, sample_weight)
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.target_tags.multi_output = True
+        return tags
+
+
+class OrtMLPClassifier(ClassifierMixin, BaseOrtMLP):
+    """Multi-layer perceptron classifier trained with onnxruntime.
+
+    The parameters, the initial weights (from ``random_state``), the
+    batches and the update rules are those of
+    :class:`sklearn.neural_network.MLPClassifier`; the training steps run in
+    onnxruntime and the predictions come from the trained ONNX graph.
+    Binary and multiclass targets; not multilabel.
+
+    Objective (``MLPClassifier``'s), per mini-batch with sample weights
+    ``w`` (ones by default), computed from the logits ``z``::
+
+        sum_i w_i logloss(y_i, z_i) / sum_i w_i
+            + 0.5 * alpha * sum_layers ||W||^2 / sum_i w_i
+
+    with the binary log-loss of one logit for two classes and the
+    multinomial cross-entropy of the softmax otherwise; intercepts are not
+    penalised.
+
+    Parameters
+    ----------
+    hidden_layer_sizes : array-like of shape (n_layers - 2,), default=(100,)
+        Number of units of each hidden layer.
+    activation : {'identity', 'logistic', 'tanh', 'relu'}, default='relu'
+    solver : {'adam', 'sgd', 'adamw', 'lbfgs'}, default='adam'
+        See :class:`OrtMLPRegressor`.
+    alpha : float, default=0.0001
+    batch_size : int or 'auto', default='auto'
+        ``'auto'`` is ``min(200, n_samples)``.
+    learning_rate : {'constant', 'invscaling', 'adaptive'}, default='constant'
+    learning_rate_init : float, default=0.001
+    power_t : float, default=0.5
+    max_iter : int, default=200
+    shuffle : bool, default=True
+    random_state : int, RandomState instance or None, default=None
+    tol : float, default=1e-4
+    verbose : bool, default=False
+    warm_start : bool, default=False
+    momentum : float, default=0.9
+    nesterovs_momentum : bool, default=True
+    early_stopping : bool, default=False
+        Stratified validation split; the weights of the best epoch (by
+        accuracy) are kept.
+    validation_fraction : float, default=0.1
+    beta_1, beta_2 : float, default=0.9, 0.999
+    epsilon : float, default=1e-8
+    n_iter_no_change : int, default=10
+    max_fun : int, default=15000
+    device : str, default='cpu'
+        ``'cpu'``, ``'cuda'`` or ``'cuda:N'``.
+
+    Attributes
+    ----------
+    classes_ : ndarray of shape (n_classes,)
+    estimator_ : MLPClassifier
+        The scikit-learn MLP holding the trained weights.
+    train_losses_, loss_curve_ : list of float
+    loss_ : float
+    validation_losses_, validation_scores_ : list of float or None
+        Loss and accuracy on the validation split (``early_stopping=True``).
+    best_validation_score_, best_loss_ : float or None
+    n_iter_ : int
+    t_ : int
+    n_features_in_ : int
+    feature_names_in_ : ndarray of str
+
+    See Also
+    --------
+    sklearn.neural_network.MLPClassifier : The scikit-learn estimator.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from ortlearn.estimators import OrtMLPClassifier
+    >>> rng = np.random.RandomState(0)
+    >>> X = rng.randn(100, 2)
+    >>> y = (X[:, 0] + X[:, 1] > 0).astype(int)
+    >>> clf = OrtMLPClassifier(hidden_layer_sizes=(8,), max_iter=300, random_state=0).fit(X, y)
+    >>> bool(clf.score(X, y) > 0.9)
+    True
+    """
+
+    _counterpart_class = MLPClassifier
+
+    def _output_names(self):
+        return ["probabilities", "raw_scores"]
+
+    def _predict_from_outputs(self, values):
+        raw = values["raw_scores"]
+        index = (raw[:, 0] > 0).astype(np.intp) if raw.shape[1] == 1 else raw.argmax(axis=1)
+        return self.classes_[index]
+
+    def predict(self, X):
+        """Predict class labels.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+
+        Returns
+        -------
+        ndarray of shape (n_samples,)
+        """
+        return self._predict_from_outputs(self._run_inference(X, self._output_names()))
+
+    def predict_proba(self, X):
+        """Class probabilities.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+
+        Returns
+        -------
+        ndarray of shape (n_samples, n_classes)
+        """
+        return self._run_inference(X, ["probabilities"])["probabilities"]
+
+    def predict_log_proba(self, X):
+        """Logarithm of the class probabilities.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+
+        Returns
+        -------
+        ndarray of shape (n_samples, n_classes)
+        """
+        return self._log_proba(X)
+
+    @_fit_context(prefer_skip_nested_validation=True)
+    def partial_fit(self, X, y, sample_weight=None, classes=None):
+        """One epoch over X and y (starting from the current weights).
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+        y : array-like of shape (n_samples,)
+        sample_weight : array-like of shape (n_samples,), default=None
+        classes : array-like of shape (n_classes,), default=None
+            Every class; required on the first call.
+
+        Returns
+        -------
+        self : object
+        """
+        return self._partial_fit(X, y, sample_weight, classes=classes)

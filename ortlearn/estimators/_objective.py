@@ -1,0 +1,209 @@
+"""Loss graphs whose objective is the one of the scikit-learn counterpart.
+
+Each function takes the inference graph of :func:`ortlearn.convert.to_train_onnx`
+and returns a graph with the inputs ``X``, ``label``, ``sample_weight`` and
+one scalar output ``loss``; only the nodes the loss needs are kept (class
+labels, ``ArgMax`` and probabilities are pruned). ``sample_weight`` is always
+an input: the estimators feed ones when the user gives none, which keeps one
+graph per fit.
+
+* :func:`mlp_objective`: ``MLPRegressor`` / ``MLPClassifier``, per batch
+  ``data_loss + 0.5 * alpha * sum ||W||^2 / sum(sample_weight)`` (intercepts
+  unpenalised; ``sum(sample_weight)`` is the number of rows of the batch
+  without weights), with scikit-learn 1.9's weighted average of the data loss.
+* :func:`sgd_objective`: ``SGDRegressor`` / ``SGDClassifier``,
+  ``mean(sample_weight * loss) + alpha * R(coef)`` with
+  ``R = (1 - l1_ratio) / 2 ||w||^2 + l1_ratio ||w||_1``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from .._onnx_helper import GraphBuilder, finalize_model, load_model
+from ..loss import _elementwise_loss, _penalty_terms, _reduce_rows
+
+__all__ = ["mlp_objective", "sgd_objective", "label_dtype", "INPUT_NAMES", "LOSS"]
+
+LOSS = "loss"
+LABEL = "y"
+SAMPLE_WEIGHT = "sample_weight"
+#: Inputs of every objective graph, in order.
+INPUT_NAMES = ("X", LABEL, SAMPLE_WEIGHT)
+
+_PREDICTION = {"regressor": "variable", "classifier": "raw_scores"}
+
+
+def _label_input(kind: str, n_outputs: int, elem: int) -> onnx.ValueInfoProto:
+    if kind == "multiclass":
+        return helper.make_tensor_value_info(LABEL, TensorProto.INT64, ["N"])
+    return helper.make_tensor_value_info(LABEL, elem, ["N", n_outputs])
+
+
+def _data_loss(b: GraphBuilder, kind: str, score: str, pred: str, dtype, **kwargs) -> str:
+    """Unreduced loss of each element: ``(N, k)`` for regressors, ``(N, 1)`` otherwise."""
+    if kind == "multiclass":
+        return _elementwise_loss(b, "cross_entropy", pred, LABEL, dtype)
+    if kind == "binary":
+        return _elementwise_loss(b, "log", pred, LABEL, dtype)
+    per_elem = _elementwise_loss(b, score, pred, LABEL, dtype, **kwargs)
+    if score == "squared_error":
+        # scikit-learn's squared loss carries a 1/2.
+        per_elem = b.op("Mul", [b.const(0.5, dtype), per_elem])
+    return per_elem
+
+
+def _finish(model: onnx.ModelProto, b: GraphBuilder, loss: str, label_info) -> onnx.ModelProto:
+    """Add the nodes, the label and weight inputs, keep only ``loss`` and its ancestors."""
+    graph = model.graph
+    b.add_to_graph(graph)
+    elem = graph.input[0].type.tensor_type.elem_type
+    graph.input.append(label_info)
+    graph.input.append(helper.make_tensor_value_info(SAMPLE_WEIGHT, elem, ["N"]))
+    del graph.output[:]
+    graph.output.append(helper.make_tensor_value_info(loss, elem, []))
+    _prune(graph, loss)
+    return finalize_model(model)
+
+
+def _prune(graph: onnx.GraphProto, output: str) -> None:
+    """Drop the nodes ``output`` does not depend on."""
+    needed, kept = {output}, []
+    for node in reversed(graph.node):
+        if needed.intersection(node.output):
+            kept.append(node)
+            needed.update(node.input)
+    del graph.node[:]
+    graph.node.extend(reversed(kept))
+
+
+def _start(model, kind: str):
+    model = load_model(model)
+    if kind not in ("regressor", "binary", "multiclass"):
+        raise ValueError(f"kind must be 'regressor', 'binary' or 'multiclass', got {kind!r}.")
+    pred = _PREDICTION["regressor" if kind == "regressor" else "classifier"]
+    outputs = {o.name: o for o in model.graph.output}
+    if pred not in outputs:
+        raise ValueError(
+            f"The inference graph has no output {pred!r} (outputs: {sorted(outputs)}): "
+            "build it with ortlearn.convert.to_train_onnx."
+        )
+    elem = outputs[pred].type.tensor_type.elem_type
+    dims = outputs[pred].type.tensor_type.shape.dim
+    n_outputs = dims[1].dim_value if len(dims) > 1 and dims[1].dim_value else 1
+    b = GraphBuilder.for_model(model, prefix="objective_")
+    for name in (LOSS, LABEL, SAMPLE_WEIGHT):
+        b.reserve(name)
+    dtype = np.float64 if elem == TensorProto.DOUBLE else np.float32
+    return model, b, pred, elem, n_outputs, dtype
+
+
+def _weights_dtypes(model) -> dict[str, int]:
+    return {init.name: init.data_type for init in model.graph.initializer}
+
+
+def mlp_objective(model, kind: str, alpha: float) -> onnx.ModelProto:
+    """The per-batch objective of scikit-learn's MLPs.
+
+    With ``w`` the sample weights of the batch (ones by default)::
+
+        regressor:  0.5 * sum_k sum_i w_i (y_ik - p_ik)^2 / sum_i w_i
+        binary:     sum_i w_i logloss(y_i, z_i) / sum_i w_i       (z: the logit)
+        multiclass: sum_i w_i crossentropy(y_i, z_i) / sum_i w_i  (z: the logits)
+        loss = data + 0.5 * alpha * sum_layers ||W||^2 / sum_i w_i
+
+    The multi-output regressor sums over the outputs: ``MLPRegressor``
+    reports the mean over the outputs as its loss but its gradient
+    (``activations - y``, not divided by the number of outputs) is the one of
+    the sum, and that is what it descends.
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        Inference graph of an MLP from :func:`ortlearn.convert.to_train_onnx`.
+    kind : {'regressor', 'binary', 'multiclass'}
+        The label of a regressor is ``(N, n_outputs)`` floats, of a binary
+        classifier ``(N, 1)`` in {0, 1}, of a multiclass one ``(N,)`` int64
+        class indices.
+    alpha : float
+        L2 coefficient (0 disables the penalty).
+
+    Returns
+    -------
+    onnx.ModelProto
+        Inputs ``X``, ``label``, ``sample_weight``; output ``loss``.
+    """
+    model, b, pred, elem, n_outputs, dtype = _start(model, kind)
+    per_elem = _data_loss(b, kind, "squared_error", pred, dtype)
+    rows = b.reduce("ReduceSum", per_elem, axes=[1], keepdims=0)
+    data = _reduce_rows(b, rows, SAMPLE_WEIGHT)
+    loss = data
+    coefs = [name for name in _weights_dtypes(model) if name.startswith("coefficient")]
+    penalty = _penalty_terms(b, {name: 0.5 * alpha for name in coefs},
+                             _weights_dtypes(model), dtype) if alpha else None
+    if penalty is not None:
+        total = b.reduce("ReduceSum", SAMPLE_WEIGHT, keepdims=0)
+        loss = b.op("Add", [data, b.op("Div", [penalty, total])])
+    b.op("Identity", [loss], outputs=[LOSS])
+    return _finish(model, b, LOSS, _label_input(kind, n_outputs, elem))
+
+
+def sgd_objective(model, kind: str, loss: str = "squared_error", penalty: str | None = "l2",
+                  alpha: float = 1e-4, l1_ratio: float = 0.15,
+                  epsilon: float = 0.1) -> onnx.ModelProto:
+    """The objective of ``SGDRegressor`` / ``SGDClassifier`` (and of logistic regression).
+
+    ::
+
+        loss = mean_i (w_i * l(y_i, p_i)) + alpha * R(coef)
+        R = (1 - l1_ratio) / 2 * ||coef||^2 + l1_ratio * ||coef||_1
+
+    with ``l = 0.5 * (y - p)^2`` (``'squared_error'``), the Huber loss of
+    threshold ``epsilon`` (``'huber'``), the binary log-loss of the logit, or
+    the multinomial cross-entropy of the logits (multiclass). ``penalty``
+    'l2' means ``l1_ratio = 0``, 'l1' ``l1_ratio = 1``, None ``alpha = 0``.
+    The intercept is not penalised. Sample weights multiply the loss of
+    their row, the mean divides by the number of rows (as SGD does).
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        Inference graph of a linear model from :func:`ortlearn.convert.to_train_onnx`.
+    kind : {'regressor', 'binary', 'multiclass'}
+        As in :func:`mlp_objective`.
+    loss : {'squared_error', 'huber', 'log_loss'}, default='squared_error'
+        Data loss of a regressor (classifiers always use the log-loss).
+    penalty : {'l2', 'l1', 'elasticnet'} or None, default='l2'
+    alpha : float, default=1e-4
+    l1_ratio : float, default=0.15
+        Used by 'elasticnet' only.
+    epsilon : float, default=0.1
+        Threshold of the Huber loss.
+
+    Returns
+    -------
+    onnx.ModelProto
+        Inputs ``X``, ``label``, ``sample_weight``; output ``loss``.
+    """
+    if kind == "regressor" and loss not in ("squared_error", "huber"):
+        raise ValueError(f"A regressor's loss must be 'squared_error' or 'huber', got {loss!r}.")
+    model, b, pred, elem, n_outputs, dtype = _start(model, kind)
+    kwargs = {"epsilon": epsilon} if loss == "huber" else {}
+    per_elem = _data_loss(b, kind, loss, pred, dtype, **kwargs)
+    rows = b.reduce("ReduceSum", per_elem, axes=[1], keepdims=0)
+    data = _reduce_rows(b, b.op("Mul", [rows, SAMPLE_WEIGHT]))
+    ratio = {"l2": 0.0, "l1": 1.0, "elasticnet": l1_ratio, None: 0.0}[penalty]
+    strength = 0.0 if penalty is None else alpha
+    terms = _penalty_terms(
+        b, {"coef": {"l1": strength * ratio, "l2": strength * (1 - ratio) / 2}},
+        _weights_dtypes(model), dtype) if strength else None
+    b.op("Identity", [data if terms is None else b.op("Add", [data, terms])], outputs=[LOSS])
+    return _finish(model, b, LOSS, _label_input(kind, n_outputs, elem))
+
+
+def label_dtype(kind: str, dtype) -> np.dtype:
+    """numpy dtype of the ``label`` input of an objective graph."""
+    return np.dtype(np.int64) if kind == "multiclass" else np.dtype(dtype)
+
