@@ -131,6 +131,9 @@ def _ortlearn_epochs(make, X, y, epochs: int, warmup: bool):
     if done < 2:
         raise RuntimeError(f"{type(est).__name__} stopped after {done} epoch(s) of {epochs}.")
     per_epoch = (t_all - t1) / (done - 1)
+    if per_epoch <= 0:
+        # timing noise exceeds an epoch (tiny smoke runs): no setup split possible
+        per_epoch = t_all / done
     return {"time": per_epoch, "total_s": t_all, "fit_1_epoch_s": t1,
             "setup_s": t1 - per_epoch, "epochs": done}, est
 
