@@ -108,6 +108,26 @@ def initializer_map(graph: onnx.GraphProto) -> dict[str, TensorProto]:
     return {init.name: init for init in graph.initializer}
 
 
+def initializers_to_inputs(model: onnx.ModelProto, names: Sequence[str]) -> dict[str, np.ndarray]:
+    """Turn the initializers ``names`` of ``model`` into graph inputs, in place.
+
+    Returns their values, in the order of ``names`` (feeds for a session).
+    """
+    graph = model.graph
+    wanted = set(names)
+    values, kept = {}, []
+    for init in graph.initializer:
+        if init.name in wanted:
+            values[init.name] = numpy_helper.to_array(init)
+            graph.input.append(helper.make_tensor_value_info(init.name, init.data_type,
+                                                             list(init.dims)))
+        else:
+            kept.append(init)
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
+    return {name: values[name] for name in names if name in values}
+
+
 def value_info_map(model: onnx.ModelProto, infer: bool = True) -> dict[str, onnx.ValueInfoProto]:
     """Type and shape of every named value (inputs, outputs, intermediates, initializers)."""
     if infer:

@@ -724,8 +724,12 @@ def to_train_onnx(estimator, X, dtype=None, target_opset: int = DEFAULT_OPSET) -
         raise ValueError(
             f"target_opset must be between {MIN_OPSET} and {DEFAULT_OPSET}, got {target_opset}."
         )
-    model = lower_ml_operators(_skl2onnx_convert(estimator, X[:1].astype(dtype), target_opset))
+    probe = _with_distinct_weights(estimator, weights)
+    model = lower_ml_operators(_skl2onnx_convert(probe, X[:1].astype(dtype), target_opset))
     _freeze_initializers(model, list(weights))
+    for init in model.graph.initializer:
+        init.CopyFrom(numpy_helper.from_array(np.asarray(weights[init.name], dtype=dtype),
+                                              init.name))
     final = _final_estimator(estimator)
     n_scores = weights[[name for name in weights if name.startswith("coef")][-1]].shape[1]
     if is_classifier(final):
@@ -738,6 +742,22 @@ def to_train_onnx(estimator, X, dtype=None, target_opset: int = DEFAULT_OPSET) -
     del model.opset_import[:]
     model.opset_import.append(helper.make_opsetid("", target_opset))
     return finalize_model(model)
+
+
+def _with_distinct_weights(estimator, weights: dict):
+    """A copy of ``estimator`` whose weights all hold different values.
+
+    skl2onnx merges initializers holding equal values (the zero ``coef`` and
+    ``intercept`` of a one-feature template become one tensor): the graph is
+    converted from this copy, then gets the real weights back.
+    """
+    probe = copy.deepcopy(estimator)
+    start, placeholders = 1.0, {}
+    for name, value in weights.items():
+        placeholders[name] = start + np.arange(value.size).reshape(value.shape) / 1024
+        start += value.size
+    set_weights(probe, placeholders)
+    return probe
 
 
 def _resolve_dtype(X, dtype) -> np.dtype:

@@ -421,3 +421,16 @@ def test_older_opset(opset):
     onx = to_train_onnx(est, X, target_opset=opset)
     assert [(o.domain, o.version) for o in onx.opset_import] == [("", opset)]
     _close(run_onnx(onx, {"X": X})[1], est.predict_proba(X), np.float64)
+
+
+def test_equal_weights_are_not_merged_by_skl2onnx():
+    # skl2onnx merges initializers with equal values: a one-feature template
+    # (zero coef and zero intercept) must still expose both weights.
+    from sklearn.linear_model import LogisticRegression
+
+    X = np.array([[0.0], [1.0], [2.0], [3.0]])
+    template = init_template(LogisticRegression(), X, np.array([0, 0, 1, 1]))
+    onx = to_train_onnx(template, X)
+    assert get_train_initializer(onx) == ["coef", "intercept"]
+    (raw,) = run_onnx(onx, {"X": X}, ["raw_scores"])
+    np.testing.assert_array_equal(raw, np.zeros((4, 1)))

@@ -17,13 +17,11 @@ schedule (``_make_schedule``, ``_schedule_per_step``).
 
 from __future__ import annotations
 
-import copy
 import time
 import warnings
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
 from sklearn.base import BaseEstimator, _fit_context, is_classifier
 from sklearn.metrics import accuracy_score, r2_score
 from sklearn.model_selection import train_test_split
@@ -36,6 +34,7 @@ from sklearn.utils.validation import (
     validate_data,
 )
 
+from .._onnx_helper import initializers_to_inputs
 from ..convert import get_weights, init_template, set_weights, to_train_onnx
 from ..exceptions import ConvergenceError, ConvergenceWarning
 from ..training.device import make_session, parse_device
@@ -85,23 +84,6 @@ def _check_weights_valid(sample_weight, X) -> np.ndarray:
         raise ValueError("sample_weight is all zeros: at least one sample must have a "
                          "positive weight.")
     return sample_weight
-
-
-def _weights_as_inputs(model: onnx.ModelProto, names) -> onnx.ModelProto:
-    """A copy of ``model`` where the initializers ``names`` are graph inputs."""
-    copy = onnx.ModelProto()
-    copy.CopyFrom(model)
-    graph = copy.graph
-    kept = []
-    for init in graph.initializer:
-        if init.name in names:
-            graph.input.append(helper.make_tensor_value_info(init.name, init.data_type,
-                                                             list(init.dims)))
-        else:
-            kept.append(init)
-    del graph.initializer[:]
-    graph.initializer.extend(kept)
-    return copy
 
 
 class BaseOrtEstimator(BaseEstimator):
@@ -324,25 +306,9 @@ class BaseOrtEstimator(BaseEstimator):
         self.t_ = 0
 
     def _inference_model(self) -> onnx.ModelProto:
-        """``to_train_onnx`` of ``estimator_``, robust to equal weights.
-
-        skl2onnx merges initializers holding equal values (zero ``coef`` and
-        ``intercept`` of one feature become one tensor): the graph is built
-        from a copy with distinct placeholder values, then gets the real ones.
-        """
-        weights = get_weights(self.estimator_)
-        probe = copy.deepcopy(self.estimator_)
-        start, placeholders = 1.0, {}
-        for name, value in weights.items():
-            placeholders[name] = start + np.arange(value.size).reshape(value.shape) / 1024
-            start += value.size
-        set_weights(probe, placeholders)
+        """``to_train_onnx`` of ``estimator_`` (the trained inference graph)."""
         sample = np.zeros((1, self.n_features_in_), dtype=self._dtype)
-        model = to_train_onnx(probe, sample, dtype=self._dtype)
-        for init in model.graph.initializer:
-            init.CopyFrom(numpy_helper.from_array(
-                np.asarray(weights[init.name], dtype=self._dtype), init.name))
-        return model
+        return to_train_onnx(self.estimator_, sample, dtype=self._dtype)
 
     def _loss_model(self, X):
         model = self._objective(self._inference_model(), self._kind())
@@ -466,7 +432,8 @@ class BaseOrtEstimator(BaseEstimator):
         """R² or accuracy of the weights ``state`` on the validation split."""
         session = self._runtime.validation_session
         if session is None:
-            model = _weights_as_inputs(self._inference_model(), list(state))
+            model = self._inference_model()
+            initializers_to_inputs(model, list(state))
             session = make_session(model, "cpu")
             self._runtime.validation_session = session
         outputs = self._output_names()

@@ -11,34 +11,16 @@ from __future__ import annotations
 import warnings
 
 import numpy as np
-import onnx
 import onnxruntime as ort
 import scipy.optimize
-from onnx import helper, numpy_helper
 
-from .._onnx_helper import load_model
+from .._onnx_helper import initializers_to_inputs, load_model
 from ..autodiff import build_gradient
 from ..exceptions import ConvergenceWarning
 from ..training.device import make_session, parse_device
 from ._engine import _check_input_names, _check_loss_output, _check_trainable, _conform_state
 
 __all__ = ["minimize_lbfgs"]
-
-
-def _weights_as_inputs(model: onnx.ModelProto, trainable: list[str]) -> dict:
-    """Turn the trainable initializers into graph inputs; return their values."""
-    graph = model.graph
-    values, kept = {}, []
-    for init in graph.initializer:
-        if init.name in trainable:
-            values[init.name] = numpy_helper.to_array(init)
-            graph.input.append(helper.make_tensor_value_info(
-                init.name, init.data_type, list(init.dims)))
-        else:
-            kept.append(init)
-    del graph.initializer[:]
-    graph.initializer.extend(kept)
-    return {n: values[n] for n in trainable}
 
 
 class _LossAndGradient:
@@ -140,7 +122,7 @@ def minimize_lbfgs(loss_model, trainable, initial_weights, arrays, input_names=N
     _check_loss_output(model, loss_output)
     trainable = _check_trainable(model, trainable)
     input_names = _check_input_names(model, input_names)
-    weights = _weights_as_inputs(model, trainable)
+    weights = initializers_to_inputs(model, trainable)
     if initial_weights:
         weights.update(_conform_state(dict(initial_weights), weights, partial=True))
     grad_model = build_gradient(model, wrt=trainable, loss_output=loss_output)
