@@ -84,7 +84,13 @@ def test_classifier_matches_sgdclassifier(load):
     X_tr, X_te, y_tr, y_te = _split(load, classifier=True)
     ours = OrtLinearClassifier(random_state=0).fit(X_tr, y_tr)
     ref = SGDClassifier(loss="log_loss", random_state=0).fit(X_tr, y_tr)
-    assert ours.score(X_te, y_te) >= ref.score(X_te, y_te) - 0.01
+    if len(ours.classes_) == 2:
+        # the same model (one logit, log-loss): same score
+        assert abs(ours.score(X_te, y_te) - ref.score(X_te, y_te)) <= 0.01
+    else:
+        # SGDClassifier is one-vs-rest, ours a multinomial softmax: another
+        # model, compared one-sided (digits: 0.956 vs 0.944; wine: 0.978 both)
+        assert ours.score(X_te, y_te) >= ref.score(X_te, y_te) - 0.01
 
 
 @pytest.mark.parametrize("load", [load_breast_cancer, load_wine])
