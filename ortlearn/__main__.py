@@ -168,13 +168,35 @@ def main(argv=None) -> int:
         return 0
     if args.max_iter < 1:
         build_parser().error("--max-iter must be >= 1")
+    plot = None if args.no_plot else args.plot
     try:
-        run_demo(device=args.device, max_iter=args.max_iter,
-                 plot=None if args.no_plot else args.plot, verbose=not args.quiet)
-    except ValueError as exc:  # e.g. a CUDA device without onnxruntime-gpu
+        # Checked before minutes of training, not after.
+        _check_demo_args(args.device, plot)
+        run_demo(device=args.device, max_iter=args.max_iter, plot=plot,
+                 verbose=not args.quiet)
+    except (ValueError, OSError) as exc:  # e.g. a CUDA device without onnxruntime-gpu
         print(f"error: {exc}", file=sys.stderr)
         return 2
     return 0
+
+
+def _check_demo_args(device: str, plot: str | None) -> None:
+    """ValueError for a device onnxruntime cannot use or a PNG path that cannot be written."""
+    import os
+
+    from ortlearn.training.device import parse_device
+
+    parse_device(device)
+    if plot is None:
+        return
+    directory = os.path.dirname(os.path.abspath(plot))
+    if os.path.isdir(plot):
+        raise ValueError(f"--plot {plot!r} is a directory; give a file name such as "
+                         f"{os.path.join(plot, 'ortlearn_demo.png')!r}.")
+    if not os.path.isdir(directory):
+        raise ValueError(f"--plot {plot!r}: directory {directory!r} does not exist.")
+    if not os.access(directory, os.W_OK):
+        raise ValueError(f"--plot {plot!r}: directory {directory!r} is not writable.")
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ from ._onnx_helper import (
     GraphBuilder,
     elem_type_of,
     finalize_model,
+    invalid_model_errors,
     load_model,
     np_dtype_to_onnx,
     onnx_to_np_dtype,
@@ -448,6 +449,13 @@ def add_loss_output(onx, score_name: str = "squared_error", loss_name: str = "lo
     >>> [o.name for o in onx_loss.graph.output]
     ['loss', 'variable']
     """
+    with invalid_model_errors(onx):
+        return _add_loss_output(onx, score_name, loss_name, label_name, weight_name, penalty,
+                                output_index, kwargs)
+
+
+def _add_loss_output(onx, score_name, loss_name, label_name, weight_name, penalty,
+                     output_index, kwargs) -> onnx.ModelProto:
     score = _canonical_score(score_name)
     params = _score_params(score, kwargs)
     model = load_model(onx)

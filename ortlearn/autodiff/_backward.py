@@ -9,7 +9,8 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from .._onnx_helper import (
-    GraphBuilder, elem_type_of, finalize_model, load_model, shape_of, value_info_map,
+    GraphBuilder, elem_type_of, finalize_model, invalid_model_errors, load_model, shape_of,
+    value_info_map,
 )
 from ._context import GradientContext, attr
 from ._registry import get_rule, is_non_differentiable
@@ -202,7 +203,9 @@ def build_gradient(model, wrt: Sequence[str] | None = None,
         gradient rule; the message names the operator type and the node.
     ValueError, TypeError
         For an unknown loss or weight name, a non-float weight, a loss with
-        more than one element, a ``<name>_grad`` name already in the graph.
+        more than one element, a ``<name>_grad`` name already in the graph,
+        an empty ``wrt`` (or no float initializer to default to), a string
+        given as ``wrt``.
 
     Examples
     --------
@@ -220,8 +223,18 @@ def build_gradient(model, wrt: Sequence[str] | None = None,
     >>> [o.name for o in grad_model.graph.output]
     ['loss', 'W_grad']
     """
+    with invalid_model_errors(model):
+        return _build_gradient(model, wrt, loss_output)
+
+
+def _build_gradient(model, wrt, loss_output: str) -> onnx.ModelProto:
     model = load_model(model)
+    if isinstance(wrt, str):
+        raise TypeError(f"wrt must be a list of names, got the string {wrt!r}.")
     wrt = _default_wrt(model) if wrt is None else list(wrt)
+    if not wrt:
+        raise ValueError("Nothing to differentiate: wrt is empty and the model has no "
+                         "trainable (float) initializer.")
     builder = GraphBuilder.for_model(model, prefix="grad_")
     infos = value_info_map(model)
     grad_names = [builder.reserve(f"{name}_grad") for name in wrt]

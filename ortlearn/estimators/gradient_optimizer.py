@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import numbers
+import threading
+import warnings
 
 import numpy as np
 import onnx
@@ -12,7 +14,7 @@ from sklearn.utils.validation import check_is_fitted
 
 from .._onnx_helper import elem_type_of, load_model, onnx_to_np_dtype, prune_model, shape_of
 from ..convert import get_train_initializer
-from ..exceptions import ConvergenceError
+from ..exceptions import ConvergenceError, ConvergenceWarning
 from ..optim import SGD, Adam, AdamW
 from ..optim.optimizers import _Optimizer
 from ..training.device import make_session, parse_device
@@ -29,12 +31,14 @@ class _Runtime:
     """Holds the onnxruntime objects of a fitted estimator; never pickled or copied.
 
     sklearn's ``check_dict_unchanged`` forbids creating attributes in
-    ``predict``: the holder is created in ``fit`` and filled lazily.
+    ``predict``: the holder is created in ``fit`` and filled lazily; ``lock``
+    makes threads calling ``predict`` at once create one inference session.
     """
 
     def __init__(self):
         self.engine = None
         self.inference = None
+        self.lock = threading.Lock()
 
     def __getstate__(self):
         return {}
@@ -49,6 +53,19 @@ class _Runtime:
 def _check_finite(name: str, array: np.ndarray) -> None:
     if np.issubdtype(array.dtype, np.floating) and not np.isfinite(array).all():
         raise ValueError(f"{name} contains NaN or infinity.")
+
+
+def _as_real(name: str, value, dtype) -> np.ndarray:
+    """``value`` as an array of ``dtype``; TypeError for complex or non-numeric data."""
+    array = np.asarray(value)
+    if np.iscomplexobj(array):
+        raise TypeError(f"{name} has the complex dtype {array.dtype}: only real numbers can "
+                        "be fed to the graph.")
+    try:
+        return array.astype(dtype, copy=False)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"{name} of dtype {array.dtype} cannot be converted to "
+                        f"{np.dtype(dtype)}: {exc}") from exc
 
 
 class OrtGradientOptimizer(BaseEstimator):
@@ -112,6 +129,12 @@ class OrtGradientOptimizer(BaseEstimator):
         Shuffling of the rows at each epoch.
     shuffle : bool, default=True
         Shuffle the rows at each epoch.
+    exc : bool, default=True
+        What ``fit`` does when training diverges (the loss or a weight is no
+        longer finite): True raises :class:`~ortlearn.exceptions.ConvergenceError`,
+        False warns with a :class:`~sklearn.exceptions.ConvergenceWarning` and
+        returns (onnxcustom's ``exc``). Either way training stops and the
+        weights of the last finite epoch are kept.
 
     Attributes
     ----------
@@ -154,7 +177,7 @@ class OrtGradientOptimizer(BaseEstimator):
                  optimizer="sgd", learning_rate="invscaling", eta0=0.01, power_t=0.25,
                  momentum=0.0, batch_size=10, device="cpu", warm_start=False, verbose=0,
                  validation_every=0.1, sample_weight_name="weight", random_state=None,
-                 shuffle=True):
+                 shuffle=True, exc=True):
         self.model_onnx = model_onnx
         self.weights_to_train = weights_to_train
         self.loss_output_name = loss_output_name
@@ -172,6 +195,7 @@ class OrtGradientOptimizer(BaseEstimator):
         self.sample_weight_name = sample_weight_name
         self.random_state = random_state
         self.shuffle = shuffle
+        self.exc = exc
 
     # ------------------------------------------------------------ parameters
     def _optimizer_spec(self) -> _Optimizer:
@@ -216,6 +240,8 @@ class OrtGradientOptimizer(BaseEstimator):
                 and (ve < 1 or float(ve).is_integer())):
             raise ValueError("validation_every must be 0, a float in (0, 1) or an integer "
                              f">= 1, got {ve!r}.")
+        if not isinstance(self.exc, (bool, np.bool_)):
+            raise ValueError(f"exc must be True or False, got {self.exc!r}.")
         parse_device(self.device)
 
     def _validation_period(self) -> int:
@@ -268,11 +294,10 @@ class OrtGradientOptimizer(BaseEstimator):
     def _arrays(self, X, y, sample_weight) -> list[np.ndarray]:
         """X, label (and weights) as the graph declares them; ValueError on bad data."""
         x_name, y_name = self.input_names_[:2]
-        X = np.asarray(X)
+        info = self._input_info
+        X = _as_real("X", X, info[x_name][0])
         if X.ndim != 2 or X.shape[0] == 0:
             raise ValueError(f"X must be a non-empty 2-D array, got shape {X.shape}.")
-        info = self._input_info
-        X = X.astype(info[x_name][0], copy=False)
         _check_finite("X", X)
         declared = info[x_name][1]
         if declared and len(declared) == 2 and isinstance(declared[1], int) \
@@ -280,22 +305,25 @@ class OrtGradientOptimizer(BaseEstimator):
             raise ValueError(f"X has {X.shape[1]} features, the graph's input {x_name!r} "
                              f"expects {declared[1]}.")
         n = X.shape[0]
-        y = np.asarray(y)
-        if y.shape[0] != n:
-            raise ValueError(f"X has {n} rows but y has {y.shape[0]}.")
-        y = self._as_label(y, info[y_name][1], y_name).astype(info[y_name][0], copy=False)
+        y = _as_real("y", y, info[y_name][0])
+        if y.ndim == 0 or y.shape[0] != n:
+            raise ValueError(f"X has {n} rows but y has shape {y.shape}.")
+        y = self._as_label(y, info[y_name][1], y_name)
         _check_finite("y", y)
         arrays = [np.ascontiguousarray(X), np.ascontiguousarray(y)]
         if len(self.input_names_) == 3:
             dtype = info[self.input_names_[2]][0]
             sample_weight = (np.ones(n, dtype=dtype) if sample_weight is None
-                             else np.asarray(sample_weight, dtype=dtype))
+                             else _as_real("sample_weight", sample_weight, dtype))
             if sample_weight.shape != (n,):
                 raise ValueError(f"sample_weight must have shape ({n},), got "
                                  f"{sample_weight.shape}.")
             _check_finite("sample_weight", sample_weight)
             if (sample_weight < 0).any():
                 raise ValueError("sample_weight contains negative values.")
+            if not sample_weight.any():
+                raise ValueError("sample_weight is all zeros: at least one sample must have "
+                                 "a positive weight.")
             arrays.append(sample_weight)
         elif sample_weight is not None:
             raise ValueError(f"sample_weight was given but the graph has no input "
@@ -338,10 +366,21 @@ class OrtGradientOptimizer(BaseEstimator):
         Raises
         ------
         ValueError
-            Bad parameters, NaN/inf or badly shaped data, unknown weights.
+            Bad parameters, NaN/inf or badly shaped data, negative or all-zero
+            sample weights, unknown weights.
+        TypeError
+            Complex or non-numeric data.
         ConvergenceError
-            Training diverged; the last finite weights are kept and the
-            estimator stays usable.
+            Training diverged (``exc=True``); the last finite weights are kept
+            and the estimator stays usable.
+
+        Warns
+        -----
+        ConvergenceWarning
+            Training diverged and ``exc=False``.
+        UserWarning
+            On KeyboardInterrupt: training stops, the weights reached so far
+            are kept.
         """
         self._check_params()
         continuing = self.warm_start and hasattr(self, "state_")
@@ -375,9 +414,17 @@ class OrtGradientOptimizer(BaseEstimator):
                     self.validation_losses_.append(engine.eval_loss(val))
                 if self.verbose:
                     print(f"[OrtGradientOptimizer] epoch {epoch}: loss={loss:.6g}")
-        except ConvergenceError as exc:
+        except ConvergenceError as error:
             self._store(engine)
-            raise ConvergenceError(f"{exc} (epoch {self.n_iter_ + 1})") from exc
+            message = f"{error} (epoch {self.n_iter_ + 1})"
+            if self.exc:
+                raise ConvergenceError(message) from error
+            warnings.warn(message, ConvergenceWarning, stacklevel=2)
+            return self
+        except KeyboardInterrupt:
+            # As scikit-learn's MLP: keep the weights reached so far.
+            warnings.warn(f"Training interrupted by user after {self.n_iter_} epochs; the "
+                          "weights reached so far are kept.", stacklevel=2)
         self._store(engine)
         return self
 
@@ -438,9 +485,13 @@ class OrtGradientOptimizer(BaseEstimator):
     # --------------------------------------------------------------- predict
     def _inference(self):
         runtime = self._runtime
-        if runtime.inference is None:
-            runtime.inference = make_session(self.get_trained_onnx(), self.device)
-        return runtime.inference
+        session = runtime.inference
+        if session is None:
+            with runtime.lock:
+                if runtime.inference is None:
+                    runtime.inference = make_session(self.get_trained_onnx(), self.device)
+                session = runtime.inference
+        return session
 
     def predict(self, X):
         """The first output of the original model, computed with the trained weights.
@@ -452,14 +503,25 @@ class OrtGradientOptimizer(BaseEstimator):
         Returns
         -------
         numpy.ndarray
+
+        Raises
+        ------
+        ValueError
+            X is empty, not 2-D, has the wrong number of features, NaN or
+            infinity.
+        TypeError
+            X is complex or not numeric.
         """
         check_is_fitted(self, "state_")
         sess = self._inference()
         info = sess.get_inputs()[0]
-        X = np.asarray(X)
-        if X.ndim != 2:
-            raise ValueError(f"X must be a 2-D array, got shape {X.shape}.")
-        X = X.astype(_ORT_TYPES.get(info.type, np.float32), copy=False)
+        X = _as_real("X", X, _ORT_TYPES.get(info.type, np.float32))
+        if X.ndim != 2 or X.shape[0] == 0:
+            raise ValueError(f"X must be a non-empty 2-D array, got shape {X.shape}.")
+        n_features = info.shape[1] if len(info.shape) == 2 else None
+        if isinstance(n_features, int) and X.shape[1] != n_features:
+            raise ValueError(f"X has {X.shape[1]} features, the graph's input {info.name!r} "
+                             f"expects {n_features}.")
         _check_finite("X", X)
         return sess.run([sess.get_outputs()[0].name], {info.name: X})[0]
 

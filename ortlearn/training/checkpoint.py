@@ -785,8 +785,8 @@ class CheckpointState:
             raise TypeError(f"Expected a CheckpointState, got {type(state).__name__}.")
         if not isinstance(checkpoint_uri, (str, os.PathLike)):
             raise TypeError(f"Expected a path, got {type(checkpoint_uri).__name__}.")
-        _atomic_write(os.fsdecode(os.fspath(checkpoint_uri)),
-                      state.to_bytes(include_optimizer_state))
+        atomic_write(os.fsdecode(os.fspath(checkpoint_uri)),
+                     state.to_bytes(include_optimizer_state))
 
     @classmethod
     def _from_bytes(cls, data: bytes, source: str) -> CheckpointState:
@@ -881,21 +881,56 @@ def _decode_optimizer(state: CheckpointState, spec: dict, tensors: dict) -> _Opt
     return state._validated_optimizer(states, spec["step"], float(spec["learning_rate"]))
 
 
-def _atomic_write(path: str, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file and :func:`os.replace`."""
+def atomic_write(path, data: bytes, what: str = "the checkpoint") -> None:
+    """Write ``data`` to ``path`` so that the file is either the old one or the new one.
+
+    The bytes go to a temporary file in the target directory, which is
+    flushed, fsynced and renamed over ``path`` with :func:`os.replace`: a
+    failure at any point (disk full, KeyboardInterrupt) leaves the previous
+    file intact and no temporary file behind. Checkpoints and the files of
+    :func:`ortlearn.artifacts.generate_artifacts` are written with it.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The file to write; a symbolic link is followed (the file it points
+        to is replaced).
+    data : bytes
+        The whole content.
+    what : str, default='the checkpoint'
+        What the file is, for the error messages.
+
+    Raises
+    ------
+    IsADirectoryError
+        If ``path`` is a directory.
+    FileNotFoundError
+        If its directory does not exist.
+    PermissionError
+        If its directory is not writable.
+
+    Examples
+    --------
+    >>> import os, tempfile
+    >>> from ortlearn.training.checkpoint import atomic_write
+    >>> path = os.path.join(tempfile.mkdtemp(), "file.bin")
+    >>> atomic_write(path, b"abc", what="the example")
+    >>> open(path, "rb").read()
+    b'abc'
+    """
     # through symbolic links: update the file they point to
-    path = os.path.realpath(path)
+    path = os.path.realpath(os.fsdecode(os.fspath(path)))
     if os.path.isdir(path):
         raise IsADirectoryError(
-            f"Cannot save the checkpoint to {path!r}: it is a directory; give a file "
+            f"Cannot save {what} to {path!r}: it is a directory; give a file "
             f"path such as {os.path.join(path, 'checkpoint')!r}."
         )
     directory = os.path.dirname(path)
     if not os.path.isdir(directory):
         raise FileNotFoundError(
-            f"Cannot save the checkpoint to {path!r}: directory {directory!r} does not exist."
+            f"Cannot save {what} to {path!r}: directory {directory!r} does not exist."
         )
-    tmp, fd = _create_temporary(directory, path)
+    tmp, fd = _create_temporary(directory, path, what)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -911,7 +946,7 @@ def _atomic_write(path: str, data: bytes) -> None:
     _fsync_directory(directory)
 
 
-def _create_temporary(directory: str, path: str) -> tuple[str, int]:
+def _create_temporary(directory: str, path: str, what: str) -> tuple[str, int]:
     """Create a new file next to ``path`` (mode 0o666 minus umask, like any new file)."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
     while True:
@@ -922,7 +957,7 @@ def _create_temporary(directory: str, path: str) -> tuple[str, int]:
             continue
         except PermissionError as exc:
             raise PermissionError(
-                f"Cannot save the checkpoint to {path!r}: directory {directory!r} "
+                f"Cannot save {what} to {path!r}: directory {directory!r} "
                 "is not writable."
             ) from exc
 
