@@ -2,7 +2,9 @@
 
 Every library that spins worker threads gets the same explicit count: OpenBLAS /
 OpenMP through threadpoolctl (numpy, scipy, scikit-learn), ``torch.set_num_threads``
-and onnxruntime's ``intra_op_num_threads`` (``inter_op_num_threads`` 1).
+and onnxruntime's ``intra_op_num_threads`` through ``ORTLEARN_NUM_THREADS``
+(ortlearn's sessions use one inter-op thread; an engine trains a model of at
+most ``SMALL_MODEL_SIZE`` weights on one thread whatever the variable says).
 """
 
 from __future__ import annotations
@@ -34,29 +36,6 @@ def torch_device(torch, device: str) -> str:
     return "cpu"
 
 
-def _ort_session_options_patches(threads: int):
-    """(module, original, replacement) for each loaded ``make_session_options``.
-
-    ortlearn's estimators open their sessions with
-    ``ortlearn.training.device.make_session_options()``, which leaves
-    onnxruntime's thread count to its default (all cores). The replacement asks
-    for ``threads`` intra-op threads and one inter-op thread instead.
-    """
-    from ortlearn.training import device
-
-    original = device.make_session_options
-
-    def limited(intra_op_num_threads=None):
-        options = original(intra_op_num_threads or threads)
-        options.inter_op_num_threads = 1
-        return options
-
-    # session.py imported the function by name: patch every module that holds it
-    return [(module, original, limited) for name, module in list(sys.modules.items())
-            if name.split(".")[0] == "ortlearn"
-            and getattr(module, "make_session_options", None) is original]
-
-
 @contextlib.contextmanager
 def thread_limits(threads: int, torch=None):
     """Limit every threaded library to ``threads`` for the duration of the block.
@@ -72,15 +51,19 @@ def thread_limits(threads: int, torch=None):
         torch.set_num_threads(threads)
         with contextlib.suppress(RuntimeError):  # refused once torch ran parallel work
             torch.set_num_interop_threads(1)
-    patches = _ort_session_options_patches(threads)
-    for module, _, limited in patches:
-        module.make_session_options = limited
+    from ortlearn.training.device import NUM_THREADS_ENV
+
+    previous = os.environ.get(NUM_THREADS_ENV)
+    # ortlearn reads its default onnxruntime thread count from this variable
+    os.environ[NUM_THREADS_ENV] = str(threads)
     try:
         with threadpool_limits(limits=threads):
             yield
     finally:
-        for module, original, _ in patches:
-            module.make_session_options = original
+        if previous is None:
+            del os.environ[NUM_THREADS_ENV]
+        else:
+            os.environ[NUM_THREADS_ENV] = previous
 
 
 def thread_report(torch=None) -> dict:

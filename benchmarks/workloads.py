@@ -540,7 +540,8 @@ def _forward_us(estimator, batch, device: str, warmup: bool) -> float:
     """Microseconds per ``InferenceSession.run`` of the estimator's ONNX model on one batch."""
     from ortlearn.training.device import make_session, make_session_options
 
-    session = make_session(estimator.to_onnx(), device, make_session_options())
+    # one thread, as ortlearn's engine uses for a model this small
+    session = make_session(estimator.to_onnx(), device, make_session_options(1))
     feeds = {session.get_inputs()[0].name: batch}
     calls = 100 if warmup else 2000
     for _ in range(min(calls, 200)):

@@ -7,6 +7,7 @@ form of an operator the opset wants), and model finalisation/validation.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from typing import Iterable, Sequence
 
@@ -102,6 +103,40 @@ def load_model(model) -> onnx.ModelProto:
     raise TypeError(
         f"Expected an onnx.ModelProto, bytes or a path, got {type(model).__name__}."
     )
+
+
+@contextlib.contextmanager
+def invalid_model_errors(model, what: str = "The model"):
+    """Turn an unexpected failure caused by a malformed input model into a ValueError.
+
+    Code that transforms a user's model runs inside this context. A
+    ValueError or TypeError passes through; any other exception is blamed on
+    the model when :func:`onnx.checker.check_model` rejects it (a ValueError
+    quoting the checker), and re-raised unchanged otherwise (a bug of ours).
+    Valid models pay nothing: the checker only runs after a failure.
+
+    Parameters
+    ----------
+    model : onnx.ModelProto, bytes or path
+        The model as the user gave it (not a copy being modified).
+    what : str, default='The model'
+        How the error message names the model.
+
+    Examples
+    --------
+    >>> with invalid_model_errors(b"not a model"):  # doctest: +SKIP
+    ...     transform(b"not a model")
+    """
+    try:
+        yield
+    except (ValueError, TypeError):
+        raise
+    except Exception as exc:
+        try:
+            onnx.checker.check_model(load_model(model))
+        except Exception as invalid:
+            raise ValueError(f"{what} is not a valid ONNX model: {invalid}") from exc
+        raise
 
 
 def initializer_map(graph: onnx.GraphProto) -> dict[str, TensorProto]:

@@ -8,19 +8,20 @@ becomes ``from ortlearn import artifacts``.
 from __future__ import annotations
 
 import os
+import tempfile
 from enum import Enum
 from pathlib import Path
 
 import onnx
 from onnx import numpy_helper
 
-from ._onnx_helper import FLOAT_TYPES, load_model
+from ._onnx_helper import FLOAT_TYPES, invalid_model_errors, load_model
 from .onnxblock import _graph_utils, blocks, loss as loss_blocks, optim as optim_blocks
 from .onnxblock.blocks import Block
 from .onnxblock.model_accessor import base, empty_base
 from .onnxblock.onnxblock import TrainingBlock
 
-__all__ = ["LossType", "OptimType", "generate_artifacts"]
+__all__ = ["LossType", "OptimType", "build_artifacts", "generate_artifacts"]
 
 #: Name of the loss output when a loss is added.
 LOSS_OUTPUT = "loss"
@@ -161,9 +162,46 @@ def _loss_inputs(model: onnx.ModelProto, loss, loss_input_names) -> list[str]:
 
 
 def _save(model: onnx.ModelProto, path: Path) -> None:
+    """Write ``model`` atomically: a failure leaves the file already at ``path`` intact."""
+    from .training.checkpoint import atomic_write
+
     big = sum(len(t.raw_data) for t in model.graph.initializer) > _EXTERNAL_DATA_THRESHOLD
-    onnx.save_model(model, os.fspath(path), save_as_external_data=big,
-                    all_tensors_to_one_file=True, location=path.name + ".data")
+    if not big:
+        atomic_write(path, model.SerializeToString(), what=f"the model {path.name!r}")
+        return
+    # protobuf cannot hold more than 2 GB: the weights go to a ``.data`` file,
+    # written next to the target first, then both files are renamed into place.
+    with tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.name}.") as tmp:
+        staged = Path(tmp) / path.name
+        onnx.save_model(model, os.fspath(staged), save_as_external_data=True,
+                        all_tensors_to_one_file=True, location=path.name + ".data")
+        os.replace(staged.with_name(path.name + ".data"), path.with_name(path.name + ".data"))
+        os.replace(staged, path)
+
+
+def _check_destination(artifact_directory, prefix) -> Path:
+    """The directory to write to; ValueError/TypeError before any work is done."""
+    if not isinstance(prefix, str):
+        raise TypeError(f"prefix must be a string, got {type(prefix).__name__}.")
+    if any(sep and sep in prefix for sep in (os.sep, os.altsep)):
+        raise ValueError(f"prefix {prefix!r} contains a path separator: put directories in "
+                         "artifact_directory.")
+    if artifact_directory is None:
+        return Path(os.getcwd())
+    if not isinstance(artifact_directory, (str, bytes, os.PathLike)):
+        raise TypeError(f"artifact_directory must be a path, got "
+                        f"{type(artifact_directory).__name__}.")
+    directory = Path(os.fsdecode(artifact_directory))
+    existing = directory
+    while not existing.exists() and existing.parent != existing:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ValueError(f"artifact_directory {str(directory)!r} cannot be used: "
+                         f"{str(existing)!r} is a file, not a directory.")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"artifact_directory {str(directory)!r} cannot be used: "
+                         f"{str(existing)!r} is not writable.")
+    return directory
 
 
 def generate_artifacts(model, requires_grad=None, frozen_params=None, loss=None, optimizer=None,
@@ -223,10 +261,14 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None, loss=None,
         If ``ort_format`` is true.
     ValueError
         For ``custom_op_library``, an unknown, duplicated or both trainable and
-        frozen parameter name, an unknown loss input or output name.
+        frozen parameter name, nothing to train, an unknown loss input or
+        output name, an ``artifact_directory`` that is a file or not writable,
+        a ``prefix`` holding a path separator. Checked before anything is
+        written; files already in ``artifact_directory`` are replaced
+        atomically, one by one, so a failure never leaves a damaged file.
     TypeError
-        For an unsupported loss or optimizer, or a trainable initializer that
-        is not float32/float64.
+        For an unsupported loss or optimizer, a trainable initializer that
+        is not float32/float64, an ``artifact_directory`` that is not a path.
 
     Examples
     --------
@@ -243,6 +285,64 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None, loss=None,
         raise ValueError(
             "custom_op_library is not supported: ortlearn's training graphs use standard "
             "ONNX operators only.")
+    directory = _check_destination(artifact_directory, prefix)
+    training_model, eval_model, optim_model, trainable_params, frozen_tensors = _build(
+        model, requires_grad, frozen_params, loss, optimizer, additional_output_names,
+        loss_input_names)
+
+    # Everything is built before the first file is written; each file is
+    # replaced atomically, so a failure never leaves a half-written file.
+    directory.mkdir(parents=True, exist_ok=True)
+    _save(training_model, directory / f"{prefix}training_model.onnx")
+    _save(eval_model, directory / f"{prefix}eval_model.onnx")
+    _write_checkpoints(directory, prefix, trainable_params, frozen_tensors, nominal_checkpoint)
+    if optim_model is not None:
+        _save(optim_model, directory / f"{prefix}optimizer_model.onnx")
+
+
+def build_artifacts(model, requires_grad=None, frozen_params=None, loss=None, optimizer=None,
+                    additional_output_names=None, loss_input_names=None) -> tuple:
+    """The artifacts of :func:`generate_artifacts`, in memory (nothing is written).
+
+    Parameters
+    ----------
+    model, requires_grad, frozen_params, loss, optimizer, additional_output_names, \
+loss_input_names
+        As for :func:`generate_artifacts`.
+
+    Returns
+    -------
+    training_model : onnx.ModelProto
+    eval_model : onnx.ModelProto
+    optimizer_model : onnx.ModelProto or None
+        None when ``optimizer`` is None.
+    checkpoint : ortlearn.CheckpointState
+        The trainable and frozen parameters.
+
+    Raises
+    ------
+    ValueError, TypeError
+        As :func:`generate_artifacts`.
+
+    Examples
+    --------
+    >>> from ortlearn import artifacts
+    >>> # training, evaluation, optimizer, state = artifacts.build_artifacts(
+    >>> #     model, requires_grad=["coef"], optimizer=artifacts.OptimType.SGD)
+    """
+    from .training.checkpoint import CheckpointState
+
+    training_model, eval_model, optim_model, trainable, frozen = _build(
+        model, requires_grad, frozen_params, loss, optimizer, additional_output_names,
+        loss_input_names)
+    state = CheckpointState.from_parameters({t.name: numpy_helper.to_array(t) for t in trainable},
+                                            {t.name: numpy_helper.to_array(t) for t in frozen})
+    return training_model, eval_model, optim_model, state
+
+
+def _build(model, requires_grad, frozen_params, loss, optimizer, additional_output_names,
+           loss_input_names) -> tuple:
+    """Training, eval and optimizer models, trainable and frozen parameter tensors."""
     loss_block = _loss_block(loss)
     optim_block = _optimizer_block(optimizer)
     frozen = _name_list(frozen_params, "frozen_params")
@@ -251,6 +351,9 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None, loss=None,
         requires_grad = [i.name for i in base_model.graph.initializer
                          if i.data_type in FLOAT_TYPES and i.name not in frozen]
     trainable = _name_list(requires_grad, "requires_grad")
+    if not trainable:
+        raise ValueError("Nothing to train: requires_grad is empty and the model has no float "
+                         "initializer outside frozen_params.")
     both = [n for n in trainable if n in frozen]
     if both:
         raise ValueError(f"Parameters both in requires_grad and frozen_params: {both}.")
@@ -264,20 +367,17 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None, loss=None,
         block.requires_grad(name)
     for name in frozen:
         block.requires_grad(name, False)
-    with base(base_model):
+    with invalid_model_errors(model), base(base_model):
         block(*_loss_inputs(base_model, loss, loss_input_names))
-    training_model, eval_model = block.to_model_proto()
+        training_model, eval_model = block.to_model_proto()
     trainable_params, frozen_tensors = block.parameters()
 
-    directory = Path(os.getcwd() if artifact_directory is None else os.fsdecode(artifact_directory))
-    directory.mkdir(parents=True, exist_ok=True)
-    _save(training_model, directory / f"{prefix}training_model.onnx")
-    _save(eval_model, directory / f"{prefix}eval_model.onnx")
-    _write_checkpoints(directory, prefix, trainable_params, frozen_tensors, nominal_checkpoint)
+    optim_model = None
     if optim_block is not None:
         with empty_base() as accessor:
             optim_block((trainable_params, frozen_tensors))
-        _save(accessor.model, directory / f"{prefix}optimizer_model.onnx")
+        optim_model = accessor.model
+    return training_model, eval_model, optim_model, trainable_params, frozen_tensors
 
 
 def _write_checkpoints(directory: Path, prefix: str, trainable, frozen, nominal: bool) -> None:

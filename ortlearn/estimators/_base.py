@@ -17,6 +17,7 @@ schedule (``_make_schedule``, ``_schedule_per_step``).
 
 from __future__ import annotations
 
+import threading
 import time
 import warnings
 
@@ -53,13 +54,15 @@ class _Runtime:
     ``InferenceSession`` objects cannot be pickled or deep-copied, and
     scikit-learn forbids ``predict`` to add attributes to the estimator: the
     estimator holds this object from ``fit`` on, ``predict`` fills it, and
-    a copy or an unpickled estimator starts with an empty one.
+    a copy or an unpickled estimator starts with an empty one. ``lock``
+    makes threads calling ``predict`` at once create one inference session.
     """
 
     def __init__(self):
         self.engine = None
         self.session = None
         self.validation_session = None
+        self.lock = threading.Lock()
 
     def __getstate__(self):
         return {}
@@ -331,6 +334,13 @@ class BaseOrtEstimator(BaseEstimator):
             verbose=int(self.verbose), loss_output=LOSS, max_fun=self._max_fun())
         self.n_iter_ = n_iter
         self.t_ += X.shape[0] * max(n_iter, 1)
+        if not (np.isfinite(loss) and all(np.isfinite(w).all() for w in weights.values())):
+            # Keep the starting weights when L-BFGS ends on non-finite ones.
+            if all(np.isfinite(w).all() for w in weights.values()):
+                self._store_weights(weights)
+            raise ConvergenceError(
+                f"L-BFGS diverged: the loss is {loss} (or a weight is not finite); the "
+                "last finite weights are kept. Scale the data or increase alpha.")
         self.train_losses_.append(loss)
         self.loss_ = loss
         self._store_weights(weights)
@@ -466,6 +476,7 @@ class BaseOrtEstimator(BaseEstimator):
             engine.set_state(self._best_state)
         self._best_state = None
         self._runtime.validation_session = None
+        engine.release_data()  # the device copy of X lives for one fit
         self._optimizer_state = engine.optimizer_state()
         self._store_weights(engine.get_state())
 
@@ -496,10 +507,14 @@ class BaseOrtEstimator(BaseEstimator):
         Raises
         ------
         ValueError
-            Unknown or missing names, wrong shapes.
+            Unknown or missing names, wrong shapes, NaN or infinite values.
         """
         check_is_fitted(self)
         clean = _conform_state(state, get_weights(self.estimator_))
+        not_finite = [n for n, v in clean.items() if not np.isfinite(v).all()]
+        if not_finite:
+            raise ValueError(f"Invalid state: weights {not_finite} contain NaN or infinite "
+                             "values.")
         if self._runtime.engine is not None:
             self._runtime.engine.set_state(clean)
         self._store_weights(clean)
@@ -525,9 +540,13 @@ class BaseOrtEstimator(BaseEstimator):
         X = validate_data(self, X, reset=False, dtype=_FLOAT_DTYPES)
         X = X.astype(self._dtype, copy=False)
         runtime = self._runtime
-        if runtime.session is None:
-            runtime.session = make_session(self._inference_model(), self.device)
-        return dict(zip(outputs, runtime.session.run(outputs, {"X": X})))
+        session = runtime.session
+        if session is None:
+            with runtime.lock:
+                if runtime.session is None:
+                    runtime.session = make_session(self._inference_model(), self.device)
+                session = runtime.session
+        return dict(zip(outputs, session.run(outputs, {"X": X})))
 
     def _predict_from_outputs(self, values: dict):
         raise NotImplementedError

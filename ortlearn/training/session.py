@@ -25,6 +25,8 @@ the optimizer state.
 from __future__ import annotations
 
 import json
+import math
+import numbers
 import os
 from dataclasses import dataclass
 
@@ -34,6 +36,7 @@ import onnxruntime as ort
 
 from .._onnx_helper import (
     elem_type_of,
+    invalid_model_errors,
     load_model,
     onnx_to_np_dtype,
     prune_model,
@@ -226,7 +229,9 @@ class TrainingSession:
 
     # ------------------------------------------------------------------ setup
     def _open(self, model: onnx.ModelProto) -> ort.InferenceSession:
-        return make_session(model, self._device, self._session_options)
+        # A damaged model is a ValueError, not an onnxruntime error.
+        with invalid_model_errors(model, "A model given to TrainingSession"):
+            return make_session(model, self._device, self._session_options)
 
     def _ortvalue(self, array: np.ndarray) -> ort.OrtValue:
         """A new OrtValue on the session's device holding a copy of ``array``."""
@@ -519,9 +524,18 @@ class TrainingSession:
         Raises
         ------
         ValueError
-            If the session has no optimizer model.
+            If the session has no optimizer model, or ``learning_rate`` is
+            negative, NaN or infinite.
+        TypeError
+            If ``learning_rate`` is not a real number.
         """
         self._require_optimizer("set_learning_rate")
+        if not isinstance(learning_rate, numbers.Real):
+            raise TypeError(f"learning_rate must be a real number, got "
+                            f"{type(learning_rate).__name__}.")
+        if not (math.isfinite(learning_rate) and learning_rate >= 0):
+            raise ValueError(f"learning_rate must be a finite number >= 0, got "
+                             f"{learning_rate!r}.")
         self._set_lr(float(learning_rate))
 
     def _set_lr(self, learning_rate: float) -> None:

@@ -1,0 +1,175 @@
+"""The fused training step against the unfused artifacts (TrainingSession, 2 calls per batch)."""
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import numpy_helper
+from skl2onnx import to_onnx
+from sklearn.linear_model import LinearRegression
+
+from ortlearn import TrainingSession, add_loss_output
+from ortlearn.artifacts import build_artifacts
+from ortlearn.estimators._engine import TrainingEngine, _batches
+from ortlearn.estimators._fused_step import build_fused_epoch, build_fused_step
+from ortlearn.optim import SGD, Adam, AdamW, build_optimizer_model
+
+N, N_FEATURES, BATCH = 45, 3, 8  # 45 rows: a final partial batch of 5
+
+OPTIMIZERS = {
+    "sgd": lambda: SGD(),
+    "momentum": lambda: SGD(momentum=0.9),
+    "nesterov": lambda: SGD(momentum=0.9, nesterov=True),
+    "adam": lambda: Adam(),
+    "adamw": lambda: AdamW(weight_decay=0.1),
+}
+
+
+def _data(dtype, weighted):
+    rs = np.random.RandomState(0)
+    X = rs.randn(N, N_FEATURES).astype(dtype)
+    y = (X @ rs.randn(N_FEATURES) + 0.3 * rs.randn(N)).astype(dtype).reshape(-1, 1)
+    w = rs.uniform(0.5, 2, N).astype(dtype)
+    onx = to_onnx(LinearRegression().fit(X, y.ravel()), X, black_op={"LinearRegressor"})
+    start = {"coef": rs.randn(N_FEATURES, 1).astype(dtype), "intercept": np.array([0.1], dtype)}
+    for init in onx.graph.initializer:  # the weights (and the graph) in dtype
+        if init.name in start:
+            init.CopyFrom(numpy_helper.from_array(start[init.name], init.name))
+    if weighted:
+        return add_loss_output(onx, weight_name="weight"), [X, y, w]
+    return add_loss_output(onx), [X, y]
+
+
+def _unfused(loss_model, arrays, optimizer, batches, lrs):
+    """The reference: training model + optimizer model, 2 onnxruntime calls per batch."""
+    training, evaluation, _, state = build_artifacts(
+        loss_model, requires_grad=["coef", "intercept"], loss_input_names=["loss"])
+    params = {p.name: (p.data_type, list(p.dims)) for p in loss_model.graph.initializer
+              if p.name in ("coef", "intercept")}
+    session = TrainingSession(state, training, evaluation,
+                              build_optimizer_model(optimizer, params))
+    losses = []
+    for idx, lr in zip(batches, lrs):
+        session.set_learning_rate(lr)
+        session.lazy_reset_grad()
+        losses.append(float(session.train_step(*[a[idx] for a in arrays])[0]) * len(idx))
+        session.optimizer_step()
+    weights = {n: session.get_parameter(n) for n in ("coef", "intercept")}
+    return weights, sum(losses) / sum(len(b) for b in batches)
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
+def test_fused_step_equals_unfused_artifacts(name, dtype, weighted):
+    loss_model, arrays = _data(dtype, weighted)
+    batches = _batches(N, BATCH, np.random.RandomState(1))
+    lrs = [0.05 / k for k in range(1, len(batches) + 1)]  # a per-step schedule
+    expected, expected_loss = _unfused(loss_model, arrays, OPTIMIZERS[name](), batches, lrs)
+    tol = {"rtol": 1e-12, "atol": 1e-14} if dtype == np.float64 else {"rtol": 1e-6,
+                                                                       "atol": 1e-7}
+    for loop in (False, True):
+        engine = TrainingEngine(loss_model, ["coef", "intercept"], OPTIMIZERS[name](),
+                                epoch_loop=loop)
+        loss = engine.train_epoch(arrays, batches, lr_for_step=lambda step: 0.05 / step)
+        assert engine.n_steps == len(batches)
+        for key, value in engine.get_state().items():
+            np.testing.assert_allclose(value, expected[key], **tol)
+        # the loss read once per epoch is the size-weighted mean of the batch losses
+        assert loss == pytest.approx(expected_loss, rel=1e-12 if dtype == np.float64 else 1e-6)
+
+
+def test_loop_mode_equals_step_mode_over_epochs():
+    loss_model, arrays = _data(np.float64, True)
+    rs = np.random.RandomState(3)
+    epochs = [_batches(N, BATCH, rs) for _ in range(3)]
+    results = []
+    for loop in (False, True):
+        engine = TrainingEngine(loss_model, ["coef", "intercept"], Adam(), epoch_loop=loop)
+        engine.set_learning_rate(0.02)
+        losses = [engine.train_epoch(arrays, b) for b in epochs]
+        results.append((losses, engine.get_state(), engine.optimizer_state()))
+    (l0, s0, o0), (l1, s1, o1) = results
+    np.testing.assert_allclose(l0, l1, rtol=1e-13)
+    for key in s0:
+        np.testing.assert_allclose(s0[key], s1[key], rtol=1e-12, atol=1e-15)
+        for state in o0["states"][key]:
+            np.testing.assert_allclose(o0["states"][key][state], o1["states"][key][state],
+                                       rtol=1e-12, atol=1e-15)
+    assert o0["step"] == o1["step"] == 3 * len(epochs[0])
+
+
+def test_switching_modes_keeps_weights_and_state():
+    loss_model, arrays = _data(np.float64, False)
+    batches = [_batches(N, BATCH, np.random.RandomState(s)) for s in (0, 1)]
+    reference = TrainingEngine(loss_model, ["coef", "intercept"], Adam(), epoch_loop=False)
+    for b in batches:
+        reference.train_epoch(arrays, b)
+    engine = TrainingEngine(loss_model, ["coef", "intercept"], Adam(), epoch_loop=False)
+    engine.train_epoch(arrays, batches[0])
+    engine._epoch_loop = True  # as 'auto' does when the batches get larger
+    engine.train_epoch(arrays, batches[1])
+    for key, value in reference.get_state().items():
+        np.testing.assert_allclose(engine.get_state()[key], value, rtol=1e-12)
+
+
+def test_fused_graphs_read_the_data_through_gather():
+    loss_model, _ = _data(np.float32, False)
+    step, layout = build_fused_step(loss_model, ["coef", "intercept"], ["X", "label"], Adam())
+    inputs = [i.name for i in step.graph.input]
+    assert inputs[:2] == ["X.all", "label.all"]
+    gathers = {n.output[0]: n.input[0] for n in step.graph.node if n.op_type == "Gather"}
+    assert gathers["X"] == "X.all" and gathers["label"] == "label.all"
+    # every carried input has its output: the step's outputs feed the next step
+    assert set(layout.carried) <= set(inputs)
+    assert set(layout.carried.values()) == {o.name for o in step.graph.output}
+    epoch, epoch_layout = build_fused_epoch(loss_model, ["coef", "intercept"], ["X", "label"],
+                                            Adam())
+    assert [n.op_type for n in epoch.graph.node][-1] == "Loop"
+    assert len(epoch_layout.carried) == len(layout.carried) - 1  # no batch counter
+
+
+def test_a_step_binds_no_host_array(monkeypatch):
+    """During the batches of an epoch no OrtValue is created and nothing is bound."""
+    loss_model, arrays = _data(np.float32, False)
+    engine = TrainingEngine(loss_model, ["coef", "intercept"], SGD(momentum=0.9),
+                            epoch_loop=False)
+    batches = _batches(N, BATCH)
+    engine.train_epoch(arrays, batches)
+    created = []
+    original = ort.OrtValue.ortvalue_from_numpy.__func__
+
+    def counting(cls, *args, **kwargs):
+        created.append(1)
+        return original(cls, *args, **kwargs)
+
+    monkeypatch.setattr(ort.OrtValue, "ortvalue_from_numpy", classmethod(counting))
+    engine.train_epoch(arrays, batches)
+    # the same arrays stay on the device; only the 4 per-epoch inputs are new
+    assert len(created) == 4
+    engine.release_data()
+    engine.train_epoch(arrays, batches)
+    assert len(created) == 4 + 4 + len(arrays)
+
+
+def test_checkpoint_state_holds_the_optimizer_state():
+    loss_model, arrays = _data(np.float64, False)
+    engine = TrainingEngine(loss_model, ["coef", "intercept"], Adam())
+    engine.train_epoch(arrays, _batches(N, BATCH))
+    state = engine.checkpoint_state()
+    assert state.optimizer_step == engine.n_steps
+    np.testing.assert_array_equal(state.parameters["coef"].data, engine.get_state()["coef"])
+    np.testing.assert_array_equal(state.optimizer_state["coef"]["exp_avg"],
+                                  engine.optimizer_state()["states"]["coef"]["exp_avg"])
+
+
+def test_bad_epoch_inputs():
+    loss_model, arrays = _data(np.float64, False)
+    engine = TrainingEngine(loss_model, ["coef", "intercept"], SGD())
+    with pytest.raises(TypeError, match="'X' must be float64, got float32"):
+        engine.train_epoch([arrays[0].astype(np.float32), arrays[1]], _batches(N, BATCH))
+    with pytest.raises(ValueError, match="at least one batch"):
+        engine.train_epoch(arrays, [])
+    with pytest.raises(ValueError, match="learning rate"):
+        engine.train_epoch(arrays, _batches(N, BATCH), lr_for_step=lambda step: -1.0)
+    with pytest.raises(ValueError, match="epoch_loop"):
+        TrainingEngine(loss_model, ["coef"], SGD(), epoch_loop="yes")
