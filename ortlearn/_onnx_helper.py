@@ -198,6 +198,27 @@ def shape_of(info: onnx.ValueInfoProto) -> list[int | str | None] | None:
     return dims
 
 
+def shape_matches(declared, actual: Sequence[int], symbols: dict | None = None) -> bool:
+    """Whether an array shape fits a declared ONNX shape (from :func:`shape_of`).
+
+    None (unknown rank) and None dimensions match anything; a symbolic
+    dimension matches any size, the same size wherever the symbol appears
+    when a ``symbols`` dict (symbol -> size, filled as it goes) is shared
+    across the inputs of one call.
+    """
+    if declared is None:
+        return True
+    if len(declared) != len(actual):
+        return False
+    for dim, size in zip(declared, actual):
+        if isinstance(dim, str):
+            if symbols is not None and symbols.setdefault(dim, size) != size:
+                return False
+        elif dim is not None and dim != size:
+            return False
+    return True
+
+
 class GraphBuilder:
     """Append nodes to a graph under construction, with unique names.
 

@@ -165,6 +165,30 @@ def test_keyboard_interrupt_keeps_the_weights_reached(name, solver, monkeypatch)
         np.testing.assert_array_equal(value, again[key])
 
 
+@pytest.mark.parametrize("name", sorted(CLASSES))
+def test_keyboard_interrupt_during_lbfgs_keeps_the_best_weights(name, monkeypatch):
+    from ortlearn.estimators import _lbfgs
+
+    X, y = _data(name, np.float64)
+    evaluate = _lbfgs._LossAndGradient.__call__
+    losses = []
+
+    def interrupted(self, flat):
+        if self.n_calls == 3:
+            raise KeyboardInterrupt
+        loss, grad = evaluate(self, flat)
+        losses.append(loss)
+        return loss, grad
+
+    monkeypatch.setattr(_lbfgs._LossAndGradient, "__call__", interrupted)
+    est = _make(name, "lbfgs", max_iter=50)
+    with pytest.warns(UserWarning, match="interrupted"):
+        est.fit(X, y)
+    assert len(losses) == 3 and est.loss_ == min(losses)
+    assert _all_finite(est.get_state())
+    np.testing.assert_allclose(est.predict(X), est.estimator_.predict(X), rtol=1e-6, atol=1e-8)
+
+
 def test_gradient_optimizer_keyboard_interrupt(loss_onnx, monkeypatch):
     X, y = _data("linear_regressor")
     _interrupt_mid_epoch(monkeypatch, at_epoch=2)

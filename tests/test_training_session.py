@@ -406,3 +406,14 @@ def test_float64_step_is_exact(tmp_path):
     grads = _linear_grads({"W": W, "b": b}, X, y)
     np.testing.assert_allclose(session.get_parameter("W"), W - 0.5 * grads["W"], rtol=1e-13)
     np.testing.assert_allclose(session.get_parameter("b"), b - 0.5 * grads["b"], rtol=1e-13)
+
+
+def test_train_step_checks_shapes_before_running(art):
+    """Wrong feature count or rows that disagree: a ValueError, not onnxruntime's error."""
+    session = _session(art["linear", "SGD"][0])
+    X, y = next(_batches(1))
+    with pytest.raises(ValueError, match="has shape"):
+        session.train_step(X[:, :-1], y)
+    with pytest.raises(ValueError, match="symbols"):
+        session.train_step(X, y[:-1])
+    session.train_step(X[:3], y[:3])  # a smaller batch is fine

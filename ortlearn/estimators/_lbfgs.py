@@ -44,6 +44,8 @@ class _LossAndGradient:
         for output in self._session.get_outputs():
             self._binding.bind_output(output.name, "cpu")
         self.n_calls = 0
+        # lowest finite loss evaluated so far: what an interrupted run keeps
+        self.best_loss, self.best_x = np.inf, None
 
     def unflatten(self, flat: np.ndarray) -> dict:
         out, offset = {}, 0
@@ -60,7 +62,10 @@ class _LossAndGradient:
         outputs = self._binding.copy_outputs_to_cpu()
         self.n_calls += 1
         grad = np.concatenate([np.asarray(g, dtype=np.float64).ravel() for g in outputs[1:]])
-        return float(outputs[0]), grad
+        loss = float(outputs[0])
+        if loss < self.best_loss and np.isfinite(grad).all():
+            self.best_loss, self.best_x = loss, flat.copy()
+        return loss, grad
 
 
 def minimize_lbfgs(loss_model, trainable, initial_weights, arrays, input_names=None,
@@ -111,6 +116,9 @@ def minimize_lbfgs(loss_model, trainable, initial_weights, arrays, input_names=N
     -----
     ConvergenceWarning
         When the iteration or evaluation budget ran out before convergence.
+    UserWarning
+        On KeyboardInterrupt: the weights of the lowest loss evaluated so far
+        are returned (as scikit-learn's MLP keeps the weights reached).
 
     Raises
     ------
@@ -130,10 +138,16 @@ def minimize_lbfgs(loss_model, trainable, initial_weights, arrays, input_names=N
     x0 = np.concatenate([w.astype(np.float64).ravel() for w in weights.values()])
     options = {"maxiter": max_iter, "maxfun": max_fun, "maxls": 50, "gtol": tol,
                "ftol": 64 * np.finfo(float).eps}
-    # scipy deprecates iprint: a callback prints the progress instead.
-    callback = _printer(fun) if verbose > 0 else None
-    result = scipy.optimize.minimize(fun, x0, method="L-BFGS-B", jac=True, options=options,
-                                     callback=callback)
+    # scipy deprecates iprint: the callback counts iterations and prints the progress.
+    progress = _Progress(fun, verbose)
+    try:
+        result = scipy.optimize.minimize(fun, x0, method="L-BFGS-B", jac=True,
+                                         options=options, callback=progress)
+    except KeyboardInterrupt:
+        if fun.best_x is None:
+            raise
+        warnings.warn("Training interrupted by user.", stacklevel=2)
+        return fun.unflatten(fun.best_x), progress.iteration, fun.best_loss
     if result.status == 1:
         warnings.warn(f"L-BFGS did not converge in {max_iter} iterations / {max_fun} "
                       f"evaluations ({result.message}); increase max_iter or scale the data.",
@@ -141,12 +155,14 @@ def minimize_lbfgs(loss_model, trainable, initial_weights, arrays, input_names=N
     return fun.unflatten(result.x), int(result.nit), float(result.fun)
 
 
-def _printer(fun: _LossAndGradient):
-    state = {"iteration": 0}
+class _Progress:
+    """scipy callback: counts the iterations, prints them with ``verbose``."""
 
-    def callback(intermediate_result):
-        state["iteration"] += 1
-        print(f"L-BFGS iteration {state['iteration']}: loss={intermediate_result.fun:.6g} "
-              f"({fun.n_calls} evaluations)")
+    def __init__(self, fun: _LossAndGradient, verbose: int):
+        self.fun, self.verbose, self.iteration = fun, verbose, 0
 
-    return callback
+    def __call__(self, intermediate_result):
+        self.iteration += 1
+        if self.verbose > 0:
+            print(f"L-BFGS iteration {self.iteration}: loss={intermediate_result.fun:.6g} "
+                  f"({self.fun.n_calls} evaluations)")

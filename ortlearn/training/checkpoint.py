@@ -63,6 +63,8 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 import safetensors.numpy
 
+from .._onnx_helper import shape_matches
+
 __all__ = ["CheckpointState", "Parameter", "Parameters", "Properties"]
 
 FORMAT_TAG = "ortlearn.checkpoint"
@@ -196,16 +198,6 @@ def _checksum(header: str, tensors: Mapping[str, np.ndarray]) -> str:
         digest.update(json.dumps([key, arr.dtype.name, list(arr.shape)]).encode("utf-8"))
         digest.update(np.ascontiguousarray(arr).reshape(-1).view(np.uint8))
     return digest.hexdigest()
-
-
-def _shape_matches(expected, actual: tuple[int, ...]) -> bool:
-    """None (unknown rank) or None/str dimensions (unknown size) match anything."""
-    if expected is None:
-        return True
-    expected = tuple(expected)
-    return len(expected) == len(actual) and all(
-        e is None or isinstance(e, str) or e == a for e, a in zip(expected, actual)
-    )
 
 
 class Parameter:
@@ -603,7 +595,7 @@ class CheckpointState:
             record = self._records.get(name)
             if record is None:
                 continue
-            if np.dtype(dtype) != record.dtype or not _shape_matches(shape, record.shape):
+            if np.dtype(dtype) != record.dtype or not shape_matches(shape, record.shape):
                 problems.append(
                     f"{name!r} is {record.dtype} {record.shape} in the checkpoint, "
                     f"{np.dtype(dtype)} {None if shape is None else tuple(shape)} in the model"

@@ -40,6 +40,7 @@ from .._onnx_helper import (
     load_model,
     onnx_to_np_dtype,
     prune_model,
+    shape_matches,
     shape_of,
 )
 from ..optim.schedules import LinearLR
@@ -410,11 +411,16 @@ class TrainingSession:
         if len(inputs) != len(names):
             raise ValueError(f"{what} expects {len(names)} input(s) {names}, "
                              f"got {len(inputs)}.")
+        symbols = {}  # a symbolic dimension (the batch 'N') has one size per call
         for name, value in zip(names, inputs):
+            dtype, declared = types[name]
+            shape = value.shape() if isinstance(value, ort.OrtValue) else np.shape(value)
+            if not shape_matches(declared, shape, symbols):
+                raise ValueError(f"Input {name!r} of {what} has shape {tuple(shape)}; the model "
+                                 f"declares {declared} (symbols: {symbols}).")
             if isinstance(value, ort.OrtValue):
                 binding.bind_ortvalue_input(name, value)
                 continue
-            dtype = types[name][0]
             if not isinstance(value, np.ndarray):
                 value = np.asarray(value, dtype=dtype)
             elif value.dtype != dtype:
