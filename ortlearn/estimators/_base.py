@@ -23,7 +23,13 @@ import warnings
 
 import numpy as np
 import onnx
-from sklearn.base import BaseEstimator, _fit_context, is_classifier
+from sklearn.base import (
+    BaseEstimator,
+    ClassifierMixin,
+    RegressorMixin,
+    _fit_context,
+    is_classifier,
+)
 from sklearn.metrics import accuracy_score, r2_score
 from sklearn.model_selection import train_test_split
 from sklearn.utils import check_random_state
@@ -551,14 +557,6 @@ class BaseOrtEstimator(BaseEstimator):
     def _predict_from_outputs(self, values: dict):
         raise NotImplementedError
 
-    def _log_proba(self, X) -> np.ndarray:
-        """Log-probabilities from the logits onnxruntime computes (finite where exp underflows)."""
-        raw = self._run_inference(X, ["raw_scores"])["raw_scores"]
-        if raw.shape[1] == 1:
-            raw = np.hstack([np.zeros_like(raw), raw])
-        shifted = raw - raw.max(axis=1, keepdims=True)
-        return shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
-
     def __sklearn_is_fitted__(self) -> bool:
         return hasattr(self, "estimator_")
 
@@ -567,3 +565,112 @@ class BaseOrtEstimator(BaseEstimator):
         tags.non_deterministic = False
         return tags
 
+
+class OrtRegressorMixin(RegressorMixin):
+    """``predict`` and ``partial_fit`` of ortlearn's regressors."""
+
+    def predict(self, X):
+        """Predict with the trained ONNX graph.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+
+        Returns
+        -------
+        ndarray of shape (n_samples,) or (n_samples, n_outputs)
+        """
+        return self._predict_from_outputs(self._run_inference(X, self._output_names()))
+
+    def _predict_from_outputs(self, values):
+        pred = values["variable"]
+        return pred.ravel() if pred.shape[1] == 1 else pred
+
+    @_fit_context(prefer_skip_nested_validation=True)
+    def partial_fit(self, X, y, sample_weight=None):
+        """One epoch over X and y (starting from the current weights).
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+        y : array-like of shape (n_samples,) or (n_samples, n_outputs)
+        sample_weight : array-like of shape (n_samples,), default=None
+
+        Returns
+        -------
+        self : object
+        """
+        return self._partial_fit(X, y, sample_weight)
+
+
+class OrtClassifierMixin(ClassifierMixin):
+    """Predictions from the logits (``raw_scores``) and ``partial_fit`` of the classifiers."""
+
+    def _output_names(self):
+        return ["probabilities", "raw_scores"]
+
+    def _predict_from_outputs(self, values):
+        raw = values["raw_scores"]
+        index = (raw[:, 0] > 0).astype(np.intp) if raw.shape[1] == 1 else raw.argmax(axis=1)
+        return self.classes_[index]
+
+    def predict(self, X):
+        """Predict class labels.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+
+        Returns
+        -------
+        ndarray of shape (n_samples,)
+        """
+        return self._predict_from_outputs(self._run_inference(X, self._output_names()))
+
+    def predict_proba(self, X):
+        """Class probabilities (sigmoid for two classes, softmax otherwise).
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+
+        Returns
+        -------
+        ndarray of shape (n_samples, n_classes)
+        """
+        return self._run_inference(X, ["probabilities"])["probabilities"]
+
+    def predict_log_proba(self, X):
+        """Logarithm of :meth:`predict_proba`, from the logits (finite where exp underflows).
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+
+        Returns
+        -------
+        ndarray of shape (n_samples, n_classes)
+        """
+        raw = self._run_inference(X, ["raw_scores"])["raw_scores"]
+        if raw.shape[1] == 1:
+            raw = np.hstack([np.zeros_like(raw), raw])
+        shifted = raw - raw.max(axis=1, keepdims=True)
+        return shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+
+    @_fit_context(prefer_skip_nested_validation=True)
+    def partial_fit(self, X, y, sample_weight=None, classes=None):
+        """One epoch over X and y (starting from the current weights).
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+        y : array-like of shape (n_samples,)
+        sample_weight : array-like of shape (n_samples,), default=None
+        classes : array-like of shape (n_classes,), default=None
+            Every class; required on the first call.
+
+        Returns
+        -------
+        self : object
+        """
+        return self._partial_fit(X, y, sample_weight, classes=classes)

@@ -4,15 +4,13 @@ from __future__ import annotations
 
 from numbers import Integral, Real
 
-import numpy as np
-from sklearn.base import ClassifierMixin, RegressorMixin, _fit_context
 from sklearn.linear_model import LogisticRegression, SGDRegressor
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted
 
 from ..optim import SGD, Adam, AdamW
 from ..optim.schedules import Adaptive, Constant, InvScaling, Optimal
-from ._base import BaseOrtEstimator
+from ._base import BaseOrtEstimator, OrtClassifierMixin, OrtRegressorMixin
 from ._objective import sgd_objective
 
 __all__ = ["OrtLinearRegressor", "OrtLinearClassifier"]
@@ -52,6 +50,18 @@ class BaseOrtLinear(BaseOrtEstimator):
     #: SGD stops once the count of epochs without improvement reaches n_iter_no_change.
     _stop_after_exceeding = False
     _multi_output = False
+
+    @property
+    def coef_(self):
+        """Weights of the trained model (those of ``estimator_``)."""
+        check_is_fitted(self)
+        return self.estimator_.coef_
+
+    @property
+    def intercept_(self):
+        """Intercepts of the trained model (those of ``estimator_``)."""
+        check_is_fitted(self)
+        return self.estimator_.intercept_
 
     def _l1_ratio(self) -> float:
         return self.l1_ratio if self.penalty == "elasticnet" else _L1_RATIO[self.penalty]
@@ -159,7 +169,7 @@ _COMMON_PARAMS_DOC = """
         ``'cpu'``, ``'cuda'`` or ``'cuda:N'``."""
 
 
-class OrtLinearRegressor(RegressorMixin, BaseOrtLinear):
+class OrtLinearRegressor(OrtRegressorMixin, BaseOrtLinear):
     """Linear regression trained with onnxruntime, with ``SGDRegressor``'s objective.
 
     Objective (the one of :class:`sklearn.linear_model.SGDRegressor`), with
@@ -268,50 +278,7 @@ default='invscaling'
         return sgd_objective(inference_model, kind, loss=self.loss, epsilon=self.epsilon,
                              **self._penalty_args())
 
-    @property
-    def coef_(self):
-        check_is_fitted(self)
-        return self.estimator_.coef_
-
-    @property
-    def intercept_(self):
-        check_is_fitted(self)
-        return self.estimator_.intercept_
-
-    def predict(self, X):
-        """Predict with the trained ONNX graph.
-
-        Parameters
-        ----------
-        X : array-like of shape (n_samples, n_features)
-
-        Returns
-        -------
-        ndarray of shape (n_samples,)
-        """
-        return self._predict_from_outputs(self._run_inference(X, self._output_names()))
-
-    def _predict_from_outputs(self, values):
-        return values["variable"].ravel()
-
-    @_fit_context(prefer_skip_nested_validation=True)
-    def partial_fit(self, X, y, sample_weight=None):
-        """One epoch over X and y (starting from the current weights).
-
-        Parameters
-        ----------
-        X : array-like of shape (n_samples, n_features)
-        y : array-like of shape (n_samples,)
-        sample_weight : array-like of shape (n_samples,), default=None
-
-        Returns
-        -------
-        self : object
-        """
-        return self._partial_fit(X, y, sample_weight)
-
-
-class OrtLinearClassifier(ClassifierMixin, BaseOrtLinear):
+class OrtLinearClassifier(OrtClassifierMixin, BaseOrtLinear):
     """Logistic regression trained with onnxruntime, with ``SGDClassifier``'s log-loss objective.
 
     Objective, with sample weights ``w`` (ones by default) and the logits
@@ -416,37 +383,6 @@ default='optimal'
     def _objective(self, inference_model, kind):
         return sgd_objective(inference_model, kind, loss="log_loss", **self._penalty_args())
 
-    @property
-    def coef_(self):
-        check_is_fitted(self)
-        return self.estimator_.coef_
-
-    @property
-    def intercept_(self):
-        check_is_fitted(self)
-        return self.estimator_.intercept_
-
-    def _output_names(self):
-        return ["probabilities", "raw_scores"]
-
-    def _predict_from_outputs(self, values):
-        raw = values["raw_scores"]
-        index = (raw[:, 0] > 0).astype(np.intp) if raw.shape[1] == 1 else raw.argmax(axis=1)
-        return self.classes_[index]
-
-    def predict(self, X):
-        """Predict class labels.
-
-        Parameters
-        ----------
-        X : array-like of shape (n_samples, n_features)
-
-        Returns
-        -------
-        ndarray of shape (n_samples,)
-        """
-        return self._predict_from_outputs(self._run_inference(X, self._output_names()))
-
     def decision_function(self, X):
         """Logits: shape (n_samples,) for two classes, (n_samples, n_classes) otherwise.
 
@@ -460,50 +396,6 @@ default='optimal'
         """
         raw = self._run_inference(X, ["raw_scores"])["raw_scores"]
         return raw[:, 0] if raw.shape[1] == 1 else raw
-
-    def predict_proba(self, X):
-        """Class probabilities (sigmoid for two classes, softmax otherwise).
-
-        Parameters
-        ----------
-        X : array-like of shape (n_samples, n_features)
-
-        Returns
-        -------
-        ndarray of shape (n_samples, n_classes)
-        """
-        return self._run_inference(X, ["probabilities"])["probabilities"]
-
-    def predict_log_proba(self, X):
-        """Logarithm of :meth:`predict_proba`.
-
-        Parameters
-        ----------
-        X : array-like of shape (n_samples, n_features)
-
-        Returns
-        -------
-        ndarray of shape (n_samples, n_classes)
-        """
-        return self._log_proba(X)
-
-    @_fit_context(prefer_skip_nested_validation=True)
-    def partial_fit(self, X, y, sample_weight=None, classes=None):
-        """One epoch over X and y (starting from the current weights).
-
-        Parameters
-        ----------
-        X : array-like of shape (n_samples, n_features)
-        y : array-like of shape (n_samples,)
-        sample_weight : array-like of shape (n_samples,), default=None
-        classes : array-like of shape (n_classes,), default=None
-            Every class; required on the first call.
-
-        Returns
-        -------
-        self : object
-        """
-        return self._partial_fit(X, y, sample_weight, classes=classes)
 
 
 for _cls in (OrtLinearRegressor, OrtLinearClassifier):

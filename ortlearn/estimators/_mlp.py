@@ -4,14 +4,12 @@ from __future__ import annotations
 
 from numbers import Integral, Real
 
-import numpy as np
-from sklearn.base import ClassifierMixin, RegressorMixin, _fit_context
 from sklearn.neural_network import MLPClassifier, MLPRegressor
 from sklearn.utils._param_validation import Interval, StrOptions
 
 from ..optim import SGD, Adam, AdamW
 from ..optim.schedules import Adaptive, Constant, InvScaling
-from ._base import BaseOrtEstimator
+from ._base import BaseOrtEstimator, OrtClassifierMixin, OrtRegressorMixin
 from ._objective import mlp_objective
 
 __all__ = ["OrtMLPRegressor", "OrtMLPClassifier"]
@@ -117,7 +115,7 @@ class BaseOrtMLP(BaseOrtEstimator):
         raise NotImplementedError
 
 
-class OrtMLPRegressor(RegressorMixin, BaseOrtMLP):
+class OrtMLPRegressor(OrtRegressorMixin, BaseOrtMLP):
     """Multi-layer perceptron regressor trained with onnxruntime.
 
     The parameters, the initial weights (from ``random_state``), the
@@ -228,46 +226,13 @@ class OrtMLPRegressor(RegressorMixin, BaseOrtMLP):
     _counterpart_class = MLPRegressor
     _multi_output = True
 
-    def predict(self, X):
-        """Predict with the trained ONNX graph.
-
-        Parameters
-        ----------
-        X : array-like of shape (n_samples, n_features)
-
-        Returns
-        -------
-        ndarray of shape (n_samples,) or (n_samples, n_outputs)
-        """
-        return self._predict_from_outputs(self._run_inference(X, self._output_names()))
-
-    def _predict_from_outputs(self, values):
-        pred = values["variable"]
-        return pred.ravel() if pred.shape[1] == 1 else pred
-
-    @_fit_context(prefer_skip_nested_validation=True)
-    def partial_fit(self, X, y, sample_weight=None):
-        """One epoch over X and y (starting from the current weights).
-
-        Parameters
-        ----------
-        X : array-like of shape (n_samples, n_features)
-        y : array-like of shape (n_samples,) or (n_samples, n_outputs)
-        sample_weight : array-like of shape (n_samples,), default=None
-
-        Returns
-        -------
-        self : object
-        """
-        return self._partial_fit(X, y, sample_weight)
-
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
         tags.target_tags.multi_output = True
         return tags
 
 
-class OrtMLPClassifier(ClassifierMixin, BaseOrtMLP):
+class OrtMLPClassifier(OrtClassifierMixin, BaseOrtMLP):
     """Multi-layer perceptron classifier trained with onnxruntime.
 
     The parameters, the initial weights (from ``random_state``), the
@@ -350,68 +315,3 @@ class OrtMLPClassifier(ClassifierMixin, BaseOrtMLP):
     """
 
     _counterpart_class = MLPClassifier
-
-    def _output_names(self):
-        return ["probabilities", "raw_scores"]
-
-    def _predict_from_outputs(self, values):
-        raw = values["raw_scores"]
-        index = (raw[:, 0] > 0).astype(np.intp) if raw.shape[1] == 1 else raw.argmax(axis=1)
-        return self.classes_[index]
-
-    def predict(self, X):
-        """Predict class labels.
-
-        Parameters
-        ----------
-        X : array-like of shape (n_samples, n_features)
-
-        Returns
-        -------
-        ndarray of shape (n_samples,)
-        """
-        return self._predict_from_outputs(self._run_inference(X, self._output_names()))
-
-    def predict_proba(self, X):
-        """Class probabilities.
-
-        Parameters
-        ----------
-        X : array-like of shape (n_samples, n_features)
-
-        Returns
-        -------
-        ndarray of shape (n_samples, n_classes)
-        """
-        return self._run_inference(X, ["probabilities"])["probabilities"]
-
-    def predict_log_proba(self, X):
-        """Logarithm of the class probabilities.
-
-        Parameters
-        ----------
-        X : array-like of shape (n_samples, n_features)
-
-        Returns
-        -------
-        ndarray of shape (n_samples, n_classes)
-        """
-        return self._log_proba(X)
-
-    @_fit_context(prefer_skip_nested_validation=True)
-    def partial_fit(self, X, y, sample_weight=None, classes=None):
-        """One epoch over X and y (starting from the current weights).
-
-        Parameters
-        ----------
-        X : array-like of shape (n_samples, n_features)
-        y : array-like of shape (n_samples,)
-        sample_weight : array-like of shape (n_samples,), default=None
-        classes : array-like of shape (n_classes,), default=None
-            Every class; required on the first call.
-
-        Returns
-        -------
-        self : object
-        """
-        return self._partial_fit(X, y, sample_weight, classes=classes)
