@@ -86,7 +86,6 @@ def test_ortlearn_ran_the_epochs_asked(smoke):
             "ortlearn_sgd" if key != "W3" else "ortlearn_adam"]["raw"][0]
         assert raw["epochs"] == 2
         assert _finite(raw["setup_s"]) and _finite(raw["fit_1_epoch_s"])
-        assert raw["total_s"] >= raw["fit_1_epoch_s"] * 0.5
 
 
 def test_options_are_checked():

@@ -189,7 +189,8 @@ def test_multi_output_linear_regression():
 
 @pytest.mark.parametrize("est", [LinearRegression(fit_intercept=False),
                                  LogisticRegression(fit_intercept=False, max_iter=50),
-                                 SGDClassifier(loss="log_loss", fit_intercept=False, max_iter=5)])
+                                 SGDClassifier(loss="log_loss", fit_intercept=False, max_iter=5,
+                                               random_state=0)])
 def test_no_intercept_is_not_trained(est):
     X, y = _data("iris")
     with warnings.catch_warnings():
@@ -253,7 +254,7 @@ def _ml_cases():
             (make_pipeline(Normalizer("max"), LogisticRegression()).fit(Xn ** 2, yn), Xn ** 2),
             (make_pipeline(Normalizer("l1"), LogisticRegression()).fit(Xn, yn), Xn),
             (make_pipeline(Normalizer("l2"), LinearRegression()).fit(Xn, Xn[:, 1]), Xn),
-            (SGDClassifier(loss="log_loss", max_iter=5).fit(Xi, yi), Xi),
+            (SGDClassifier(loss="log_loss", max_iter=5, random_state=0).fit(Xi, yi), Xi),
         ]
 
 
@@ -309,7 +310,7 @@ def test_unsupported_estimator():
     with pytest.raises(ValueError, match="norm='max'"):
         to_train_onnx(make_pipeline(Normalizer("max"), Ridge()).fit(X, y), X)
     with pytest.raises(ValueError, match="loss='hinge'"):
-        to_train_onnx(SGDClassifier(max_iter=100, tol=None).fit(X, y > 100), X)
+        to_train_onnx(SGDClassifier(max_iter=100, tol=None, random_state=0).fit(X, y > 100), X)
 
 
 def test_bad_arguments():
