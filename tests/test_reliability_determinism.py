@@ -15,7 +15,7 @@ from ortlearn import (
     OrtGradientOptimizer, OrtLinearClassifier, OrtLinearRegressor, OrtMLPClassifier,
     OrtMLPRegressor, add_loss_output,
 )
-from ortlearn.estimators import _base, gradient_optimizer
+from ortlearn.estimators import _runtime
 
 pytestmark = pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
 
@@ -144,7 +144,7 @@ def test_predict_from_eight_threads(name, monkeypatch):
     X, y = _data(name)
     est = _make(name, random_state=0).fit(X, y)
     fresh = pickle.loads(pickle.dumps(est))  # no inference session yet
-    created = _slow_make_session(_base, monkeypatch)
+    created = _slow_make_session(_runtime, monkeypatch)
     batches, results = _hammer(lambda b: _output(fresh, b), X)
     assert len(created) == 1
     for batch, got in zip(batches, results):
@@ -155,7 +155,7 @@ def test_gradient_optimizer_predict_from_eight_threads(loss_onnx, monkeypatch):
     X = np.random.RandomState(1).randn(40, 3).astype(np.float32)
     ogo = OrtGradientOptimizer(loss_onnx, max_iter=2, random_state=0).fit(X, X[:, 0])
     fresh = pickle.loads(pickle.dumps(ogo))
-    created = _slow_make_session(gradient_optimizer, monkeypatch)
+    created = _slow_make_session(_runtime, monkeypatch)
     batches, results = _hammer(fresh.predict, X)
     assert len(created) == 1
     for batch, got in zip(batches, results):

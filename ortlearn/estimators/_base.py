@@ -17,7 +17,6 @@ schedule (``_make_schedule``, ``_schedule_per_step``).
 
 from __future__ import annotations
 
-import threading
 import time
 import warnings
 
@@ -48,39 +47,11 @@ from ..training.device import make_session, parse_device
 from ._engine import TrainingEngine, _conform_state
 from ._lbfgs import minimize_lbfgs
 from ._objective import INPUT_NAMES, LOSS, label_dtype
+from ._runtime import _Runtime
 
 __all__ = ["BaseOrtEstimator"]
 
 _FLOAT_DTYPES = (np.float64, np.float32)
-
-
-class _Runtime:
-    """onnxruntime objects of a fitted estimator: created in ``fit``, filled lazily.
-
-    ``InferenceSession`` objects cannot be pickled or deep-copied, and
-    scikit-learn forbids ``predict`` to add attributes to the estimator: the
-    estimator holds this object from ``fit`` on, ``predict`` fills it, and
-    a copy or an unpickled estimator starts with an empty one. ``lock``
-    makes threads calling ``predict`` at once create one inference session.
-    """
-
-    def __init__(self):
-        self.engine = None
-        self.session = None
-        self.validation_session = None
-        self.lock = threading.Lock()
-
-    def __getstate__(self):
-        return {}
-
-    def __setstate__(self, state):
-        self.__init__()
-
-    def __deepcopy__(self, memo):
-        return _Runtime()
-
-    def reset_predictions(self) -> None:
-        self.session = None
 
 
 def _check_weights_valid(sample_weight, X) -> np.ndarray:
@@ -545,13 +516,7 @@ class BaseOrtEstimator(BaseEstimator):
         check_is_fitted(self)
         X = validate_data(self, X, reset=False, dtype=_FLOAT_DTYPES)
         X = X.astype(self._dtype, copy=False)
-        runtime = self._runtime
-        session = runtime.session
-        if session is None:
-            with runtime.lock:
-                if runtime.session is None:
-                    runtime.session = make_session(self._inference_model(), self.device)
-                session = runtime.session
+        session = self._runtime.inference_session(self._inference_model, self.device)
         return dict(zip(outputs, session.run(outputs, {"X": X})))
 
     def _predict_from_outputs(self, values: dict):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import numbers
-import threading
 import warnings
 
 import numpy as np
@@ -17,37 +16,15 @@ from ..convert import get_train_initializer
 from ..exceptions import ConvergenceError, ConvergenceWarning
 from ..optim import SGD, Adam, AdamW
 from ..optim.optimizers import _Optimizer
-from ..training.device import make_session, parse_device
+from ..training.device import parse_device
 from ._engine import TrainingEngine, _batches
+from ._runtime import _Runtime
 
 __all__ = ["OrtGradientOptimizer"]
 
 _OPTIMIZERS = ("sgd", "adam", "adamw")
 _SCHEDULES = ("constant", "invscaling")
 _ORT_TYPES = {"tensor(float)": np.float32, "tensor(double)": np.float64}
-
-
-class _Runtime:
-    """Holds the onnxruntime objects of a fitted estimator; never pickled or copied.
-
-    sklearn's ``check_dict_unchanged`` forbids creating attributes in
-    ``predict``: the holder is created in ``fit`` and filled lazily; ``lock``
-    makes threads calling ``predict`` at once create one inference session.
-    """
-
-    def __init__(self):
-        self.engine = None
-        self.inference = None
-        self.lock = threading.Lock()
-
-    def __getstate__(self):
-        return {}
-
-    def __setstate__(self, state):
-        self.__init__()
-
-    def __deepcopy__(self, memo):
-        return _Runtime()
 
 
 def _check_finite(name: str, array: np.ndarray) -> None:
@@ -432,7 +409,7 @@ class OrtGradientOptimizer(BaseEstimator):
         """Fitted attributes on the host (what pickling keeps)."""
         self.state_ = engine.get_state()
         self._optimizer_state = engine.optimizer_state()
-        self._runtime.inference = None
+        self._runtime.reset_predictions()
 
     # ------------------------------------------------------------ the weights
     def get_state(self) -> dict:
@@ -465,7 +442,7 @@ class OrtGradientOptimizer(BaseEstimator):
         engine = self._engine()
         engine.set_state(state)
         self.state_ = engine.get_state()
-        self._runtime.inference = None
+        self._runtime.reset_predictions()
 
     def get_trained_onnx(self) -> onnx.ModelProto:
         """The inference graph with the trained weights.
@@ -484,14 +461,7 @@ class OrtGradientOptimizer(BaseEstimator):
 
     # --------------------------------------------------------------- predict
     def _inference(self):
-        runtime = self._runtime
-        session = runtime.inference
-        if session is None:
-            with runtime.lock:
-                if runtime.inference is None:
-                    runtime.inference = make_session(self.get_trained_onnx(), self.device)
-                session = runtime.inference
-        return session
+        return self._runtime.inference_session(self.get_trained_onnx, self.device)
 
     def predict(self, X):
         """The first output of the original model, computed with the trained weights.
