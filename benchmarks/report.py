@@ -57,6 +57,12 @@ def markdown_table(result: dict) -> str:
                 notes.append(f"{key} {name}: {c['note']}")
         notes += [f"{key}: {n}" for n in wl.get("notes", [])]
     table = "\n".join(lines)
+    if result.get("memory"):
+        mem = result["memory"]
+        notes.append(f"memory: a W2 fit of {mem['rows']} rows (Adam, 2 epochs) adds "
+                     f"{mem['overhead_bytes'] / 1e6:.1f} MB of resident memory to a process "
+                     f"holding {mem['data_bytes'] / 1e6:.1f} MB of data "
+                     f"({'after' if mem.get('warm') else 'without'} a warm-up fit)")
     if notes:
         table += "\n\n" + "\n".join(f"- {n}" for n in notes)
     return table

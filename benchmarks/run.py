@@ -3,7 +3,7 @@
 Usage::
 
     python -m benchmarks [--workloads W1,W3] [--reps 3] [--threads 2] [--device cpu]
-                         [--scale 1.0] [--epochs N] [--out DIR] [--pause 0.5]
+                         [--scale 1.0] [--epochs N] [--out DIR] [--pause 0.5] [--memory]
     python benchmarks/run.py ...        # same
 
 Workloads (see :mod:`benchmarks.workloads` for what exactly is timed):
@@ -22,7 +22,8 @@ PyTorch contender (``time / reference time``: below 1 is faster). numpy/scipy
 (OpenBLAS, through threadpoolctl), torch and onnxruntime all get ``--threads``
 threads. Results: ``results.json``, ``results.md`` and, with matplotlib,
 ``results.png`` in ``--out``. PyTorch is optional: without it its contenders are
-skipped with a printed note.
+skipped with a printed note. ``--memory`` adds the peak resident memory of a W2
+fit (:mod:`benchmarks.memory`, in a child process) to the results.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make the package importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks import _env, report  # noqa: E402
+from benchmarks import _env, memory, report  # noqa: E402
 from benchmarks.workloads import BUILDERS, Options  # noqa: E402
 
 
@@ -59,6 +60,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--out", default="benchmark_results", help="directory of the results")
     parser.add_argument("--pause", type=float, default=0.5,
                         help="seconds of pause before each timed run")
+    parser.add_argument("--memory", action="store_true",
+                        help="also measure the peak memory of a W2 fit (benchmarks.memory)")
     args = parser.parse_args(argv)
     keys = [k.strip().upper() for k in args.workloads.split(",") if k.strip()]
     unknown = [k for k in keys if k not in BUILDERS]
@@ -159,6 +162,11 @@ def run(args: argparse.Namespace) -> dict:
             workload = BUILDERS[key](opts)
             print(f"{key}: {workload.title} {workload.params}", flush=True)
             workloads[key] = measure(workload, args.reps, args.pause)
+    if args.memory:
+        rows = max(int(round(100_000 * args.scale)), 512)
+        memory_result = memory.measure(rows=rows)
+        print(f"memory: a W2 fit of {rows} rows adds "
+              f"{memory_result['overhead_bytes'] / 1e6:.1f} MB", flush=True)
     result = {
         "meta": {"versions": _env.versions(), "machine": _env.machine(args.device),
                  "threads": args.threads, "threads_in_force": threads, "reps": args.reps,
@@ -169,6 +177,8 @@ def run(args: argparse.Namespace) -> dict:
                  "argv": vars(args) | {"workloads": ",".join(args.workloads)}, "notes": notes},
         "workloads": workloads,
     }
+    if args.memory:
+        result["memory"] = memory_result
     table = report.markdown_table(result)
     print("\n" + table + "\n", flush=True)
     chart = out / "results.png"

@@ -29,7 +29,7 @@ def _finite(value):
 def smoke(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
     status = main(["--scale", "0.01", "--reps", "1", "--epochs", "2", "--pause", "0",
-                   "--workloads", "W1,W3,W5", "--out", str(out)])
+                   "--workloads", "W1,W3,W5", "--out", str(out), "--memory"])
     with open(out / "results.json") as f:
         return status, json.load(f), out
 
@@ -95,3 +95,14 @@ def test_options_are_checked():
                 ["--device", "tpu"]):
         with pytest.raises(SystemExit):
             parse_args(bad)
+
+
+def test_memory_of_a_fit(smoke):
+    _, result, out = smoke
+    memory = result["memory"]
+    assert memory["rows"] == 1000 and memory["warm"]
+    assert memory["data_bytes"] == 1000 * 101 * 4
+    # after the warm-up fit, only the fit's own allocations remain (a few MB at most)
+    assert 0 <= memory["overhead_bytes"] < 30e6
+    assert memory["peak_rss_during_fit"] >= memory["rss_before_fit"]
+    assert "memory: a W2 fit of 1000 rows" in (out / "results.md").read_text()

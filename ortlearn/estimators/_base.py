@@ -46,7 +46,7 @@ from ..exceptions import ConvergenceError, ConvergenceWarning
 from ..training.device import make_session, parse_device
 from ._engine import TrainingEngine, _conform_state
 from ._lbfgs import minimize_lbfgs
-from ._objective import INPUT_NAMES, LOSS, label_dtype
+from ._objective import INPUT_NAMES, LOSS, float64_loss, label_dtype
 from ._runtime import _Runtime
 
 __all__ = ["BaseOrtEstimator"]
@@ -304,7 +304,8 @@ class BaseOrtEstimator(BaseEstimator):
         return engine
 
     def _fit_lbfgs(self, X, y_enc, sample_weight, device) -> None:
-        model, trainable = self._loss_model(X)
+        with float64_loss():
+            model, trainable = self._loss_model(X)
         weights, n_iter, loss = minimize_lbfgs(
             model, trainable, None, [X, y_enc, sample_weight], list(INPUT_NAMES),
             device=str(device), max_iter=self.max_iter, tol=self._lbfgs_tol(),

@@ -151,11 +151,20 @@ def _conform_state(state, expected: dict, partial: bool = False) -> dict:
     return clean
 
 
-#: With ``epoch_loop='auto'``, an epoch is one ONNX ``Loop`` call when a step
-#: computes at least this many multiply-adds (batch rows x weights).
+#: With ``epoch_loop='auto'`` on a GPU, an epoch is one ONNX ``Loop`` call when
+#: a step computes at least this many multiply-adds (batch rows x weights).
 LOOP_MIN_STEP_MACS = 1_000_000
-#: Weights of at most this many scalars train with one onnxruntime thread.
-SMALL_MODEL_SIZE = 8192
+#: Data inputs of at most this many bytes per row are reordered once per epoch
+#: on the host (``array[order]``, a 100 000-row label in 0.3 ms) and sliced per
+#: step: a ``Gather`` of 256 random rows of such an input waits on 256 cache
+#: misses (about 18 µs per step on 100 000 rows, measured with onnxruntime's
+#: profiler), while a wide input gets several values per miss.
+EPOCH_ORDERED_ROW_BYTES = 16
+#: Weights of at most this many scalars train with one onnxruntime thread. With
+#: worker threads that do not spin, waking them costs more than it saves on such
+#: steps: an MLP 100-100-1 (10 201 weights) with batches of 256 took 0.088 s per
+#: epoch on one thread and 0.104 s on two, 100-200-1 0.145 s and 0.160 s.
+SMALL_MODEL_SIZE = 32768
 
 
 def _eval_model(model: onnx.ModelProto, trainable: list[str], loss_output: str) -> onnx.ModelProto:
@@ -275,14 +284,13 @@ class TrainingEngine:
     and copies the weights to the host once, to restore them if training
     diverges.
 
-    With ``epoch_loop='auto'`` an epoch is one ``Loop`` call when a step
-    computes at least ``LOOP_MIN_STEP_MACS`` multiply-adds (batch rows times
-    weights), else one call per batch. Measured on 2 CPU threads
-    (``doc/benchmarks.rst``): the Loop saved about 10 % per epoch on an MLP
-    100-100-1 with batches of 256, but cost 40 % more on small steps (a
-    linear model, 10 to 100 features), where onnxruntime's per-iteration
-    set-up of the Loop body exceeds the Python cost of a call (about 5 µs).
-    With the Loop, a Ctrl-C stops training at the end of the epoch.
+    With ``epoch_loop='auto'`` an epoch is one ``Loop`` call on the CPU; on
+    a GPU when a step computes at least ``LOOP_MIN_STEP_MACS`` multiply-adds
+    (batch rows times weights), else one call per batch. Measured on the
+    CPU (``doc/benchmarks.rst``), the Loop saves 3 to 11 % per step, from
+    a linear model of 10 features with batches of 32 (22.4 µs against 25.2)
+    to an MLP 100-100-1 with batches of 256. With the Loop, a Ctrl-C stops
+    training at the end of the epoch.
 
     Examples
     --------
@@ -335,9 +343,10 @@ class TrainingEngine:
         self._steps = {}  # epoch_loop -> (session, layout, ping-pong buffers)
         self._eval_session = None
         self._data = (None, None)  # (the arrays, their OrtValues)
+        self._epoch_arrays = []  # the epoch_ordered inputs in the order of the current epoch
         self._lr = self.default_learning_rate
         self.n_steps = 0
-        self._open(False if epoch_loop == "auto" else epoch_loop)
+        self._open(self._choose_loop(0))
 
     def _default_options(self) -> ort.SessionOptions:
         size = sum(w.size for w in self._initial.values())
@@ -351,7 +360,7 @@ class TrainingEngine:
         if loop not in self._steps:
             build = build_fused_epoch if loop else build_fused_step
             model, layout = build(self._model, self.trainable, self.input_names,
-                                  self.optimizer, self.loss_output)
+                                  self.optimizer, self.loss_output, self._epoch_ordered())
             session = make_session(model, self._device, self._session_options)
             zeros = {name: np.zeros(shape, dtype) for name, (dtype, shape) in
                      _carried_types(model, layout.carried).items()}
@@ -365,22 +374,48 @@ class TrainingEngine:
         self._current = loop
         self._write_carried(values)
 
+    def _epoch_ordered(self) -> list[str]:
+        """Data inputs of at most ``EPOCH_ORDERED_ROW_BYTES`` per row (labels, weights)."""
+        names = []
+        for name in self.input_names:
+            shape = self.input_shapes[name]
+            if shape is None or not all(isinstance(d, int) for d in shape[1:]):
+                continue
+            row = int(np.prod(shape[1:], dtype=np.int64)) * self.input_dtypes[name].itemsize
+            if row <= EPOCH_ORDERED_ROW_BYTES:
+                names.append(name)
+        return names
+
     def _carried_values(self, layout, buffers) -> dict:
         """``{('w', name) | ('s', name, state): host copy}`` of the live weights and states."""
         values = {("w", p): buffers.live(c).numpy() for p, c in layout.weights.items()}
-        values.update({("s", p, s): buffers.live(c).numpy()
-                       for p, d in layout.states.items() for s, c in d.items()})
+        values.update({("s", p, s): _state_value(layout, buffers, p, s)
+                       for p, d in layout.states.items() for s in d})
         return values
 
     def _write_carried(self, values: dict) -> None:
         _, layout, buffers = self._steps[self._current]
+        flat = {}  # flat state buffer -> its host copy, written once
         for key, value in values.items():
-            name = layout.weights[key[1]] if key[0] == "w" else layout.states[key[1]][key[2]]
-            buffers.live(name).update_inplace(np.array(value, order="C"))
+            if key[0] == "w":
+                buffers.live(layout.weights[key[1]]).update_inplace(np.array(value, order="C"))
+                continue
+            name = layout.states[key[1]][key[2]]
+            if key[1] not in layout.state_offsets:
+                buffers.live(name).update_inplace(np.array(value, order="C"))
+                continue
+            if name not in flat:
+                flat[name] = buffers.live(name).numpy().copy()
+            offset, shape = layout.state_offsets[key[1]]
+            flat[name][offset:offset + int(np.prod(shape, dtype=np.int64))] = np.ravel(value)
+        for name, value in flat.items():
+            buffers.live(name).update_inplace(value)
 
     def _choose_loop(self, batch_rows: int) -> bool:
         if self._epoch_loop != "auto":
             return self._epoch_loop
+        if self._device.kind == "cpu":
+            return True
         return batch_rows * sum(w.size for w in self._initial.values()) >= LOOP_MIN_STEP_MACS
 
     def set_learning_rate(self, lr: float) -> None:
@@ -422,6 +457,7 @@ class TrainingEngine:
         memory (the estimators do at the end of ``fit``).
         """
         self._data = (None, None)
+        self._epoch_arrays = []
 
     def _epoch_feeds(self, batch_indices, lr_for_step) -> tuple[dict, int]:
         """Row order, batch offsets, learning rates and step base of one epoch."""
@@ -480,7 +516,14 @@ class TrainingEngine:
             self._open(loop)
         session, layout, buffers = self._steps[loop]
         kind, index = self._device.ort_device_type, self._device.index
-        bound = dict(zip(layout.data.values(), data))
+        bound = {layout.data[name]: value for name, value in zip(self.input_names, data)
+                 if name not in layout.epoch_ordered}
+        # The reordered copies must outlive the epoch's runs: the OrtValues share their memory.
+        self._epoch_arrays = [np.take(np.asarray(array), feeds["order"], axis=0)
+                              for name, array in zip(self.input_names, arrays)
+                              if name in layout.epoch_ordered]
+        bound.update({layout.data[name]: ort.OrtValue.ortvalue_from_numpy(array, kind, index)
+                      for name, array in zip(layout.epoch_ordered, self._epoch_arrays)})
         bound.update({name: ort.OrtValue.ortvalue_from_numpy(feeds[key], kind, index)
                       for name, key in zip(layout.epoch_inputs, feeds)})
         buffers.bind_inputs(bound)
@@ -518,10 +561,9 @@ class TrainingEngine:
 
     def _reset_optimizer(self) -> None:
         _, layout, buffers = self._steps[self._current]
-        for d in layout.states.values():
-            for name in d.values():
-                value = buffers.live(name)
-                value.update_inplace(np.zeros(value.shape(), value.numpy().dtype))
+        for name in {name for d in layout.states.values() for name in d.values()}:
+            value = buffers.live(name)
+            value.update_inplace(np.zeros(value.shape(), value.numpy().dtype))
         self.n_steps = 0
 
     def eval_loss(self, arrays) -> float:
@@ -585,7 +627,7 @@ class TrainingEngine:
             "learning_rate": float}``.
         """
         _, layout, buffers = self._steps[self._current]
-        states = {p: {s: np.array(buffers.live(c).numpy(), copy=True) for s, c in d.items()}
+        states = {p: {s: np.array(_state_value(layout, buffers, p, s), copy=True) for s in d}
                   for p, d in layout.states.items()}
         return {"states": states, "step": self.n_steps, "learning_rate": float(self._lr)}
 
@@ -638,6 +680,15 @@ def _check_lr(lr) -> float:
     if not (np.isfinite(lr) and lr > 0):
         raise ValueError(f"The learning rate must be a finite number > 0, got {lr!r}.")
     return lr
+
+
+def _state_value(layout, buffers: _PingPong, param: str, state: str) -> np.ndarray:
+    """Host value of one weight's optimizer state (a view of a flat buffer's copy)."""
+    value = buffers.live(layout.states[param][state]).numpy()
+    if param not in layout.state_offsets:
+        return value
+    offset, shape = layout.state_offsets[param]
+    return value[offset:offset + int(np.prod(shape, dtype=np.int64))].reshape(shape)
 
 
 def _is_state(layout, name: str) -> bool:

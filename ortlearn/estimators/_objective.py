@@ -18,14 +18,18 @@ graph per fit.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+
 import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
 from .._onnx_helper import GraphBuilder, finalize_model, load_model
-from ..loss import _elementwise_loss, _penalty_terms, _reduce_rows
+from ..loss import _elementwise_loss, _penalty_terms
 
-__all__ = ["mlp_objective", "sgd_objective", "label_dtype", "INPUT_NAMES", "LOSS"]
+__all__ = ["mlp_objective", "sgd_objective", "float64_loss", "label_dtype", "INPUT_NAMES",
+           "LOSS"]
 
 LOSS = "loss"
 LABEL = "y"
@@ -34,6 +38,25 @@ SAMPLE_WEIGHT = "sample_weight"
 INPUT_NAMES = ("X", LABEL, SAMPLE_WEIGHT)
 
 _PREDICTION = {"regressor": "variable", "classifier": "raw_scores"}
+
+_FLOAT64_LOSS = contextvars.ContextVar("ortlearn_float64_loss", default=False)
+
+
+@contextlib.contextmanager
+def float64_loss():
+    """Within this context, :func:`sgd_objective` sums a float32 loss in float64.
+
+    The per-row losses stay float32; their mean and the penalty are
+    accumulated in float64 and ``loss`` is a float64 output. Full-batch
+    L-BFGS needs it: the float32 sum of 100 000 row losses is too noisy for
+    scipy's line search (``ftol = 64 eps``), which then needs about three
+    times as many evaluations.
+    """
+    token = _FLOAT64_LOSS.set(True)
+    try:
+        yield
+    finally:
+        _FLOAT64_LOSS.reset(token)
 
 
 def _label_input(kind: str, n_outputs: int, elem: int) -> onnx.ValueInfoProto:
@@ -55,7 +78,19 @@ def _data_loss(b: GraphBuilder, kind: str, score: str, pred: str, dtype, **kwarg
     return per_elem
 
 
-def _finish(model: onnx.ModelProto, b: GraphBuilder, loss: str, label_info) -> onnx.ModelProto:
+def _weighted_mean(b: GraphBuilder, rows: str, weight: str) -> str:
+    """``sum(w * rows) / sum(w)`` of two (N,) vectors.
+
+    The value of :func:`ortlearn.loss._reduce_rows` for rows that are
+    already scalars, without its reshape and per-row mean: each node of
+    the loss costs its gradient nodes at every training step.
+    """
+    total = b.reduce("ReduceSum", b.op("Mul", [rows, weight]), keepdims=0)
+    return b.op("Div", [total, b.reduce("ReduceSum", weight, keepdims=0)])
+
+
+def _finish(model: onnx.ModelProto, b: GraphBuilder, loss: str, label_info,
+            loss_elem: int | None = None) -> onnx.ModelProto:
     """Add the nodes, the label and weight inputs, keep only ``loss`` and its ancestors."""
     graph = model.graph
     b.add_to_graph(graph)
@@ -63,7 +98,7 @@ def _finish(model: onnx.ModelProto, b: GraphBuilder, loss: str, label_info) -> o
     graph.input.append(label_info)
     graph.input.append(helper.make_tensor_value_info(SAMPLE_WEIGHT, elem, ["N"]))
     del graph.output[:]
-    graph.output.append(helper.make_tensor_value_info(loss, elem, []))
+    graph.output.append(helper.make_tensor_value_info(loss, loss_elem or elem, []))
     _prune(graph, loss)
     return finalize_model(model)
 
@@ -138,7 +173,7 @@ def mlp_objective(model, kind: str, alpha: float) -> onnx.ModelProto:
     model, b, pred, elem, n_outputs, dtype = _start(model, kind)
     per_elem = _data_loss(b, kind, "squared_error", pred, dtype)
     rows = b.reduce("ReduceSum", per_elem, axes=[1], keepdims=0)
-    data = _reduce_rows(b, rows, SAMPLE_WEIGHT)
+    data = _weighted_mean(b, rows, SAMPLE_WEIGHT)
     loss = data
     coefs = [name for name in _weights_dtypes(model) if name.startswith("coefficient")]
     penalty = _penalty_terms(b, {name: 0.5 * alpha for name in coefs},
@@ -193,14 +228,19 @@ def sgd_objective(model, kind: str, loss: str = "squared_error", penalty: str | 
     kwargs = {"epsilon": epsilon} if loss == "huber" else {}
     per_elem = _data_loss(b, kind, loss, pred, dtype, **kwargs)
     rows = b.reduce("ReduceSum", per_elem, axes=[1], keepdims=0)
-    data = _reduce_rows(b, b.op("Mul", [rows, SAMPLE_WEIGHT]))
+    weighted = b.op("Mul", [rows, SAMPLE_WEIGHT])
+    loss_elem = elem
+    if _FLOAT64_LOSS.get() and elem == TensorProto.FLOAT:
+        weighted, dtype, loss_elem = b.cast(weighted, TensorProto.DOUBLE), np.float64, \
+            TensorProto.DOUBLE
+    data = b.reduce("ReduceMean", weighted, keepdims=0)
     ratio = {"l2": 0.0, "l1": 1.0, "elasticnet": l1_ratio, None: 0.0}[penalty]
     strength = 0.0 if penalty is None else alpha
     terms = _penalty_terms(
         b, {"coef": {"l1": strength * ratio, "l2": strength * (1 - ratio) / 2}},
         _weights_dtypes(model), dtype) if strength else None
     b.op("Identity", [data if terms is None else b.op("Add", [data, terms])], outputs=[LOSS])
-    return _finish(model, b, LOSS, _label_input(kind, n_outputs, elem))
+    return _finish(model, b, LOSS, _label_input(kind, n_outputs, elem), loss_elem)
 
 
 def label_dtype(kind: str, dtype) -> np.dtype:

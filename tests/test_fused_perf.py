@@ -1,0 +1,135 @@
+"""The cheaper forms of the fused step (performance round 2) give the same numbers."""
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from sklearn.datasets import make_classification
+
+from ortlearn.estimators import OrtLinearClassifier, OrtMLPRegressor
+from ortlearn.estimators._engine import TrainingEngine, _batches
+from ortlearn.estimators._fused_step import _masks_as_products, build_fused_step
+from ortlearn.estimators._objective import float64_loss, sgd_objective
+from ortlearn.optim import SGD, Adam
+
+from conftest import run_onnx
+
+
+def _where_graph(dtype):
+    elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    zero = numpy_helper.from_array(np.array(0, dtype=dtype), "zero")
+    nodes = [helper.make_node("Constant", [], ["z"], value=zero),
+             helper.make_node("Greater", ["x", "z"], ["c"]),
+             helper.make_node("Where", ["c", "g", "z"], ["out"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", elem, [None, 3]),
+                                           helper.make_tensor_value_info("g", elem, [None, 3])],
+                              [helper.make_tensor_value_info("out", elem, [None, 3])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 8
+    return model
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_where_masks_become_products_of_the_same_value(dtype):
+    model = _where_graph(dtype)
+    rs = np.random.RandomState(0)
+    feeds = {"x": rs.randn(7, 3).astype(dtype), "g": rs.randn(7, 3).astype(dtype)}
+    expected = run_onnx(model, feeds)[0]
+    rewritten = onnx.ModelProto()
+    rewritten.CopyFrom(model)
+    nodes = _masks_as_products(list(model.graph.node))
+    del rewritten.graph.node[:]
+    rewritten.graph.node.extend(nodes)
+    onnx.checker.check_model(rewritten)
+    assert [n.op_type for n in nodes] == ["Constant", "Greater", "Cast", "Mul"]
+    got = run_onnx(rewritten, feeds)[0]
+    assert got.dtype == dtype
+    np.testing.assert_array_equal(got, np.where(feeds["x"] > 0, feeds["g"], 0))
+    np.testing.assert_array_equal(got, expected)
+
+
+def test_a_where_with_a_nonzero_branch_is_kept():
+    model = _where_graph(np.float32)
+    model.graph.node[0].attribute[0].t.CopyFrom(
+        numpy_helper.from_array(np.array(1, dtype=np.float32), "one"))
+    assert [n.op_type for n in _masks_as_products(list(model.graph.node))][-1] == "Where"
+
+
+def _mlp_engine(optimizer, loop):
+    rs = np.random.RandomState(0)
+    X = rs.randn(60, 4)
+    y = X @ rs.randn(4) + 0.1 * rs.randn(60)
+    est = OrtMLPRegressor(hidden_layer_sizes=(5,), max_iter=1, random_state=0).fit(X, y)
+    engine = est._runtime.engine
+    model, trainable = engine._model, engine.trainable
+    arrays = [X, y.reshape(-1, 1), np.ones(60)]
+    return TrainingEngine(model, trainable, optimizer, input_names=engine.input_names,
+                          epoch_loop=loop), arrays
+
+
+def test_stateful_optimizers_keep_their_state_in_one_flat_buffer():
+    engine, _ = _mlp_engine(Adam(), False)
+    model, layout = build_fused_step(engine._model, engine.trainable, engine.input_names,
+                                     Adam())
+    # one buffer per moment for the 4 weights of the MLP
+    assert len({layout.states[p]["exp_avg"] for p in engine.trainable}) == 1
+    sizes = {p: int(np.prod(s)) for p, (_, s) in layout.state_offsets.items()}
+    offsets = [layout.state_offsets[p][0] for p in engine.trainable]
+    assert offsets == list(np.cumsum([0] + [sizes[p] for p in engine.trainable])[:-1])
+    # SGD without momentum has no state: nothing to flatten
+    _, plain = build_fused_step(engine._model, engine.trainable, engine.input_names, SGD())
+    assert plain.state_offsets == {}
+
+
+@pytest.mark.parametrize("loop", [False, True])
+def test_flat_optimizer_state_reads_and_writes_per_weight(loop):
+    engine, arrays = _mlp_engine(Adam(), loop)
+    engine.set_learning_rate(0.01)
+    engine.train_epoch(arrays, _batches(60, 16, np.random.RandomState(0)))
+    state = engine.optimizer_state()
+    for p, w in engine.get_state().items():
+        assert state["states"][p]["exp_avg"].shape == w.shape
+        assert np.abs(state["states"][p]["exp_avg_sq"]).sum() > 0
+    # a fresh engine loaded with the state continues exactly as the first one
+    other, _ = _mlp_engine(Adam(), not loop)
+    other.set_state(engine.get_state())
+    other.load_optimizer_state(state)
+    batches = _batches(60, 16, np.random.RandomState(1))
+    engine.train_epoch(arrays, batches)
+    other.train_epoch(arrays, batches)
+    for p, w in engine.get_state().items():
+        np.testing.assert_allclose(other.get_state()[p], w, rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(other.optimizer_state()["states"][p]["exp_avg"],
+                               engine.optimizer_state()["states"][p]["exp_avg"],
+                               rtol=1e-12, atol=1e-15)
+
+
+def test_float64_loss_sums_a_float32_objective_in_float64():
+    X, y = make_classification(n_samples=300, n_features=5, random_state=0)
+    X = X.astype(np.float32)
+    est = OrtLinearClassifier(solver="lbfgs", loss="log_loss", max_iter=3).fit(X, y)
+    inference = est._inference_model()
+    plain = sgd_objective(inference, "binary", loss="log_loss", alpha=0.01)
+    with float64_loss():
+        precise = sgd_objective(inference, "binary", loss="log_loss", alpha=0.01)
+    assert plain.graph.output[0].type.tensor_type.elem_type == TensorProto.FLOAT
+    assert precise.graph.output[0].type.tensor_type.elem_type == TensorProto.DOUBLE
+    feeds = {"X": X, "y": y.astype(np.float32).reshape(-1, 1),
+             "sample_weight": np.ones(len(X), np.float32)}
+    w = est.coef_.astype(np.float64).ravel()
+    z = X.astype(np.float64) @ w + float(np.ravel(est.intercept_)[0])
+    expected = np.mean(np.logaddexp(0, z) - y * z) + 0.01 * 0.5 * w @ w
+    loss64 = run_onnx(precise, feeds)[0]
+    assert loss64.dtype == np.float64
+    np.testing.assert_allclose(loss64, expected, rtol=1e-6)
+    np.testing.assert_allclose(run_onnx(plain, feeds)[0], loss64, rtol=1e-6)
+
+
+def test_float32_lbfgs_reaches_the_float64_objective():
+    X, y = make_classification(n_samples=2000, n_features=20, random_state=0)
+    fits = {dtype: OrtLinearClassifier(solver="lbfgs", loss="log_loss", alpha=1e-3,
+                                       tol=1e-6, max_iter=200).fit(X.astype(dtype), y)
+            for dtype in (np.float32, np.float64)}
+    np.testing.assert_allclose(fits[np.float32].loss_, fits[np.float64].loss_, rtol=1e-6)
+    # a float64 loss keeps scipy's line search from stalling on float32 noise
+    assert fits[np.float32].n_iter_ <= fits[np.float64].n_iter_ + 3
