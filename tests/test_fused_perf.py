@@ -9,7 +9,7 @@ from sklearn.datasets import make_classification
 from ortlearn.estimators import OrtLinearClassifier, OrtMLPRegressor
 from ortlearn.estimators._engine import TrainingEngine, _batches
 from ortlearn.estimators._fused_step import _masks_as_products, build_fused_step
-from ortlearn.estimators._objective import float64_loss, sgd_objective
+from ortlearn.estimators._objective import sgd_objective
 from ortlearn.optim import SGD, Adam
 
 from conftest import run_onnx
@@ -110,8 +110,8 @@ def test_float64_loss_sums_a_float32_objective_in_float64():
     est = OrtLinearClassifier(solver="lbfgs", loss="log_loss", max_iter=3).fit(X, y)
     inference = est._inference_model()
     plain = sgd_objective(inference, "binary", loss="log_loss", alpha=0.01)
-    with float64_loss():
-        precise = sgd_objective(inference, "binary", loss="log_loss", alpha=0.01)
+    precise = sgd_objective(inference, "binary", loss="log_loss", alpha=0.01,
+                            sum_in_float64=True)
     assert plain.graph.output[0].type.tensor_type.elem_type == TensorProto.FLOAT
     assert precise.graph.output[0].type.tensor_type.elem_type == TensorProto.DOUBLE
     feeds = {"X": X, "y": y.astype(np.float32).reshape(-1, 1),

@@ -46,7 +46,7 @@ from ..exceptions import ConvergenceError, ConvergenceWarning
 from ..training.device import make_session, parse_device
 from ._engine import TrainingEngine, _conform_state
 from ._lbfgs import minimize_lbfgs
-from ._objective import INPUT_NAMES, LOSS, float64_loss, label_dtype
+from ._objective import INPUT_NAMES, LOSS, label_dtype
 from ._runtime import _Runtime
 
 __all__ = ["BaseOrtEstimator"]
@@ -114,8 +114,13 @@ class BaseOrtEstimator(BaseEstimator):
         """An unfitted scikit-learn estimator with this one's hyper-parameters."""
         raise NotImplementedError
 
-    def _objective(self, inference_model: onnx.ModelProto, kind: str) -> onnx.ModelProto:
-        """The loss graph (inputs ``X``, ``y``, ``sample_weight``; output ``loss``)."""
+    def _objective(self, inference_model: onnx.ModelProto, kind: str,
+                   sum_in_float64: bool = False) -> onnx.ModelProto:
+        """The loss graph (inputs ``X``, ``y``, ``sample_weight``; output ``loss``).
+
+        ``sum_in_float64``: a float32 graph sums its row losses in float64
+        (full-batch L-BFGS).
+        """
         raise NotImplementedError
 
     def _optimizer(self):
@@ -290,8 +295,8 @@ class BaseOrtEstimator(BaseEstimator):
         sample = np.zeros((1, self.n_features_in_), dtype=self._dtype)
         return to_train_onnx(self.estimator_, sample, dtype=self._dtype)
 
-    def _loss_model(self, X):
-        model = self._objective(self._inference_model(), self._kind())
+    def _loss_model(self, X, sum_in_float64: bool = False):
+        model = self._objective(self._inference_model(), self._kind(), sum_in_float64)
         return model, list(get_weights(self.estimator_))
 
     def _build_engine(self, X, device) -> TrainingEngine:
@@ -304,8 +309,7 @@ class BaseOrtEstimator(BaseEstimator):
         return engine
 
     def _fit_lbfgs(self, X, y_enc, sample_weight, device) -> None:
-        with float64_loss():
-            model, trainable = self._loss_model(X)
+        model, trainable = self._loss_model(X, sum_in_float64=True)
         weights, n_iter, loss = minimize_lbfgs(
             model, trainable, None, [X, y_enc, sample_weight], list(INPUT_NAMES),
             device=str(device), max_iter=self.max_iter, tol=self._lbfgs_tol(),

@@ -18,9 +18,6 @@ graph per fit.
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
-
 import numpy as np
 import onnx
 from onnx import TensorProto, helper
@@ -28,8 +25,7 @@ from onnx import TensorProto, helper
 from .._onnx_helper import GraphBuilder, finalize_model, load_model
 from ..loss import _elementwise_loss, _penalty_terms
 
-__all__ = ["mlp_objective", "sgd_objective", "float64_loss", "label_dtype", "INPUT_NAMES",
-           "LOSS"]
+__all__ = ["mlp_objective", "sgd_objective", "label_dtype", "INPUT_NAMES", "LOSS"]
 
 LOSS = "loss"
 LABEL = "y"
@@ -39,24 +35,17 @@ INPUT_NAMES = ("X", LABEL, SAMPLE_WEIGHT)
 
 _PREDICTION = {"regressor": "variable", "classifier": "raw_scores"}
 
-_FLOAT64_LOSS = contextvars.ContextVar("ortlearn_float64_loss", default=False)
+def _widen(b: GraphBuilder, values: list[str], elem: int, sum_in_float64: bool):
+    """``values`` cast to float64 when a float32 objective is summed in float64.
 
-
-@contextlib.contextmanager
-def float64_loss():
-    """Within this context, :func:`sgd_objective` sums a float32 loss in float64.
-
-    The per-row losses stay float32; their mean and the penalty are
-    accumulated in float64 and ``loss`` is a float64 output. Full-batch
-    L-BFGS needs it: the float32 sum of 100 000 row losses is too noisy for
-    scipy's line search (``ftol = 64 eps``), which then needs about three
-    times as many evaluations.
+    Returns the values, the numpy dtype and the element type of the sums.
+    Full-batch L-BFGS needs float64 sums: the float32 sum of 100 000 row
+    losses is too noisy for scipy's line search (``ftol = 64 eps``), which
+    then needs about three times as many evaluations.
     """
-    token = _FLOAT64_LOSS.set(True)
-    try:
-        yield
-    finally:
-        _FLOAT64_LOSS.reset(token)
+    if sum_in_float64 and elem == TensorProto.FLOAT:
+        return [b.cast(v, TensorProto.DOUBLE) for v in values], np.float64, TensorProto.DOUBLE
+    return values, (np.float64 if elem == TensorProto.DOUBLE else np.float32), elem
 
 
 def _label_input(kind: str, n_outputs: int, elem: int) -> onnx.ValueInfoProto:
@@ -139,7 +128,7 @@ def _weights_dtypes(model) -> dict[str, int]:
     return {init.name: init.data_type for init in model.graph.initializer}
 
 
-def mlp_objective(model, kind: str, alpha: float) -> onnx.ModelProto:
+def mlp_objective(model, kind: str, alpha: float, sum_in_float64: bool = False) -> onnx.ModelProto:
     """The per-batch objective of scikit-learn's MLPs.
 
     With ``w`` the sample weights of the batch (ones by default)::
@@ -164,6 +153,9 @@ def mlp_objective(model, kind: str, alpha: float) -> onnx.ModelProto:
         class indices.
     alpha : float
         L2 coefficient (0 disables the penalty).
+    sum_in_float64 : bool, default=False
+        Sum the row losses of a float32 graph in float64 (``loss`` is then
+        float64): full-batch L-BFGS needs the precision.
 
     Returns
     -------
@@ -173,21 +165,22 @@ def mlp_objective(model, kind: str, alpha: float) -> onnx.ModelProto:
     model, b, pred, elem, n_outputs, dtype = _start(model, kind)
     per_elem = _data_loss(b, kind, "squared_error", pred, dtype)
     rows = b.reduce("ReduceSum", per_elem, axes=[1], keepdims=0)
-    data = _weighted_mean(b, rows, SAMPLE_WEIGHT)
+    (rows, weight), dtype, loss_elem = _widen(b, [rows, SAMPLE_WEIGHT], elem, sum_in_float64)
+    data = _weighted_mean(b, rows, weight)
     loss = data
     coefs = [name for name in _weights_dtypes(model) if name.startswith("coefficient")]
     penalty = _penalty_terms(b, {name: 0.5 * alpha for name in coefs},
                              _weights_dtypes(model), dtype) if alpha else None
     if penalty is not None:
-        total = b.reduce("ReduceSum", SAMPLE_WEIGHT, keepdims=0)
+        total = b.reduce("ReduceSum", weight, keepdims=0)
         loss = b.op("Add", [data, b.op("Div", [penalty, total])])
     b.op("Identity", [loss], outputs=[LOSS])
-    return _finish(model, b, LOSS, _label_input(kind, n_outputs, elem))
+    return _finish(model, b, LOSS, _label_input(kind, n_outputs, elem), loss_elem)
 
 
 def sgd_objective(model, kind: str, loss: str = "squared_error", penalty: str | None = "l2",
                   alpha: float = 1e-4, l1_ratio: float = 0.15,
-                  epsilon: float = 0.1) -> onnx.ModelProto:
+                  epsilon: float = 0.1, sum_in_float64: bool = False) -> onnx.ModelProto:
     """The objective of ``SGDRegressor`` / ``SGDClassifier`` (and of logistic regression).
 
     ::
@@ -216,6 +209,8 @@ def sgd_objective(model, kind: str, loss: str = "squared_error", penalty: str | 
         Used by 'elasticnet' only.
     epsilon : float, default=0.1
         Threshold of the Huber loss.
+    sum_in_float64 : bool, default=False
+        As in :func:`mlp_objective`.
 
     Returns
     -------
@@ -229,10 +224,7 @@ def sgd_objective(model, kind: str, loss: str = "squared_error", penalty: str | 
     per_elem = _data_loss(b, kind, loss, pred, dtype, **kwargs)
     rows = b.reduce("ReduceSum", per_elem, axes=[1], keepdims=0)
     weighted = b.op("Mul", [rows, SAMPLE_WEIGHT])
-    loss_elem = elem
-    if _FLOAT64_LOSS.get() and elem == TensorProto.FLOAT:
-        weighted, dtype, loss_elem = b.cast(weighted, TensorProto.DOUBLE), np.float64, \
-            TensorProto.DOUBLE
+    (weighted,), dtype, loss_elem = _widen(b, [weighted], elem, sum_in_float64)
     data = b.reduce("ReduceMean", weighted, keepdims=0)
     ratio = {"l2": 0.0, "l1": 1.0, "elasticnet": l1_ratio, None: 0.0}[penalty]
     strength = 0.0 if penalty is None else alpha
