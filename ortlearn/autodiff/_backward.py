@@ -14,6 +14,7 @@ from .._onnx_helper import (
 )
 from ._context import GradientContext, attr
 from ._registry import get_rule, is_non_differentiable
+from ._shapes import refine_shapes
 
 _DIFF_TYPES = (TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16, TensorProto.BFLOAT16)
 
@@ -143,7 +144,9 @@ def _append_backward(model, loss_output, wrt, builder, infos):
     graph = model.graph
     _check_names(graph, loss_output, wrt, infos)
     differentiable = _differentiable_values(graph, wrt, infos)
-    ctx = GradientContext(builder, infos, _constant_values(graph, wrt), differentiable)
+    constants = _constant_values(graph, wrt)
+    ctx = GradientContext(builder, infos, constants, differentiable,
+                          refine_shapes(graph, infos, constants))
 
     pending: dict[str, list[str]] = {}
     if loss_output in differentiable:

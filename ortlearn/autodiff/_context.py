@@ -34,9 +34,11 @@ class GradientContext:
         Builder receiving the backward nodes.
     """
 
-    def __init__(self, builder: GraphBuilder, infos: dict, constants: dict, differentiable: set):
+    def __init__(self, builder: GraphBuilder, infos: dict, constants: dict, differentiable: set,
+                 shapes: dict | None = None):
         self.b = builder
         self._infos = infos
+        self._static_shapes = shapes or {}
         self._constants = constants
         self._differentiable = differentiable
         self._shapes: dict[str, str] = {}
@@ -52,6 +54,8 @@ class GradientContext:
     # static information -------------------------------------------------
     def shape(self, name: str) -> list | None:
         """Static shape of a forward value (ints, symbols, None), None if unknown rank."""
+        if name in self._static_shapes:
+            return list(self._static_shapes[name])
         info = self._infos.get(name)
         return None if info is None else shape_of(info)
 
@@ -104,9 +108,46 @@ class GradientContext:
     def zeros_like(self, name: str) -> str:
         return self.fill_like(name, 0)
 
+    def static_shape_input(self, name: str) -> str | None:
+        """A constant shape operand reshaping a tensor of ``name``'s size to its shape.
+
+        None unless the shape is known but for at most one dimension (given
+        as -1); a 0 dimension would be read as "copy" by Reshape.
+        """
+        shape = self.shape(name)
+        if shape is None or 0 in shape:
+            return None
+        unknown = [i for i, d in enumerate(shape) if not isinstance(d, int)]
+        if len(unknown) > 1:
+            return None
+        return self.b.ints([-1 if i in unknown else d for i, d in enumerate(shape)],
+                           hint="shape")
+
     def reshape_like(self, grad: str, name: str) -> str:
-        """``grad`` reshaped to the shape of ``name``."""
-        return self.b.op("Reshape", [grad, self.shape_of(name)])
+        """``grad`` (of ``name``'s size) reshaped to the shape of ``name``."""
+        static = self.static_shape_input(name)
+        return self.b.op("Reshape", [grad, self.shape_of(name) if static is None else static])
+
+    def expand_like(self, grad: str, name: str, axes: Sequence[int] | None,
+                    same_rank: bool = True) -> str:
+        """``grad`` (``name``'s shape but 1 on ``axes``, all if None) broadcast to ``name``.
+
+        Static shapes spare the ``Shape`` node, and the ``Expand`` itself
+        when every expanded axis already has length 1 and ``grad`` has the
+        rank of ``name`` (``same_rank``; a scalar ``grad`` does not).
+        """
+        shape = self.shape(name)
+        if shape is None:
+            return self.b.op("Expand", [grad, self.shape_of(name)])
+        axes = set(range(len(shape)) if axes is None else (a % len(shape) for a in axes))
+        if same_rank and all(shape[a] == 1 for a in axes):
+            return grad
+        # Expand keeps grad's length where the target says 1: only the
+        # expanded axes need their (static) length.
+        if any(not isinstance(shape[a], int) for a in axes):
+            return self.b.op("Expand", [grad, self.shape_of(name)])
+        target = [d if a in axes else 1 for a, d in enumerate(shape)]
+        return self.b.op("Expand", [grad, self.b.ints(target, hint="shape")])
 
     def mask_where(self, cond: str, grad: str, like: str) -> str:
         """``grad`` where ``cond`` holds, 0 elsewhere (``like``: a value of grad's type)."""

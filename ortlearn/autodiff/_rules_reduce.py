@@ -48,6 +48,15 @@ class _Reduction:
         return self.ctx.b.reduce(op_type, value, axes, keepdims=1,
                                  noop_with_empty_axes=attr(self.node, "noop_with_empty_axes", 0))
 
+    def expand(self, value: str) -> str:
+        """``value`` (the output's shape, dims kept) broadcast to the input's shape."""
+        if self.identity:
+            return value
+        if self.axes is None and not self.no_axes:  # axes known at run time only
+            return self.ctx.b.op("Expand", [value, self.ctx.shape_of(self.x)])
+        return self.ctx.expand_like(value, self.x, None if self.no_axes else self.axes,
+                                    same_rank=bool(self.keepdims) or not self.no_axes)
+
     def count(self) -> str:
         """Number of input elements per output element, in the input's type."""
         ctx = self.ctx
@@ -69,12 +78,12 @@ def _reduction(op_type):
 
 @_reduction("ReduceSum")
 def _reduce_sum(ctx, red, g):
-    return ctx.b.op("Expand", [g, ctx.shape_of(red.x)])
+    return red.expand(g)
 
 
 @_reduction("ReduceMean")
 def _reduce_mean(ctx, red, g):
-    return ctx.b.op("Expand", [ctx.b.op("Div", [g, red.count()]), ctx.shape_of(red.x)])
+    return red.expand(ctx.b.op("Div", [g, red.count()]))
 
 
 @_reduction("ReduceSumSquare")

@@ -54,9 +54,40 @@ def _slice(ctx, node, grads):
     return [ctx.scatter_flat(x, picked, grads[0], accumulate=False)]
 
 
+def _one_hot_gather(ctx, node, grads):
+    """Gradient of a GatherElements picking one element per row, as a masked product.
+
+    With indices of length 1 along ``axis`` and the data's other dims, each
+    input element receives the gradient of its row where it is the picked
+    one: ``(indices mod n == arange(n)) * grad``, broadcast. Four small nodes
+    instead of a ScatterElements into zeros and its flat positions (a dozen).
+    None when the static shapes do not allow it.
+    """
+    x, indices = node.input
+    sx, si = ctx.shape(x), ctx.shape(indices)
+    if sx is None or si is None or len(sx) != len(si):
+        return None
+    axis = attr(node, "axis", 0) % len(sx)
+    n = sx[axis]
+    if not isinstance(n, int) or si[axis] != 1 or any(
+            a != axis and (di is None or di != dx) for a, (di, dx) in enumerate(zip(si, sx))):
+        return None
+    b = ctx.b
+    # Mod: GatherElements accepts negative indices, counted from the end.
+    positive = b.op("Mod", [indices, b.const(np.asarray(n, dtype=np.int64))])
+    lengths = [1] * len(sx)
+    lengths[axis] = n
+    every = b.const(np.arange(n, dtype=np.int64).reshape(lengths), hint="positions")
+    return ctx.mask_where(b.op("Equal", [positive, every]), grads[0], x)
+
+
 @register_gradient("Gather", "GatherElements")
 def _gather(ctx, node, grads):
     x, indices = node.input
+    if node.op_type == "GatherElements":
+        one_hot = _one_hot_gather(ctx, node, grads)
+        if one_hot is not None:
+            return [one_hot, None]
     picked = ctx.b.op(node.op_type, [ctx.positions(x), indices], axis=attr(node, "axis", 0))
     return [ctx.scatter_flat(x, picked, grads[0], accumulate=True), None]
 
