@@ -61,8 +61,10 @@ def parse_device(device) -> Device:
     if kind == "cuda" and "CUDAExecutionProvider" not in ort.get_available_providers():
         raise ValueError(
             f"device={device!r} needs onnxruntime's CUDAExecutionProvider, which this "
-            "onnxruntime does not have. Install the GPU build: "
-            "pip uninstall onnxruntime && pip install 'ortlearn[gpu]' (onnxruntime-gpu)."
+            "onnxruntime does not have. Install the GPU build (both wheels provide the "
+            "'onnxruntime' module; keep only the GPU one): pip install 'ortlearn[gpu]' && "
+            "pip uninstall -y onnxruntime && pip install --force-reinstall --no-deps "
+            "onnxruntime-gpu."
         )
     return Device(kind, index)
 
