@@ -65,12 +65,13 @@ def _fit_timed(estimator, X, y):
 
 
 def run_demo(device: str = "cpu", max_iter: int = 30, plot: str | None = "ortlearn_demo.png",
-             verbose: bool = True, out=sys.stdout) -> list[dict]:
+             verbose: bool = True, out=None) -> list[dict]:
     """Train the demo models and compare them with scikit-learn.
 
     Returns one dict per job: title, ortlearn / sklearn test score and fit time,
     and the two loss curves.
     """
+    out = out or sys.stdout
     rows = []
     for title, loader, ort_est, skl_est, task in _demo_jobs(max_iter):
         X_train, X_test, y_train, y_test = _split(loader, task)
@@ -128,7 +129,8 @@ def _plot(rows, path, out):
     print(f"\nloss curves written to {path}", file=out)
 
 
-def _info(out=sys.stdout):
+def _info(out=None):
+    out = out or sys.stdout
     import onnx
     import onnxruntime
     import sklearn

@@ -1,0 +1,45 @@
+"""``python -m ortlearn``: the demo trains, compares with scikit-learn and plots."""
+
+import subprocess
+import sys
+
+import pytest
+
+from ortlearn.__main__ import main, run_demo
+
+
+def test_demo_matches_scikit_learn(tmp_path, capsys):
+    rows = run_demo(max_iter=3, plot=None, verbose=True)
+    out = capsys.readouterr().out
+    assert [r["title"] for r in rows] == [
+        "MLP classifier, digits", "MLP regressor, diabetes", "linear regressor (SGD), diabetes"]
+    # one line per epoch, then the table
+    assert out.count("Iteration 3, loss = ") == 3
+    assert "ortlearn   sklearn" in out
+    for row in rows:
+        assert len(row["ortlearn_losses"]) == 3
+    # the MLPs start from sklearn's weights and follow sklearn's updates
+    for row in rows[:2]:
+        assert row["ortlearn_score"] == pytest.approx(row["sklearn_score"], abs=1e-6)
+        assert row["ortlearn_losses"] == pytest.approx(row["sklearn_losses"], rel=1e-4)
+    # SGD: same objective, mini-batches instead of sklearn's per-sample steps
+    assert abs(rows[2]["ortlearn_score"] - rows[2]["sklearn_score"]) < 0.1
+
+
+def test_demo_writes_the_plot_or_says_it_was_skipped(tmp_path, capsys):
+    path = tmp_path / "curves.png"
+    assert main(["demo", "--max-iter", "1", "--quiet", "--plot", str(path)]) == 0
+    out = capsys.readouterr().out
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert "plot skipped" in out and not path.exists()
+    else:
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_help_documents_every_command():
+    result = subprocess.run([sys.executable, "-m", "ortlearn", "demo", "--help"],
+                            capture_output=True, text=True, check=True)
+    for option in ("--device", "--max-iter", "--plot", "--no-plot", "--quiet"):
+        assert option in result.stdout
