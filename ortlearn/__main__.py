@@ -130,7 +130,6 @@ def _plot(rows, path, out):
 
 
 def _info(out=None):
-    out = out or sys.stdout
     import onnx
     import onnxruntime
     import sklearn
@@ -138,6 +137,7 @@ def _info(out=None):
 
     import ortlearn
 
+    out = out or sys.stdout
     print(f"ortlearn {ortlearn.__version__}", file=out)
     for mod in (onnxruntime, onnx, skl2onnx, sklearn):
         print(f"{mod.__name__} {mod.__version__}", file=out)
