@@ -175,3 +175,58 @@ def test_bad_epoch_inputs():
         engine.train_epoch(arrays, _batches(N, BATCH), lr_for_step=lambda step: -1.0)
     with pytest.raises(ValueError, match="epoch_loop"):
         TrainingEngine(loss_model, ["coef"], SGD(), epoch_loop="yes")
+
+
+def _expand_then(other_shape):
+    """``Mul(Expand(s, (3, 4)), y)`` with ``y`` of ``other_shape``, and its nodes."""
+    from onnx import TensorProto, helper
+
+    from ortlearn._onnx_helper import GraphBuilder, finalize_model
+
+    b = GraphBuilder(prefix="t_")
+    expanded = b.op("Expand", ["s", b.ints([3, 4])])
+    b.op("Mul", [expanded, "y"], outputs=["out"])
+    f = TensorProto.DOUBLE
+    graph = helper.make_graph(b.nodes, "g", [helper.make_tensor_value_info("s", f, []),
+                                             helper.make_tensor_value_info("y", f, other_shape)],
+                              [helper.make_tensor_value_info("out", f, [3, 4])])
+    return finalize_model(helper.make_model(graph))
+
+
+@pytest.mark.parametrize("other_shape, expected_expands", [([3, 4], 0), ([1, 4], 1)])
+def test_expand_feeding_a_broadcast_is_dropped_only_when_redundant(other_shape,
+                                                                   expected_expands):
+    from ortlearn._onnx_helper import value_info_map
+    from ortlearn.estimators._fused_step import _expands_as_broadcasts, _prune
+
+    model = _expand_then(other_shape)
+    nodes = _prune(_expands_as_broadcasts(list(model.graph.node), value_info_map(model)),
+                   ["out"])
+    assert sum(n.op_type == "Expand" for n in nodes) == expected_expands
+    rng = np.random.default_rng(0)
+    feeds = {"s": np.array(1.5), "y": rng.normal(size=other_shape)}
+    expected = ort.InferenceSession(model.SerializeToString()).run(None, feeds)[0]
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    got = ort.InferenceSession(model.SerializeToString()).run(None, feeds)[0]
+    np.testing.assert_array_equal(got, expected)
+    assert got.shape == (3, 4)
+
+
+def test_l2_penalty_gradient_needs_no_expand():
+    """The W3 step (64-100-10, alpha > 0, Adam): the penalty's gradient broadcasts."""
+    from sklearn.neural_network import MLPClassifier
+
+    from ortlearn.convert import to_train_onnx
+    from ortlearn.estimators._objective import INPUT_NAMES, LOSS, mlp_objective
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(64, 64)).astype(np.float32)
+    y = np.arange(64) % 10
+    mlp = MLPClassifier((100,), max_iter=1).fit(X, y)
+    loss = mlp_objective(to_train_onnx(mlp, X), "multiclass", alpha=1e-4)
+    trainable = [i.name for i in loss.graph.initializer if i.name.startswith(("coef", "inter"))]
+    model, _ = build_fused_step(loss, trainable, list(INPUT_NAMES), Adam(), LOSS)
+    # Left: the data loss's Expand to the (unknown) batch shape.
+    assert sum(n.op_type == "Expand" for n in model.graph.node) == 1
+    assert len(model.graph.node) <= 148  # 150 before the rewrite

@@ -235,10 +235,10 @@ def _flat_update(b: GraphBuilder, optimizer, params, grads, lr: str, step: str,
              outputs=[b.reserve(updated[p.name])])
 
 
-def _prune(graph: onnx.GraphProto, outputs) -> list:
-    """The nodes of ``graph`` that ``outputs`` need, in order."""
+def _prune(nodes, outputs) -> list:
+    """The nodes of ``nodes`` (in graph order) that ``outputs`` need, in order."""
     needed, kept = set(outputs), []
-    for node in reversed(graph.node):
+    for node in reversed(nodes):
         if any(o in needed for o in node.output):
             kept.append(node)
             needed.update(n for n in node.input if n)
@@ -345,8 +345,62 @@ def _column_sums_as_products(nodes, infos: dict) -> list:
     return out
 
 
-def _cheaper_nodes(model: onnx.ModelProto, nodes) -> list:
-    """``nodes`` with the rewrites that keep their values and cost onnxruntime less."""
+#: Elementwise operators whose broadcasting makes an ``Expand`` of one operand
+#: to the other's shape redundant.
+_BROADCASTING = frozenset({"Add", "Sub", "Mul", "Div"})
+
+
+def _static_shape(infos: dict, name: str):
+    """The shape of ``name`` when every dimension is known (int or symbol), else None."""
+    shape = shape_of(infos[name]) if name in infos else None
+    return None if shape is None or None in shape else shape
+
+
+def _expands_as_broadcasts(nodes, infos: dict) -> list:
+    """``Mul(Expand(s, shape), y)`` rewritten as ``Mul(s, y)`` when ``s`` holds one value.
+
+    The gradient of a ``ReduceSum`` is its upstream scalar expanded to the
+    input's shape, which an L2 penalty then multiplies by the weight:
+    broadcasting gives the same values without the ``Expand`` (and the
+    ``Shape`` that may feed it), each node costing onnxruntime about a
+    microsecond. Only done when every consumer is an elementwise binary
+    operator whose other operand has the expanded shape.
+    """
+    consumers = {}
+    for node in nodes:
+        for value in node.input:
+            consumers.setdefault(value, []).append(node)
+    replaced = {}
+    for node in nodes:
+        if node.op_type != "Expand":
+            continue
+        source, target = _static_shape(infos, node.input[0]), _static_shape(infos, node.output[0])
+        if source is None or target is None or any(d != 1 for d in source) \
+                or len(source) > len(target):
+            continue
+        users = consumers.get(node.output[0], [])
+        if users and all(
+                user.op_type in _BROADCASTING and len(user.input) == 2
+                and len({*user.input}) == 2
+                and _static_shape(infos, next(v for v in user.input if v != node.output[0]))
+                == target for user in users):
+            replaced[node.output[0]] = node.input[0]
+    out = []
+    for node in nodes:
+        if node.op_type == "Expand" and node.output[0] in replaced:
+            continue
+        if any(v in replaced for v in node.input):
+            node = onnx.NodeProto.FromString(node.SerializeToString())
+            node.input[:] = [replaced.get(v, v) for v in node.input]
+        out.append(node)
+    return out
+
+
+def _cheaper_nodes(model: onnx.ModelProto, nodes, outputs) -> list:
+    """``nodes`` with the rewrites that keep their values and cost onnxruntime less.
+
+    Only the nodes that ``outputs`` still need are kept.
+    """
     nodes = _masks_as_products(nodes)
     graph = onnx.GraphProto()
     graph.CopyFrom(model.graph)
@@ -355,7 +409,9 @@ def _cheaper_nodes(model: onnx.ModelProto, nodes) -> list:
     probe = onnx.ModelProto()
     probe.CopyFrom(model)
     probe.graph.CopyFrom(graph)
-    return _column_sums_as_products(nodes, value_info_map(probe))
+    infos = value_info_map(probe)
+    nodes = _prune(_expands_as_broadcasts(nodes, infos), outputs)
+    return _column_sums_as_products(nodes, infos)
 
 
 def _value_infos(infos, names, suffix: str = "") -> list:
@@ -407,7 +463,8 @@ def build_fused_step(loss_model: onnx.ModelProto, trainable, input_names, optimi
     outputs = _value_infos(infos, layout.carried)
     for info, name in zip(outputs, layout.carried.values()):
         info.name = name
-    nodes = _cheaper_nodes(model, _prune(graph, list(layout.carried.values())))
+    kept = list(layout.carried.values())
+    nodes = _cheaper_nodes(model, _prune(graph.node, kept), kept)
     del graph.node[:]
     graph.node.extend(nodes)
     del graph.output[:]
@@ -433,7 +490,8 @@ def build_fused_epoch(loss_model: onnx.ModelProto, trainable, input_names, optim
     graph = model.graph
     infos = {i.name: i for i in carried_inputs}
     carried = list(layout.carried)
-    body_nodes = _cheaper_nodes(model, _prune(graph, list(layout.carried.values())))
+    outputs = list(layout.carried.values())
+    body_nodes = _cheaper_nodes(model, _prune(graph.node, outputs), outputs)
     cond = "fused.cond"
     body_nodes.append(helper.make_node("Identity", [cond], [cond + _NEXT]))
     body = helper.make_graph(
