@@ -460,7 +460,7 @@ class TrainingEngine:
         self._epoch_arrays = []
 
     def _epoch_feeds(self, batch_indices, lr_for_step) -> tuple[dict, int]:
-        """Row order, batch offsets, learning rates and step base of one epoch."""
+        """Row order, batch offsets and the optimizer's per-step scalars of one epoch."""
         if not len(batch_indices):
             raise ValueError("An epoch needs at least one batch.")
         sizes = np.array([len(b) for b in batch_indices], dtype=np.int64)
@@ -473,10 +473,12 @@ class TrainingEngine:
         else:
             rates = [_check_lr(lr_for_step(self.n_steps + k)) for k in range(1, len(sizes) + 1)]
         self._lr = rates[-1]
-        feeds = {"order": order, "offsets": offsets,
-                 "lrs": np.array(rates, dtype=np.float32),
-                 "base_step": np.array(self.n_steps, dtype=np.int64)}
-        return feeds, int(sizes.sum())
+        # The learning rate goes through float32, as the optimizer model's
+        # learning_rate input does, so fused and unfused training agree.
+        lrs = np.array(rates, dtype=np.float32).astype(np.float64)
+        steps = np.arange(self.n_steps + 1, self.n_steps + len(sizes) + 1)
+        scalars = self.optimizer.host_scalars(lrs, steps)
+        return {"order": order, "offsets": offsets, "scalars": scalars}, int(sizes.sum())
 
     def train_epoch(self, arrays, batch_indices, lr_for_step=None) -> float:
         """One pass over the mini-batches.
@@ -524,8 +526,10 @@ class TrainingEngine:
                               if name in layout.epoch_ordered]
         bound.update({layout.data[name]: ort.OrtValue.ortvalue_from_numpy(array, kind, index)
                       for name, array in zip(layout.epoch_ordered, self._epoch_arrays)})
-        bound.update({name: ort.OrtValue.ortvalue_from_numpy(feeds[key], kind, index)
-                      for name, key in zip(layout.epoch_inputs, feeds)})
+        epoch_values = dict(zip(layout.epoch_inputs[:2], (feeds["order"], feeds["offsets"])))
+        epoch_values.update({layout.scalars[s]: v for s, v in feeds["scalars"].items()})
+        bound.update({name: ort.OrtValue.ortvalue_from_numpy(value, kind, index)
+                      for name, value in epoch_values.items()})
         buffers.bind_inputs(bound)
         for name in layout.carried:
             if name not in layout.weights.values() and not _is_state(layout, name):

@@ -14,9 +14,11 @@ copied from the host per step. The inputs and outputs of the step graph
   listed in ``epoch_ordered``, their rows in the epoch's order, set per
   epoch), ``order`` (int64
   row numbers of the epoch, batch after batch), ``offsets`` (int64, where
-  each batch starts in ``order``, then the total), ``lrs`` (float32, the
-  learning rate of each batch of the epoch) and ``base_step`` (int64, the
-  updates made before the epoch): set once per epoch;
+  each batch starts in ``order``, then the total) and the optimizer's
+  per-step scalars (float64, one value per batch of the epoch, from its
+  ``host_scalars``: the learning rate and, for Adam, the bias corrections,
+  computed on the host rather than by a dozen nodes per step): set once per
+  epoch;
 - carried values, each an input and an output: ``k`` (the batch number in
   the epoch, step mode only), ``loss_sum`` (float64, the sum of
   ``batch_loss * batch_rows`` so far), the weights, the optimizer states
@@ -40,7 +42,7 @@ from .._onnx_helper import (
 
 __all__ = ["FusedLayout", "build_fused_step", "build_fused_epoch"]
 
-ORDER, OFFSETS, LRS, BASE_STEP = "fused.order", "fused.offsets", "fused.lrs", "fused.base_step"
+ORDER, OFFSETS, SCALAR = "fused.order", "fused.offsets", "fused.scalar."
 STEP_IN_EPOCH, LOSS_SUM = "fused.k", "fused.loss_sum"
 FLAT = "fused.weights"
 _NEXT, _DATA, _EPOCH = ".next", ".all", ".epoch"
@@ -55,7 +57,8 @@ class FusedLayout:
     data : dict of str to str
         Data input of the loss graph -> graph input holding all its rows.
     epoch_inputs : tuple of str
-        ``order``, ``offsets``, ``lrs``, ``base_step`` (set once per epoch).
+        ``order``, ``offsets`` then the values of :attr:`scalars` (set once
+        per epoch).
     carried : dict of str to str
         Carried input -> the output holding its next value (weights,
         optimizer states, ``loss_sum`` and, in step mode, ``k``).
@@ -73,6 +76,9 @@ class FusedLayout:
     epoch_ordered : tuple of str
         Data inputs fed once per epoch with their rows in the epoch's order
         (``array[order]``): a batch is then a slice, not a ``Gather``.
+    scalars : dict of str to str
+        ``{scalar name: input}``: the float64 array, one value per batch, of
+        each of the optimizer's per-step scalars (``optimizer.host_scalars``).
     """
 
     data: dict
@@ -83,6 +89,7 @@ class FusedLayout:
     loss_sum: str
     state_offsets: dict = field(default_factory=dict)
     epoch_ordered: tuple = ()
+    scalars: dict = field(default_factory=dict)
 
 
 def _state_name(param: str, state: str) -> str:
@@ -109,7 +116,8 @@ def _step_nodes(model: onnx.ModelProto, trainable, input_names, optimizer, loss_
     del graph.input[:]
 
     b = GraphBuilder.for_model(model, prefix="fused_")
-    for name in (ORDER, OFFSETS, LRS, BASE_STEP, LOSS_SUM, k):
+    scalar_inputs = {s: SCALAR + s for s in optimizer.scalar_names}
+    for name in (ORDER, OFFSETS, *scalar_inputs.values(), LOSS_SUM, k):
         b.reserve(name)
     # Batch k is order[offsets[k]:offsets[k + 1]].
     k1 = b.unsqueeze(k, [0])
@@ -131,8 +139,7 @@ def _step_nodes(model: onnx.ModelProto, trainable, input_names, optimizer, loss_
             dims = ["n_rows"] + list(dims[1:]) if dims else None
             b.op("Gather", [data[name], rows], outputs=[name], axis=0)
         inputs.append(helper.make_tensor_value_info(data[name], elem_type_of(info), dims))
-    lr = b.op("Gather", [LRS, k])
-    step = b.op("Add", [BASE_STEP, b.op("Add", [k, b.const(1, dtype=np.int64)])])
+    step_scalars = {s: b.op("Gather", [name, k]) for s, name in scalar_inputs.items()}
     n_rows = b.cast(b.op("Squeeze", [b.op("Shape", [rows])]), TensorProto.DOUBLE)
     prologue = b.nodes
     b.nodes = []
@@ -141,9 +148,8 @@ def _step_nodes(model: onnx.ModelProto, trainable, input_names, optimizer, loss_
     graph.node.extend(prologue + forward)
     scalar = helper.make_tensor_value_info
     inputs += [scalar(ORDER, TensorProto.INT64, ["n_epoch_rows"]),
-               scalar(OFFSETS, TensorProto.INT64, ["n_batches_1"]),
-               scalar(LRS, TensorProto.FLOAT, ["n_batches"]),
-               scalar(BASE_STEP, TensorProto.INT64, [])]
+               scalar(OFFSETS, TensorProto.INT64, ["n_batches_1"])]
+    inputs += [scalar(name, TensorProto.DOUBLE, ["n_batches"]) for name in scalar_inputs.values()]
     flat = _flat_offsets(params, optimizer)
     if flat:
         states = {p.name: {s: _state_name(FLAT, s) for s in optimizer.state_names}
@@ -180,15 +186,16 @@ def _step_nodes(model: onnx.ModelProto, trainable, input_names, optimizer, loss_
         b.reserve(value)
         updated[value] = value + _NEXT
     if flat:
-        _flat_update(b, optimizer, params, grads, lr, step, updated)
+        _flat_update(b, optimizer, params, grads, step_scalars, updated)
     else:
-        optimizer.build(b, trainable, [grads[n] for n in trainable], states, lr, step,
-                        elem_types=[p.data_type for p in params], updated_names=updated)
+        optimizer.build(b, trainable, [grads[n] for n in trainable], states, None, None,
+                        elem_types=[p.data_type for p in params], updated_names=updated,
+                        scalars=step_scalars)
     b.add_to_graph(graph)
     carried.update(updated)
-    layout = FusedLayout(data, (ORDER, OFFSETS, LRS, BASE_STEP), carried,
+    layout = FusedLayout(data, (ORDER, OFFSETS, *scalar_inputs.values()), carried,
                          {p.name: p.name for p in params}, states, LOSS_SUM, flat,
-                         tuple(n for n in input_names if n in epoch_ordered))
+                         tuple(n for n in input_names if n in epoch_ordered), scalar_inputs)
     return inputs, carried_inputs, layout
 
 
@@ -211,7 +218,7 @@ def _flat_offsets(params, optimizer) -> dict:
     return offsets
 
 
-def _flat_update(b: GraphBuilder, optimizer, params, grads, lr: str, step: str,
+def _flat_update(b: GraphBuilder, optimizer, params, grads, step_scalars: dict,
                  updated: dict) -> None:
     """The optimizer's update on the concatenated weights, split back per weight.
 
@@ -225,8 +232,9 @@ def _flat_update(b: GraphBuilder, optimizer, params, grads, lr: str, step: str,
                      axis=0)
     states = {weights: {s: _state_name(FLAT, s) for s in optimizer.state_names}}
     names = {_state_name(FLAT, s): updated[_state_name(FLAT, s)] for s in optimizer.state_names}
-    new_weights, _ = optimizer.build(b, [weights], [flat_grad], states, lr, step,
-                                     elem_types=[params[0].data_type], updated_names=names)
+    new_weights, _ = optimizer.build(b, [weights], [flat_grad], states, None, None,
+                                     elem_types=[params[0].data_type], updated_names=names,
+                                     scalars=step_scalars)
     sizes = [int(np.prod(p.dims, dtype=np.int64)) for p in params]
     pieces = b.op("Split", [new_weights[0], b.ints(sizes, hint="sizes")], n_outputs=len(params),
                   axis=0)
@@ -480,7 +488,7 @@ def build_fused_epoch(loss_model: onnx.ModelProto, trainable, input_names, optim
 
     Same parameters and layout as :func:`build_fused_step`, without ``k``
     (the loop's iteration number counts the batches); the number of
-    iterations is the length of ``lrs``.
+    iterations is the length of the per-step scalar arrays.
     """
     model = onnx.ModelProto()
     model.CopyFrom(loss_model)
@@ -505,7 +513,7 @@ def build_fused_epoch(loss_model: onnx.ModelProto, trainable, input_names, optim
         info.name = name
     # Outer names differ from the body's (no shadowing across scopes).
     b = GraphBuilder(opset=opset_of(model), prefix="fused_epoch_")
-    trips = b.op("Squeeze", [b.op("Shape", [LRS])])
+    trips = b.op("Squeeze", [b.op("Shape", [next(iter(layout.scalars.values()))])])
     true = b.const(True)
     outer_in = {c: c + ".in" for c in carried}
     outer_out = {c: c + ".out" for c in carried}
@@ -523,5 +531,5 @@ def build_fused_epoch(loss_model: onnx.ModelProto, trainable, input_names, optim
                                {p: {s: outer_in[v] for s, v in d.items()}
                                 for p, d in layout.states.items()},
                                outer_in[LOSS_SUM], layout.state_offsets,
-                               layout.epoch_ordered)
+                               layout.epoch_ordered, layout.scalars)
     return finalize_model(model), epoch_layout

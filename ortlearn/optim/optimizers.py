@@ -9,7 +9,11 @@ loop can fuse it with the forward and backward pass into one graph.
 
 The per-step scalars (learning rate, bias corrections) are computed once in
 float64 inside the graph, then cast to the dtype of each parameter, so
-float32 and float64 parameters can be mixed in one graph.
+float32 and float64 parameters can be mixed in one graph. A caller that
+knows the learning rate of every step ahead (the fused training epoch) can
+compute them on the host with :meth:`~_Optimizer.host_scalars` and pass
+them to :meth:`~_Optimizer.build` as graph values: the step then skips the
+dozen scalar nodes, and the update rule itself is the same.
 """
 
 from __future__ import annotations
@@ -201,7 +205,8 @@ class _Optimizer:
     def build(self, builder: GraphBuilder, params: Sequence[str], grads: Sequence[str],
               states: Mapping[str, Mapping[str, str]], learning_rate: str, step: str, *,
               elem_types: Sequence[int] | None = None,
-              updated_names: Mapping[str, str] | None = None):
+              updated_names: Mapping[str, str] | None = None,
+              scalars: Mapping[str, str] | None = None):
         """Append the update of every parameter to ``builder``.
 
         Parameters
@@ -214,12 +219,14 @@ class _Optimizer:
             ``{param: {state_name: value name}}`` with every name of
             :attr:`state_names` for every parameter (may be empty when the
             optimizer has no state).
-        learning_rate : str
+        learning_rate : str or None
             Name of a scalar float tensor (float32 in the artifacts; float64
-            keeps a float64 update exact).
-        step : str
+            keeps a float64 update exact). Unused (may be None) with
+            ``scalars``.
+        step : str or None
             Name of a scalar numeric tensor (int64 in the artifacts): the
-            1-based number of the update being made.
+            1-based number of the update being made. Unused (may be None)
+            with ``scalars``.
         elem_types : list of int, optional
             ``TensorProto`` element type of each parameter. Without it, the
             graph converts scalars with ``CastLike`` (opset >= 15).
@@ -228,6 +235,11 @@ class _Optimizer:
             to the name its updated value must have (e.g. ``'W' ->
             'W.updated'``). The names are reserved in ``builder``. Names not
             listed get generated names.
+        scalars : dict, optional
+            ``{scalar name: value name}`` with a float64 scalar tensor for
+            each of :attr:`scalar_names`, holding what :meth:`host_scalars`
+            computes for this step: the graph uses them instead of computing
+            them from ``learning_rate`` and ``step``.
 
         Returns
         -------
@@ -239,7 +251,8 @@ class _Optimizer:
         Raises
         ------
         ValueError
-            If the lists are not aligned or a state is missing.
+            If the lists are not aligned, a state is missing, or ``scalars``
+            does not name exactly :attr:`scalar_names`.
         TypeError
             If an element type is not float or double.
 
@@ -261,15 +274,22 @@ class _Optimizer:
             missing = set(self.state_names) - set(states.get(p, {}))
             if missing:
                 raise ValueError(f"{self.type}: parameter {p!r} lacks state(s) {sorted(missing)}.")
+        if scalars is not None and set(scalars) != set(self.scalar_names):
+            raise ValueError(f"{self.type} needs the scalars {list(self.scalar_names)}, "
+                             f"got {sorted(scalars)}.")
         first_node = len(builder.nodes)
-        scalars = _Scalars(builder, params, elem_types)
+        converter = _Scalars(builder, params, elem_types)
         if self.clip_grad is not None:
             grads = clip_grad_norm(builder, grads, self.clip_grad, elem_types)
-        step_scalars = self._step_scalars(builder, builder.cast(learning_rate, TensorProto.DOUBLE),
-                                          builder.cast(step, TensorProto.DOUBLE))
+        if scalars is None:
+            step_scalars = self._step_scalars(builder,
+                                              builder.cast(learning_rate, TensorProto.DOUBLE),
+                                              builder.cast(step, TensorProto.DOUBLE))
+        else:
+            step_scalars = dict(scalars)
         new_params, new_states = [], {}
         for i, (p, g) in enumerate(zip(params, grads)):
-            at = functools.partial(scalars.get, index=i)
+            at = functools.partial(converter.get, index=i)
             new_p, new_s = self._update(builder, at, step_scalars, p, g, states.get(p, {}))
             new_params.append(new_p)
             new_states[p] = new_s
@@ -277,6 +297,43 @@ class _Optimizer:
             new_params, new_states = self._apply_names(
                 builder, first_node, params, states, new_params, new_states, updated_names)
         return new_params, new_states
+
+    @property
+    def scalar_names(self) -> tuple[str, ...]:
+        """Names of the per-step scalars: keys of :meth:`host_scalars`, ``build``'s ``scalars``."""
+        return tuple(self.host_scalars(1.0, 1))
+
+    def host_scalars(self, learning_rate, step) -> dict[str, np.ndarray]:
+        """The per-step scalars of the update, computed on the host in float64.
+
+        The same values the graph computes from ``learning_rate`` and
+        ``step`` (to the last bit or so), for :meth:`build`'s ``scalars``.
+
+        Parameters
+        ----------
+        learning_rate : float or array-like
+            Learning rate of each step.
+        step : int or array-like
+            1-based number of each update, aligned with ``learning_rate``.
+
+        Returns
+        -------
+        dict
+            ``{scalar name: float64 array}`` of the shape of the inputs
+            broadcast together.
+
+        Examples
+        --------
+        >>> Adam().host_scalars([0.1, 0.1], [1, 2])["lr_t"].round(4)
+        array([0.0316, 0.0235])
+        """
+        lr, t = np.broadcast_arrays(np.asarray(learning_rate, dtype=np.float64),
+                                    np.asarray(step, dtype=np.float64))
+        return {k: np.asarray(v, dtype=np.float64) for k, v in self._host_scalars(lr, t).items()}
+
+    def _host_scalars(self, lr, step) -> dict:
+        """:meth:`_step_scalars` in numpy (float64 arrays in, float64 arrays out)."""
+        raise NotImplementedError
 
     def _apply_names(self, builder, first_node, params, states, new_params, new_states,
                      updated_names):
@@ -366,6 +423,9 @@ class SGD(_Optimizer):
     def _step_scalars(self, builder, lr, step):
         return {"lr": lr}
 
+    def _host_scalars(self, lr, step):
+        return {"lr": lr.copy()}
+
     def _update(self, builder, at, scalars, p, g, state):
         if self.weight_decay:
             g = builder.op("Add", [g, builder.op("Mul", [at(self.weight_decay), p])])
@@ -402,6 +462,9 @@ class _AdamBase(_Optimizer):
         return [builder.op("Sub", [one, builder.op(
                     "Pow", [builder.const(beta, dtype=np.float64), step])])
                 for beta in (self.beta_1, self.beta_2)]
+
+    def _host_bias_corrections(self, step):
+        return 1.0 - self.beta_1 ** step, 1.0 - self.beta_2 ** step
 
     def _moments(self, builder, at, g, state):
         """``m = b1 m + (1 - b1) g`` and ``v = b2 v + (1 - b2) g^2``."""
@@ -460,6 +523,10 @@ class Adam(_AdamBase):
         bc1, bc2 = self._bias_corrections(builder, step)
         lr_t = builder.op("Div", [builder.op("Mul", [lr, builder.op("Sqrt", [bc2])]), bc1])
         return {"lr_t": lr_t}
+
+    def _host_scalars(self, lr, step):
+        bc1, bc2 = self._host_bias_corrections(step)
+        return {"lr_t": lr * np.sqrt(bc2) / bc1}
 
     def _update(self, builder, at, scalars, p, g, state):
         if self.weight_decay:
@@ -536,6 +603,13 @@ class AdamW(_AdamBase):
         bc1, bc2 = self._bias_corrections(builder, step)
         return {"decay": decay, "step_size": builder.op("Div", [lr, bc1]),
                 "sqrt_bc2": builder.op("Sqrt", [bc2])}
+
+    def _host_scalars(self, lr, step):
+        decay = 1.0 - lr * self.weight_decay
+        if not self.bias_correction:
+            return {"decay": decay, "step_size": lr.copy()}
+        bc1, bc2 = self._host_bias_corrections(step)
+        return {"decay": decay, "step_size": lr / bc1, "sqrt_bc2": np.sqrt(bc2)}
 
     def _update(self, builder, at, scalars, p, g, state):
         if self.weight_decay:
