@@ -354,6 +354,18 @@ def _subgraph_inputs(node: onnx.NodeProto) -> set:
     return names
 
 
+def needed_nodes(nodes: Sequence[onnx.NodeProto], outputs: Sequence[str]) -> list:
+    """The nodes (in their order) that computing ``outputs`` needs."""
+    needed, kept = set(outputs), []
+    for node in reversed(nodes):
+        if any(o in needed for o in node.output):
+            kept.append(node)
+            needed.update(n for n in node.input if n)
+            needed.update(_subgraph_inputs(node))
+    kept.reverse()
+    return kept
+
+
 def prune_model(model: onnx.ModelProto, outputs: Sequence[str],
                 weights: dict | None = None) -> onnx.ModelProto:
     """The part of ``model`` that computes ``outputs``, ``weights`` baked in.
@@ -377,13 +389,11 @@ def prune_model(model: onnx.ModelProto, outputs: Sequence[str],
         raise ValueError(f"{unknown} are not values of the model; its outputs are "
                          f"{[o.name for o in model.graph.output]}.")
     graph = model.graph
-    needed, kept = set(outputs), []
-    for node in reversed(graph.node):
-        if any(o in needed for o in node.output):
-            kept.append(node)
-            needed.update(n for n in node.input if n)
-            needed.update(_subgraph_inputs(node))
-    kept.reverse()
+    kept = needed_nodes(graph.node, outputs)
+    needed = set(outputs)
+    for node in kept:
+        needed.update(n for n in node.input if n)
+        needed.update(_subgraph_inputs(node))
     inputs = [i for i in graph.input if i.name in needed and i.name not in weights]
     initializers = [numpy_helper.from_array(np.asarray(value), name)
                     for name, value in weights.items() if name in needed]

@@ -197,12 +197,12 @@ def _expand_then(other_shape):
 @pytest.mark.parametrize("other_shape, expected_expands", [([3, 4], 0), ([1, 4], 1)])
 def test_expand_feeding_a_broadcast_is_dropped_only_when_redundant(other_shape,
                                                                    expected_expands):
-    from ortlearn._onnx_helper import value_info_map
-    from ortlearn.estimators._fused_step import _expands_as_broadcasts, _prune
+    from ortlearn._onnx_helper import needed_nodes, value_info_map
+    from ortlearn.estimators._fused_step import _expands_as_broadcasts
 
     model = _expand_then(other_shape)
-    nodes = _prune(_expands_as_broadcasts(list(model.graph.node), value_info_map(model)),
-                   ["out"])
+    nodes = needed_nodes(_expands_as_broadcasts(list(model.graph.node), value_info_map(model)),
+                         ["out"])
     assert sum(n.op_type == "Expand" for n in nodes) == expected_expands
     rng = np.random.default_rng(0)
     feeds = {"s": np.array(1.5), "y": rng.normal(size=other_shape)}

@@ -37,7 +37,14 @@ import onnx
 from onnx import TensorProto, helper
 
 from .._onnx_helper import (
-    FLOAT_TYPES, GraphBuilder, elem_type_of, finalize_model, opset_of, shape_of, value_info_map,
+    FLOAT_TYPES,
+    GraphBuilder,
+    elem_type_of,
+    finalize_model,
+    needed_nodes,
+    opset_of,
+    shape_of,
+    value_info_map,
 )
 
 __all__ = ["FusedLayout", "build_fused_step", "build_fused_epoch"]
@@ -243,17 +250,6 @@ def _flat_update(b: GraphBuilder, optimizer, params, grads, step_scalars: dict,
              outputs=[b.reserve(updated[p.name])])
 
 
-def _prune(nodes, outputs) -> list:
-    """The nodes of ``nodes`` (in graph order) that ``outputs`` need, in order."""
-    needed, kept = set(outputs), []
-    for node in reversed(nodes):
-        if any(o in needed for o in node.output):
-            kept.append(node)
-            needed.update(n for n in node.input if n)
-    kept.reverse()
-    return kept
-
-
 def _zero_constants(nodes) -> dict:
     """``{output: TensorProto element type}`` of the Constant nodes holding a scalar 0."""
     zeros = {}
@@ -418,7 +414,7 @@ def _cheaper_nodes(model: onnx.ModelProto, nodes, outputs) -> list:
     probe.CopyFrom(model)
     probe.graph.CopyFrom(graph)
     infos = value_info_map(probe)
-    nodes = _prune(_expands_as_broadcasts(nodes, infos), outputs)
+    nodes = needed_nodes(_expands_as_broadcasts(nodes, infos), outputs)
     return _column_sums_as_products(nodes, infos)
 
 
@@ -472,7 +468,7 @@ def build_fused_step(loss_model: onnx.ModelProto, trainable, input_names, optimi
     for info, name in zip(outputs, layout.carried.values()):
         info.name = name
     kept = list(layout.carried.values())
-    nodes = _cheaper_nodes(model, _prune(graph.node, kept), kept)
+    nodes = _cheaper_nodes(model, needed_nodes(graph.node, kept), kept)
     del graph.node[:]
     graph.node.extend(nodes)
     del graph.output[:]
@@ -499,7 +495,7 @@ def build_fused_epoch(loss_model: onnx.ModelProto, trainable, input_names, optim
     infos = {i.name: i for i in carried_inputs}
     carried = list(layout.carried)
     outputs = list(layout.carried.values())
-    body_nodes = _cheaper_nodes(model, _prune(graph.node, outputs), outputs)
+    body_nodes = _cheaper_nodes(model, needed_nodes(graph.node, outputs), outputs)
     cond = "fused.cond"
     body_nodes.append(helper.make_node("Identity", [cond], [cond + _NEXT]))
     body = helper.make_graph(

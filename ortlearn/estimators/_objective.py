@@ -22,7 +22,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from .._onnx_helper import GraphBuilder, finalize_model, load_model
+from .._onnx_helper import GraphBuilder, finalize_model, load_model, needed_nodes
 from ..loss import _elementwise_loss, _penalty_terms
 
 __all__ = ["mlp_objective", "sgd_objective", "label_dtype", "INPUT_NAMES", "LOSS"]
@@ -88,19 +88,10 @@ def _finish(model: onnx.ModelProto, b: GraphBuilder, loss: str, label_info,
     graph.input.append(helper.make_tensor_value_info(SAMPLE_WEIGHT, elem, ["N"]))
     del graph.output[:]
     graph.output.append(helper.make_tensor_value_info(loss, loss_elem or elem, []))
-    _prune(graph, loss)
-    return finalize_model(model)
-
-
-def _prune(graph: onnx.GraphProto, output: str) -> None:
-    """Drop the nodes ``output`` does not depend on."""
-    needed, kept = {output}, []
-    for node in reversed(graph.node):
-        if needed.intersection(node.output):
-            kept.append(node)
-            needed.update(node.input)
+    kept = needed_nodes(graph.node, [loss])  # the inference outputs' nodes go
     del graph.node[:]
-    graph.node.extend(reversed(kept))
+    graph.node.extend(kept)
+    return finalize_model(model)
 
 
 def _start(model, kind: str):
