@@ -16,7 +16,6 @@ import importlib.metadata
 import importlib.util
 import os
 import platform
-import sys
 
 PACKAGES = ("ortlearn", "numpy", "scipy", "scikit-learn", "onnx", "onnxruntime",
             "onnxruntime-gpu", "skl2onnx", "torch", "threadpoolctl", "matplotlib")

@@ -121,6 +121,18 @@ def _ortlearn(cls_name: str, required: dict, optional: dict):
     return cls(**required, **{k: v for k, v in optional.items() if k in known})
 
 
+def _linear_sgd_maker(batch: int, learning_rate: float, seed: int, device: str):
+    """``max_iter -> OrtLinearRegressor``: plain mini-batch SGD at a constant rate, no stopping."""
+    def make(max_iter):
+        return _ortlearn("OrtLinearRegressor",
+                         {"solver": "sgd", "batch_size": batch, "max_iter": max_iter,
+                          "eta0": learning_rate, "random_state": seed, "device": device},
+                         {"loss": "squared_error", "penalty": None, "alpha": 0.0,
+                          "learning_rate": "constant", "tol": None, "shuffle": True,
+                          "early_stopping": False})
+    return make
+
+
 def _ortlearn_epochs(make, X, y, epochs: int, warmup: bool):
     """Time ortlearn per epoch by difference of a 1-epoch and an E-epoch fit."""
     t1, est = _timed(lambda: make(1).fit(X, y))
@@ -230,13 +242,7 @@ def build_w1(opts: Options) -> Workload:
                  sklearn_ref="sklearn_sgd_per_sample", torch_ref="torch_sgd")
 
     def ortlearn_sgd(seed, warmup):
-        def make(max_iter):
-            return _ortlearn("OrtLinearRegressor",
-                             {"solver": "sgd", "batch_size": batch, "max_iter": max_iter,
-                              "eta0": SGD_LR, "random_state": seed, "device": opts.device},
-                             {"loss": "squared_error", "penalty": None, "alpha": 0.0,
-                              "learning_rate": "constant", "tol": None, "shuffle": True,
-                              "early_stopping": False})
+        make = _linear_sgd_maker(batch, SGD_LR, seed, opts.device)
         out, est = _ortlearn_epochs(make, X, y, epochs, warmup)
         return {**out, "train_mse": _mse(est.predict(X), y)}
 
@@ -496,13 +502,7 @@ def build_w5(opts: Options) -> Workload:
     fitted = {}
 
     def ortlearn_sgd(seed, warmup):
-        def make(max_iter):
-            return _ortlearn("OrtLinearRegressor",
-                             {"solver": "sgd", "batch_size": batch, "max_iter": max_iter,
-                              "eta0": SGD_LR_SAMPLE, "random_state": seed, "device": opts.device},
-                             {"loss": "squared_error", "penalty": None, "alpha": 0.0,
-                              "learning_rate": "constant", "tol": None, "shuffle": True,
-                              "early_stopping": False})
+        make = _linear_sgd_maker(batch, SGD_LR_SAMPLE, seed, opts.device)
         out, est = _ortlearn_epochs(make, X, y, epochs, warmup)
         fitted["model"] = est
         return {**out, "time": out["time"] / steps * 1e6, "train_mse": _mse(est.predict(X), y)}

@@ -4,6 +4,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
+from ortlearn import onnxblock
 from ortlearn.training.device import cuda_available
 
 
@@ -14,6 +15,26 @@ def run_onnx(model, feeds, outputs=None):
     so.log_severity_level = 3
     sess = ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
     return sess.run(outputs, feeds)
+
+
+class WeightedAverageLoss(onnxblock.Block):
+    """The custom loss of onnxruntime-training's documentation, as written there.
+
+    Its ``__init__`` does not call ``super().__init__()``.
+    """
+
+    def __init__(self):
+        self._loss1 = onnxblock.loss.MSELoss()
+        self._loss2 = onnxblock.loss.MSELoss()
+        self._w1 = onnxblock.blocks.Constant(0.4)
+        self._w2 = onnxblock.blocks.Constant(0.6)
+        self._add = onnxblock.blocks.Add()
+        self._mul = onnxblock.blocks.Mul()
+
+    def build(self, loss_input_name1, loss_input_name2):
+        return self._add(
+            self._mul(self._w1(), self._loss1(loss_input_name1, target_name="target1")),
+            self._mul(self._w2(), self._loss2(loss_input_name2, target_name="target2")))
 
 
 @pytest.fixture

@@ -8,10 +8,10 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from ortlearn import artifacts, onnxblock
+from ortlearn import artifacts
 from ortlearn._onnx_helper import np_dtype_to_onnx
 from ortlearn.training.checkpoint import CheckpointState
-from tests.conftest import run_onnx
+from tests.conftest import WeightedAverageLoss, run_onnx
 
 REQUIRES_GRAD = ["weight1", "bias1", "weight2", "bias2"]
 FROZEN = ["weight3", "bias3"]
@@ -43,21 +43,6 @@ def mlp(dtype=np.float32, two_outputs=False, extra_nodes=()):
 
 def initial_values(model):
     return {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
-
-
-class WeightedAverageLoss(onnxblock.Block):
-    def __init__(self):
-        self._loss1 = onnxblock.loss.MSELoss()
-        self._loss2 = onnxblock.loss.MSELoss()
-        self._w1 = onnxblock.blocks.Constant(0.4)
-        self._w2 = onnxblock.blocks.Constant(0.6)
-        self._add = onnxblock.blocks.Add()
-        self._mul = onnxblock.blocks.Mul()
-
-    def build(self, loss_input_name1, loss_input_name2):
-        return self._add(
-            self._mul(self._w1(), self._loss1(loss_input_name1, target_name="target1")),
-            self._mul(self._w2(), self._loss2(loss_input_name2, target_name="target2")))
 
 
 def load_checked(path):

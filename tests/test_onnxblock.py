@@ -7,7 +7,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from ortlearn import onnxblock
 from ortlearn._onnx_helper import np_dtype_to_onnx
-from tests.conftest import run_onnx
+from tests.conftest import WeightedAverageLoss, run_onnx
 
 DTYPES = [np.float32, np.float64]
 
@@ -134,22 +134,6 @@ def test_bce_with_logits_is_stable(dtype, pos_weight):
 def test_bad_reduction():
     with pytest.raises(ValueError, match="reduction"):
         onnxblock.loss.MSELoss(reduction="average")
-
-
-class WeightedAverageLoss(onnxblock.Block):
-    # As in onnxruntime-training's documentation: no super().__init__().
-    def __init__(self):
-        self._loss1 = onnxblock.loss.MSELoss()
-        self._loss2 = onnxblock.loss.MSELoss()
-        self._w1 = onnxblock.blocks.Constant(0.4)
-        self._w2 = onnxblock.blocks.Constant(0.6)
-        self._add = onnxblock.blocks.Add()
-        self._mul = onnxblock.blocks.Mul()
-
-    def build(self, loss_input_name1, loss_input_name2):
-        return self._add(
-            self._mul(self._w1(), self._loss1(loss_input_name1, target_name="target1")),
-            self._mul(self._w2(), self._loss2(loss_input_name2, target_name="target2")))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
