@@ -3,8 +3,9 @@
 Every library that spins worker threads gets the same explicit count: OpenBLAS /
 OpenMP through threadpoolctl (numpy, scipy, scikit-learn), ``torch.set_num_threads``
 and onnxruntime's ``intra_op_num_threads`` through ``ORTLEARN_NUM_THREADS``
-(ortlearn's sessions use one inter-op thread; an engine trains a model of at
-most ``SMALL_MODEL_SIZE`` weights on one thread whatever the variable says).
+(ortlearn's sessions use one inter-op thread; an engine runs a step of fewer
+than ``PARALLEL_MIN_STEP_MACS`` multiply-adds on one thread whatever the variable
+says).
 """
 
 from __future__ import annotations

@@ -144,14 +144,14 @@ def test_a_step_binds_no_host_array(monkeypatch):
 
     monkeypatch.setattr(ort.OrtValue, "ortvalue_from_numpy", classmethod(counting))
     engine.train_epoch(arrays, batches)
-    # the same arrays stay on the device; only the 3 per-epoch inputs (order, offsets,
-    # SGD's learning rates) are new, and the inputs of a few bytes per row (X: 12,
-    # label: 4) in the order of the epoch
+    # the same arrays stay on the device; only the 5 per-epoch inputs (order, starts,
+    # ends, rows, SGD's learning rates) are new, and the inputs of a few bytes per row
+    # (X: 12, label: 4) in the order of the epoch
     assert engine._epoch_ordered() == ["X", "label"]
-    assert len(created) == 3 + 2
+    assert len(created) == 5 + 2
     engine.release_data()
     engine.train_epoch(arrays, batches)
-    assert len(created) == 5 + 5 + len(arrays)
+    assert len(created) == 2 * (5 + 2) + len(arrays)
 
 
 def test_checkpoint_state_holds_the_optimizer_state():

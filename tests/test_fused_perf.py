@@ -133,3 +133,55 @@ def test_float32_lbfgs_reaches_the_float64_objective():
     np.testing.assert_allclose(fits[np.float32].loss_, fits[np.float64].loss_, rtol=1e-6)
     # a float64 loss keeps scipy's line search from stalling on float32 noise
     assert fits[np.float32].n_iter_ <= fits[np.float64].n_iter_ + 3
+
+
+SPIN = "session.intra_op.allow_spinning"
+
+
+@pytest.mark.parametrize("batch_size, threads, spinning", [
+    (8, 1, "0"),             # 8 x 31 weights: one thread, nothing to spin
+    (None, 1, "0"),          # 200 rows assumed
+    (40_000, 0, "1"),        # 1.24 M multiply-adds: onnxruntime's threads, spinning
+])
+def test_threads_follow_the_work_of_a_step(monkeypatch, batch_size, threads, spinning):
+    monkeypatch.delenv("ORTLEARN_ALLOW_SPINNING", raising=False)
+    monkeypatch.delenv("ORTLEARN_NUM_THREADS", raising=False)
+    base, _ = _mlp_engine(SGD(), False)
+    engine = TrainingEngine(base._model, base.trainable, SGD(), input_names=base.input_names,
+                            batch_size=batch_size)
+    options = engine._session_options
+    assert options.intra_op_num_threads == threads
+    assert options.get_session_config_entry(SPIN) == spinning
+
+
+def test_spinning_can_be_turned_off_and_is_checked(monkeypatch):
+    base, _ = _mlp_engine(SGD(), False)
+
+    def options():
+        return TrainingEngine(base._model, base.trainable, SGD(), input_names=base.input_names,
+                              batch_size=40_000)._session_options
+
+    monkeypatch.setenv("ORTLEARN_ALLOW_SPINNING", "0")
+    monkeypatch.setenv("ORTLEARN_NUM_THREADS", "2")
+    assert options().get_session_config_entry(SPIN) == "0"
+    assert options().intra_op_num_threads == 2
+    monkeypatch.setenv("ORTLEARN_ALLOW_SPINNING", "yes")
+    with pytest.raises(ValueError, match="ORTLEARN_ALLOW_SPINNING must be 0 or 1"):
+        options()
+
+
+@pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
+def test_estimators_tell_the_engine_their_batch_size(monkeypatch):
+    monkeypatch.delenv("ORTLEARN_ALLOW_SPINNING", raising=False)
+    rs = np.random.RandomState(0)
+    X = rs.randn(300, 4)
+    y = X @ rs.randn(4)
+
+    def options(batch_size):
+        est = OrtMLPRegressor(hidden_layer_sizes=(2000,), max_iter=1, batch_size=batch_size,
+                              random_state=0).fit(X, y)
+        return est._runtime.engine._session_options
+
+    # 12 001 weights: 16 rows make 0.19 M multiply-adds, 'auto' (200 rows) 2.4 M
+    assert options(16).intra_op_num_threads == 1
+    assert options("auto").get_session_config_entry(SPIN) == "1"

@@ -92,7 +92,8 @@ def test_fused_adam_step_gathers_its_scalars(build):
     engine = est._runtime.engine
     model, layout = build(engine._model, engine.trainable, engine.input_names, Adam())
     assert layout.scalars == {"lr_t": "fused.scalar.lr_t"}
-    assert layout.epoch_inputs == ("fused.order", "fused.offsets", "fused.scalar.lr_t")
+    assert layout.epoch_inputs == ("fused.order", "fused.starts", "fused.ends", "fused.rows",
+                                   "fused.scalar.lr_t")
     graph = model.graph
     if build is build_fused_epoch:
         graph = next(a.g for n in graph.node if n.op_type == "Loop" for a in n.attribute)

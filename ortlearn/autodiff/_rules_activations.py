@@ -22,7 +22,9 @@ def _positive(ctx, x):
 
 @_activation("Relu")
 def _relu(ctx, node, x, y, g):
-    return ctx.mask_where(_positive(ctx, x), g, x)
+    # y > 0 exactly where x > 0: the mask from the output leaves the
+    # pre-activation to the forward alone, so onnxruntime fuses Gemm + Relu.
+    return ctx.mask_where(_positive(ctx, y), g, x)
 
 
 @_activation("LeakyRelu")

@@ -303,7 +303,9 @@ class BaseOrtEstimator(BaseEstimator):
         """Loss graph → training session, from the weights of ``estimator_``."""
         model, trainable = self._loss_model(X)
         engine = TrainingEngine(model, trainable, self._optimizer(), device=str(device),
-                                input_names=list(INPUT_NAMES), loss_output=LOSS)
+                                input_names=list(INPUT_NAMES), loss_output=LOSS,
+                                batch_size=min(len(X), self._auto_batch_size
+                                               if self.batch_size == "auto" else self.batch_size))
         if self._optimizer_state is not None:
             engine.load_optimizer_state(self._optimizer_state)
         return engine

@@ -27,7 +27,12 @@ from ..exceptions import ConvergenceError
 from ..onnxblock._training_graph import _set_inference_mode
 from ..optim.optimizers import _Optimizer
 from ..training import CheckpointState
-from ..training.device import make_session, make_session_options, parse_device
+from ..training.device import (
+    default_allow_spinning,
+    make_session,
+    make_session_options,
+    parse_device,
+)
 from ._fused_step import build_fused_epoch, build_fused_step
 
 __all__ = ["TrainingEngine"]
@@ -160,11 +165,17 @@ LOOP_MIN_STEP_MACS = 1_000_000
 #: misses (about 18 µs per step on 100 000 rows, measured with onnxruntime's
 #: profiler), while a wide input gets several values per miss.
 EPOCH_ORDERED_ROW_BYTES = 16
-#: Weights of at most this many scalars train with one onnxruntime thread. With
-#: worker threads that do not spin, waking them costs more than it saves on such
-#: steps: an MLP 100-100-1 (10 201 weights) with batches of 256 took 0.088 s per
-#: epoch on one thread and 0.104 s on two, 100-200-1 0.145 s and 0.160 s.
-SMALL_MODEL_SIZE = 32768
+#: On the CPU, a step of at least this many multiply-adds (batch rows x weights)
+#: runs on ``ORTLEARN_NUM_THREADS`` threads (onnxruntime's default: one per
+#: core) whose workers spin between operators; a smaller step runs on one
+#: thread. Waking a sleeping worker costs more than a small operator, and
+#: spinning pays only when the matrix products are large enough to share. An
+#: MLP 100-100-1 (10 201 weights) per epoch of 30 000 rows, 2 spinning threads
+#: against one: batches of 32 (0.33 M) +5 %, 64 -3 %, 128 -7 %, 256 (2.6 M)
+#: -15 %; on two threads that do not spin, batches of 256 took +18 %.
+PARALLEL_MIN_STEP_MACS = 1_000_000
+#: Rows per batch assumed when the engine is not told (scikit-learn's 'auto').
+DEFAULT_BATCH_ROWS = 200
 
 
 def _eval_model(model: onnx.ModelProto, trainable: list[str], loss_output: str) -> onnx.ModelProto:
@@ -237,14 +248,20 @@ class TrainingEngine:
         the initializer's shape; cast to its dtype).
     session_options : onnxruntime.SessionOptions, default=None
         Options of the onnxruntime sessions. None: those of
-        :func:`ortlearn.training.device.make_session_options` with one
-        thread for a model of at most ``SMALL_MODEL_SIZE`` weights (thread
-        hand-offs cost more than such a step) and otherwise
-        ``ORTLEARN_NUM_THREADS`` threads or onnxruntime's default.
+        :func:`ortlearn.training.device.make_session_options`; on the CPU,
+        a step of fewer than ``PARALLEL_MIN_STEP_MACS`` multiply-adds
+        (``batch_size`` times the number of weights) runs on one thread
+        (thread hand-offs cost more than such a step), a larger one on
+        ``ORTLEARN_NUM_THREADS`` threads or onnxruntime's default, with
+        spinning workers unless ``ORTLEARN_ALLOW_SPINNING=0`` (spinning
+        takes the cores of other processes: turn it off on a shared machine).
     epoch_loop : bool or 'auto', default='auto'
         True runs a whole epoch as one onnxruntime call (an ONNX ``Loop``
         over the mini-batches), False one call per mini-batch; 'auto'
         chooses (see Notes).
+    batch_size : int, default=None
+        Rows of a typical mini-batch, for the default ``session_options``
+        (None: ``DEFAULT_BATCH_ROWS``).
 
     Attributes
     ----------
@@ -315,7 +332,7 @@ class TrainingEngine:
 
     def __init__(self, loss_model, trainable, optimizer, device="cpu", input_names=None,
                  loss_output="loss", initial_weights=None, session_options=None,
-                 epoch_loop="auto"):
+                 epoch_loop="auto", batch_size=None):
         if not isinstance(optimizer, _Optimizer):
             raise TypeError("optimizer must be an ortlearn.optim.SGD, Adam or AdamW instance, "
                             f"got {type(optimizer).__name__}.")
@@ -338,7 +355,8 @@ class TrainingEngine:
         self._model = model
         inits = {i.name: i for i in model.graph.initializer}
         self._initial = {n: numpy_helper.to_array(inits[n]) for n in self.trainable}
-        self._session_options = session_options or self._default_options()
+        self._session_options = session_options or self._default_options(
+            batch_size or DEFAULT_BATCH_ROWS)
         self._epoch_loop = epoch_loop
         self._steps = {}  # epoch_loop -> (session, layout, ping-pong buffers)
         self._eval_session = None
@@ -348,10 +366,13 @@ class TrainingEngine:
         self.n_steps = 0
         self._open(self._choose_loop(0))
 
-    def _default_options(self) -> ort.SessionOptions:
-        size = sum(w.size for w in self._initial.values())
-        threads = 1 if size <= SMALL_MODEL_SIZE and self._device.kind == "cpu" else None
-        return make_session_options(threads)
+    def _default_options(self, batch_rows: int) -> ort.SessionOptions:
+        if self._device.kind != "cpu":
+            return make_session_options()
+        macs = batch_rows * sum(w.size for w in self._initial.values())
+        if macs < PARALLEL_MIN_STEP_MACS:
+            return make_session_options(1)
+        return make_session_options(allow_spinning=default_allow_spinning(True))
 
     # ---------------------------------------------------------------- session
     def _open(self, loop: bool) -> None:
@@ -460,7 +481,7 @@ class TrainingEngine:
         self._epoch_arrays = []
 
     def _epoch_feeds(self, batch_indices, lr_for_step) -> tuple[dict, int]:
-        """Row order, batch offsets and the optimizer's per-step scalars of one epoch."""
+        """Row order, batch bounds and sizes, the optimizer's per-step scalars of one epoch."""
         if not len(batch_indices):
             raise ValueError("An epoch needs at least one batch.")
         sizes = np.array([len(b) for b in batch_indices], dtype=np.int64)
@@ -478,7 +499,8 @@ class TrainingEngine:
         lrs = np.array(rates, dtype=np.float32).astype(np.float64)
         steps = np.arange(self.n_steps + 1, self.n_steps + len(sizes) + 1)
         scalars = self.optimizer.host_scalars(lrs, steps)
-        return {"order": order, "offsets": offsets, "scalars": scalars}, int(sizes.sum())
+        return {"order": order, "starts": offsets[:-1, None], "ends": offsets[1:, None],
+                "rows": sizes.astype(np.float64), "scalars": scalars}, int(sizes.sum())
 
     def train_epoch(self, arrays, batch_indices, lr_for_step=None) -> float:
         """One pass over the mini-batches.
@@ -526,8 +548,10 @@ class TrainingEngine:
                               if name in layout.epoch_ordered]
         bound.update({layout.data[name]: ort.OrtValue.ortvalue_from_numpy(array, kind, index)
                       for name, array in zip(layout.epoch_ordered, self._epoch_arrays)})
-        epoch_values = dict(zip(layout.epoch_inputs[:2], (feeds["order"], feeds["offsets"])))
-        epoch_values.update({layout.scalars[s]: v for s, v in feeds["scalars"].items()})
+        epoch_values = dict(zip(layout.epoch_inputs[:4], (feeds[k] for k in (
+            "order", "starts", "ends", "rows"))))
+        epoch_values.update({layout.scalars[s]: np.ascontiguousarray(v, layout.scalar_dtype)
+                             for s, v in feeds["scalars"].items()})
         bound.update({name: ort.OrtValue.ortvalue_from_numpy(value, kind, index)
                       for name, value in epoch_values.items()})
         buffers.bind_inputs(bound)

@@ -12,13 +12,15 @@ copied from the host per step. The inputs and outputs of the step graph
 
 - data (one per data input of the loss graph, all rows; or, for the inputs
   listed in ``epoch_ordered``, their rows in the epoch's order, set per
-  epoch), ``order`` (int64
-  row numbers of the epoch, batch after batch), ``offsets`` (int64, where
-  each batch starts in ``order``, then the total) and the optimizer's
-  per-step scalars (float64, one value per batch of the epoch, from its
-  ``host_scalars``: the learning rate and, for Adam, the bias corrections,
-  computed on the host rather than by a dozen nodes per step): set once per
-  epoch;
+  epoch), ``order`` (int64 row numbers of the epoch, batch after batch),
+  ``starts`` and ``ends`` (int64, shape (n_batches, 1): where each batch
+  starts and ends in ``order``), ``rows`` (float64, the rows of each batch)
+  and the optimizer's per-step scalars (one value per batch of the epoch,
+  from its ``host_scalars``: the learning rate and, for Adam, the bias
+  corrections, computed on the host rather than by a dozen nodes per step,
+  in the dtype of the weights): set once per epoch. Every per-batch value is
+  one ``Gather`` of row ``k``: computing it in the graph would cost a node
+  or more each, about a microsecond apiece per step;
 - carried values, each an input and an output: ``k`` (the batch number in
   the epoch, step mode only), ``loss_sum`` (float64, the sum of
   ``batch_loss * batch_rows`` so far), the weights, the optimizer states
@@ -49,7 +51,8 @@ from .._onnx_helper import (
 
 __all__ = ["FusedLayout", "build_fused_step", "build_fused_epoch"]
 
-ORDER, OFFSETS, SCALAR = "fused.order", "fused.offsets", "fused.scalar."
+ORDER, STARTS, ENDS, ROWS = "fused.order", "fused.starts", "fused.ends", "fused.rows"
+SCALAR = "fused.scalar."
 STEP_IN_EPOCH, LOSS_SUM = "fused.k", "fused.loss_sum"
 FLAT = "fused.weights"
 _NEXT, _DATA, _EPOCH = ".next", ".all", ".epoch"
@@ -64,8 +67,8 @@ class FusedLayout:
     data : dict of str to str
         Data input of the loss graph -> graph input holding all its rows.
     epoch_inputs : tuple of str
-        ``order``, ``offsets`` then the values of :attr:`scalars` (set once
-        per epoch).
+        ``order``, ``starts``, ``ends``, ``rows`` then the values of
+        :attr:`scalars` (set once per epoch).
     carried : dict of str to str
         Carried input -> the output holding its next value (weights,
         optimizer states, ``loss_sum`` and, in step mode, ``k``).
@@ -84,8 +87,12 @@ class FusedLayout:
         Data inputs fed once per epoch with their rows in the epoch's order
         (``array[order]``): a batch is then a slice, not a ``Gather``.
     scalars : dict of str to str
-        ``{scalar name: input}``: the float64 array, one value per batch, of
-        each of the optimizer's per-step scalars (``optimizer.host_scalars``).
+        ``{scalar name: input}``: the array, one value per batch, of each of
+        the optimizer's per-step scalars (``optimizer.host_scalars``), in
+        :attr:`scalar_dtype`.
+    scalar_dtype : numpy.dtype
+        dtype of the scalar inputs: the weights' when they all share one,
+        else float64.
     """
 
     data: dict
@@ -97,6 +104,7 @@ class FusedLayout:
     state_offsets: dict = field(default_factory=dict)
     epoch_ordered: tuple = ()
     scalars: dict = field(default_factory=dict)
+    scalar_dtype: np.dtype = np.dtype(np.float64)
 
 
 def _state_name(param: str, state: str) -> str:
@@ -124,13 +132,11 @@ def _step_nodes(model: onnx.ModelProto, trainable, input_names, optimizer, loss_
 
     b = GraphBuilder.for_model(model, prefix="fused_")
     scalar_inputs = {s: SCALAR + s for s in optimizer.scalar_names}
-    for name in (ORDER, OFFSETS, *scalar_inputs.values(), LOSS_SUM, k):
+    for name in (ORDER, STARTS, ENDS, ROWS, *scalar_inputs.values(), LOSS_SUM, k):
         b.reserve(name)
-    # Batch k is order[offsets[k]:offsets[k + 1]].
-    k1 = b.unsqueeze(k, [0])
-    k_next = b.op("Add", [k, b.const(1, dtype=np.int64)])
-    start = b.op("Gather", [OFFSETS, k1])
-    end = b.op("Gather", [OFFSETS, b.op("Add", [k1, b.const([1], dtype=np.int64)])])
+    # Batch k is order[starts[k]:ends[k]].
+    start = b.op("Gather", [STARTS, k])
+    end = b.op("Gather", [ENDS, k])
     rows = b.op("Slice", [ORDER, start, end, b.ints([0])])
     inputs, data = [], {}
     for name in input_names:
@@ -147,7 +153,7 @@ def _step_nodes(model: onnx.ModelProto, trainable, input_names, optimizer, loss_
             b.op("Gather", [data[name], rows], outputs=[name], axis=0)
         inputs.append(helper.make_tensor_value_info(data[name], elem_type_of(info), dims))
     step_scalars = {s: b.op("Gather", [name, k]) for s, name in scalar_inputs.items()}
-    n_rows = b.cast(b.op("Squeeze", [b.op("Shape", [rows])]), TensorProto.DOUBLE)
+    n_rows = b.op("Gather", [ROWS, k])
     prologue = b.nodes
     b.nodes = []
     forward = list(graph.node)
@@ -155,8 +161,12 @@ def _step_nodes(model: onnx.ModelProto, trainable, input_names, optimizer, loss_
     graph.node.extend(prologue + forward)
     scalar = helper.make_tensor_value_info
     inputs += [scalar(ORDER, TensorProto.INT64, ["n_epoch_rows"]),
-               scalar(OFFSETS, TensorProto.INT64, ["n_batches_1"])]
-    inputs += [scalar(name, TensorProto.DOUBLE, ["n_batches"]) for name in scalar_inputs.values()]
+               scalar(STARTS, TensorProto.INT64, ["n_batches", 1]),
+               scalar(ENDS, TensorProto.INT64, ["n_batches", 1]),
+               scalar(ROWS, TensorProto.DOUBLE, ["n_batches"])]
+    elem_types = {p.data_type for p in params}
+    scalar_elem = elem_types.pop() if len(elem_types) == 1 else TensorProto.DOUBLE
+    inputs += [scalar(name, scalar_elem, ["n_batches"]) for name in scalar_inputs.values()]
     flat = _flat_offsets(params, optimizer)
     if flat:
         states = {p.name: {s: _state_name(FLAT, s) for s in optimizer.state_names}
@@ -180,12 +190,17 @@ def _step_nodes(model: onnx.ModelProto, trainable, input_names, optimizer, loss_
     if k != STEP_IN_EPOCH:
         graph.input.append(scalar(k, TensorProto.INT64, []))
 
+    loss_info = next(o for o in graph.output if o.name == loss_output)
     grads = append_backward(model, loss_output, list(trainable), builder=b)
-    batch_loss = b.reduce("ReduceSum", b.cast(loss_output, TensorProto.DOUBLE), keepdims=0)
+    batch_loss = loss_output
+    if elem_type_of(loss_info) != TensorProto.DOUBLE:
+        batch_loss = b.cast(batch_loss, TensorProto.DOUBLE)
+    if shape_of(loss_info) != []:
+        batch_loss = b.reduce("ReduceSum", batch_loss, keepdims=0)
     carried = {LOSS_SUM: b.op("Add", [LOSS_SUM, b.op("Mul", [batch_loss, n_rows])],
                               outputs=[b.reserve(LOSS_SUM + _NEXT)])}
     if k == STEP_IN_EPOCH:
-        b.op("Identity", [k_next], outputs=[b.reserve(k + _NEXT)])
+        b.op("Add", [k, b.const(1, dtype=np.int64)], outputs=[b.reserve(k + _NEXT)])
         carried[k] = k + _NEXT
     # optimizer.build reserves these names.
     updated = {p.name: p.name + _NEXT for p in params}
@@ -193,16 +208,17 @@ def _step_nodes(model: onnx.ModelProto, trainable, input_names, optimizer, loss_
         b.reserve(value)
         updated[value] = value + _NEXT
     if flat:
-        _flat_update(b, optimizer, params, grads, step_scalars, updated)
+        _flat_update(b, optimizer, params, grads, step_scalars, scalar_elem, updated)
     else:
         optimizer.build(b, trainable, [grads[n] for n in trainable], states, None, None,
                         elem_types=[p.data_type for p in params], updated_names=updated,
-                        scalars=step_scalars)
+                        scalars=step_scalars, scalar_elem_type=scalar_elem)
     b.add_to_graph(graph)
     carried.update(updated)
-    layout = FusedLayout(data, (ORDER, OFFSETS, *scalar_inputs.values()), carried,
+    layout = FusedLayout(data, (ORDER, STARTS, ENDS, ROWS, *scalar_inputs.values()), carried,
                          {p.name: p.name for p in params}, states, LOSS_SUM, flat,
-                         tuple(n for n in input_names if n in epoch_ordered), scalar_inputs)
+                         tuple(n for n in input_names if n in epoch_ordered), scalar_inputs,
+                         np.dtype(onnx.helper.tensor_dtype_to_np_dtype(scalar_elem)))
     return inputs, carried_inputs, layout
 
 
@@ -226,7 +242,7 @@ def _flat_offsets(params, optimizer) -> dict:
 
 
 def _flat_update(b: GraphBuilder, optimizer, params, grads, step_scalars: dict,
-                 updated: dict) -> None:
+                 scalar_elem: int, updated: dict) -> None:
     """The optimizer's update on the concatenated weights, split back per weight.
 
     Every node of the update is elementwise, so each weight gets exactly the
@@ -241,7 +257,7 @@ def _flat_update(b: GraphBuilder, optimizer, params, grads, step_scalars: dict,
     names = {_state_name(FLAT, s): updated[_state_name(FLAT, s)] for s in optimizer.state_names}
     new_weights, _ = optimizer.build(b, [weights], [flat_grad], states, None, None,
                                      elem_types=[params[0].data_type], updated_names=names,
-                                     scalars=step_scalars)
+                                     scalars=step_scalars, scalar_elem_type=scalar_elem)
     sizes = [int(np.prod(p.dims, dtype=np.int64)) for p in params]
     pieces = b.op("Split", [new_weights[0], b.ints(sizes, hint="sizes")], n_outputs=len(params),
                   axis=0)
@@ -484,7 +500,7 @@ def build_fused_epoch(loss_model: onnx.ModelProto, trainable, input_names, optim
 
     Same parameters and layout as :func:`build_fused_step`, without ``k``
     (the loop's iteration number counts the batches); the number of
-    iterations is the length of the per-step scalar arrays.
+    iterations is the length of ``rows``.
     """
     model = onnx.ModelProto()
     model.CopyFrom(loss_model)
@@ -509,7 +525,7 @@ def build_fused_epoch(loss_model: onnx.ModelProto, trainable, input_names, optim
         info.name = name
     # Outer names differ from the body's (no shadowing across scopes).
     b = GraphBuilder(opset=opset_of(model), prefix="fused_epoch_")
-    trips = b.op("Squeeze", [b.op("Shape", [next(iter(layout.scalars.values()))])])
+    trips = b.op("Squeeze", [b.op("Shape", [ROWS])])
     true = b.const(True)
     outer_in = {c: c + ".in" for c in carried}
     outer_out = {c: c + ".out" for c in carried}
@@ -527,5 +543,5 @@ def build_fused_epoch(loss_model: onnx.ModelProto, trainable, input_names, optim
                                {p: {s: outer_in[v] for s, v in d.items()}
                                 for p, d in layout.states.items()},
                                outer_in[LOSS_SUM], layout.state_offsets,
-                               layout.epoch_ordered, layout.scalars)
+                               layout.epoch_ordered, layout.scalars, layout.scalar_dtype)
     return finalize_model(model), epoch_layout

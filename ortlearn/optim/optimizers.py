@@ -79,15 +79,20 @@ class _Scalars:
         self.params = list(params)
         self.elem_types = None if elem_types is None else list(elem_types)
         self._cache: dict[tuple, str] = {}
+        self._value_types: dict[str, int] = {}
+
+    def declare(self, names, elem_type: int) -> None:
+        """Graph scalars ``names`` are of ``elem_type`` (float64 when not declared)."""
+        self._value_types.update(dict.fromkeys(names, elem_type))
 
     def get(self, value, index: int) -> str:
-        """``value`` (a float, or the name of a float64 scalar) in parameter ``index``'s dtype."""
+        """``value`` (a float, or the name of a graph scalar) in parameter ``index``'s dtype."""
         b = self.builder
         if self.elem_types is not None:
             elem = self.elem_types[index]
             if not isinstance(value, str):
                 return b.const(value, dtype=onnx_to_np_dtype(elem), hint="hyper")
-            if elem == TensorProto.DOUBLE:
+            if elem == self._value_types.get(value, TensorProto.DOUBLE):
                 return value
             key = (value, elem)
             if key not in self._cache:
@@ -206,7 +211,8 @@ class _Optimizer:
               states: Mapping[str, Mapping[str, str]], learning_rate: str, step: str, *,
               elem_types: Sequence[int] | None = None,
               updated_names: Mapping[str, str] | None = None,
-              scalars: Mapping[str, str] | None = None):
+              scalars: Mapping[str, str] | None = None,
+              scalar_elem_type: int = TensorProto.DOUBLE):
         """Append the update of every parameter to ``builder``.
 
         Parameters
@@ -236,10 +242,14 @@ class _Optimizer:
             'W.updated'``). The names are reserved in ``builder``. Names not
             listed get generated names.
         scalars : dict, optional
-            ``{scalar name: value name}`` with a float64 scalar tensor for
-            each of :attr:`scalar_names`, holding what :meth:`host_scalars`
-            computes for this step: the graph uses them instead of computing
-            them from ``learning_rate`` and ``step``.
+            ``{scalar name: value name}`` with a scalar tensor for each of
+            :attr:`scalar_names`, holding what :meth:`host_scalars` computes
+            for this step: the graph uses them instead of computing them from
+            ``learning_rate`` and ``step``.
+        scalar_elem_type : int, default=TensorProto.DOUBLE
+            Element type of the ``scalars`` tensors. Those of a parameter's
+            dtype are used as they are, the others are cast (fed in the
+            parameters' dtype, they save a ``Cast`` per step).
 
         Returns
         -------
@@ -279,6 +289,8 @@ class _Optimizer:
                              f"got {sorted(scalars)}.")
         first_node = len(builder.nodes)
         converter = _Scalars(builder, params, elem_types)
+        if scalars is not None:
+            converter.declare(scalars.values(), scalar_elem_type)
         if self.clip_grad is not None:
             grads = clip_grad_norm(builder, grads, self.clip_grad, elem_types)
         if scalars is None:

@@ -94,6 +94,27 @@ def default_num_threads() -> int | None:
     return int(value)
 
 
+#: Environment variable that turns the spinning of onnxruntime's worker threads
+#: on (``1``) or off (``0``) where ortlearn would otherwise choose.
+SPINNING_ENV = "ORTLEARN_ALLOW_SPINNING"
+
+
+def default_allow_spinning(default: bool) -> bool:
+    """``ORTLEARN_ALLOW_SPINNING`` as a bool, ``default`` when it is unset.
+
+    Raises
+    ------
+    ValueError
+        If the variable is set to something other than 0 or 1.
+    """
+    value = os.environ.get(SPINNING_ENV, "").strip()
+    if not value:
+        return default
+    if value not in ("0", "1"):
+        raise ValueError(f"{SPINNING_ENV} must be 0 or 1, got {value!r}.")
+    return value == "1"
+
+
 def make_session_options(intra_op_num_threads: int | None = None, *,
                          allow_spinning: bool = False,
                          deterministic: bool = False) -> ort.SessionOptions:
