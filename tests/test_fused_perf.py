@@ -67,18 +67,20 @@ def _mlp_engine(optimizer, loop):
                           epoch_loop=loop), arrays
 
 
-def test_stateful_optimizers_keep_their_state_in_one_flat_buffer():
+def test_stateful_optimizers_keep_weights_and_state_in_flat_buffers():
     engine, _ = _mlp_engine(Adam(), False)
     model, layout = build_fused_step(engine._model, engine.trainable, engine.input_names,
                                      Adam())
-    # one buffer per moment for the 4 weights of the MLP
+    # one buffer for the 4 weights of the MLP, one per moment; no weight is an input
+    assert len({layout.weights[p] for p in engine.trainable}) == 1
     assert len({layout.states[p]["exp_avg"] for p in engine.trainable}) == 1
-    sizes = {p: int(np.prod(s)) for p, (_, s) in layout.state_offsets.items()}
-    offsets = [layout.state_offsets[p][0] for p in engine.trainable]
+    assert not {i.name for i in model.graph.input} & set(engine.trainable)
+    sizes = {p: int(np.prod(s)) for p, (_, s) in layout.offsets.items()}
+    offsets = [layout.offsets[p][0] for p in engine.trainable]
     assert offsets == list(np.cumsum([0] + [sizes[p] for p in engine.trainable])[:-1])
     # SGD without momentum has no state: nothing to flatten
     _, plain = build_fused_step(engine._model, engine.trainable, engine.input_names, SGD())
-    assert plain.state_offsets == {}
+    assert plain.offsets == {}
 
 
 @pytest.mark.parametrize("loop", [False, True])
@@ -102,6 +104,11 @@ def test_flat_optimizer_state_reads_and_writes_per_weight(loop):
     np.testing.assert_allclose(other.optimizer_state()["states"][p]["exp_avg"],
                                engine.optimizer_state()["states"][p]["exp_avg"],
                                rtol=1e-12, atol=1e-15)
+    # the loss of the flat weights is the one of the same weights held one by one
+    plain, _ = _mlp_engine(SGD(), loop)
+    plain.set_state(engine.get_state())
+    assert plain._steps[plain._current][1].offsets == {}
+    assert engine.eval_loss(arrays) == plain.eval_loss(arrays)
 
 
 def test_float64_loss_sums_a_float32_objective_in_float64():

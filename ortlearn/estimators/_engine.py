@@ -409,25 +409,24 @@ class TrainingEngine:
 
     def _carried_values(self, layout, buffers) -> dict:
         """``{('w', name) | ('s', name, state): host copy}`` of the live weights and states."""
-        values = {("w", p): buffers.live(c).numpy() for p, c in layout.weights.items()}
-        values.update({("s", p, s): _state_value(layout, buffers, p, s)
-                       for p, d in layout.states.items() for s in d})
+        values = {("w", p): _carried_value(layout, buffers, c, p)
+                  for p, c in layout.weights.items()}
+        values.update({("s", p, s): _carried_value(layout, buffers, c, p)
+                       for p, d in layout.states.items() for s, c in d.items()})
         return values
 
     def _write_carried(self, values: dict) -> None:
         _, layout, buffers = self._steps[self._current]
-        flat = {}  # flat state buffer -> its host copy, written once
+        flat = {}  # flat buffer -> its host copy, written once
         for key, value in values.items():
-            if key[0] == "w":
-                buffers.live(layout.weights[key[1]]).update_inplace(np.array(value, order="C"))
-                continue
-            name = layout.states[key[1]][key[2]]
-            if key[1] not in layout.state_offsets:
+            p = key[1]
+            name = layout.weights[p] if key[0] == "w" else layout.states[p][key[2]]
+            if p not in layout.offsets:
                 buffers.live(name).update_inplace(np.array(value, order="C"))
                 continue
             if name not in flat:
                 flat[name] = buffers.live(name).numpy().copy()
-            offset, shape = layout.state_offsets[key[1]]
+            offset, shape = layout.offsets[p]
             flat[name][offset:offset + int(np.prod(shape, dtype=np.int64))] = np.ravel(value)
         for name, value in flat.items():
             buffers.live(name).update_inplace(value)
@@ -613,7 +612,10 @@ class TrainingEngine:
         binding = session.io_binding()
         _, layout, buffers = self._steps[self._current]
         for name, carried in layout.weights.items():
-            binding.bind_ortvalue_input(name, buffers.live(carried))
+            if name in layout.offsets:  # a view of the flat weights
+                binding.bind_cpu_input(name, _carried_value(layout, buffers, carried, name))
+            else:
+                binding.bind_ortvalue_input(name, buffers.live(carried))
         for name, array in zip(self.input_names, arrays):
             binding.bind_cpu_input(name, np.ascontiguousarray(array))
         binding.bind_output(self.loss_output, "cpu")
@@ -624,7 +626,7 @@ class TrainingEngine:
     def get_state(self) -> dict:
         """Host copies of the weights, ``{name: numpy.ndarray}`` in trainable order."""
         _, layout, buffers = self._steps[self._current]
-        return {n: np.array(buffers.live(layout.weights[n]).numpy(), copy=True)
+        return {n: np.array(_carried_value(layout, buffers, layout.weights[n], n), copy=True)
                 for n in self.trainable}
 
     def set_state(self, state: dict) -> None:
@@ -655,8 +657,8 @@ class TrainingEngine:
             "learning_rate": float}``.
         """
         _, layout, buffers = self._steps[self._current]
-        states = {p: {s: np.array(_state_value(layout, buffers, p, s), copy=True) for s in d}
-                  for p, d in layout.states.items()}
+        states = {p: {s: np.array(_carried_value(layout, buffers, c, p), copy=True)
+                      for s, c in d.items()} for p, d in layout.states.items()}
         return {"states": states, "step": self.n_steps, "learning_rate": float(self._lr)}
 
     def load_optimizer_state(self, state: dict) -> None:
@@ -710,12 +712,12 @@ def _check_lr(lr) -> float:
     return lr
 
 
-def _state_value(layout, buffers: _PingPong, param: str, state: str) -> np.ndarray:
-    """Host value of one weight's optimizer state (a view of a flat buffer's copy)."""
-    value = buffers.live(layout.states[param][state]).numpy()
-    if param not in layout.state_offsets:
+def _carried_value(layout, buffers: _PingPong, carried: str, param: str) -> np.ndarray:
+    """Host value of ``param``'s part of a carried value (a weight or one of its states)."""
+    value = buffers.live(carried).numpy()
+    if param not in layout.offsets:
         return value
-    offset, shape = layout.state_offsets[param]
+    offset, shape = layout.offsets[param]
     return value[offset:offset + int(np.prod(shape, dtype=np.int64))].reshape(shape)
 
 

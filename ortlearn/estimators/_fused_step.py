@@ -78,11 +78,11 @@ class FusedLayout:
         ``{weight: {state name: carried input name}}``.
     loss_sum : str
         The carried input of the running loss sum.
-    state_offsets : dict of str to tuple
-        ``{weight: (offset, shape)}`` when the optimizer states are flat
-        buffers shared by all weights (each weight's state is then
-        ``buffer[offset:offset + size].reshape(shape)``); empty when each
-        weight has its own state tensors.
+    offsets : dict of str to tuple
+        ``{weight: (offset, shape)}`` when the weights, and each optimizer
+        state, are flat buffers shared by all weights (a weight, or one of
+        its states, is then ``buffer[offset:offset + size].reshape(shape)``);
+        empty when each weight has its own tensors.
     epoch_ordered : tuple of str
         Data inputs fed once per epoch with their rows in the epoch's order
         (``array[order]``): a batch is then a slice, not a ``Gather``.
@@ -101,7 +101,7 @@ class FusedLayout:
     weights: dict
     states: dict
     loss_sum: str
-    state_offsets: dict = field(default_factory=dict)
+    offsets: dict = field(default_factory=dict)
     epoch_ordered: tuple = ()
     scalars: dict = field(default_factory=dict)
     scalar_dtype: np.dtype = np.dtype(np.float64)
@@ -168,30 +168,31 @@ def _step_nodes(model: onnx.ModelProto, trainable, input_names, optimizer, loss_
     scalar_elem = elem_types.pop() if len(elem_types) == 1 else TensorProto.DOUBLE
     inputs += [scalar(name, scalar_elem, ["n_batches"]) for name in scalar_inputs.values()]
     flat = _flat_offsets(params, optimizer)
-    if flat:
-        states = {p.name: {s: _state_name(FLAT, s) for s in optimizer.state_names}
-                  for p in params}
-    else:
-        states = {p.name: {s: _state_name(p.name, s) for s in optimizer.state_names}
-                  for p in params}
+    weights = {p.name: FLAT if flat else p.name for p in params}
+    states = {p.name: {s: _state_name(weights[p.name], s) for s in optimizer.state_names}
+              for p in params}
     carried_inputs = [scalar(LOSS_SUM, TensorProto.DOUBLE, [])]
     if k == STEP_IN_EPOCH:
         carried_inputs.append(scalar(k, TensorProto.INT64, []))
-    for p in params:
-        carried_inputs.append(scalar(p.name, p.data_type, list(p.dims)))
-        if not flat:
-            for name in states[p.name].values():
-                carried_inputs.append(scalar(name, p.data_type, list(p.dims)))
     if flat:
         size = sum(int(np.prod(p.dims, dtype=np.int64)) for p in params)
-        for s in optimizer.state_names:
-            carried_inputs.append(scalar(_state_name(FLAT, s), params[0].data_type, [size]))
-    graph.input.extend(inputs + carried_inputs)
+        for name in (FLAT, *states[params[0].name].values()):
+            carried_inputs.append(scalar(name, params[0].data_type, [size]))
+    else:
+        for p in params:
+            for name in (p.name, *states[p.name].values()):
+                carried_inputs.append(scalar(name, p.data_type, list(p.dims)))
+    # The backward pass differentiates with respect to graph inputs: with flat
+    # weights, each weight is an input until the slice giving it replaces it.
+    weight_inputs = [scalar(p.name, p.data_type, list(p.dims)) for p in params] if flat else []
+    graph.input.extend(inputs + carried_inputs + weight_inputs)
     if k != STEP_IN_EPOCH:
         graph.input.append(scalar(k, TensorProto.INT64, []))
 
     loss_info = next(o for o in graph.output if o.name == loss_output)
     grads = append_backward(model, loss_output, list(trainable), builder=b)
+    if flat:
+        _slice_flat_weights(b, graph, flat)
     batch_loss = loss_output
     if elem_type_of(loss_info) != TensorProto.DOUBLE:
         batch_loss = b.cast(batch_loss, TensorProto.DOUBLE)
@@ -202,10 +203,13 @@ def _step_nodes(model: onnx.ModelProto, trainable, input_names, optimizer, loss_
     if k == STEP_IN_EPOCH:
         b.op("Add", [k, b.const(1, dtype=np.int64)], outputs=[b.reserve(k + _NEXT)])
         carried[k] = k + _NEXT
-    # optimizer.build reserves these names.
-    updated = {p.name: p.name + _NEXT for p in params}
-    for value in dict.fromkeys(v for d in states.values() for v in d.values()):
-        b.reserve(value)
+    # Carried inputs that are new names are claimed; optimizer.build reserves
+    # the names of their next values.
+    updated = {}
+    for value in dict.fromkeys([*weights.values(),
+                                *(v for d in states.values() for v in d.values())]):
+        if value not in weights:
+            b.reserve(value)
         updated[value] = value + _NEXT
     if flat:
         _flat_update(b, optimizer, params, grads, step_scalars, scalar_elem, updated)
@@ -216,21 +220,22 @@ def _step_nodes(model: onnx.ModelProto, trainable, input_names, optimizer, loss_
     b.add_to_graph(graph)
     carried.update(updated)
     layout = FusedLayout(data, (ORDER, STARTS, ENDS, ROWS, *scalar_inputs.values()), carried,
-                         {p.name: p.name for p in params}, states, LOSS_SUM, flat,
+                         weights, states, LOSS_SUM, flat,
                          tuple(n for n in input_names if n in epoch_ordered), scalar_inputs,
                          np.dtype(onnx.helper.tensor_dtype_to_np_dtype(scalar_elem)))
     return inputs, carried_inputs, layout
 
 
 def _flat_offsets(params, optimizer) -> dict:
-    """``{weight: (offset, shape)}`` in one flat state buffer, or {} to keep one per weight.
+    """``{weight: (offset, shape)}`` in one flat buffer, or {} to keep one tensor per weight.
 
     An optimizer with state (momentum, Adam's moments) updates every weight
-    with the same dozen elementwise nodes: on one flat buffer of all the
-    weights, a step runs those nodes once instead of once per weight, for
-    the price of two ``Concat`` and a ``Split``. Each node costs onnxruntime
+    with the same dozen elementwise nodes: with all the weights, and each of
+    their states, in one flat buffer, a step runs those nodes once instead
+    of once per weight, for the price of a ``Slice`` and a ``Reshape`` per
+    weight and one ``Concat`` of the gradients. Each node costs onnxruntime
     about a microsecond whatever its size, which is most of a small model's
-    step. Weights of mixed dtypes keep one buffer each.
+    step. Weights of mixed dtypes keep one tensor each.
     """
     if not optimizer.state_names or len(params) < 2 or len({p.data_type for p in params}) > 1:
         return {}
@@ -241,29 +246,38 @@ def _flat_offsets(params, optimizer) -> dict:
     return offsets
 
 
+def _slice_flat_weights(b: GraphBuilder, graph: onnx.GraphProto, offsets: dict) -> None:
+    """Replace the weight inputs of ``graph`` by slices of the flat weights, ahead of its nodes."""
+    first = len(b.nodes)
+    for name, (offset, shape) in offsets.items():
+        end = offset + int(np.prod(shape, dtype=np.int64))
+        piece = b.op("Slice", [FLAT, b.ints([offset]), b.ints([end]), b.ints([0])])
+        b.op("Reshape", [piece, b.ints(list(shape), hint="shape")], outputs=[name])
+    views = b.nodes[first:]
+    del b.nodes[first:]
+    nodes = views + list(graph.node)
+    del graph.node[:]
+    graph.node.extend(nodes)
+    kept = [i for i in graph.input if i.name not in offsets]
+    del graph.input[:]
+    graph.input.extend(kept)
+
+
 def _flat_update(b: GraphBuilder, optimizer, params, grads, step_scalars: dict,
                  scalar_elem: int, updated: dict) -> None:
-    """The optimizer's update on the concatenated weights, split back per weight.
+    """The optimizer's update of the flat weights with the concatenated gradients.
 
     Every node of the update is elementwise, so each weight gets exactly the
     values the per-weight update computes (the gradient-norm clipping sums
     the squares in another order).
     """
     flat_shape = b.ints([-1], hint="flat_shape")
-    weights = b.op("Concat", [b.op("Reshape", [p.name, flat_shape]) for p in params], axis=0)
     flat_grad = b.op("Concat", [b.op("Reshape", [grads[p.name], flat_shape]) for p in params],
                      axis=0)
-    states = {weights: {s: _state_name(FLAT, s) for s in optimizer.state_names}}
-    names = {_state_name(FLAT, s): updated[_state_name(FLAT, s)] for s in optimizer.state_names}
-    new_weights, _ = optimizer.build(b, [weights], [flat_grad], states, None, None,
-                                     elem_types=[params[0].data_type], updated_names=names,
-                                     scalars=step_scalars, scalar_elem_type=scalar_elem)
-    sizes = [int(np.prod(p.dims, dtype=np.int64)) for p in params]
-    pieces = b.op("Split", [new_weights[0], b.ints(sizes, hint="sizes")], n_outputs=len(params),
-                  axis=0)
-    for p, piece in zip(params, pieces):
-        b.op("Reshape", [piece, b.ints(list(p.dims), hint="shape")],
-             outputs=[b.reserve(updated[p.name])])
+    states = {FLAT: {s: _state_name(FLAT, s) for s in optimizer.state_names}}
+    optimizer.build(b, [FLAT], [flat_grad], states, None, None,
+                    elem_types=[params[0].data_type], updated_names=updated,
+                    scalars=step_scalars, scalar_elem_type=scalar_elem)
 
 
 def _zero_constants(nodes) -> dict:
@@ -539,9 +553,9 @@ def build_fused_epoch(loss_model: onnx.ModelProto, trainable, input_names, optim
     del graph.value_info[:]
     epoch_layout = FusedLayout(layout.data, layout.epoch_inputs,
                                {outer_in[c]: outer_out[c] for c in carried},
-                               {p: outer_in[p] for p in layout.weights},
+                               {p: outer_in[c] for p, c in layout.weights.items()},
                                {p: {s: outer_in[v] for s, v in d.items()}
                                 for p, d in layout.states.items()},
-                               outer_in[LOSS_SUM], layout.state_offsets,
+                               outer_in[LOSS_SUM], layout.offsets,
                                layout.epoch_ordered, layout.scalars, layout.scalar_dtype)
     return finalize_model(model), epoch_layout
