@@ -296,10 +296,10 @@ class TrainingEngine:
     loss sum are carried from step to step in two preallocated sets of
     OrtValues bound once through IOBinding (ping-pong): a step binds and
     allocates nothing from Python and reads nothing back. Per epoch, the
-    engine binds the row order, the batch offsets and the learning rate of
-    each step (so per-step schedules stay exact), then reads the loss sum
-    and copies the weights to the host once, to restore them if training
-    diverges.
+    engine binds the row order, the bounds and sizes of the batches and the
+    optimizer's scalars of each step (the learning rate: per-step schedules
+    stay exact), then reads the loss sum and copies the weights to the host
+    once, to restore them if training diverges.
 
     With ``epoch_loop='auto'`` an epoch is one ``Loop`` call on the CPU; on
     a GPU when a step computes at least ``LOOP_MIN_STEP_MACS`` multiply-adds
