@@ -28,6 +28,21 @@ def ratio(a, b):
     return a / b
 
 
+def paired_ratio(raw_a: list[dict], raw_b: list[dict], key: str = "time"):
+    """Median over the repetitions of ``a / b`` within each repetition (None without a pair).
+
+    A repetition times every contender back to back, so the ratio of one
+    repetition sees the machine in one state: on a shared machine whose
+    speed drifts within a run, the median of these ratios is steadier than
+    the ratio of the medians.
+    """
+    b_by_rep = {r["rep"]: r.get(key) for r in raw_b}
+    ratios = [r[key] / b_by_rep[r["rep"]] for r in raw_a
+              if _is_number(r.get(key)) and _is_number(b_by_rep.get(r["rep"]))
+              and b_by_rep[r["rep"]] != 0]
+    return statistics.median(ratios) if ratios else None
+
+
 def _fmt(value, digits=3) -> str:
     if value is None:
         return "-"
@@ -37,14 +52,19 @@ def _fmt(value, digits=3) -> str:
 
 
 def markdown_table(result: dict) -> str:
-    """One row per (workload, contender): median time, ratios, quality, setup."""
-    lines = ["| workload | contender | time | unit | / sklearn | / torch | quality | setup s |",
-             "|---|---|---:|---|---:|---:|---|---:|"]
+    """One row per (workload, contender): median time, ratios, quality, setup.
+
+    ``/ sklearn`` and ``/ torch`` are ratios of the medians, the ``paired``
+    columns medians of the per-repetition ratios (:func:`paired_ratio`).
+    """
+    lines = ["| workload | contender | time | unit | / sklearn | / torch | paired / sklearn "
+             "| paired / torch | quality | setup s |",
+             "|---|---|---:|---|---:|---:|---:|---:|---|---:|"]
     notes = []
     for key, wl in result["workloads"].items():
         for name, c in wl["contenders"].items():
             if "error" in c:
-                lines.append(f"| {key} | {name} | failed | | | | | |")
+                lines.append(f"| {key} | {name} | failed | | | | | | | |")
                 notes.append(f"{key} {name}: {c['error']}")
                 continue
             med = c["median"]
@@ -52,6 +72,7 @@ def markdown_table(result: dict) -> str:
                 if med.get(wl["quality"]) is not None else "-"
             lines.append(f"| {key} | {name} | {_fmt(med.get('time'))} | {c['unit']} | "
                          f"{_fmt(c['ratio_to_sklearn'])} | {_fmt(c['ratio_to_torch'])} | "
+                         f"{_fmt(c.get('paired_to_sklearn'))} | {_fmt(c.get('paired_to_torch'))} | "
                          f"{quality} | {_fmt(med.get('setup_s'))} |")
             if c.get("note"):
                 notes.append(f"{key} {name}: {c['note']}")

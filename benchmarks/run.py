@@ -18,7 +18,9 @@ Method: the contenders of a workload run interleaved, their order rotated every
 repetition, each after a pause (so the worker threads of the previous library go
 idle), after one unrecorded short warm-up run of each; the medians over ``--reps``
 repetitions are reported, with the ratio of medians to the scikit-learn and the
-PyTorch contender (``time / reference time``: below 1 is faster). numpy/scipy
+PyTorch contender (``time / reference time``: below 1 is faster) and the median of
+the ratios within each repetition ("paired", steadier when the speed of a shared
+machine drifts during the run). numpy/scipy
 (OpenBLAS, through threadpoolctl), torch and onnxruntime all get ``--threads``
 threads. Results: ``results.json``, ``results.md`` and, with matplotlib,
 ``results.png`` in ``--out``. PyTorch is optional: without it its contenders are
@@ -127,13 +129,16 @@ def measure(workload, reps: int, pause: float) -> dict:
                   flush=True)
     for entry in entries.values():
         entry["median"] = report.summarize(entry["raw"]) if "error" not in entry else {}
-    ref = {lib: entries.get(name, {}).get("median", {}).get("time")
-           for lib, name in (("sklearn", workload.sklearn_ref), ("torch", workload.torch_ref))}
+    refs = {lib: entries.get(name, {}) for lib, name in (("sklearn", workload.sklearn_ref),
+                                                         ("torch", workload.torch_ref))}
     for entry in entries.values():
         # a contender timed in another unit (a whole closed-form fit) gets no ratio
-        time_ = entry["median"].get("time") if entry["unit"] == workload.unit else None
-        entry["ratio_to_sklearn"] = report.ratio(time_, ref["sklearn"])
-        entry["ratio_to_torch"] = report.ratio(time_, ref["torch"])
+        same_unit = entry["unit"] == workload.unit
+        time_ = entry["median"].get("time") if same_unit else None
+        for lib, ref in refs.items():
+            entry[f"ratio_to_{lib}"] = report.ratio(time_, ref.get("median", {}).get("time"))
+            entry[f"paired_to_{lib}"] = report.paired_ratio(
+                entry["raw"], ref.get("raw", [])) if same_unit and ref else None
     return {"title": workload.title, "unit": workload.unit, "quality": workload.quality,
             "params": workload.params, "sklearn_ref": workload.sklearn_ref,
             "torch_ref": workload.torch_ref, "notes": workload.notes, "contenders": entries}

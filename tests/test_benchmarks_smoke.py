@@ -75,8 +75,21 @@ def test_workloads_numbers(smoke):
             assert ref is None or _finite(ref)
         if HAS_TORCH:
             assert wl["contenders"][wl["torch_ref"]]["ratio_to_torch"] == pytest.approx(1.0)
+            assert wl["contenders"][wl["torch_ref"]]["paired_to_torch"] == pytest.approx(1.0)
         if wl["sklearn_ref"]:
             assert wl["contenders"][wl["sklearn_ref"]]["ratio_to_sklearn"] == pytest.approx(1.0)
+            assert wl["contenders"][wl["sklearn_ref"]]["paired_to_sklearn"] == pytest.approx(1.0)
+
+
+def test_paired_ratio_is_the_median_of_the_ratios_of_each_repetition():
+    from benchmarks.report import paired_ratio
+
+    a = [{"rep": 0, "time": 1.0}, {"rep": 1, "time": 3.0}, {"rep": 2, "time": 2.0}]
+    b = [{"rep": 0, "time": 4.0}, {"rep": 1, "time": 4.0}, {"rep": 3, "time": 1.0}]
+    # reps 0 and 1 pair up (0.25 and 0.75); rep 2 and rep 3 have no partner
+    assert paired_ratio(a, b) == pytest.approx(0.5)
+    assert paired_ratio(a, []) is None
+    assert paired_ratio(a, [{"rep": 0, "time": 0.0}]) is None
 
 
 def test_ortlearn_ran_the_epochs_asked(smoke):
