@@ -154,7 +154,8 @@ def _step_nodes(model: onnx.ModelProto, trainable, input_names, optimizer, loss_
         inputs.append(helper.make_tensor_value_info(data[name], elem_type_of(info), dims))
     step_scalars = {s: b.op("Gather", [name, k]) for s, name in scalar_inputs.items()}
     n_rows = b.op("Gather", [ROWS, k])
-    prologue = b.nodes
+    flat = _flat_offsets(params, optimizer)
+    prologue, views = b.nodes, _flat_weight_views(b, flat)
     b.nodes = []
     forward = list(graph.node)
     del graph.node[:]
@@ -167,7 +168,6 @@ def _step_nodes(model: onnx.ModelProto, trainable, input_names, optimizer, loss_
     elem_types = {p.data_type for p in params}
     scalar_elem = elem_types.pop() if len(elem_types) == 1 else TensorProto.DOUBLE
     inputs += [scalar(name, scalar_elem, ["n_batches"]) for name in scalar_inputs.values()]
-    flat = _flat_offsets(params, optimizer)
     weights = {p.name: FLAT if flat else p.name for p in params}
     states = {p.name: {s: _state_name(weights[p.name], s) for s in optimizer.state_names}
               for p in params}
@@ -183,7 +183,7 @@ def _step_nodes(model: onnx.ModelProto, trainable, input_names, optimizer, loss_
             for name in (p.name, *states[p.name].values()):
                 carried_inputs.append(scalar(name, p.data_type, list(p.dims)))
     # The backward pass differentiates with respect to graph inputs: with flat
-    # weights, each weight is an input until the slice giving it replaces it.
+    # weights, each weight is an input until its view replaces it.
     weight_inputs = [scalar(p.name, p.data_type, list(p.dims)) for p in params] if flat else []
     graph.input.extend(inputs + carried_inputs + weight_inputs)
     if k != STEP_IN_EPOCH:
@@ -192,7 +192,12 @@ def _step_nodes(model: onnx.ModelProto, trainable, input_names, optimizer, loss_
     loss_info = next(o for o in graph.output if o.name == loss_output)
     grads = append_backward(model, loss_output, list(trainable), builder=b)
     if flat:
-        _slice_flat_weights(b, graph, flat)
+        nodes = prologue + views + list(graph.node)[len(prologue):]
+        del graph.node[:]
+        graph.node.extend(nodes)
+        kept = [i for i in graph.input if i.name not in flat]
+        del graph.input[:]
+        graph.input.extend(kept)
     batch_loss = loss_output
     if elem_type_of(loss_info) != TensorProto.DOUBLE:
         batch_loss = b.cast(batch_loss, TensorProto.DOUBLE)
@@ -246,8 +251,8 @@ def _flat_offsets(params, optimizer) -> dict:
     return offsets
 
 
-def _slice_flat_weights(b: GraphBuilder, graph: onnx.GraphProto, offsets: dict) -> None:
-    """Replace the weight inputs of ``graph`` by slices of the flat weights, ahead of its nodes."""
+def _flat_weight_views(b: GraphBuilder, offsets: dict) -> list:
+    """Nodes giving each weight as a slice of the flat weights, in its shape (not added to ``b``)."""
     first = len(b.nodes)
     for name, (offset, shape) in offsets.items():
         end = offset + int(np.prod(shape, dtype=np.int64))
@@ -255,12 +260,7 @@ def _slice_flat_weights(b: GraphBuilder, graph: onnx.GraphProto, offsets: dict) 
         b.op("Reshape", [piece, b.ints(list(shape), hint="shape")], outputs=[name])
     views = b.nodes[first:]
     del b.nodes[first:]
-    nodes = views + list(graph.node)
-    del graph.node[:]
-    graph.node.extend(nodes)
-    kept = [i for i in graph.input if i.name not in offsets]
-    del graph.input[:]
-    graph.input.extend(kept)
+    return views
 
 
 def _flat_update(b: GraphBuilder, optimizer, params, grads, step_scalars: dict,
