@@ -69,11 +69,11 @@ def test_bias_add_with_dynamic_batch_needs_no_shape_node():
     assert ops["Shape"] == 1 and not set(ops) & (_RUNTIME_SHAPE_OPS - {"Shape"})
 
 
-def _cross_entropy_model(inits, n_classes=4):
+def _cross_entropy_model(inits, n_classes=4, axis=1):
     # The loss of ortlearn.loss: Reshape(y, [-1, 1]) loses the batch symbol
     # in ONNX shape inference, then a per-row weight multiplies the picked terms.
     nodes = [helper.make_node("MatMul", ["X", "W"], ["S"]),
-             helper.make_node("LogSoftmax", ["S"], ["L"], axis=1),
+             helper.make_node("LogSoftmax", ["S"], ["L"], axis=axis),
              helper.make_node("Reshape", ["y", "col"], ["yc"]),
              helper.make_node("GatherElements", ["L", "yc"], ["P"], axis=1),
              helper.make_node("Neg", ["P"], ["NP"]),
@@ -96,11 +96,12 @@ def test_refined_shapes_keep_the_batch_symbol_through_reshape():
     assert shapes["RW"] == ["N"]
 
 
+@pytest.mark.parametrize("axis", [1, -1])
 @pytest.mark.parametrize("labels", [[0, 3, 1, 2, 3], [0, -1, 1, -2, 3]])
-def test_cross_entropy_gradient_is_a_one_hot_product(labels):
+def test_cross_entropy_gradient_is_a_one_hot_product(labels, axis):
     rng = np.random.default_rng(1)
     inits = {"W": rng.normal(size=(3, 4))}
-    model = _cross_entropy_model(inits)
+    model = _cross_entropy_model(inits, axis=axis)
     feeds = {"X": rng.normal(size=(5, 3)), "y": np.array(labels, np.int64),
              "sw": rng.uniform(0.5, 2, size=5)}
     grad_model = _check_fd(model, feeds, inits)
@@ -108,6 +109,29 @@ def test_cross_entropy_gradient_is_a_one_hot_product(labels):
     assert ops["ScatterElements"] == 0 and ops["NonZero"] == 0 and ops["Equal"] == 1
     # the only run-time shape left: expanding the gradient of the sum over rows
     assert ops["Shape"] <= 1
+    # the LogSoftmax gradient reuses the row sum of the one-hot product (its factor):
+    # the only ReduceSum nodes are the forward pass's two
+    assert ops["ReduceSum"] == 2
+
+
+def test_log_softmax_read_twice_sums_its_accumulated_gradient():
+    # L feeds the one-hot pick and a second term: its gradient is a Sum of both, whose
+    # row sum is not the pick's factor any more
+    rng = np.random.default_rng(2)
+    inits = {"W": rng.normal(size=(3, 4))}
+    nodes = [helper.make_node("MatMul", ["X", "W"], ["S"]),
+             helper.make_node("LogSoftmax", ["S"], ["L"], axis=1),
+             helper.make_node("Reshape", ["y", "col"], ["yc"]),
+             helper.make_node("GatherElements", ["L", "yc"], ["P"], axis=1),
+             helper.make_node("Mul", ["L", "L"], ["L2"]),
+             helper.make_node("ReduceSum", ["P"], ["picked"], keepdims=0),
+             helper.make_node("ReduceSum", ["L2"], ["squares"], keepdims=0),
+             helper.make_node("Sub", ["squares", "picked"], ["loss"])]
+    inputs = [helper.make_tensor_value_info("X", TensorProto.DOUBLE, ["N", 3]),
+              helper.make_tensor_value_info("y", TensorProto.INT64, ["N"])]
+    model = _model(nodes, inputs, inits, consts=[("col", np.array([-1, 1], np.int64))])
+    feeds = {"X": rng.normal(size=(5, 3)), "y": np.array([0, 3, 1, 2, 3], np.int64)}
+    _check_fd(model, feeds, inits)
 
 
 def test_slices_with_the_same_bounds_share_their_length():

@@ -42,6 +42,7 @@ class GradientContext:
         self._constants = constants
         self._differentiable = differentiable
         self._shapes: dict[str, str] = {}
+        self._axis_sums: dict[tuple[str, int], str] = {}
 
     @property
     def opset(self) -> int:
@@ -152,6 +153,23 @@ class GradientContext:
     def mask_where(self, cond: str, grad: str, like: str) -> str:
         """``grad`` where ``cond`` holds, 0 elsewhere (``like``: a value of grad's type)."""
         return self.b.op("Where", [cond, grad, self.const(0, like=like)])
+
+    def note_axis_sum(self, value: str, axis: int, total: str) -> None:
+        """Record that ``total`` is ``ReduceSum(value, [axis], keepdims=1)`` (axis >= 0)."""
+        self._axis_sums[value, axis] = total
+
+    def axis_sum(self, value: str, axis: int) -> str:
+        """``ReduceSum(value, [axis], keepdims=1)``: a recorded one, else a new node.
+
+        ``axis`` is counted from 0, as :meth:`note_axis_sum` records it.
+
+        A rule that knows the sum of the gradient it returns (a one-hot
+        product sums to its factor) records it with :meth:`note_axis_sum`,
+        and the rule downstream that needs that sum reuses it.
+        """
+        if (value, axis) in self._axis_sums:
+            return self._axis_sums[value, axis]
+        return self.b.reduce("ReduceSum", value, [axis], keepdims=1)
 
     def transpose_last2(self, x: str, rank: int) -> str:
         perm = list(range(rank - 2)) + [rank - 1, rank - 2]

@@ -93,6 +93,8 @@ def _softmax(ctx, node, x, y, g):
 @_activation("LogSoftmax")
 def _log_softmax(ctx, node, x, y, g):
     axis = attr(node, "axis", -1)
+    if axis < 0 and ctx.rank(x):
+        axis += ctx.rank(x)
     b = ctx.b
-    total = b.reduce("ReduceSum", g, [axis], keepdims=1)
+    total = ctx.axis_sum(g, axis)  # after a one-hot GatherElements: known, no node
     return b.op("Sub", [g, b.op("Mul", [b.op("Exp", [y]), total])])

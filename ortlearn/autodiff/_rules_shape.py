@@ -78,7 +78,10 @@ def _one_hot_gather(ctx, node, grads):
     lengths = [1] * len(sx)
     lengths[axis] = n
     every = b.const(np.arange(n, dtype=np.int64).reshape(lengths), hint="positions")
-    return ctx.mask_where(b.op("Equal", [positive, every]), grads[0], x)
+    grad = ctx.mask_where(b.op("Equal", [positive, every]), grads[0], x)
+    # one nonzero term per row: the sum along the axis is the incoming gradient, exactly
+    ctx.note_axis_sum(grad, axis, grads[0])
+    return grad
 
 
 @register_gradient("Gather", "GatherElements")
