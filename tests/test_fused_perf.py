@@ -192,3 +192,25 @@ def test_estimators_tell_the_engine_their_batch_size(monkeypatch):
     # 12 001 weights: 16 rows make 0.19 M multiply-adds, 'auto' (200 rows) 2.4 M
     assert options(16).intra_op_num_threads == 1
     assert options("auto").get_session_config_entry(SPIN) == "1"
+
+
+@pytest.mark.parametrize("batch_size, n_rows, threads", [(10, 400, 1), (400, 20, 1),
+                                                        (400, 400, 0)])
+def test_gradient_optimizer_tells_the_engine_its_batch_size(monkeypatch, batch_size, n_rows,
+                                                             threads):
+    from skl2onnx import to_onnx
+    from sklearn.linear_model import LinearRegression
+
+    from ortlearn import add_loss_output
+    from ortlearn.estimators import OrtGradientOptimizer
+
+    monkeypatch.delenv("ORTLEARN_NUM_THREADS", raising=False)
+    rs = np.random.RandomState(0)
+    X = rs.randn(n_rows, 3000).astype(np.float32)  # 3 001 weights
+    y = X[:, 0].astype(np.float32)
+    onx = add_loss_output(to_onnx(LinearRegression().fit(X, y), X, black_op={"LinearRegressor"}))
+    opt = OrtGradientOptimizer(onx, ["coef", "intercept"], max_iter=1, batch_size=batch_size,
+                               learning_rate=1e-4)
+    opt.fit(X, y)
+    # batches of 10 or 20 rows: 30 k or 60 k multiply-adds; of 400 rows: 1.2 M
+    assert opt._engine()._session_options.intra_op_num_threads == threads

@@ -252,10 +252,12 @@ class OrtGradientOptimizer(BaseEstimator):
                                 shape_of(declared[n])) for n in self.input_names_}
         self._prediction_outputs = [o for o in outputs if o != self.loss_output_name]
 
-    def _new_engine(self, initial_weights=None) -> TrainingEngine:
+    def _new_engine(self, initial_weights=None, n_rows=None) -> TrainingEngine:
+        batch_rows = self.batch_size if n_rows is None else min(self.batch_size, n_rows)
         return TrainingEngine(self._loss_model, self._weights, self._optimizer_spec(),
                               device=self.device, input_names=self.input_names_,
-                              loss_output=self.loss_output_name, initial_weights=initial_weights)
+                              loss_output=self.loss_output_name, initial_weights=initial_weights,
+                              batch_size=batch_rows)
 
     def _engine(self) -> TrainingEngine:
         """The fitted engine, rebuilt after unpickling."""
@@ -372,7 +374,7 @@ class OrtGradientOptimizer(BaseEstimator):
         if continuing:
             engine = self._engine()
         else:
-            engine = self._new_engine()
+            engine = self._new_engine(n_rows=len(arrays[0]))
             self._rng = check_random_state(self.random_state)
             self.train_losses_, self.validation_losses_, self.n_iter_ = [], [], 0
         self._runtime = _Runtime()
