@@ -409,11 +409,9 @@ class TrainingEngine:
 
     def _carried_values(self, layout, buffers) -> dict:
         """``{('w', name) | ('s', name, state): host copy}`` of the live weights and states."""
-        values = {("w", p): _carried_value(layout, buffers, c, p)
-                  for p, c in layout.weights.items()}
-        values.update({("s", p, s): _carried_value(layout, buffers, c, p)
-                       for p, d in layout.states.items() for s, c in d.items()})
-        return values
+        return _host_values(layout, buffers, [(("w", p), c, p) for p, c in layout.weights.items()]
+                            + [(("s", p, s), c, p) for p, d in layout.states.items()
+                               for s, c in d.items()])
 
     def _write_carried(self, values: dict) -> None:
         _, layout, buffers = self._steps[self._current]
@@ -611,9 +609,11 @@ class TrainingEngine:
         session = self._eval_session
         binding = session.io_binding()
         _, layout, buffers = self._steps[self._current]
+        views = _host_values(layout, buffers, [(n, c, n) for n, c in layout.weights.items()
+                                               if n in layout.offsets])
         for name, carried in layout.weights.items():
-            if name in layout.offsets:  # a view of the flat weights
-                binding.bind_cpu_input(name, _carried_value(layout, buffers, carried, name))
+            if name in views:  # a view of the flat weights
+                binding.bind_cpu_input(name, np.ascontiguousarray(views[name]))
             else:
                 binding.bind_ortvalue_input(name, buffers.live(carried))
         for name, array in zip(self.input_names, arrays):
@@ -626,8 +626,9 @@ class TrainingEngine:
     def get_state(self) -> dict:
         """Host copies of the weights, ``{name: numpy.ndarray}`` in trainable order."""
         _, layout, buffers = self._steps[self._current]
-        return {n: np.array(_carried_value(layout, buffers, layout.weights[n], n), copy=True)
-                for n in self.trainable}
+        values = _host_values(layout, buffers, [(n, layout.weights[n], n)
+                                                for n in self.trainable])
+        return {n: np.array(v, copy=True) for n, v in values.items()}
 
     def set_state(self, state: dict) -> None:
         """Overwrite every weight on the device.
@@ -657,8 +658,10 @@ class TrainingEngine:
             "learning_rate": float}``.
         """
         _, layout, buffers = self._steps[self._current]
-        states = {p: {s: np.array(_carried_value(layout, buffers, c, p), copy=True)
-                      for s, c in d.items()} for p, d in layout.states.items()}
+        values = _host_values(layout, buffers, [((p, s), c, p) for p, d in layout.states.items()
+                                                for s, c in d.items()])
+        states = {p: {s: np.array(values[p, s], copy=True) for s in d}
+                  for p, d in layout.states.items()}
         return {"states": states, "step": self.n_steps, "learning_rate": float(self._lr)}
 
     def load_optimizer_state(self, state: dict) -> None:
@@ -712,13 +715,23 @@ def _check_lr(lr) -> float:
     return lr
 
 
-def _carried_value(layout, buffers: _PingPong, carried: str, param: str) -> np.ndarray:
-    """Host value of ``param``'s part of a carried value (a weight or one of its states)."""
-    value = buffers.live(carried).numpy()
-    if param not in layout.offsets:
-        return value
-    offset, shape = layout.offsets[param]
-    return value[offset:offset + int(np.prod(shape, dtype=np.int64))].reshape(shape)
+def _host_values(layout, buffers: _PingPong, items) -> dict:
+    """``{key: host value}`` for ``(key, carried input, weight)`` items.
+
+    The value is the weight's part of the carried value (the weight or one of
+    its states): a view of one host copy per carried buffer, so that the
+    weights of a flat buffer cost one copy, not one each.
+    """
+    copies, values = {}, {}
+    for key, carried, param in items:
+        if carried not in copies:
+            copies[carried] = buffers.live(carried).numpy()
+        value = copies[carried]
+        if param in layout.offsets:
+            offset, shape = layout.offsets[param]
+            value = value[offset:offset + int(np.prod(shape, dtype=np.int64))].reshape(shape)
+        values[key] = value
+    return values
 
 
 def _is_state(layout, name: str) -> bool:
