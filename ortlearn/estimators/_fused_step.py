@@ -252,7 +252,7 @@ def _flat_offsets(params, optimizer) -> dict:
 
 
 def _flat_weight_views(b: GraphBuilder, offsets: dict) -> list:
-    """Nodes giving each weight as a slice of the flat weights, in its shape (not added to ``b``)."""
+    """Nodes giving each weight as a slice of the flat weights (taken back from ``b``)."""
     first = len(b.nodes)
     for name, (offset, shape) in offsets.items():
         end = offset + int(np.prod(shape, dtype=np.int64))
