@@ -384,13 +384,13 @@ def _column_sums_as_products(nodes, infos: dict) -> list:
 _BROADCASTING = frozenset({"Add", "Sub", "Mul", "Div"})
 
 
-def _static_shape(infos: dict, name: str):
+def _static_shape(shapes: dict, name: str):
     """The shape of ``name`` when every dimension is known (int or symbol), else None."""
-    shape = shape_of(infos[name]) if name in infos else None
+    shape = shapes.get(name)
     return None if shape is None or None in shape else shape
 
 
-def _expands_as_broadcasts(nodes, infos: dict) -> list:
+def _expands_as_broadcasts(nodes, shapes: dict) -> list:
     """``Mul(Expand(s, shape), y)`` rewritten as ``Mul(s, y)`` when ``s`` holds one value.
 
     The gradient of a ``ReduceSum`` is its upstream scalar expanded to the
@@ -398,17 +398,25 @@ def _expands_as_broadcasts(nodes, infos: dict) -> list:
     broadcasting gives the same values without the ``Expand`` (and the
     ``Shape`` that may feed it), each node costing onnxruntime about a
     microsecond. Only done when every consumer is an elementwise binary
-    operator whose other operand has the expanded shape.
+    operator whose other operand has the expanded shape. ``shapes`` are
+    those of :func:`ortlearn.autodiff._shapes.refine_shapes`, which give
+    the rows of a batch one symbol (ONNX shape inference gives each
+    sliced or broadcast value a new one).
     """
     consumers = {}
+    measured = {}  # output of a Shape node -> the value it measures
     for node in nodes:
         for value in node.input:
             consumers.setdefault(value, []).append(node)
+        if node.op_type == "Shape" and not node.attribute:
+            measured[node.output[0]] = node.input[0]
     replaced = {}
     for node in nodes:
         if node.op_type != "Expand":
             continue
-        source, target = _static_shape(infos, node.input[0]), _static_shape(infos, node.output[0])
+        source = _static_shape(shapes, node.input[0])
+        # Expand(s, Shape(v)) has v's shape, whatever symbol its output got
+        target = _static_shape(shapes, measured.get(node.input[1], node.output[0]))
         if source is None or target is None or any(d != 1 for d in source) \
                 or len(source) > len(target):
             continue
@@ -416,7 +424,7 @@ def _expands_as_broadcasts(nodes, infos: dict) -> list:
         if users and all(
                 user.op_type in _BROADCASTING and len(user.input) == 2
                 and len({*user.input}) == 2
-                and _static_shape(infos, next(v for v in user.input if v != node.output[0]))
+                and _static_shape(shapes, next(v for v in user.input if v != node.output[0]))
                 == target for user in users):
             replaced[node.output[0]] = node.input[0]
     out = []
@@ -435,6 +443,9 @@ def _cheaper_nodes(model: onnx.ModelProto, nodes, outputs) -> list:
 
     Only the nodes that ``outputs`` still need are kept.
     """
+    from ..autodiff._backward import _constant_values
+    from ..autodiff._shapes import refine_shapes
+
     nodes = _masks_as_products(nodes)
     graph = onnx.GraphProto()
     graph.CopyFrom(model.graph)
@@ -444,7 +455,8 @@ def _cheaper_nodes(model: onnx.ModelProto, nodes, outputs) -> list:
     probe.CopyFrom(model)
     probe.graph.CopyFrom(graph)
     infos = value_info_map(probe)
-    nodes = needed_nodes(_expands_as_broadcasts(nodes, infos), outputs)
+    shapes = refine_shapes(graph, infos, _constant_values(graph, []))
+    nodes = needed_nodes(_expands_as_broadcasts(nodes, shapes), outputs)
     return _column_sums_as_products(nodes, infos)
 
 
