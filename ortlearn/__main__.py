@@ -96,11 +96,13 @@ def run_demo(device: str = "cpu", max_iter: int = 30, plot: str | None = "ortlea
 
 
 def _print_table(rows, out):
-    header = f"{'job':36s} {'metric':8s} {'ortlearn':>9s} {'sklearn':>9s} {'ort fit s':>10s} {'skl fit s':>10s}"
+    header = (f"{'job':36s} {'metric':8s} {'ortlearn':>9s} {'sklearn':>9s} "
+              f"{'ort fit s':>10s} {'skl fit s':>10s}")
     print("\n" + header, file=out)
     print("-" * len(header), file=out)
     for r in rows:
-        print(f"{r['title']:36s} {r['metric']:8s} {r['ortlearn_score']:9.4f} {r['sklearn_score']:9.4f} "
+        print(f"{r['title']:36s} {r['metric']:8s} "
+              f"{r['ortlearn_score']:9.4f} {r['sklearn_score']:9.4f} "
               f"{r['ortlearn_fit_s']:10.3f} {r['sklearn_fit_s']:10.3f}", file=out)
 
 

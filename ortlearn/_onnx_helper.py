@@ -174,7 +174,8 @@ def value_info_map(model: onnx.ModelProto, infer: bool = True) -> dict[str, onnx
     infos = {v.name: v for v in itertools.chain(g.value_info, g.input, g.output)}
     for init in g.initializer:
         if init.name not in infos:
-            infos[init.name] = helper.make_tensor_value_info(init.name, init.data_type, list(init.dims))
+            infos[init.name] = helper.make_tensor_value_info(
+                init.name, init.data_type, list(init.dims))
     return infos
 
 
@@ -243,7 +244,8 @@ class GraphBuilder:
     ['Sub', 'Mul', 'ReduceMean']
     """
 
-    def __init__(self, opset: int = DEFAULT_OPSET, used_names: Iterable[str] = (), prefix: str = ""):
+    def __init__(self, opset: int = DEFAULT_OPSET, used_names: Iterable[str] = (),
+                 prefix: str = ""):
         if opset < MIN_OPSET:
             raise ValueError(f"ortlearn needs ai.onnx opset >= {MIN_OPSET}, the model has {opset}.")
         self.opset = opset
@@ -323,7 +325,8 @@ class GraphBuilder:
                 raise ValueError(f"{op_type} takes dynamic axes from opset 18 on.")
             return self.op(op_type, [x, axes], outputs=outputs, keepdims=keepdims, **attrs)
         if input_form:
-            return self.op(op_type, [x, self.ints(axes)], outputs=outputs, keepdims=keepdims, **attrs)
+            return self.op(op_type, [x, self.ints(axes)], outputs=outputs, keepdims=keepdims,
+                           **attrs)
         return self.op(op_type, [x], outputs=outputs, axes=list(axes), keepdims=keepdims, **attrs)
 
     def squeeze(self, x: str, axes: Sequence[int]) -> str:

@@ -1,4 +1,5 @@
-"""``generate_artifacts``: the training artifacts of ``onnxruntime.training.artifacts``, in standard ONNX.
+"""``generate_artifacts``: the training artifacts of ``onnxruntime.training.artifacts``,
+in standard ONNX.
 
 The files follow ``doc/artifacts_format.md`` and are read by
 :class:`ortlearn.TrainingSession`. ``from onnxruntime.training import artifacts``

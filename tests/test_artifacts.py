@@ -185,7 +185,8 @@ def dropout_bn_model(batchnorm):
             ["bn_out", "running_mean", "running_var"], training_mode=1))
     extra.append(helper.make_node("Relu", ["bn_out" if batchnorm else "d2"], ["r2"]))
     model = mlp(np.float64, extra_nodes=extra)
-    model.graph.node.remove(next(n for n in model.graph.node if n.op_type == "Relu" and n.input[0] == "h2"))
+    model.graph.node.remove(next(n for n in model.graph.node
+                                 if n.op_type == "Relu" and n.input[0] == "h2"))
     stats = {"bn_scale": np.full(5, 2.0), "bn_bias": np.full(5, 0.1),
              "bn_mean": np.full(5, 0.3), "bn_var": np.full(5, 4.0)}
     model.graph.initializer.extend(numpy_helper.from_array(v, k) for k, v in stats.items())

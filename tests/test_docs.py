@@ -174,7 +174,8 @@ def test_extractors_on_synthetic_pages(tmp_path):
                    "Text.\n\n.. code-block:: bash\n\n   ls\n\n"
                    ".. code-block:: python\n\n   # doc: skip-test (needs CUDA)\n   z = 3\n")
     md = tmp_path / "p.md"
-    md.write_text("# T\n\n```python\na = 1\n```\n\n```bash\nls\n```\n\n```python\n>>> 1 + 1\n2\n```\n")
+    md.write_text("# T\n\n```python\na = 1\n```\n\n```bash\nls\n```\n\n"
+                  "```python\n>>> 1 + 1\n2\n```\n")
     rst_examples = extract_examples(rst)
     assert [(e.line, e.code) for e in rst_examples] == [
         (6, "x = 1\n\ny = x + 1"), (18, "# doc: skip-test (needs CUDA)\nz = 3")]

@@ -96,7 +96,8 @@ def test_cross_entropy(rng, dtype, reduction, weight, ignore_index):
 def test_cross_entropy_spatial(rng):
     x = rng.normal(size=(3, 4, 5))
     t = rng.integers(0, 4, size=(3, 5))
-    got = run_block(onnxblock.loss.CrossEntropyLoss(), np.float64, [[3, 4, 5]], {"x0": x, "target": t})
+    got = run_block(onnxblock.loss.CrossEntropyLoss(), np.float64, [[3, 4, 5]],
+                    {"x0": x, "target": t})
     np.testing.assert_allclose(got, cross_entropy_np(x, t), rtol=1e-12)
 
 
@@ -110,11 +111,13 @@ def bce_np(x, y, weight=None, pos_weight=None):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 @pytest.mark.parametrize("weight,pos_weight", [(None, None), ([1.0, 2.0, 0.5], None),
-                                               (None, [3.0, 0.5, 1.0]), ([1.0, 2.0, 0.5], [2.0, 1.0, 4.0])])
+                                               (None, [3.0, 0.5, 1.0]),
+                                               ([1.0, 2.0, 0.5], [2.0, 1.0, 4.0])])
 def test_bce_with_logits(rng, dtype, reduction, weight, pos_weight):
     x = rng.normal(size=(5, 3)).astype(dtype) * 2
     y = rng.integers(0, 2, size=(5, 3)).astype(dtype)
-    block = onnxblock.loss.BCEWithLogitsLoss(weight=weight, reduction=reduction, pos_weight=pos_weight)
+    block = onnxblock.loss.BCEWithLogitsLoss(weight=weight, reduction=reduction,
+                                             pos_weight=pos_weight)
     got = run_block(block, dtype, [[5, 3]], {"x0": x, "target": y})
     expected = reduce_np(bce_np(x.astype(np.float64), y, weight, pos_weight), reduction)
     np.testing.assert_allclose(got, expected, **tol(dtype))
@@ -178,7 +181,8 @@ BUILDING = {
     "Pow": (lambda a, b: B.Pow(2.5)(B.Abs()(a)), lambda a, b: np.abs(a) ** 2.5),
     "Constant": (lambda a, b: B.Mul()(B.Constant(0.3)(), a), lambda a, b: 0.3 * a),
     "ReduceMean": (lambda a, b: B.ReduceMean()(a), lambda a, b: a.mean(keepdims=True)),
-    "ReduceSum": (lambda a, b: B.ReduceSum(axes=[1], keepdims=False)(a), lambda a, b: a.sum(axis=1)),
+    "ReduceSum": (lambda a, b: B.ReduceSum(axes=[1], keepdims=False)(a),
+                  lambda a, b: a.sum(axis=1)),
     "Sigmoid": (lambda a, b: B.Sigmoid()(a), lambda a, b: 1 / (1 + np.exp(-a))),
     "Log": (lambda a, b: B.Log()(B.Abs()(a)), lambda a, b: np.log(np.abs(a))),
     "Neg": (lambda a, b: B.Neg()(a), lambda a, b: -a),
@@ -221,8 +225,10 @@ def test_linear_block(rng):
         fwd("y0")
     out = fwd.to_model_proto()
     inits = {i.name: numpy_helper.to_array(i) for i in out.graph.initializer}
-    assert inits["fc.weight"].shape == (2, 3) and np.all(np.abs(inits["fc.weight"]) <= 1 / np.sqrt(3))
-    np.testing.assert_allclose(run_onnx(out, {"x0": x})[0], x @ inits["fc.weight"].T + inits["fc.bias"])
+    assert (inits["fc.weight"].shape == (2, 3)
+            and np.all(np.abs(inits["fc.weight"]) <= 1 / np.sqrt(3)))
+    np.testing.assert_allclose(run_onnx(out, {"x0": x})[0],
+                               x @ inits["fc.weight"].T + inits["fc.bias"])
 
 
 def test_block_outside_context_and_unbuilt_blocks():

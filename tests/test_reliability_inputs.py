@@ -414,7 +414,8 @@ def test_command_line_rejects_bad_arguments_before_training(args, message, capsy
     assert message in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("args", [["demo", "--max-iter", "0"], ["bogus"], ["demo", "--max-iter", "x"]])
+@pytest.mark.parametrize("args", [["demo", "--max-iter", "0"], ["bogus"],
+                                  ["demo", "--max-iter", "x"]])
 def test_command_line_usage_errors(args, capsys):
     with pytest.raises(SystemExit) as info:
         main(args)

@@ -16,4 +16,5 @@ from .blocks import Block
 from .model_accessor import base, empty_base
 from .onnxblock import ForwardBlock, TrainingBlock
 
-__all__ = ["Block", "ForwardBlock", "TrainingBlock", "base", "blocks", "empty_base", "loss", "optim"]
+__all__ = ["Block", "ForwardBlock", "TrainingBlock", "base", "blocks", "empty_base", "loss",
+           "optim"]

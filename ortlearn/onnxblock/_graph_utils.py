@@ -98,7 +98,8 @@ def add_graph_input(model: onnx.ModelProto, name: str, elem: int, dims) -> str:
         return name
     produced = {o for n in g.node for o in n.output} | {i.name for i in g.initializer}
     if name in produced:
-        raise ValueError(f"Cannot add graph input {name!r}: the model already has a value with that name.")
+        raise ValueError(f"Cannot add graph input {name!r}: "
+                         "the model already has a value with that name.")
     g.input.append(helper.make_tensor_value_info(name, elem, dims))
     return name
 
@@ -110,7 +111,8 @@ def register_graph_outputs(model: onnx.ModelProto, names: Sequence[str]) -> None
     if missing:
         try:
             inferred = onnx.shape_inference.infer_shapes(model)
-            infos = {v.name: v for v in itertools.chain(inferred.graph.value_info, inferred.graph.input)}
+            infos = {v.name: v for v in itertools.chain(inferred.graph.value_info,
+                                                        inferred.graph.input)}
         except Exception:  # fall back to declared types only
             infos = {}
         for name in missing:

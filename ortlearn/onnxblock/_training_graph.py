@@ -58,7 +58,10 @@ def split_parameters(model: onnx.ModelProto, requires_grad: Sequence[str],
 
 
 def _parameters_to_inputs(model: onnx.ModelProto, params: list[TensorProto]) -> list[str]:
-    """Turn the parameters into graph inputs placed after the user inputs; return the user inputs."""
+    """Turn the parameters into graph inputs placed after the user inputs.
+
+    Return the user inputs.
+    """
     g = model.graph
     names = {p.name for p in params}
     kept = [i for i in g.initializer if i.name not in names]

@@ -181,7 +181,8 @@ class Pow(Block):
 
     def build(self, pow_input_name: str) -> str:
         model = self.base
-        exponent = _as_float_const(model, self._exponent, _graph_utils.float_type_of(model, pow_input_name))
+        exponent = _as_float_const(model, self._exponent,
+                                   _graph_utils.float_type_of(model, pow_input_name))
         return _emit(model, "Pow", [pow_input_name, exponent])
 
 

@@ -136,11 +136,13 @@ class CrossEntropyLoss(_Loss):
             w = self._weight.astype(dtype).reshape([-1] + [1] * (rank - 2))
             one_hot = b.op("Mul", [one_hot, b.const(w, hint="class_weight")])
         if self._ignore_index is not None:
-            keep = b.cast(b.op("Not", [b.op("Equal", [target, b.const(np.int64(self._ignore_index))])]), elem)
+            ignored = b.op("Equal", [target, b.const(np.int64(self._ignore_index))])
+            keep = b.cast(b.op("Not", [ignored]), elem)
             one_hot = b.op("Mul", [one_hot, b.unsqueeze(keep, [1])])
         picked = b.reduce("ReduceSum", b.op("Mul", [one_hot, logp]), axes=[1], keepdims=0)
         nll = b.op("Neg", [picked])
-        if self._reduction == "mean" and (self._weight is not None or self._ignore_index is not None):
+        if self._reduction == "mean" and (self._weight is not None
+                                          or self._ignore_index is not None):
             sample_weight = b.reduce("ReduceSum", one_hot, axes=[1], keepdims=0)
             out = b.op("Div", [b.reduce("ReduceSum", nll, keepdims=0),
                                b.reduce("ReduceSum", sample_weight, keepdims=0)])
@@ -185,7 +187,8 @@ class BCEWithLogitsLoss(_Loss):
         else:
             one = b.const(dtype.type(1))
             # log(1 + exp(-|x|)): Softplus has no float64 kernel on onnxruntime's CPU.
-            log_term = b.op("Log", [b.op("Add", [one, b.op("Exp", [b.op("Neg", [b.op("Abs", [x])])])])])
+            log_term = b.op("Log", [b.op("Add", [
+                one, b.op("Exp", [b.op("Neg", [b.op("Abs", [x])])])])])
             pw_minus_1 = b.const(self._pos_weight.astype(dtype) - 1, hint="pos_weight")
             log_weight = b.op("Add", [one, b.op("Mul", [pw_minus_1, y])])
             softplus_neg = b.op("Add", [log_term, b.op("Relu", [b.op("Neg", [x])])])

@@ -15,7 +15,8 @@ __all__ = ["ForwardBlock", "TrainingBlock"]
 def _output_names(output) -> list[str]:
     names = [output] if isinstance(output, str) else list(output)
     if not names or not all(isinstance(n, str) for n in names):
-        raise TypeError(f"build() must return an output name or a sequence of names, got {output!r}.")
+        raise TypeError("build() must return an output name or a sequence of names, "
+                        f"got {output!r}.")
     return names
 
 
