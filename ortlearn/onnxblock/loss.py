@@ -50,7 +50,22 @@ class _Loss(Block):
         self._reduction = _check_reduction(reduction)
 
 
-class MSELoss(_Loss):
+class _ElementwiseLoss(_Loss):
+    """A score of ``output - target`` (``_score``, a name of :mod:`ortlearn.loss`), reduced."""
+
+    _score = ""
+
+    def build(self, loss_input_name: str, target_name: str = "target") -> str:
+        model = self.base
+        target = _target_like(model, loss_input_name, target_name)
+        b = _graph_utils.builder(model)
+        errors = _elementwise_loss(b, self._score, loss_input_name, target)
+        out = _reduce(b, errors, self._reduction)
+        b.add_to_graph(model.graph)
+        return out
+
+
+class MSELoss(_ElementwiseLoss):
     """Mean squared error ``(output - target) ** 2``, reduced like ``torch.nn.MSELoss``.
 
     Parameters
@@ -64,17 +79,10 @@ class MSELoss(_Loss):
     >>> # inside `with onnxblock.base(model):` -> loss("output", target_name="target")
     """
 
-    def build(self, loss_input_name: str, target_name: str = "target") -> str:
-        model = self.base
-        target = _target_like(model, loss_input_name, target_name)
-        b = _graph_utils.builder(model)
-        squares = _elementwise_loss(b, "squared_error", loss_input_name, target)
-        out = _reduce(b, squares, self._reduction)
-        b.add_to_graph(model.graph)
-        return out
+    _score = "squared_error"
 
 
-class L1Loss(_Loss):
+class L1Loss(_ElementwiseLoss):
     """Mean absolute error ``|output - target|``, reduced like ``torch.nn.L1Loss``.
 
     Parameters
@@ -82,14 +90,7 @@ class L1Loss(_Loss):
     reduction : {'mean', 'sum', 'none'}, default='mean'
     """
 
-    def build(self, loss_input_name: str, target_name: str = "target") -> str:
-        model = self.base
-        target = _target_like(model, loss_input_name, target_name)
-        b = _graph_utils.builder(model)
-        errors = _elementwise_loss(b, "absolute_error", loss_input_name, target)
-        out = _reduce(b, errors, self._reduction)
-        b.add_to_graph(model.graph)
-        return out
+    _score = "absolute_error"
 
 
 class CrossEntropyLoss(_Loss):

@@ -20,6 +20,13 @@ def _output_names(output) -> list[str]:
     return names
 
 
+def _built(value):
+    """``value``, or the RuntimeError of a block not called yet (None)."""
+    if value is None:
+        raise RuntimeError("Call the block inside `with onnxblock.base(model):` first.")
+    return value
+
+
 class ForwardBlock(Block):
     """Base class of the blocks that build a forward-only model.
 
@@ -60,9 +67,7 @@ class ForwardBlock(Block):
         RuntimeError
             If the block has not been called yet.
         """
-        if self._model is None:
-            raise RuntimeError("Call the block inside `with onnxblock.base(model):` first.")
-        return self._model
+        return _built(self._model)
 
 
 class TrainingBlock(Block):
@@ -146,9 +151,7 @@ class TrainingBlock(Block):
         RuntimeError
             If the block has not been called yet.
         """
-        if self._parameters is None:
-            raise RuntimeError("Call the block inside `with onnxblock.base(model):` first.")
-        return self._parameters
+        return _built(self._parameters)
 
     def to_model_proto(self):
         """The training and eval models.
@@ -163,8 +166,7 @@ class TrainingBlock(Block):
         RuntimeError
             If the block has not been called yet.
         """
-        if self._training_model is None:
-            raise RuntimeError("Call the block inside `with onnxblock.base(model):` first.")
+        _built(self._training_model)
         return self._training_model, self._eval_model
 
     def __call__(self, *args, **kwargs):
