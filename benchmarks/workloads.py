@@ -285,8 +285,6 @@ def build_w1(opts: Options) -> Workload:
 
 def build_w2(opts: Options) -> Workload:
     """W2: MLP regressor 100-100(relu)-1, Adam, batch 256."""
-    from sklearn.neural_network import MLPRegressor
-
     X, y = _regression_data(opts)
     epochs, batch, hidden = opts.epochs or 10, 256, (100,)
     w = Workload("W2", "MLP regressor, Adam", "s/epoch", "train_mse",
@@ -294,32 +292,45 @@ def build_w2(opts: Options) -> Workload:
                   "activation": "relu", "epochs": epochs, "batch_size": batch,
                   "learning_rate": ADAM_LR, "alpha": 0.0},
                  sklearn_ref="sklearn_adam", torch_ref="torch_adam")
+    w.contenders += _mlp_adam_contenders(opts, X, y, hidden, epochs, batch, False,
+                                         lambda predict: {"train_mse": _mse(predict(X), y)})
+    if opts.torch is not None:
+        w.contenders.append(_torch_adam_contender(opts, X, y.reshape(-1, 1), hidden, epochs,
+                                                  batch, regression=True))
+    return w
+
+
+def _mlp_adam_contenders(opts: Options, X, y, hidden, epochs, batch, classifier: bool,
+                         quality) -> list:
+    """ortlearn's and scikit-learn's MLP trained by Adam (W2, W3), with the same settings.
+
+    ``quality(predict) -> dict`` scores a fitted model from its ``predict``.
+    """
+    from sklearn.neural_network import MLPClassifier, MLPRegressor
+
+    reference = MLPClassifier if classifier else MLPRegressor
     common = {"hidden_layer_sizes": hidden, "activation": "relu", "solver": "adam",
               "batch_size": batch, "learning_rate_init": ADAM_LR, "alpha": 0.0}
     no_stop = {"tol": 0.0, "early_stopping": False, "shuffle": True}
 
     def ortlearn_adam(seed, warmup):
         def make(max_iter):
-            return _ortlearn("OrtMLPRegressor",
+            return _ortlearn("Ort" + reference.__name__,
                              {**common, "max_iter": max_iter, "random_state": seed,
                               "device": opts.device},
                              {**no_stop, "n_iter_no_change": max_iter + 1})
         out, est = _ortlearn_epochs(make, X, y, epochs, warmup)
-        return {**out, "train_mse": _mse(est.predict(X), y)}
+        return {**out, **quality(est.predict)}
 
     def sklearn_adam(seed, warmup):
         max_iter = 1 if warmup else epochs
-        est = MLPRegressor(**common, **no_stop, max_iter=max_iter,
-                           n_iter_no_change=max_iter + 1, random_state=seed)
+        est = reference(**common, **no_stop, max_iter=max_iter, n_iter_no_change=max_iter + 1,
+                        random_state=seed)
         out, est = _sklearn_epochs(est, X, y)
-        return {**out, "train_mse": _mse(est.predict(X), y)}
+        return {**out, **quality(est.predict)}
 
-    w.contenders += [Contender("ortlearn_adam", "ortlearn", ortlearn_adam),
-                     Contender("sklearn_adam", "sklearn", sklearn_adam, "MLPRegressor")]
-    if opts.torch is not None:
-        w.contenders.append(_torch_adam_contender(opts, X, y.reshape(-1, 1), hidden, epochs,
-                                                  batch, regression=True))
-    return w
+    return [Contender("ortlearn_adam", "ortlearn", ortlearn_adam),
+            Contender("sklearn_adam", "sklearn", sklearn_adam, reference.__name__)]
 
 
 def _torch_adam_contender(opts: Options, X, y, hidden, epochs, batch, regression, X_test=None,
@@ -348,7 +359,6 @@ def build_w3(opts: Options) -> Workload:
     """W3: MLP classifier on digits (64-100-10), Adam, batch 64."""
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
-    from sklearn.neural_network import MLPClassifier
 
     digits = load_digits()
     X_all = (digits.data / 16.0).astype(np.float32)
@@ -364,31 +374,9 @@ def build_w3(opts: Options) -> Workload:
                   "n_classes": 10, "hidden_layer_sizes": hidden, "activation": "relu",
                   "epochs": epochs, "batch_size": batch, "learning_rate": ADAM_LR, "alpha": 0.0},
                  sklearn_ref="sklearn_adam", torch_ref="torch_adam")
-    common = {"hidden_layer_sizes": hidden, "activation": "relu", "solver": "adam",
-              "batch_size": batch, "learning_rate_init": ADAM_LR, "alpha": 0.0}
-    no_stop = {"tol": 0.0, "early_stopping": False, "shuffle": True}
-
-    def accuracy(est):
-        return float(np.mean(est.predict(X_test) == y_test))
-
-    def ortlearn_adam(seed, warmup):
-        def make(max_iter):
-            return _ortlearn("OrtMLPClassifier",
-                             {**common, "max_iter": max_iter, "random_state": seed,
-                              "device": opts.device},
-                             {**no_stop, "n_iter_no_change": max_iter + 1})
-        out, est = _ortlearn_epochs(make, X, y, epochs, warmup)
-        return {**out, "test_accuracy": accuracy(est)}
-
-    def sklearn_adam(seed, warmup):
-        max_iter = 1 if warmup else epochs
-        est = MLPClassifier(**common, **no_stop, max_iter=max_iter,
-                            n_iter_no_change=max_iter + 1, random_state=seed)
-        out, est = _sklearn_epochs(est, X, y)
-        return {**out, "test_accuracy": accuracy(est)}
-
-    w.contenders += [Contender("ortlearn_adam", "ortlearn", ortlearn_adam),
-                     Contender("sklearn_adam", "sklearn", sklearn_adam, "MLPClassifier")]
+    w.contenders += _mlp_adam_contenders(
+        opts, X, y, hidden, epochs, batch, True,
+        lambda predict: {"test_accuracy": float(np.mean(predict(X_test) == y_test))})
     if opts.torch is not None:
         w.contenders.append(_torch_adam_contender(opts, X, y, hidden, epochs, batch,
                                                   regression=False, X_test=X_test,

@@ -3,6 +3,8 @@
 import numpy as np
 import onnxruntime as ort
 import pytest
+from skl2onnx import to_onnx
+from sklearn.linear_model import LinearRegression
 
 from ortlearn import onnxblock
 from ortlearn.training.device import cuda_available
@@ -40,6 +42,13 @@ class WeightedAverageLoss(onnxblock.Block):
 @pytest.fixture
 def rng():
     return np.random.default_rng(0)
+
+
+@pytest.fixture(scope="session")
+def linear_onnx():
+    """LinearRegression on 3 float32 features as MatMul + Add (``coef``, ``intercept``)."""
+    X = np.random.RandomState(0).randn(20, 3).astype(np.float32)
+    return to_onnx(LinearRegression().fit(X, X[:, 0]), X, black_op={"LinearRegressor"})
 
 
 def pytest_collection_modifyitems(config, items):

@@ -7,9 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-from skl2onnx import to_onnx
 from sklearn.base import clone
-from sklearn.linear_model import LinearRegression
 
 from ortlearn import (
     OrtGradientOptimizer, OrtLinearClassifier, OrtLinearRegressor, OrtMLPClassifier,
@@ -94,10 +92,8 @@ def test_set_state_transfers_the_model_exactly(name):
 
 
 @pytest.fixture(scope="module")
-def loss_onnx():
-    X = np.random.RandomState(0).randn(20, 3).astype(np.float32)
-    onx = to_onnx(LinearRegression().fit(X, X[:, 0]), X, black_op={"LinearRegressor"})
-    return add_loss_output(onx)
+def loss_onnx(linear_onnx):
+    return add_loss_output(linear_onnx)
 
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adam", "adamw"])

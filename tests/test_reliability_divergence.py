@@ -93,10 +93,8 @@ def test_huge_features_never_leave_non_finite_weights(name, solver):
 
 
 @pytest.fixture(scope="module")
-def loss_onnx():
-    X = np.random.RandomState(0).randn(20, 3).astype(np.float32)
-    onx = to_onnx(LinearRegression().fit(X, X[:, 0]), X, black_op={"LinearRegressor"})
-    return add_loss_output(onx)
+def loss_onnx(linear_onnx):
+    return add_loss_output(linear_onnx)
 
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adam", "adamw"])

@@ -5,8 +5,6 @@ import os
 import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
-from skl2onnx import to_onnx
-from sklearn.linear_model import LinearRegression
 
 from ortlearn import (
     CheckpointState, OrtGradientOptimizer, OrtLinearClassifier, OrtLinearRegressor,
@@ -136,12 +134,6 @@ def test_set_state_rejects_bad_weights(fitted, name):
 
 
 # ----------------------------------------------------------- OrtGradientOptimizer
-
-@pytest.fixture(scope="module")
-def linear_onnx():
-    X = np.random.RandomState(0).randn(20, 3).astype(np.float32)
-    return to_onnx(LinearRegression().fit(X, X[:, 0]), X, black_op={"LinearRegressor"})
-
 
 @pytest.fixture(scope="module")
 def loss_onnx(linear_onnx):
