@@ -72,6 +72,21 @@ def test_objective_equals_sklearn_loss(regression, three_classes):
     assert loss == pytest.approx(-np.average(logp, weights=sw) + penalty, rel=1e-12)
 
 
+def test_unweighted_objective_is_the_weighted_one_with_ones(regression, three_classes):
+    for (X, y), kind, label in [(regression, "regressor", regression[1][:, None]),
+                                (three_classes, "multiclass", three_classes[1])]:
+        counterpart = MLPRegressor if kind == "regressor" else MLPClassifier
+        mlp = init_template(counterpart(hidden_layer_sizes=(5,), random_state=0), X, y)
+        inference = to_train_onnx(mlp, X)
+        feeds = {"X": X, "y": label.astype(np.float64 if kind == "regressor" else np.int64)}
+        unweighted = mlp_objective(inference, kind, alpha=0.3, weighted=False)
+        assert [i.name for i in unweighted.graph.input] == ["X", "y"]
+        (plain,) = run_onnx(unweighted, feeds)
+        (ones,) = run_onnx(mlp_objective(inference, kind, alpha=0.3),
+                           {**feeds, "sample_weight": np.ones(len(X))})
+        assert plain == pytest.approx(ones, rel=1e-14)
+
+
 # --------------------------------------------------------- same steps as sklearn
 
 
@@ -138,6 +153,22 @@ def test_partial_fit_and_warm_start_as_sklearn(three_classes):
     assert _max_diff(ours.estimator_.coefs_, ref.coefs_) < 1e-6
     with pytest.raises(ValueError, match="classes"):
         OrtMLPClassifier().partial_fit(X, y)
+
+
+def test_partial_fit_takes_weights_after_calls_without(three_classes):
+    """Calls without weights train a graph without the weight input; a call with
+    weights continues on the weighted graph from the same weights and Adam state."""
+    X, y = three_classes
+    sw = np.random.RandomState(2).uniform(0.5, 2, 100)
+    params = dict(hidden_layer_sizes=(6,), learning_rate_init=0.02, shuffle=False,
+                  random_state=0)
+    ours, ref = OrtMLPClassifier(**params), MLPClassifier(**params)
+    for weights, weighted_graph in [(None, False), (None, False), (sw, True), (None, True)]:
+        ours.partial_fit(X[:100], y[:100], classes=[0, 1, 2], sample_weight=weights)
+        ref.partial_fit(X[:100], y[:100], classes=[0, 1, 2], sample_weight=weights)
+        assert ("sample_weight" in ours._runtime.engine.input_names) == weighted_graph
+    assert _max_diff(ours.estimator_.coefs_, ref.coefs_) < 1e-6
+    assert ours.n_iter_ == ref.n_iter_ and ours.t_ == ref.t_
 
     params.update(max_iter=2, warm_start=True)
     ours, ref = OrtMLPClassifier(**params), MLPClassifier(**params)

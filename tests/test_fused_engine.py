@@ -9,7 +9,7 @@ from sklearn.linear_model import LinearRegression
 
 from ortlearn import TrainingSession, add_loss_output
 from ortlearn.artifacts import build_artifacts
-from ortlearn.estimators._engine import TrainingEngine, _batches
+from ortlearn.estimators._engine import Batches, TrainingEngine, _batches
 from ortlearn.estimators._fused_step import build_fused_epoch, build_fused_step
 from ortlearn.optim import SGD, Adam, AdamW, build_optimizer_model
 
@@ -151,7 +151,51 @@ def test_a_step_binds_no_host_array(monkeypatch):
     assert len(created) == 5 + 2
     engine.release_data()
     engine.train_epoch(arrays, batches)
-    assert len(created) == 2 * (5 + 2) + len(arrays)
+    # new arrays: the inputs gathered by the step would be uploaded; the reordered
+    # ones never are
+    assert len(created) == 2 * (5 + 2)
+
+
+def test_an_epoch_copies_no_row_order_and_no_data():
+    """The order of ``Batches`` is fed as it is and the narrow inputs are reordered into
+    buffers of the first epoch: a later epoch allocates a few bytes per batch only."""
+    import tracemalloc
+
+    rs = np.random.RandomState(0)
+    n_rows, batch = 20_000, 200
+    X = rs.randn(n_rows, 3).astype(np.float32)
+    y = X @ rs.randn(3, 1).astype(np.float32)
+    onx = to_onnx(LinearRegression().fit(X, y.ravel()), X, black_op={"LinearRegressor"})
+    engine = TrainingEngine(add_loss_output(onx), ["coef", "intercept"], Adam())
+    assert engine._epoch_ordered() == ["X", "label"]
+    engine.train_epoch([X, y], _batches(n_rows, batch, rs))
+    batches = _batches(n_rows, batch, rs)
+    tracemalloc.start()
+    try:
+        engine.train_epoch([X, y], batches)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < batches.order.nbytes / 4  # 160 kB of int64 rows, 320 kB of data
+
+
+def test_batches_of_any_form_give_the_same_epoch():
+    """``Batches``, a list of index arrays, a subset of the rows, rows drawn twice."""
+    loss_model, arrays = _data(np.float64, True)
+    rs = np.random.RandomState(3)
+    for order in (rs.permutation(N), rs.permutation(N)[:20], rs.randint(0, N, 2 * N)):
+        results = []
+        for batches in (Batches(order, BATCH), [order[i:i + BATCH]
+                                                for i in range(0, len(order), BATCH)]):
+            engine = TrainingEngine(loss_model, ["coef", "intercept"], Adam())
+            results.append((engine.train_epoch(arrays, batches), engine.get_state()))
+        assert results[0][0] == results[1][0]
+        for name, value in results[0][1].items():
+            np.testing.assert_array_equal(results[1][1][name], value)
+    expected, _ = _unfused(loss_model, arrays, Adam(), list(Batches(order, BATCH)),
+                           [engine.default_learning_rate] * len(Batches(order, BATCH)))
+    for name, value in expected.items():
+        np.testing.assert_allclose(results[0][1][name], value, rtol=1e-10)
 
 
 def test_checkpoint_state_holds_the_optimizer_state():
@@ -172,6 +216,9 @@ def test_bad_epoch_inputs():
         engine.train_epoch([arrays[0].astype(np.float32), arrays[1]], _batches(N, BATCH))
     with pytest.raises(ValueError, match="at least one batch"):
         engine.train_epoch(arrays, [])
+    for rows in ([0, N], [-1, 2]):
+        with pytest.raises(ValueError, match=rf"Row indices must be in \[0, {N}\)"):
+            engine.train_epoch(arrays, [np.array(rows)])
     with pytest.raises(ValueError, match="learning rate"):
         engine.train_epoch(arrays, _batches(N, BATCH), lr_for_step=lambda step: -1.0)
     with pytest.raises(ValueError, match="epoch_loop"):
@@ -219,7 +266,7 @@ def test_l2_penalty_gradient_needs_no_expand():
     from sklearn.neural_network import MLPClassifier
 
     from ortlearn.convert import to_train_onnx
-    from ortlearn.estimators._objective import INPUT_NAMES, LOSS, mlp_objective
+    from ortlearn.estimators._objective import LOSS, input_names, mlp_objective
 
     rng = np.random.default_rng(0)
     X = rng.normal(size=(64, 64)).astype(np.float32)
@@ -227,7 +274,7 @@ def test_l2_penalty_gradient_needs_no_expand():
     mlp = MLPClassifier((100,), max_iter=1).fit(X, y)
     loss = mlp_objective(to_train_onnx(mlp, X), "multiclass", alpha=1e-4)
     trainable = [i.name for i in loss.graph.initializer if i.name.startswith(("coef", "inter"))]
-    model, _ = build_fused_step(loss, trainable, list(INPUT_NAMES), Adam(), LOSS)
+    model, _ = build_fused_step(loss, trainable, input_names(), Adam(), LOSS)
     # The data loss's Expand to the batch shape goes too: the refined shapes give the
     # batch one symbol, so the sample weights it multiplies are known to have that shape.
     assert sum(n.op_type == "Expand" for n in model.graph.node) == 0

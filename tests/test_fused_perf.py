@@ -59,7 +59,8 @@ def _mlp_engine(optimizer, loop):
     rs = np.random.RandomState(0)
     X = rs.randn(60, 4)
     y = X @ rs.randn(4) + 0.1 * rs.randn(60)
-    est = OrtMLPRegressor(hidden_layer_sizes=(5,), max_iter=1, random_state=0).fit(X, y)
+    est = OrtMLPRegressor(hidden_layer_sizes=(5,), max_iter=1, random_state=0).fit(
+        X, y, sample_weight=np.ones(60))
     engine = est._runtime.engine
     model, trainable = engine._model, engine.trainable
     arrays = [X, y.reshape(-1, 1), np.ones(60)]

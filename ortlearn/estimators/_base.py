@@ -44,9 +44,9 @@ from .._onnx_helper import initializers_to_inputs
 from ..convert import get_weights, init_template, set_weights, to_train_onnx
 from ..exceptions import ConvergenceError, ConvergenceWarning
 from ..training.device import make_session, parse_device
-from ._engine import TrainingEngine, _conform_state
+from ._engine import Batches, TrainingEngine, _conform_state
 from ._lbfgs import minimize_lbfgs
-from ._objective import INPUT_NAMES, LOSS, label_dtype
+from ._objective import LOSS, SAMPLE_WEIGHT, input_names, label_dtype
 from ._runtime import _Runtime
 
 __all__ = ["BaseOrtEstimator"]
@@ -54,8 +54,10 @@ __all__ = ["BaseOrtEstimator"]
 _FLOAT_DTYPES = (np.float64, np.float32)
 
 
-def _check_weights_valid(sample_weight, X) -> np.ndarray:
-    """Sample weights as an array of X's dtype (ones when None), validated."""
+def _check_weights_valid(sample_weight, X) -> np.ndarray | None:
+    """Sample weights as an array of X's dtype, validated; None stays None."""
+    if sample_weight is None:
+        return None
     sample_weight = _check_sample_weight(sample_weight, X, dtype=X.dtype,
                                          ensure_non_negative=True)
     if not np.isfinite(sample_weight).all():
@@ -64,6 +66,20 @@ def _check_weights_valid(sample_weight, X) -> np.ndarray:
         raise ValueError("sample_weight is all zeros: at least one sample must have a "
                          "positive weight.")
     return sample_weight
+
+
+def _graph_inputs(names, X, y_enc, sample_weight) -> list:
+    """The arrays of the objective inputs ``names``, ones for weights the user did not give.
+
+    A fit without weights has a graph without the ``sample_weight`` input;
+    the weighted graph of a ``partial_fit`` that got weights earlier reads
+    ones.
+    """
+    if SAMPLE_WEIGHT not in names:
+        return [X, y_enc]
+    if sample_weight is None:
+        sample_weight = np.ones(len(X), X.dtype)
+    return [X, y_enc, sample_weight]
 
 
 class BaseOrtEstimator(BaseEstimator):
@@ -115,11 +131,11 @@ class BaseOrtEstimator(BaseEstimator):
         raise NotImplementedError
 
     def _objective(self, inference_model: onnx.ModelProto, kind: str,
-                   sum_in_float64: bool = False) -> onnx.ModelProto:
+                   sum_in_float64: bool = False, weighted: bool = True) -> onnx.ModelProto:
         """The loss graph (inputs ``X``, ``y``, ``sample_weight``; output ``loss``).
 
         ``sum_in_float64``: a float32 graph sums its row losses in float64
-        (full-batch L-BFGS).
+        (full-batch L-BFGS). ``weighted=False``: no ``sample_weight`` input.
         """
         raise NotImplementedError
 
@@ -249,8 +265,12 @@ class BaseOrtEstimator(BaseEstimator):
         if self.solver == "lbfgs":
             self._fit_lbfgs(X, y_enc, sample_weight, device)
         else:
-            if runtime.engine is None:
-                runtime.engine = self._build_engine(X, device)
+            engine = runtime.engine
+            if engine is None or (sample_weight is not None
+                                  and SAMPLE_WEIGHT not in engine.input_names):
+                # A partial_fit with weights after calls without them gets the weighted
+                # graph, which starts from the weights and optimizer state saved so far.
+                runtime.engine = self._build_engine(X, device, sample_weight is not None)
             self._fit_epochs(runtime.engine, X, y, y_enc, sample_weight, incremental)
         return self
 
@@ -295,15 +315,16 @@ class BaseOrtEstimator(BaseEstimator):
         sample = np.zeros((1, self.n_features_in_), dtype=self._dtype)
         return to_train_onnx(self.estimator_, sample, dtype=self._dtype)
 
-    def _loss_model(self, X, sum_in_float64: bool = False):
-        model = self._objective(self._inference_model(), self._kind(), sum_in_float64)
+    def _loss_model(self, sum_in_float64: bool = False, weighted: bool = True):
+        model = self._objective(self._inference_model(), self._kind(), sum_in_float64,
+                                weighted)
         return model, list(get_weights(self.estimator_))
 
-    def _build_engine(self, X, device) -> TrainingEngine:
+    def _build_engine(self, X, device, weighted: bool) -> TrainingEngine:
         """Loss graph → training session, from the weights of ``estimator_``."""
-        model, trainable = self._loss_model(X)
+        model, trainable = self._loss_model(weighted=weighted)
         engine = TrainingEngine(model, trainable, self._optimizer(), device=str(device),
-                                input_names=list(INPUT_NAMES), loss_output=LOSS,
+                                input_names=input_names(weighted), loss_output=LOSS,
                                 batch_size=min(len(X), self._auto_batch_size
                                                if self.batch_size == "auto" else self.batch_size))
         if self._optimizer_state is not None:
@@ -311,9 +332,11 @@ class BaseOrtEstimator(BaseEstimator):
         return engine
 
     def _fit_lbfgs(self, X, y_enc, sample_weight, device) -> None:
-        model, trainable = self._loss_model(X, sum_in_float64=True)
+        weighted = sample_weight is not None
+        model, trainable = self._loss_model(sum_in_float64=True, weighted=weighted)
+        names = input_names(weighted)
         weights, n_iter, loss = minimize_lbfgs(
-            model, trainable, None, [X, y_enc, sample_weight], list(INPUT_NAMES),
+            model, trainable, None, _graph_inputs(names, X, y_enc, sample_weight), names,
             device=str(device), max_iter=self.max_iter, tol=self._lbfgs_tol(),
             verbose=int(self.verbose), loss_output=LOSS, max_fun=self._max_fun())
         self.n_iter_ = n_iter
@@ -341,9 +364,11 @@ class BaseOrtEstimator(BaseEstimator):
         if not self.early_stopping:
             return (X, y_enc, sample_weight), None
         stratify = y if is_classifier(self) else None
-        X_tr, X_val, yenc_tr, yenc_val, y_tr, y_val, sw_tr, sw_val = train_test_split(
-            X, y_enc, y, sample_weight, random_state=self._random_state,
+        weights = [] if sample_weight is None else [sample_weight]
+        X_tr, X_val, yenc_tr, yenc_val, _, y_val, *sw = train_test_split(
+            X, y_enc, y, *weights, random_state=self._random_state,
             test_size=self.validation_fraction, stratify=stratify)
+        sw_tr, sw_val = sw or (None, None)
         if X_val.shape[0] < 2:
             raise ValueError("The validation set is too small. Increase "
                              "'validation_fraction' or the size of your dataset.")
@@ -352,6 +377,7 @@ class BaseOrtEstimator(BaseEstimator):
     def _fit_epochs(self, engine, X, y, y_enc, sample_weight, incremental: bool) -> None:
         """The epoch loop: shuffle, batches, one epoch, bookkeeping, stopping."""
         train, validation = self._split(X, y, y_enc, sample_weight)
+        train = _graph_inputs(engine.input_names, *train)
         n_samples = train[0].shape[0]
         batch_size = self._batch_size(n_samples)
         order = np.arange(n_samples)
@@ -362,8 +388,9 @@ class BaseOrtEstimator(BaseEstimator):
         try:
             for _ in range(max_iter):
                 if self.shuffle:
-                    order = order[self._random_state.permutation(n_samples)]
-                batches = [order[i:i + batch_size] for i in range(0, n_samples, batch_size)]
+                    # In place: the rows and draws of sklearn's order[permutation(n)], no copy.
+                    self._random_state.shuffle(order)
+                batches = Batches(order, batch_size)
                 loss = self._run_epoch(engine, train, batches)
                 self.n_iter_ += 1
                 self.t_ += n_samples
@@ -391,7 +418,7 @@ class BaseOrtEstimator(BaseEstimator):
         lr_epoch, lr_for_step = self._learning_rates()
         if lr_epoch is not None:
             engine.set_learning_rate(lr_epoch)
-        return engine.train_epoch(list(train), batches, lr_for_step=lr_for_step)
+        return engine.train_epoch(train, batches, lr_for_step=lr_for_step)
 
     def _plateau(self) -> bool:
         count, limit = self._no_improvement_count, self.n_iter_no_change
@@ -413,7 +440,8 @@ class BaseOrtEstimator(BaseEstimator):
         state = engine.get_state()
         score = self._validation_score(state, X_val, y_val, sw_val)
         self.validation_scores_.append(score)
-        self.validation_losses_.append(engine.eval_loss([X_val, yenc_val, sw_val]))
+        self.validation_losses_.append(engine.eval_loss(
+            _graph_inputs(engine.input_names, X_val, yenc_val, sw_val)))
         if score < self.best_validation_score_ + self._tol():
             self._no_improvement_count += 1
         else:

@@ -9,7 +9,9 @@ per epoch as an ONNX ``Loop``. Estimators and
 checks and the schedules; the engine owns the steps.
 
 :func:`_batches` is the single helper that decides the mini-batches of an
-epoch, so that tests (and estimators) reproduce the same batch order.
+epoch, so that tests (and estimators) reproduce the same batch order; its
+:class:`Batches` keep the row order they slice, which the engine feeds
+without a copy.
 """
 
 from __future__ import annotations
@@ -20,7 +22,12 @@ import onnxruntime as ort
 from onnx import numpy_helper
 
 from .._onnx_helper import (
-    FLOAT_TYPES, elem_type_of, initializers_to_inputs, load_model, onnx_to_np_dtype, prune_model,
+    FLOAT_TYPES,
+    elem_type_of,
+    initializers_to_inputs,
+    load_model,
+    onnx_to_np_dtype,
+    prune_model,
     shape_of,
 )
 from ..exceptions import ConvergenceError
@@ -35,10 +42,30 @@ from ..training.device import (
 )
 from ._fused_step import build_fused_epoch, build_fused_step
 
-__all__ = ["TrainingEngine"]
+__all__ = ["Batches", "TrainingEngine"]
 
 
-def _batches(n_samples: int, batch_size: int, rng=None) -> list[np.ndarray]:
+class Batches(list):
+    """Row indices of the mini-batches of one epoch: views of ``order`` that tile it in order.
+
+    The engine feeds ``order`` itself to the step graph; a plain list of
+    index arrays is concatenated first.
+
+    Parameters
+    ----------
+    order : numpy.ndarray of int64, shape (n_samples,)
+        The rows in the order of the epoch.
+    batch_size : int
+        Rows per batch; the last batch holds the remainder.
+    """
+
+    def __init__(self, order: np.ndarray, batch_size: int):
+        super().__init__(order[start:start + batch_size]
+                         for start in range(0, len(order), batch_size))
+        self.order = order
+
+
+def _batches(n_samples: int, batch_size: int, rng=None) -> Batches:
     """Row indices of the mini-batches of one epoch.
 
     Parameters
@@ -53,7 +80,7 @@ def _batches(n_samples: int, batch_size: int, rng=None) -> list[np.ndarray]:
 
     Returns
     -------
-    list of numpy.ndarray
+    Batches
         One int64 index array per batch.
 
     Examples
@@ -66,8 +93,7 @@ def _batches(n_samples: int, batch_size: int, rng=None) -> list[np.ndarray]:
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}.")
     order = np.arange(n_samples) if rng is None else rng.permutation(n_samples)
-    order = order.astype(np.int64, copy=False)
-    return [order[start:start + batch_size] for start in range(0, n_samples, batch_size)]
+    return Batches(order.astype(np.int64, copy=False), batch_size)
 
 
 def _check_trainable(model: onnx.ModelProto, trainable) -> list[str]:
@@ -360,8 +386,7 @@ class TrainingEngine:
         self._epoch_loop = epoch_loop
         self._steps = {}  # epoch_loop -> (session, layout, ping-pong buffers)
         self._eval_session = None
-        self._data = (None, None)  # (the arrays, their OrtValues)
-        self._epoch_arrays = []  # the epoch_ordered inputs in the order of the current epoch
+        self._data = (None, None)  # (the arrays, their OrtValues and reordering buffers)
         self._lr = self.default_learning_rate
         self.n_steps = 0
         self._open(self._choose_loop(0))
@@ -447,8 +472,15 @@ class TrainingEngine:
         self._lr = _check_lr(lr)
 
     # -------------------------------------------------------------- training
-    def _device_data(self, arrays) -> list:
-        """The data as OrtValues on the device: in place on the CPU, uploaded once on a GPU."""
+    def _device_data(self, arrays) -> tuple[dict, dict]:
+        """The data of :meth:`train_epoch`, checked once per set of arrays.
+
+        Returns ``({name: OrtValue}, {name: (array, buffer)})``: the inputs
+        the step gathers its rows from, on the device (in place on the CPU,
+        uploaded once on a GPU), and the narrow inputs reordered on the host
+        at each epoch, with the buffer they are reordered into (allocated
+        once: an epoch allocates nothing the size of the data).
+        """
         arrays = list(arrays)
         if len(arrays) != len(self.input_names):
             raise ValueError(f"Expected {len(self.input_names)} arrays for the inputs "
@@ -457,16 +489,21 @@ class TrainingEngine:
         if cached is not None and len(cached) == len(arrays) and all(
                 a is b for a, b in zip(cached, arrays)):
             return values
-        values = []
+        values, reordered = {}, {}
+        epoch_ordered = self._epoch_ordered()
         for name, array in zip(self.input_names, arrays):
             array = np.asarray(array)
             if array.dtype != self.input_dtypes[name]:
                 raise TypeError(f"Input {name!r} must be {self.input_dtypes[name]}, got "
                                 f"{array.dtype}.")
-            values.append(ort.OrtValue.ortvalue_from_numpy(
-                np.ascontiguousarray(array), self._device.ort_device_type, self._device.index))
-        self._data = (arrays, values)
-        return values
+            if name in epoch_ordered:
+                reordered[name] = (array, np.empty(array.shape, array.dtype))
+            else:
+                values[name] = ort.OrtValue.ortvalue_from_numpy(
+                    np.ascontiguousarray(array), self._device.ort_device_type,
+                    self._device.index)
+        self._data = (arrays, (values, reordered))
+        return values, reordered
 
     def release_data(self) -> None:
         """Forget the training data put on the device by :meth:`train_epoch`.
@@ -475,7 +512,6 @@ class TrainingEngine:
         memory (the estimators do at the end of ``fit``).
         """
         self._data = (None, None)
-        self._epoch_arrays = []
 
     def _epoch_feeds(self, batch_indices, lr_for_step) -> tuple[dict, int]:
         """Row order, batch bounds and sizes, the optimizer's per-step scalars of one epoch."""
@@ -484,7 +520,9 @@ class TrainingEngine:
         sizes = np.array([len(b) for b in batch_indices], dtype=np.int64)
         if (sizes < 1).any():
             raise ValueError("Every batch needs at least one row.")
-        order = np.concatenate([np.asarray(b, dtype=np.int64) for b in batch_indices])
+        order = getattr(batch_indices, "order", None)
+        if order is None or order.dtype != np.int64:
+            order = np.concatenate([np.asarray(b, dtype=np.int64) for b in batch_indices])
         offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         if lr_for_step is None:
             rates = [self._lr] * len(sizes)
@@ -529,7 +567,7 @@ class TrainingEngine:
             the end of the previous epoch are restored and the optimizer
             state is reset.
         """
-        data = self._device_data(arrays)
+        data, reordered = self._device_data(arrays)
         feeds, n_rows = self._epoch_feeds(batch_indices, lr_for_step)
         n_batches = len(batch_indices)
         loop = self._choose_loop(n_rows // n_batches)
@@ -537,14 +575,21 @@ class TrainingEngine:
             self._open(loop)
         session, layout, buffers = self._steps[loop]
         kind, index = self._device.ort_device_type, self._device.index
-        bound = {layout.data[name]: value for name, value in zip(self.input_names, data)
-                 if name not in layout.epoch_ordered}
-        # The reordered copies must outlive the epoch's runs: the OrtValues share their memory.
-        self._epoch_arrays = [np.take(np.asarray(array), feeds["order"], axis=0)
-                              for name, array in zip(self.input_names, arrays)
-                              if name in layout.epoch_ordered]
-        bound.update({layout.data[name]: ort.OrtValue.ortvalue_from_numpy(array, kind, index)
-                      for name, array in zip(layout.epoch_ordered, self._epoch_arrays)})
+        bound = {layout.data[name]: value for name, value in data.items()}
+        order, n_data = feeds["order"], len(arrays[0])
+        if order.min() < 0 or order.max() >= n_data:
+            raise ValueError(f"Row indices must be in [0, {n_data}), got {order.min()} to "
+                             f"{order.max()}.")
+        for name, (array, buffer) in reordered.items():
+            if len(buffer) < len(order):  # an epoch longer than the data (repeated rows)
+                buffer = np.empty((len(order),) + array.shape[1:], array.dtype)
+                reordered[name] = (array, buffer)
+            rows = buffer[:len(order)]
+            # mode='clip' (the bounds are checked): take with mode='raise' copies through
+            # a temporary the size of the output.
+            np.take(array, order, axis=0, out=rows, mode="clip")
+            # on the CPU the OrtValue reads the buffer, which outlives the epoch's runs
+            bound[layout.data[name]] = ort.OrtValue.ortvalue_from_numpy(rows, kind, index)
         epoch_values = dict(zip(layout.epoch_inputs[:4], (feeds[k] for k in (
             "order", "starts", "ends", "rows"))))
         epoch_values.update({layout.scalars[s]: np.ascontiguousarray(v, layout.scalar_dtype)

@@ -274,9 +274,10 @@ default='invscaling'
             epsilon=self.epsilon, random_state=self.random_state,
             learning_rate=self.learning_rate, eta0=self.eta0, power_t=self.power_t)
 
-    def _objective(self, inference_model, kind, sum_in_float64=False):
+    def _objective(self, inference_model, kind, sum_in_float64=False, weighted=True):
         return sgd_objective(inference_model, kind, loss=self.loss, epsilon=self.epsilon,
-                             sum_in_float64=sum_in_float64, **self._penalty_args())
+                             sum_in_float64=sum_in_float64, weighted=weighted,
+                             **self._penalty_args())
 
 
 class OrtLinearClassifier(OrtClassifierMixin, BaseOrtLinear):
@@ -381,9 +382,10 @@ default='optimal'
         self._check_solver()
         return LogisticRegression(fit_intercept=self.fit_intercept)
 
-    def _objective(self, inference_model, kind, sum_in_float64=False):
+    def _objective(self, inference_model, kind, sum_in_float64=False, weighted=True):
         return sgd_objective(inference_model, kind, loss="log_loss",
-                             sum_in_float64=sum_in_float64, **self._penalty_args())
+                             sum_in_float64=sum_in_float64, weighted=weighted,
+                             **self._penalty_args())
 
     def decision_function(self, X):
         """Logits: shape (n_samples,) for two classes, (n_samples, n_classes) otherwise.

@@ -85,10 +85,10 @@ class BaseOrtMLP(BaseOrtEstimator):
         params["solver"] = "adam" if self.solver == "adamw" else self.solver
         return self._counterpart_class(**params)
 
-    def _objective(self, inference_model, kind, sum_in_float64=False):
+    def _objective(self, inference_model, kind, sum_in_float64=False, weighted=True):
         # AdamW decays the weights itself (decoupled): no L2 term in the loss.
         alpha = 0.0 if self.solver == "adamw" else self.alpha
-        return mlp_objective(inference_model, kind, alpha, sum_in_float64)
+        return mlp_objective(inference_model, kind, alpha, sum_in_float64, weighted)
 
     def _optimizer(self):
         if self.solver == "sgd":
