@@ -144,16 +144,21 @@ def test_a_step_binds_no_host_array(monkeypatch):
 
     monkeypatch.setattr(ort.OrtValue, "ortvalue_from_numpy", classmethod(counting))
     engine.train_epoch(arrays, batches)
-    # the same arrays stay on the device; only the 5 per-epoch inputs (order, starts,
-    # ends, rows, SGD's learning rates) are new, and the inputs of a few bytes per row
-    # (X: 12, label: 4) in the order of the epoch
+    # the same arrays stay on the device; an epoch wraps (in place) its row order and the
+    # inputs of a few bytes per row (X: 12, label: 4) in the order of the epoch, and copies
+    # its bounds, rows and learning rates into the buffers bound at the first epoch
     assert engine._epoch_ordered() == ["X", "label"]
-    assert len(created) == 5 + 2
+    assert len(created) == 1 + 2
     engine.release_data()
     engine.train_epoch(arrays, batches)
     # new arrays: the inputs gathered by the step would be uploaded; the reordered
     # ones never are
-    assert len(created) == 2 * (5 + 2)
+    assert len(created) == 2 * (1 + 2)
+    # an epoch of another number of batches binds new buffers of its size
+    buffers = engine._steps[engine._current][2]
+    assert {v.shape()[0] for v, _ in buffers.epoch_values.values()} == {len(batches)}
+    engine.train_epoch(arrays, batches[:2])
+    assert {v.shape()[0] for v, _ in buffers.epoch_values.values()} == {2}
 
 
 def test_an_epoch_copies_no_row_order_and_no_data():

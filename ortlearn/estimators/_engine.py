@@ -217,10 +217,18 @@ class _PingPong:
 
     ``binding(parity)`` reads the buffers of ``parity`` and writes the
     others; after the run, the live values are at ``1 - parity``.
+    ``counters`` (carried values that are neither weights nor optimizer
+    states: the loss sum, the batch counter) start each epoch at their value
+    in ``counters``; ``epoch_values`` are the bound buffers of the small
+    per-epoch inputs (:meth:`write_epoch_values`).
     """
 
-    def __init__(self, session: ort.InferenceSession, carried: dict, values: dict, device):
+    def __init__(self, session: ort.InferenceSession, carried: dict, values: dict, device,
+                 counters: dict):
         self.parity = 0
+        self.counters = counters
+        self.epoch_values = {}
+        self._device = device
         self.pairs = {name: [self._new(values[name], device), self._new(values[name], device)]
                       for name in carried}
         self.bindings = []
@@ -246,6 +254,26 @@ class _PingPong:
         for binding in self.bindings:
             for name, value in values.items():
                 binding.bind_ortvalue_input(name, value)
+
+    def write_epoch_values(self, values: dict) -> None:
+        """Copy small per-epoch inputs into their bound buffers (bound again if a shape changes).
+
+        Cheaper than a new OrtValue and two bindings per input and epoch:
+        an epoch of a small model lasts about a millisecond.
+        """
+        fresh = {}
+        for name, array in values.items():
+            bound = self.epoch_values.get(name)
+            if bound is not None and bound[1] == (array.shape, array.dtype):
+                bound[0].update_inplace(array)
+            else:
+                fresh[name] = (self._new(array, self._device), (array.shape, array.dtype))
+        self.bind_inputs({name: value for name, (value, _) in fresh.items()})
+        self.epoch_values.update(fresh)
+
+    def reset_counters(self) -> None:
+        for name, zero in self.counters.items():
+            self.live(name).update_inplace(zero)
 
 
 class TrainingEngine:
@@ -410,8 +438,10 @@ class TrainingEngine:
             session = make_session(model, self._device, self._session_options)
             zeros = {name: np.zeros(shape, dtype) for name, (dtype, shape) in
                      _carried_types(model, layout.carried).items()}
+            counters = {name: zeros[name] for name in layout.carried
+                        if name not in layout.weights.values() and not _is_state(layout, name)}
             self._steps[loop] = (session, layout, _PingPong(session, layout.carried, zeros,
-                                                            self._device))
+                                                            self._device, counters))
         if current is None:
             self._current = loop
             self.set_state(self._initial)
@@ -590,18 +620,15 @@ class TrainingEngine:
             np.take(array, order, axis=0, out=rows, mode="clip")
             # on the CPU the OrtValue reads the buffer, which outlives the epoch's runs
             bound[layout.data[name]] = ort.OrtValue.ortvalue_from_numpy(rows, kind, index)
-        epoch_values = dict(zip(layout.epoch_inputs[:4], (feeds[k] for k in (
-            "order", "starts", "ends", "rows"))))
+        # the row order is read in place on the CPU (the estimators shuffle it in place)
+        bound[layout.epoch_inputs[0]] = ort.OrtValue.ortvalue_from_numpy(order, kind, index)
+        buffers.bind_inputs(bound)
+        epoch_values = dict(zip(layout.epoch_inputs[1:4], (feeds[k] for k in (
+            "starts", "ends", "rows"))))
         epoch_values.update({layout.scalars[s]: np.ascontiguousarray(v, layout.scalar_dtype)
                              for s, v in feeds["scalars"].items()})
-        bound.update({name: ort.OrtValue.ortvalue_from_numpy(value, kind, index)
-                      for name, value in epoch_values.items()})
-        buffers.bind_inputs(bound)
-        for name in layout.carried:
-            if name not in layout.weights.values() and not _is_state(layout, name):
-                # the loss sum and the batch counter start at 0
-                value = buffers.live(name)
-                value.update_inplace(np.zeros(value.shape(), value.numpy().dtype))
+        buffers.write_epoch_values(epoch_values)
+        buffers.reset_counters()
         # The pybind session object: the public wrapper adds checks per call.
         run = session._sess.run_with_iobinding
         bindings = [b._iobinding for b in buffers.bindings]
@@ -615,10 +642,12 @@ class TrainingEngine:
                 buffers.parity = 1 - buffers.parity
                 self.n_steps += 1
         loss = float(buffers.live(layout.loss_sum).numpy()) / n_rows
-        state = self.get_state()
-        if not (np.isfinite(loss) and all(np.isfinite(v).all() for v in state.values())):
+        # views of one fresh host copy per carried buffer, kept for a later divergence
+        weights = _host_values(layout, buffers, [(n, layout.weights[n], n)
+                                                 for n in self.trainable])
+        if not (np.isfinite(loss) and all(np.isfinite(v).all() for v in weights.values())):
             self._diverged(loss)
-        self._last_finite = state
+        self._last_finite = weights
         return loss
 
     def _diverged(self, loss: float) -> None:
