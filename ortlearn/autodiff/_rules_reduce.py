@@ -63,7 +63,12 @@ class _Reduction:
         sx, sy = ctx.shape(self.x), ctx.shape(self.y)
         if sx is not None and sy is not None and all(isinstance(d, int) for d in sx + sy):
             return ctx.const(np.prod(sx) / np.prod(sy), like=self.x)
-        return ctx.b.op("Div", [ctx.size_as(self.x, self.x), ctx.size_as(self.y, self.x)])
+        n_x = ctx.size_as(self.x, self.x)
+        if sy is not None and all(isinstance(d, int) for d in sy):
+            # a known output size (1 for a full reduction): no Size of the output at run time
+            n_y = int(np.prod(sy, dtype=np.int64))
+            return n_x if n_y == 1 else ctx.b.op("Div", [n_x, ctx.const(n_y, like=self.x)])
+        return ctx.b.op("Div", [n_x, ctx.size_as(self.y, self.x)])
 
 
 def _reduction(op_type):

@@ -16,6 +16,8 @@ without a copy.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -480,7 +482,7 @@ class TrainingEngine:
             if name not in flat:
                 flat[name] = buffers.live(name).numpy().copy()
             offset, shape = layout.offsets[p]
-            flat[name][offset:offset + int(np.prod(shape, dtype=np.int64))] = np.ravel(value)
+            flat[name][offset:offset + math.prod(shape)] = np.ravel(value)
         for name, value in flat.items():
             buffers.live(name).update_inplace(value)
 
@@ -553,7 +555,8 @@ class TrainingEngine:
         order = getattr(batch_indices, "order", None)
         if order is None or order.dtype != np.int64:
             order = np.concatenate([np.asarray(b, dtype=np.int64) for b in batch_indices])
-        offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        offsets = np.zeros(len(sizes) + 1, dtype=np.int64)
+        np.cumsum(sizes, out=offsets[1:])
         if lr_for_step is None:
             rates = [self._lr] * len(sizes)
         else:
@@ -643,9 +646,10 @@ class TrainingEngine:
                 self.n_steps += 1
         loss = float(buffers.live(layout.loss_sum).numpy()) / n_rows
         # views of one fresh host copy per carried buffer, kept for a later divergence
+        copies = {}
         weights = _host_values(layout, buffers, [(n, layout.weights[n], n)
-                                                 for n in self.trainable])
-        if not (np.isfinite(loss) and all(np.isfinite(v).all() for v in weights.values())):
+                                                 for n in self.trainable], copies)
+        if not (np.isfinite(loss) and all(np.isfinite(c).all() for c in copies.values())):
             self._diverged(loss)
         self._last_finite = weights
         return loss
@@ -789,21 +793,23 @@ def _check_lr(lr) -> float:
     return lr
 
 
-def _host_values(layout, buffers: _PingPong, items) -> dict:
+def _host_values(layout, buffers: _PingPong, items, copies: dict | None = None) -> dict:
     """``{key: host value}`` for ``(key, carried input, weight)`` items.
 
     The value is the weight's part of the carried value (the weight or one of
     its states): a view of one host copy per carried buffer, so that the
-    weights of a flat buffer cost one copy, not one each.
+    weights of a flat buffer cost one copy, not one each. ``copies``
+    receives ``{carried input: host copy}``.
     """
-    copies, values = {}, {}
+    copies = {} if copies is None else copies
+    values = {}
     for key, carried, param in items:
         if carried not in copies:
             copies[carried] = buffers.live(carried).numpy()
         value = copies[carried]
         if param in layout.offsets:
             offset, shape = layout.offsets[param]
-            value = value[offset:offset + int(np.prod(shape, dtype=np.int64))].reshape(shape)
+            value = value[offset:offset + math.prod(shape)].reshape(shape)
         values[key] = value
     return values
 
