@@ -166,6 +166,24 @@ def test_reduce_mean_over_static_axes_expands_without_shape():
     assert _ops(grad_model)["Shape"] <= 1  # only the one of ReduceSumSquare's input
 
 
+@pytest.mark.parametrize("axes, n_sizes", [(None, 1), ([0], 1)])
+def test_reduce_mean_over_the_batch_counts_the_input_only(axes, n_sizes):
+    """Mean over the symbolic batch axis: the output's size is known (1 or 4), so the
+    gradient divides by the input's Size alone."""
+    rng = np.random.default_rng(4)
+    inits = {"W": rng.normal(size=(3, 4))}
+    mean = (helper.make_node("ReduceMean", ["T"], ["R"], keepdims=0) if axes is None else
+            helper.make_node("ReduceMean", ["T", "ax"], ["R"], keepdims=0))
+    nodes = [helper.make_node("MatMul", ["X", "W"], ["S"]),
+             helper.make_node("Tanh", ["S"], ["T"]), mean,
+             helper.make_node("ReduceSumSquare", ["R"], ["loss"], keepdims=0)]
+    consts = [] if axes is None else [("ax", np.array(axes, np.int64))]
+    model = _model(nodes, [helper.make_tensor_value_info("X", TensorProto.DOUBLE, ["N", 3])],
+                   inits, consts=consts)
+    grad_model = _check_fd(model, {"X": rng.normal(size=(5, 3))}, inits)
+    assert _ops(grad_model)["Size"] == n_sizes
+
+
 def test_mlp_classifier_fused_step_is_small(monkeypatch):
     from sklearn.datasets import load_digits
 
