@@ -40,8 +40,8 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make the package importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks import _env, memory, report  # noqa: E402
-from benchmarks.workloads import BUILDERS, Options  # noqa: E402
+from benchmarks import _env, memory, report
+from benchmarks.workloads import BUILDERS, Options
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -154,7 +154,8 @@ def run(args: argparse.Namespace) -> dict:
     if torch is None:
         notes.append("torch is not installed: the PyTorch contenders are skipped")
         print(notes[-1], flush=True)
-    import sklearn.linear_model  # noqa: F401  loaded before the thread limits are applied
+    # loaded before the thread limits are applied
+    import sklearn.linear_model
     import sklearn.neural_network  # noqa: F401
 
     with _env.thread_limits(args.threads, torch):

@@ -24,8 +24,8 @@ accuracy (W3), the objective ``mean log-loss + alpha/2 ||w||^2`` (W4).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 

@@ -134,8 +134,8 @@ def _plot(rows, path, out):
 def _info(out=None):
     import onnx
     import onnxruntime
-    import sklearn
     import skl2onnx
+    import sklearn
 
     import ortlearn
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 import onnx
@@ -256,7 +256,7 @@ class GraphBuilder:
         self._const_cache: dict[tuple, str] = {}
 
     @classmethod
-    def for_model(cls, model: onnx.ModelProto, prefix: str = "") -> "GraphBuilder":
+    def for_model(cls, model: onnx.ModelProto, prefix: str = "") -> GraphBuilder:
         """A builder for nodes to be added to ``model`` (its opset, its names)."""
         g = model.graph
         names = {v.name for v in itertools.chain(g.input, g.output, g.initializer, g.value_info)}

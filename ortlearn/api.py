@@ -82,12 +82,12 @@ class Module:
         outputs = step(*user_inputs)
         return outputs[0] if len(outputs) == 1 else outputs
 
-    def train(self, mode: bool = True) -> "Module":
+    def train(self, mode: bool = True) -> Module:
         """Switch to train mode (``mode=True``) or eval mode; return self."""
         self.training = bool(mode)
         return self
 
-    def eval(self) -> "Module":
+    def eval(self) -> Module:
         """Switch to eval mode; return self."""
         return self.train(False)
 

@@ -17,7 +17,9 @@ import onnx
 from onnx import numpy_helper
 
 from ._onnx_helper import FLOAT_TYPES, invalid_model_errors, load_model
-from .onnxblock import _graph_utils, blocks, loss as loss_blocks, optim as optim_blocks
+from .onnxblock import _graph_utils, blocks
+from .onnxblock import loss as loss_blocks
+from .onnxblock import optim as optim_blocks
 from .onnxblock.blocks import Block
 from .onnxblock.model_accessor import base, empty_base
 from .onnxblock.onnxblock import TrainingBlock

@@ -4,12 +4,17 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 from ortlearn._onnx_helper import finalize_model, np_dtype_to_onnx, value_info_map
-from ortlearn.autodiff import append_backward, build_gradient, register_gradient
-from ortlearn.autodiff import GRADIENT_RULES
+from ortlearn.autodiff import (
+    GRADIENT_RULES,
+    append_backward,
+    build_gradient,
+    register_gradient,
+)
 from ortlearn.exceptions import NoGradientRuleError
 
 D = TensorProto.DOUBLE
@@ -299,7 +304,7 @@ def test_where():
 
 # ---------------------------------------------------------------- shapes
 def test_reshape_flatten_squeeze_unsqueeze_transpose():
-    i64 = lambda *v: np.array(v, dtype=np.int64)  # noqa: E731
+    i64 = lambda *v: np.array(v, dtype=np.int64)
     nodes = [node("Reshape", ["X", "s"], "R1"), node("Flatten", ["R1"], "F", axis=2),
              node("Unsqueeze", ["F", "ua"], "U"), node("Squeeze", ["U", "ua"], "Q"),
              node("Transpose", ["Q"], "T1", perm=[1, 0]), node("Transpose", ["T1"])]
@@ -344,7 +349,7 @@ def test_gather_elements():
 
 
 def test_expand_and_tile():
-    i64 = lambda *v: np.array(v, dtype=np.int64)  # noqa: E731
+    i64 = lambda *v: np.array(v, dtype=np.int64)
     check_op([node("Expand", ["X", "s"])], {"X": randn(3, 1)}, consts={"s": i64(2, 3, 4)})
     check_op([node("Tile", ["X", "r"])], {"X": randn(2, 3)}, consts={"r": i64(3, 2)})
 

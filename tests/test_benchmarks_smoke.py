@@ -14,7 +14,7 @@ import pytest
 
 # benchmarks/ is not an installed package: import it from the checkout
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.run import main, parse_args  # noqa: E402
+from benchmarks.run import main, parse_args
 
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 HAS_MPL = importlib.util.find_spec("matplotlib") is not None

@@ -6,7 +6,9 @@ import warnings
 import numpy as np
 import onnx
 import pytest
+from conftest import run_onnx
 from onnx import TensorProto, helper, numpy_helper
+from scipy.special import expit
 from skl2onnx import to_onnx
 from sklearn.datasets import load_breast_cancer, load_diabetes, load_iris, load_wine
 from sklearn.exceptions import ConvergenceWarning, NotFittedError
@@ -22,10 +24,13 @@ from sklearn.linear_model import (
 from sklearn.neighbors import KNeighborsRegressor
 from sklearn.neural_network import MLPClassifier, MLPRegressor
 from sklearn.pipeline import make_pipeline
-from sklearn.preprocessing import MinMaxScaler, Normalizer, PolynomialFeatures, StandardScaler
-from scipy.special import expit
+from sklearn.preprocessing import (
+    MinMaxScaler,
+    Normalizer,
+    PolynomialFeatures,
+    StandardScaler,
+)
 
-from conftest import run_onnx
 from ortlearn._onnx_helper import DEFAULT_OPSET
 from ortlearn.convert import (
     get_train_initializer,
@@ -37,7 +42,7 @@ from ortlearn.convert import (
 )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _data(name):
     loader = {"iris": load_iris, "diabetes": load_diabetes,
               "breast_cancer": load_breast_cancer, "wine": load_wine}[name]
@@ -70,7 +75,7 @@ SCALERS = {"plain": None, "standard": StandardScaler, "minmax": MinMaxScaler,
            "normalizer": Normalizer}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _fitted(case, scaler):
     factory, dataset = CASES[case]
     X, y = _data(dataset)

@@ -3,6 +3,7 @@
 import numpy as np
 import onnx
 import pytest
+from conftest import run_onnx
 from onnx import TensorProto, helper, numpy_helper
 from sklearn.datasets import make_classification
 
@@ -11,8 +12,6 @@ from ortlearn.estimators._engine import TrainingEngine, _batches
 from ortlearn.estimators._fused_step import _masks_as_products, build_fused_step
 from ortlearn.estimators._objective import sgd_objective
 from ortlearn.optim import SGD, Adam
-
-from conftest import run_onnx
 
 
 def _where_graph(dtype):

@@ -5,6 +5,7 @@ import pickle
 
 import numpy as np
 import pytest
+from conftest import run_onnx
 from onnx import numpy_helper
 from skl2onnx import to_onnx
 from sklearn.base import clone
@@ -13,7 +14,6 @@ from sklearn.linear_model import LinearRegression
 from sklearn.model_selection import train_test_split
 from sklearn.utils import check_random_state
 
-from conftest import run_onnx
 from ortlearn import add_loss_output
 from ortlearn.convert import set_weights
 from ortlearn.estimators._engine import _batches

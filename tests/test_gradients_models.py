@@ -11,12 +11,11 @@ from skl2onnx import to_onnx
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import LinearRegression, LogisticRegression
 from sklearn.neural_network import MLPClassifier, MLPRegressor
+from test_autodiff import _session, assert_close, numeric_gradient
 
 from ortlearn.autodiff import build_gradient
 from ortlearn.convert import get_train_initializer, to_train_onnx
 from ortlearn.loss import add_loss_output
-
-from test_autodiff import _session, assert_close, numeric_gradient
 
 N = 12
 

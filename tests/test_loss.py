@@ -3,8 +3,10 @@
 import numpy as np
 import onnx
 import pytest
+from conftest import run_onnx
 from onnx import TensorProto, helper, numpy_helper
 from scipy.special import expit, softmax
+from skl2onnx import to_onnx
 from sklearn.datasets import load_breast_cancer, load_diabetes, load_iris
 from sklearn.linear_model import LinearRegression, LogisticRegression
 from sklearn.metrics import (
@@ -12,9 +14,7 @@ from sklearn.metrics import (
     mean_absolute_error,
     mean_squared_error,
 )
-from skl2onnx import to_onnx
 
-from conftest import run_onnx
 from ortlearn import add_loss_output
 from ortlearn._onnx_helper import DEFAULT_OPSET, GraphBuilder, make_model
 from ortlearn.loss import SCORE_NAMES, _elementwise_loss, _penalty_terms, _reduce_rows

@@ -2,9 +2,9 @@
 
 import numpy as np
 import pytest
+from conftest import run_onnx
 from onnx import TensorProto, helper
 
-from conftest import run_onnx
 from ortlearn._onnx_helper import (
     GraphBuilder,
     load_model,

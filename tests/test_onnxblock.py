@@ -204,7 +204,7 @@ def test_building_blocks(rng, dtype, name):
 
 def test_cast_and_explicit_constant_dtype(rng):
     a = rng.normal(size=(3, 4))
-    make = lambda x, y: onnxblock.blocks.Add()(  # noqa: E731
+    make = lambda x, y: onnxblock.blocks.Add()(
         onnxblock.blocks.Cast(np.float32)(x), onnxblock.blocks.Constant(2.0, dtype=np.float64)())
     got = run_block(_Expression(make), np.float64, [[3, 4], [3, 4]], {"x0": a, "x1": a})
     assert got.dtype == np.float32
@@ -212,7 +212,7 @@ def test_cast_and_explicit_constant_dtype(rng):
 
 
 def test_binary_type_mismatch_names_operands():
-    make = lambda x, y: onnxblock.blocks.Add()(x, onnxblock.blocks.Cast(np.float32)(y))  # noqa: E731
+    make = lambda x, y: onnxblock.blocks.Add()(x, onnxblock.blocks.Cast(np.float32)(y))
     with pytest.raises(TypeError, match="Add: operands 'y0'"):
         run_block(_Expression(make), np.float64, [[3], [3]], {})
 

@@ -14,8 +14,16 @@ from sklearn.neural_network._stochastic_optimizers import AdamOptimizer, SGDOpti
 
 from ortlearn._onnx_helper import DEFAULT_OPSET, GraphBuilder, finalize_model
 from ortlearn.optim import (
-    SGD, Adam, AdamW, Adaptive, Constant, InvScaling, LinearLR, Optimal,
-    build_optimizer_model, clip_grad_norm,
+    SGD,
+    Adam,
+    AdamW,
+    Adaptive,
+    Constant,
+    InvScaling,
+    LinearLR,
+    Optimal,
+    build_optimizer_model,
+    clip_grad_norm,
 )
 
 N_STEPS = 20

@@ -10,8 +10,12 @@ import pytest
 from sklearn.base import clone
 
 from ortlearn import (
-    OrtGradientOptimizer, OrtLinearClassifier, OrtLinearRegressor, OrtMLPClassifier,
-    OrtMLPRegressor, add_loss_output,
+    OrtGradientOptimizer,
+    OrtLinearClassifier,
+    OrtLinearRegressor,
+    OrtMLPClassifier,
+    OrtMLPRegressor,
+    add_loss_output,
 )
 from ortlearn.estimators import _runtime
 

@@ -10,8 +10,14 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import LinearRegression
 
 from ortlearn import (
-    CheckpointState, OrtGradientOptimizer, OrtLinearClassifier, OrtLinearRegressor,
-    OrtMLPClassifier, OrtMLPRegressor, TrainingSession, add_loss_output,
+    CheckpointState,
+    OrtGradientOptimizer,
+    OrtLinearClassifier,
+    OrtLinearRegressor,
+    OrtMLPClassifier,
+    OrtMLPRegressor,
+    TrainingSession,
+    add_loss_output,
 )
 from ortlearn.artifacts import LossType, OptimType, generate_artifacts
 from ortlearn.estimators._engine import TrainingEngine

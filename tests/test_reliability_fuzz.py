@@ -10,16 +10,17 @@ import tempfile
 import numpy as np
 import pytest
 import safetensors.numpy
-from hypothesis import HealthCheck, given, settings, strategies as st
+from conftest import run_onnx
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from skl2onnx import to_onnx
 from sklearn.linear_model import LinearRegression
+from test_autodiff import away, check_op, node, randn
+from test_loss import linear_model
 
-from conftest import run_onnx
 from ortlearn import CheckpointState, TrainingSession, add_loss_output
 from ortlearn.artifacts import LossType, generate_artifacts
 from ortlearn.autodiff import build_gradient
-from test_autodiff import away, check_op, node, randn
-from test_loss import linear_model
 
 FUZZ = settings(max_examples=25, deadline=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -7,8 +7,14 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from ortlearn import (
-    CheckpointState, OrtGradientOptimizer, OrtLinearClassifier, OrtLinearRegressor,
-    OrtMLPClassifier, OrtMLPRegressor, TrainingSession, add_loss_output,
+    CheckpointState,
+    OrtGradientOptimizer,
+    OrtLinearClassifier,
+    OrtLinearRegressor,
+    OrtMLPClassifier,
+    OrtMLPRegressor,
+    TrainingSession,
+    add_loss_output,
 )
 from ortlearn.__main__ import main
 from ortlearn.artifacts import LossType, OptimType, generate_artifacts

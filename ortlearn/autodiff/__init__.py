@@ -13,7 +13,11 @@ depends on the weights and reaches any other operator without a rule raises
 """
 
 from . import (  # noqa: F401  (registers the rules)
-    _rules_activations, _rules_elementwise, _rules_linalg, _rules_losses, _rules_reduce,
+    _rules_activations,
+    _rules_elementwise,
+    _rules_linalg,
+    _rules_losses,
+    _rules_reduce,
     _rules_shape,
 )
 from ._backward import append_backward, build_gradient
@@ -22,8 +26,8 @@ from ._registry import GRADIENT_RULES, NON_DIFFERENTIABLE_OPS, register_gradient
 
 __all__ = [
     "GRADIENT_RULES",
-    "GradientContext",
     "NON_DIFFERENTIABLE_OPS",
+    "GradientContext",
     "append_backward",
     "build_gradient",
     "register_gradient",

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from .._onnx_helper import (
-    GraphBuilder, elem_type_of, finalize_model, invalid_model_errors, load_model, shape_of,
+    GraphBuilder,
+    elem_type_of,
+    finalize_model,
+    invalid_model_errors,
+    load_model,
+    shape_of,
     value_info_map,
 )
 from ._context import GradientContext, attr

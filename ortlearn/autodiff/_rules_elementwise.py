@@ -128,7 +128,7 @@ def _max_min(ctx, node, grads):
     b = ctx.b
     last = max((i for i, x in enumerate(node.input) if ctx.needs(x)), default=-1)
     taken, result = None, []
-    for i, x in enumerate(node.input[:last + 1]):
+    for x in node.input[:last + 1]:
         # On ties the first input equal to the result gets the gradient.
         hit = b.op("Equal", [x, y])
         if taken is not None:

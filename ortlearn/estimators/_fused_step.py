@@ -49,7 +49,7 @@ from .._onnx_helper import (
     value_info_map,
 )
 
-__all__ = ["FusedLayout", "build_fused_step", "build_fused_epoch"]
+__all__ = ["FusedLayout", "build_fused_epoch", "build_fused_step"]
 
 ORDER, STARTS, ENDS, ROWS = "fused.order", "fused.starts", "fused.ends", "fused.rows"
 SCALAR = "fused.scalar."

@@ -18,7 +18,12 @@ from .._onnx_helper import initializers_to_inputs, load_model
 from ..autodiff import build_gradient
 from ..exceptions import ConvergenceWarning
 from ..training.device import make_session, parse_device
-from ._engine import _check_input_names, _check_loss_output, _check_trainable, _conform_state
+from ._engine import (
+    _check_input_names,
+    _check_loss_output,
+    _check_trainable,
+    _conform_state,
+)
 
 __all__ = ["minimize_lbfgs"]
 

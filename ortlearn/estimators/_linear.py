@@ -13,7 +13,7 @@ from ..optim.schedules import Adaptive, Constant, InvScaling, Optimal
 from ._base import BaseOrtEstimator, OrtClassifierMixin, OrtRegressorMixin
 from ._objective import sgd_objective
 
-__all__ = ["OrtLinearRegressor", "OrtLinearClassifier"]
+__all__ = ["OrtLinearClassifier", "OrtLinearRegressor"]
 
 _L1_RATIO = {"l2": 0.0, "l1": 1.0, None: 0.0}
 

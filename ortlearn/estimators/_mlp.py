@@ -12,7 +12,7 @@ from ..optim.schedules import Adaptive, Constant, InvScaling
 from ._base import BaseOrtEstimator, OrtClassifierMixin, OrtRegressorMixin
 from ._objective import mlp_objective
 
-__all__ = ["OrtMLPRegressor", "OrtMLPClassifier"]
+__all__ = ["OrtMLPClassifier", "OrtMLPRegressor"]
 
 
 class BaseOrtMLP(BaseOrtEstimator):

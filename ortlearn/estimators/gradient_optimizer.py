@@ -11,7 +11,13 @@ from sklearn.base import BaseEstimator
 from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted
 
-from .._onnx_helper import elem_type_of, load_model, onnx_to_np_dtype, prune_model, shape_of
+from .._onnx_helper import (
+    elem_type_of,
+    load_model,
+    onnx_to_np_dtype,
+    prune_model,
+    shape_of,
+)
 from ..convert import get_train_initializer
 from ..exceptions import ConvergenceError, ConvergenceWarning
 from ..optim import SGD, Adam, AdamW

@@ -7,7 +7,7 @@ outputs written here.
 from __future__ import annotations
 
 import json
-from typing import Sequence
+from collections.abc import Sequence
 
 import onnx
 from onnx import TensorProto, helper

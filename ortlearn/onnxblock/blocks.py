@@ -19,8 +19,23 @@ from .._onnx_helper import FLOAT_TYPES, np_dtype_to_onnx, onnx_to_np_dtype
 from . import _graph_utils, model_accessor
 
 __all__ = [
-    "Block", "Add", "Sub", "Mul", "Div", "Pow", "Constant", "ReduceMean", "ReduceSum",
-    "Sigmoid", "Log", "Neg", "Abs", "Clip", "PassThrough", "Cast", "Linear",
+    "Abs",
+    "Add",
+    "Block",
+    "Cast",
+    "Clip",
+    "Constant",
+    "Div",
+    "Linear",
+    "Log",
+    "Mul",
+    "Neg",
+    "PassThrough",
+    "Pow",
+    "ReduceMean",
+    "ReduceSum",
+    "Sigmoid",
+    "Sub",
 ]
 
 

@@ -16,7 +16,7 @@ from ..loss import _binary_log_loss, _elementwise_loss
 from . import _graph_utils
 from .blocks import Block
 
-__all__ = ["MSELoss", "L1Loss", "CrossEntropyLoss", "BCEWithLogitsLoss"]
+__all__ = ["BCEWithLogitsLoss", "CrossEntropyLoss", "L1Loss", "MSELoss"]
 
 _REDUCTIONS = ("mean", "sum", "none")
 

@@ -23,7 +23,7 @@ from .. import optim as _optim
 from . import _graph_utils
 from .blocks import Block
 
-__all__ = ["AdamW", "Adam", "SGD", "ClipGradNorm"]
+__all__ = ["SGD", "Adam", "AdamW", "ClipGradNorm"]
 
 
 class ClipGradNorm(Block):

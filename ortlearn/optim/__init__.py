@@ -12,6 +12,14 @@ from .optimizers import SGD, Adam, AdamW, build_optimizer_model, clip_grad_norm
 from .schedules import Adaptive, Constant, InvScaling, LinearLR, Optimal
 
 __all__ = [
-    "SGD", "Adam", "AdamW", "build_optimizer_model", "clip_grad_norm",
-    "Constant", "InvScaling", "Optimal", "Adaptive", "LinearLR",
+    "SGD",
+    "Adam",
+    "AdamW",
+    "Adaptive",
+    "Constant",
+    "InvScaling",
+    "LinearLR",
+    "Optimal",
+    "build_optimizer_model",
+    "clip_grad_norm",
 ]

@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 import json
 import math
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -35,7 +35,7 @@ from .._onnx_helper import (
     onnx_to_np_dtype,
 )
 
-__all__ = ["SGD", "Adam", "AdamW", "clip_grad_norm", "build_optimizer_model"]
+__all__ = ["SGD", "Adam", "AdamW", "build_optimizer_model", "clip_grad_norm"]
 
 #: Added to the global norm before dividing, as torch's ``clip_grad_norm_``
 #: and onnxruntime-training's ``ClipGradNorm`` do.

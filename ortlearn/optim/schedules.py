@@ -15,9 +15,9 @@ step (or per epoch) and feeds it to the optimizer graph as its
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
-__all__ = ["Constant", "InvScaling", "Optimal", "Adaptive", "LinearLR"]
+__all__ = ["Adaptive", "Constant", "InvScaling", "LinearLR", "Optimal"]
 
 
 def _check_positive(name, value, strict=True):

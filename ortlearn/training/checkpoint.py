@@ -342,7 +342,7 @@ class Properties:
         except KeyError:
             raise KeyError(f"Property {name!r} not found.") from None
 
-    def __setitem__(self, name: str, value: int | float | str) -> None:
+    def __setitem__(self, name: str, value: float | str) -> None:
         """Add or update a property.
 
         Raises
