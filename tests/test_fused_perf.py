@@ -8,10 +8,11 @@ from onnx import TensorProto, helper, numpy_helper
 from sklearn.datasets import make_classification
 
 from ortlearn.estimators import OrtLinearClassifier, OrtMLPRegressor
-from ortlearn.estimators._engine import TrainingEngine, _batches
+from ortlearn.estimators._engine import TrainingEngine, _batches, default_session_options
 from ortlearn.estimators._fused_step import _masks_as_products, build_fused_step
 from ortlearn.estimators._objective import sgd_objective
 from ortlearn.optim import SGD, Adam
+from ortlearn.training.device import Device
 
 
 def _where_graph(dtype):
@@ -175,6 +176,34 @@ def test_spinning_can_be_turned_off_and_is_checked(monkeypatch):
     monkeypatch.setenv("ORTLEARN_ALLOW_SPINNING", "yes")
     with pytest.raises(ValueError, match="ORTLEARN_ALLOW_SPINNING must be 0 or 1"):
         options()
+
+
+def test_deterministic_kernels_are_asked_on_a_gpu_only():
+    cuda, cpu = Device("cuda"), Device("cpu")
+    assert default_session_options(cuda, 10, deterministic=True).use_deterministic_compute
+    assert not default_session_options(cuda, 10).use_deterministic_compute
+    # the CPU kernels are deterministic for a thread count; the option only slows them
+    for macs in (10, 10**7):
+        assert not default_session_options(cpu, macs, True).use_deterministic_compute
+
+
+@pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
+@pytest.mark.parametrize("random_state, expected", [(0, True), (None, False)])
+def test_a_random_state_asks_for_reproducible_training(monkeypatch, random_state, expected):
+    import ortlearn.estimators._base as base_module
+    import ortlearn.estimators._engine as engine_module
+
+    asked = []
+    options = engine_module.default_session_options
+    monkeypatch.setattr(engine_module, "default_session_options",
+                        lambda device, macs, det=False: asked.append(det) or options(device, macs))
+    lbfgs = base_module.minimize_lbfgs
+    monkeypatch.setattr(base_module, "minimize_lbfgs",
+                        lambda *a, **k: asked.append(k["deterministic"]) or lbfgs(*a, **k))
+    X, y = make_classification(n_samples=60, n_features=4, random_state=0)
+    OrtMLPRegressor(hidden_layer_sizes=(3,), max_iter=1, random_state=random_state).fit(X, y)
+    OrtLinearClassifier(solver="lbfgs", max_iter=2, random_state=random_state).fit(X, y)
+    assert asked == [expected, expected]
 
 
 @pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")

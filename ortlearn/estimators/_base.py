@@ -326,7 +326,8 @@ class BaseOrtEstimator(BaseEstimator):
         engine = TrainingEngine(model, trainable, self._optimizer(), device=str(device),
                                 input_names=input_names(weighted), loss_output=LOSS,
                                 batch_size=min(len(X), self._auto_batch_size
-                                               if self.batch_size == "auto" else self.batch_size))
+                                               if self.batch_size == "auto" else self.batch_size),
+                                deterministic=self.random_state is not None)
         if self._optimizer_state is not None:
             engine.load_optimizer_state(self._optimizer_state)
         return engine
@@ -338,7 +339,8 @@ class BaseOrtEstimator(BaseEstimator):
         weights, n_iter, loss = minimize_lbfgs(
             model, trainable, None, _graph_inputs(names, X, y_enc, sample_weight), names,
             device=str(device), max_iter=self.max_iter, tol=self._lbfgs_tol(),
-            verbose=int(self.verbose), loss_output=LOSS, max_fun=self._max_fun())
+            verbose=int(self.verbose), loss_output=LOSS, max_fun=self._max_fun(),
+            deterministic=self.random_state is not None)
         self.n_iter_ = n_iter
         self.t_ += X.shape[0] * max(n_iter, 1)
         if not (np.isfinite(loss) and all(np.isfinite(w).all() for w in weights.values())):

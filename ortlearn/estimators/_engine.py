@@ -44,7 +44,7 @@ from ..training.device import (
 )
 from ._fused_step import build_fused_epoch, build_fused_step
 
-__all__ = ["Batches", "TrainingEngine"]
+__all__ = ["Batches", "TrainingEngine", "default_session_options"]
 
 
 class Batches(list):
@@ -311,6 +311,8 @@ class TrainingEngine:
         ``ORTLEARN_NUM_THREADS`` threads or onnxruntime's default, with
         spinning workers unless ``ORTLEARN_ALLOW_SPINNING=0`` (spinning
         takes the cores of other processes: turn it off on a shared machine).
+        The CPU memory arena stays on: without it, W3 of the benchmarks
+        was 5 % slower per epoch.
     epoch_loop : bool or 'auto', default='auto'
         True runs a whole epoch as one onnxruntime call (an ONNX ``Loop``
         over the mini-batches), False one call per mini-batch; 'auto'
@@ -318,6 +320,12 @@ class TrainingEngine:
     batch_size : int, default=None
         Rows of a typical mini-batch, for the default ``session_options``
         (None: ``DEFAULT_BATCH_ROWS``).
+    deterministic : bool, default=False
+        Reproducible training asked for (the estimators: a ``random_state``
+        given): on a GPU the default ``session_options`` ask onnxruntime for
+        deterministic kernels. The CPU kernels are deterministic for a given
+        number of threads already (the option only made W3 5 % slower there,
+        with the same weights bit for bit), so the CPU ignores it.
 
     Attributes
     ----------
@@ -388,7 +396,7 @@ class TrainingEngine:
 
     def __init__(self, loss_model, trainable, optimizer, device="cpu", input_names=None,
                  loss_output="loss", initial_weights=None, session_options=None,
-                 epoch_loop="auto", batch_size=None):
+                 epoch_loop="auto", batch_size=None, deterministic=False):
         if not isinstance(optimizer, _Optimizer):
             raise TypeError("optimizer must be an ortlearn.optim.SGD, Adam or AdamW instance, "
                             f"got {type(optimizer).__name__}.")
@@ -411,8 +419,9 @@ class TrainingEngine:
         self._model = model
         inits = {i.name: i for i in model.graph.initializer}
         self._initial = {n: numpy_helper.to_array(inits[n]) for n in self.trainable}
-        self._session_options = session_options or self._default_options(
-            batch_size or DEFAULT_BATCH_ROWS)
+        self._session_options = session_options or default_session_options(
+            self._device, (batch_size or DEFAULT_BATCH_ROWS) * sum(
+                w.size for w in self._initial.values()), deterministic)
         self._epoch_loop = epoch_loop
         self._steps = {}  # epoch_loop -> (session, layout, ping-pong buffers)
         self._eval_session = None
@@ -420,14 +429,6 @@ class TrainingEngine:
         self._lr = self.default_learning_rate
         self.n_steps = 0
         self._open(self._choose_loop(0))
-
-    def _default_options(self, batch_rows: int) -> ort.SessionOptions:
-        if self._device.kind != "cpu":
-            return make_session_options()
-        macs = batch_rows * sum(w.size for w in self._initial.values())
-        if macs < PARALLEL_MIN_STEP_MACS:
-            return make_session_options(1)
-        return make_session_options(allow_spinning=default_allow_spinning(True))
 
     # ---------------------------------------------------------------- session
     def _open(self, loop: bool) -> None:
@@ -784,6 +785,32 @@ class TrainingEngine:
         opt = self.optimizer_state()
         state.set_optimizer_state(opt["states"], opt["step"], opt["learning_rate"])
         return state
+
+
+def default_session_options(device, step_macs: int,
+                            deterministic: bool = False) -> ort.SessionOptions:
+    """The session options of a :class:`TrainingEngine` given none.
+
+    Parameters
+    ----------
+    device : ortlearn.training.device.Device
+    step_macs : int
+        Multiply-adds of one step: rows of a mini-batch times weights.
+    deterministic : bool, default=False
+        Deterministic kernels on a GPU (the CPU ignores it).
+
+    Returns
+    -------
+    onnxruntime.SessionOptions
+        On a GPU, :func:`~ortlearn.training.device.make_session_options`.
+        On the CPU, one thread below ``PARALLEL_MIN_STEP_MACS``, else the
+        default threads with spinning workers (``ORTLEARN_ALLOW_SPINNING``).
+    """
+    if device.kind != "cpu":
+        return make_session_options(deterministic=deterministic)
+    if step_macs < PARALLEL_MIN_STEP_MACS:
+        return make_session_options(1)
+    return make_session_options(allow_spinning=default_allow_spinning(True))
 
 
 def _check_lr(lr) -> float:

@@ -17,7 +17,7 @@ import scipy.optimize
 from .._onnx_helper import initializers_to_inputs, load_model
 from ..autodiff import build_gradient
 from ..exceptions import ConvergenceWarning
-from ..training.device import make_session, parse_device
+from ..training.device import make_session, make_session_options, parse_device
 from ._engine import (
     _check_input_names,
     _check_loss_output,
@@ -75,7 +75,7 @@ class _LossAndGradient:
 
 def minimize_lbfgs(loss_model, trainable, initial_weights, arrays, input_names=None,
                    device="cpu", max_iter=100, tol=1e-4, verbose=0, loss_output="loss",
-                   max_fun=15000, session_options=None):
+                   max_fun=15000, session_options=None, deterministic=False):
     """Minimise the graph's loss over the whole data set with scipy's L-BFGS-B.
 
     Same options as scikit-learn's ``LogisticRegression(solver='lbfgs')``
@@ -107,6 +107,10 @@ def minimize_lbfgs(loss_model, trainable, initial_weights, arrays, input_names=N
     max_fun : int, default=15000
         Maximum number of loss evaluations.
     session_options : onnxruntime.SessionOptions, default=None
+        None: :func:`~ortlearn.training.device.make_session_options`.
+    deterministic : bool, default=False
+        With ``session_options=None``, deterministic kernels on a GPU (the
+        CPU kernels are deterministic already).
 
     Returns
     -------
@@ -139,6 +143,8 @@ def minimize_lbfgs(loss_model, trainable, initial_weights, arrays, input_names=N
     if initial_weights:
         weights.update(_conform_state(dict(initial_weights), weights, partial=True))
     grad_model = build_gradient(model, wrt=trainable, loss_output=loss_output)
+    if session_options is None and deterministic and parse_device(device).kind != "cpu":
+        session_options = make_session_options(deterministic=True)
     fun = _LossAndGradient(grad_model, weights, arrays, input_names, device, session_options)
     x0 = np.concatenate([w.astype(np.float64).ravel() for w in weights.values()])
     options = {"maxiter": max_iter, "maxfun": max_fun, "maxls": 50, "gtol": tol,

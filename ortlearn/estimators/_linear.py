@@ -126,7 +126,9 @@ _COMMON_PARAMS_DOC = """
     verbose : int, default=0
         Print one line per epoch: epoch, loss, validation score, elapsed time.
     random_state : int, RandomState instance or None, default=None
-        Shuffling and validation split; an int gives identical predictions.
+        Shuffling and validation split; an int gives identical predictions
+        (on a GPU with onnxruntime's deterministic kernels, asked for
+        whenever ``random_state`` is not None).
     learning_rate : {'constant', 'optimal', 'invscaling', 'adaptive'}
         Schedule of ``solver='sgd'``: ``eta0``; ``1 / (alpha * (t0 + t - 1))``;
         ``eta0 / t ** power_t``; ``eta0`` divided by 5 whenever

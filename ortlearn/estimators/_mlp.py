@@ -161,7 +161,9 @@ class OrtMLPRegressor(OrtRegressorMixin, BaseOrtMLP):
         Shuffle the samples at each epoch.
     random_state : int, RandomState instance or None, default=None
         Initial weights, shuffling and validation split; an int gives
-        identical predictions from one fit to the next.
+        identical predictions from one fit to the next (on a GPU, a
+        ``random_state`` that is not None also asks onnxruntime for
+        deterministic kernels).
     tol : float, default=1e-4
         Improvement below which an epoch counts as no improvement.
     verbose : bool, default=False

@@ -109,7 +109,8 @@ class OrtGradientOptimizer(BaseEstimator):
         Name of the graph's sample-weight input. When the graph has it and
         ``fit`` gets no ``sample_weight``, ones are fed.
     random_state : int, RandomState instance or None, default=None
-        Shuffling of the rows at each epoch.
+        Shuffling of the rows at each epoch. Not None also asks for
+        onnxruntime's deterministic kernels on a GPU.
     shuffle : bool, default=True
         Shuffle the rows at each epoch.
     exc : bool, default=True
@@ -263,7 +264,8 @@ class OrtGradientOptimizer(BaseEstimator):
         return TrainingEngine(self._loss_model, self._weights, self._optimizer_spec(),
                               device=self.device, input_names=self.input_names_,
                               loss_output=self.loss_output_name, initial_weights=initial_weights,
-                              batch_size=batch_rows)
+                              batch_size=batch_rows,
+                              deterministic=self.random_state is not None)
 
     def _engine(self) -> TrainingEngine:
         """The fitted engine, rebuilt after unpickling."""
