@@ -266,6 +266,74 @@ def test_expand_feeding_a_broadcast_is_dropped_only_when_redundant(other_shape,
     assert got.shape == (3, 4)
 
 
+def _expand_chain(target, other_shape, neg_is_output=False):
+    """``Mul(Neg(Expand(s, target)), y)``: an expanded value through a ``Neg``."""
+    from onnx import TensorProto, helper
+
+    from ortlearn._onnx_helper import GraphBuilder, finalize_model
+
+    b = GraphBuilder(prefix="t_")
+    negated = b.op("Neg", [b.op("Expand", ["s", b.ints(target)])])
+    b.op("Mul", [negated, "y"], outputs=["out"])
+    f = TensorProto.DOUBLE
+    outputs = [helper.make_tensor_value_info("out", f,
+                                             list(np.broadcast_shapes(target, other_shape)))]
+    if neg_is_output:
+        outputs.append(helper.make_tensor_value_info(negated, f, target))
+    graph = helper.make_graph(b.nodes, "g", [helper.make_tensor_value_info("s", f, []),
+                                             helper.make_tensor_value_info("y", f, other_shape)],
+                              outputs)
+    return finalize_model(helper.make_model(graph))
+
+
+@pytest.mark.parametrize("target, other_shape, neg_is_output, expected_expands", [
+    ([3, 1], [3, 4], False, 0),   # (3, 1) broadcast against (3, 4): (3, 4), as a scalar does
+    ([3, 4], [2, 3, 4], False, 0),
+    ([3, 1], [1, 4], False, 1),   # the Expand makes the product (3, 4)
+    ([3, 1], [3, 4], True, 1),    # the Neg's value is read outside with its shape
+])
+def test_expand_through_a_neg_to_a_broadcast(target, other_shape, neg_is_output,
+                                             expected_expands):
+    from ortlearn._onnx_helper import needed_nodes, shape_of, value_info_map
+    from ortlearn.estimators._fused_step import _expands_as_broadcasts
+
+    model = _expand_chain(target, other_shape, neg_is_output)
+    outputs = [o.name for o in model.graph.output]
+    shapes = {name: shape_of(info) for name, info in value_info_map(model).items()}
+    nodes = needed_nodes(_expands_as_broadcasts(list(model.graph.node), shapes, outputs),
+                         outputs)
+    assert sum(n.op_type == "Expand" for n in nodes) == expected_expands
+    feeds = {"s": np.array(1.5), "y": np.random.default_rng(0).normal(size=other_shape)}
+    expected = ort.InferenceSession(model.SerializeToString()).run(None, feeds)
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    got = ort.InferenceSession(model.SerializeToString()).run(None, feeds)
+    for g, e in zip(got, expected):
+        np.testing.assert_array_equal(g, e)
+        assert g.shape == e.shape
+
+
+def test_cross_entropy_gradient_is_one_value_broadcast():
+    """The W3 step without sample weights: the mean's gradient reaches the one-hot rows as
+    one value (no Expand to the batch, no Unsqueeze back to a column)."""
+    from sklearn.neural_network import MLPClassifier
+
+    from ortlearn.convert import to_train_onnx
+    from ortlearn.estimators._objective import LOSS, input_names, mlp_objective
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(64, 64)).astype(np.float32)
+    y = np.arange(64) % 10
+    mlp = MLPClassifier((100,), max_iter=1).fit(X, y)
+    loss = mlp_objective(to_train_onnx(mlp, X), "multiclass", alpha=0.0, weighted=False)
+    assert [n.op_type for n in loss.graph.node].count("ReduceSum") == 0
+    trainable = [i.name for i in loss.graph.initializer if i.name.startswith(("coef", "inter"))]
+    model, _ = build_fused_step(loss, trainable, input_names(False), Adam(), LOSS)
+    ops = [n.op_type for n in model.graph.node]
+    assert "Expand" not in ops and "Unsqueeze" not in ops
+    assert len(ops) <= 98  # 104 before (Shape, Expand, Unsqueeze, the rows' ReduceSum...)
+
+
 def test_l2_penalty_gradient_needs_no_expand():
     """The W3 step (64-100-10, alpha > 0, Adam): the penalty's gradient broadcasts."""
     from sklearn.neural_network import MLPClassifier

@@ -382,6 +382,9 @@ def _column_sums_as_products(nodes, infos: dict) -> list:
 #: Elementwise operators whose broadcasting makes an ``Expand`` of one operand
 #: to the other's shape redundant.
 _BROADCASTING = frozenset({"Add", "Sub", "Mul", "Div"})
+#: Elementwise operators of one operand an expanded single value may go
+#: through as that value (``Neg(Expand(s))`` is ``Expand(Neg(s))``).
+_UNARY = frozenset({"Neg"})
 
 
 def _static_shape(shapes: dict, name: str):
@@ -390,18 +393,26 @@ def _static_shape(shapes: dict, name: str):
     return None if shape is None or None in shape else shape
 
 
-def _expands_as_broadcasts(nodes, shapes: dict) -> list:
+def _dominates(shape, target) -> bool:
+    """Whether broadcasting ``target`` against ``shape`` gives ``shape``."""
+    return len(target) <= len(shape) and all(
+        t == 1 or t == d for t, d in zip(reversed(target), reversed(shape)))
+
+
+def _expands_as_broadcasts(nodes, shapes: dict, outputs=()) -> list:
     """``Mul(Expand(s, shape), y)`` rewritten as ``Mul(s, y)`` when ``s`` holds one value.
 
-    The gradient of a ``ReduceSum`` is its upstream scalar expanded to the
-    input's shape, which an L2 penalty then multiplies by the weight:
-    broadcasting gives the same values without the ``Expand`` (and the
-    ``Shape`` that may feed it), each node costing onnxruntime about a
-    microsecond. Only done when every consumer is an elementwise binary
-    operator whose other operand has the expanded shape. ``shapes`` are
-    those of :func:`ortlearn.autodiff._shapes.refine_shapes`, which give
-    the rows of a batch one symbol (ONNX shape inference gives each
-    sliced or broadcast value a new one).
+    The gradient of a mean or a sum is its upstream scalar expanded to the
+    input's shape, which the loss's gradient then multiplies (the one-hot
+    rows of a cross-entropy, the weight of an L2 penalty): broadcasting
+    gives the same values without the ``Expand`` (and the ``Shape`` that may
+    feed it), each node costing onnxruntime about a microsecond. Done when
+    every consumer, after a chain of ``Neg`` (then applied to the single
+    value), is an elementwise binary operator whose other operand keeps its
+    shape when broadcast with the expanded one. ``shapes`` are those of
+    :func:`ortlearn.autodiff._shapes.refine_shapes`, which give the rows of
+    a batch one symbol (ONNX shape inference gives each sliced or broadcast
+    value a new one). The values of ``outputs`` keep their shapes.
     """
     consumers = {}
     measured = {}  # output of a Shape node -> the value it measures
@@ -410,6 +421,7 @@ def _expands_as_broadcasts(nodes, shapes: dict) -> list:
             consumers.setdefault(value, []).append(node)
         if node.op_type == "Shape" and not node.attribute:
             measured[node.output[0]] = node.input[0]
+    outputs = set(outputs)
     replaced = {}
     for node in nodes:
         if node.op_type != "Expand":
@@ -420,12 +432,16 @@ def _expands_as_broadcasts(nodes, shapes: dict) -> list:
         if source is None or target is None or any(d != 1 for d in source) \
                 or len(source) > len(target):
             continue
-        users = consumers.get(node.output[0], [])
-        if users and all(
-                user.op_type in _BROADCASTING and len(user.input) == 2
-                and len({*user.input}) == 2
-                and _static_shape(shapes, next(v for v in user.input if v != node.output[0]))
-                == target for user in users):
+        value, users = node.output[0], consumers.get(node.output[0], [])
+        while len(users) == 1 and users[0].op_type in _UNARY and value not in outputs:
+            value = users[0].output[0]
+            users = consumers.get(value, [])
+        if value in outputs or not users:
+            continue
+        if all(user.op_type in _BROADCASTING and len(user.input) == 2
+               and len({*user.input}) == 2
+               and _dominates(_static_shape(shapes, next(v for v in user.input if v != value))
+                              or (), target) for user in users):
             replaced[node.output[0]] = node.input[0]
     out = []
     for node in nodes:
@@ -456,7 +472,7 @@ def _cheaper_nodes(model: onnx.ModelProto, nodes, outputs) -> list:
     probe.graph.CopyFrom(graph)
     infos = value_info_map(probe)
     shapes = refine_shapes(graph, infos, _constant_values(graph, []))
-    nodes = needed_nodes(_expands_as_broadcasts(nodes, shapes), outputs)
+    nodes = needed_nodes(_expands_as_broadcasts(nodes, shapes, outputs), outputs)
     return _column_sums_as_products(nodes, infos)
 
 

@@ -71,13 +71,26 @@ def _data_loss(b: GraphBuilder, kind: str, score: str, pred: str, dtype, **kwarg
     return per_elem
 
 
+def _row_losses(b: GraphBuilder, per_elem: str, one_column: bool, weighted: bool) -> str:
+    """The loss of each row: ``per_elem`` summed over its columns.
+
+    A loss of one column is its own row sum: without sample weights it is
+    averaged as it is, (N, 1), so that the gradient of the mean reaches the
+    loss as one value broadcast, with no ``Unsqueeze`` back to (N, 1).
+    """
+    if one_column and not weighted:
+        return per_elem
+    return b.reduce("ReduceSum", per_elem, axes=[1], keepdims=0)
+
+
 def _mean_and_count(b: GraphBuilder, rows: str, weight: str | None,
                     elem: int) -> tuple[str, str]:
     """``(sum(w * rows) / sum(w), sum(w))`` of (N,) vectors; ``(mean(rows), N)`` without ``w``.
 
     The value of :func:`ortlearn.loss._reduce_rows` for rows that are
     already scalars, without its reshape and per-row mean: each node of
-    the loss costs its gradient nodes at every training step.
+    the loss costs its gradient nodes at every training step. Without
+    ``w``, ``rows`` may also be (N, 1).
     """
     if weight is None:
         count = b.cast(b.op("Size", [rows]), elem)
@@ -169,7 +182,7 @@ def mlp_objective(model, kind: str, alpha: float, sum_in_float64: bool = False,
     """
     model, b, pred, elem, n_outputs, dtype = _start(model, kind)
     per_elem = _data_loss(b, kind, "squared_error", pred, dtype)
-    rows = b.reduce("ReduceSum", per_elem, axes=[1], keepdims=0)
+    rows = _row_losses(b, per_elem, kind != "regressor" or n_outputs == 1, weighted)
     values = [rows, SAMPLE_WEIGHT] if weighted else [rows]
     values, dtype, loss_elem = _widen(b, values, elem, sum_in_float64)
     data, count = _mean_and_count(b, values[0], values[1] if weighted else None, loss_elem)
@@ -230,7 +243,7 @@ def sgd_objective(model, kind: str, loss: str = "squared_error", penalty: str | 
     model, b, pred, elem, n_outputs, dtype = _start(model, kind)
     kwargs = {"epsilon": epsilon} if loss == "huber" else {}
     per_elem = _data_loss(b, kind, loss, pred, dtype, **kwargs)
-    rows = b.reduce("ReduceSum", per_elem, axes=[1], keepdims=0)
+    rows = _row_losses(b, per_elem, kind != "regressor" or n_outputs == 1, weighted)
     if weighted:
         rows = b.op("Mul", [rows, SAMPLE_WEIGHT])
     (rows,), dtype, loss_elem = _widen(b, [rows], elem, sum_in_float64)
