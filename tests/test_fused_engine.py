@@ -9,7 +9,12 @@ from sklearn.linear_model import LinearRegression
 
 from ortlearn import TrainingSession, add_loss_output
 from ortlearn.artifacts import build_artifacts
-from ortlearn.estimators._engine import Batches, TrainingEngine, _batches
+from ortlearn.estimators._engine import (
+    SCALAR_BLOCK_EPOCHS,
+    Batches,
+    TrainingEngine,
+    _batches,
+)
 from ortlearn.estimators._fused_step import build_fused_epoch, build_fused_step
 from ortlearn.optim import SGD, Adam, AdamW, build_optimizer_model
 
@@ -144,16 +149,17 @@ def test_a_step_binds_no_host_array(monkeypatch):
 
     monkeypatch.setattr(ort.OrtValue, "ortvalue_from_numpy", classmethod(counting))
     engine.train_epoch(arrays, batches)
-    # the same arrays stay on the device; an epoch wraps (in place) its row order and the
-    # inputs of a few bytes per row (X: 12, label: 4) in the order of the epoch, and copies
-    # its bounds, rows and learning rates into the buffers bound at the first epoch
+    # the same arrays stay on the device, the inputs of a few bytes per row (X: 12,
+    # label: 4) are reordered into the buffers of the first epoch, which onnxruntime
+    # reads in place as it does the row order, and the bounds, rows and learning rates
+    # are copied into the buffers bound at the first epoch: nothing new
     assert engine._epoch_ordered() == ["X", "label"]
-    assert len(created) == 1 + 2
+    assert created == []
     engine.release_data()
     engine.train_epoch(arrays, batches)
     # new arrays: the inputs gathered by the step would be uploaded; the reordered
-    # ones never are
-    assert len(created) == 2 * (1 + 2)
+    # ones get new buffers; the row order is the same array
+    assert len(created) == 2
     # an epoch of another number of batches binds new buffers of its size
     buffers = engine._steps[engine._current][2]
     assert {v.shape()[0] for v, _ in buffers.epoch_values.values()} == {len(batches)}
@@ -201,6 +207,42 @@ def test_batches_of_any_form_give_the_same_epoch():
                            [engine.default_learning_rate] * len(Batches(order, BATCH)))
     for name, value in expected.items():
         np.testing.assert_allclose(results[0][1][name], value, rtol=1e-10)
+
+
+@pytest.mark.parametrize("loop", [True, False])
+def test_epochs_reuse_their_batches_bounds_and_scalars_exactly(loop):
+    """One ``Batches`` shuffled in place, bounds and scalars cached across epochs (beyond a
+    block of ``SCALAR_BLOCK_EPOCHS``, through a learning-rate change and a rewound step
+    count) train as fresh batch lists and scalars computed per step do, bit for bit."""
+    loss_model, arrays = _data(np.float64, False)  # X gathered by the step, by the row order
+    n_epochs = SCALAR_BLOCK_EPOCHS + 4
+    rates = [1e-2 if epoch < 7 else 3e-3 for epoch in range(n_epochs)]
+    runs = []
+    for cached in (True, False):
+        rs = np.random.RandomState(0)
+        engine = TrainingEngine(loss_model, ["coef", "intercept"], Adam(), epoch_loop=loop)
+        order = np.arange(N)
+        batches = Batches(order, BATCH)
+        losses = []
+        for epoch, rate in enumerate(rates):
+            rs.shuffle(order)
+            if epoch == 12:  # the step count goes back: the scalars of those steps again
+                engine.load_optimizer_state({**engine.optimizer_state(), "step": 30})
+            if cached:
+                engine.set_learning_rate(rate)
+                losses.append(engine.train_epoch(arrays, batches))
+            else:
+                fresh = [order[i:i + BATCH].copy() for i in range(0, N, BATCH)]
+                losses.append(engine.train_epoch(arrays, fresh, lr_for_step=lambda _, r=rate: r))
+        runs.append((losses, engine.get_state(), engine.optimizer_state()))
+    (losses, state, opt), (expected_losses, expected_state, expected_opt) = runs
+    assert losses == expected_losses
+    for name in state:
+        np.testing.assert_array_equal(state[name], expected_state[name])
+        for s in Adam().state_names:
+            np.testing.assert_array_equal(opt["states"][name][s],
+                                          expected_opt["states"][name][s])
+    assert opt["step"] == expected_opt["step"] == 30 + (n_epochs - 12) * len(batches)
 
 
 def test_checkpoint_state_holds_the_optimizer_state():

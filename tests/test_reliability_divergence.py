@@ -20,8 +20,9 @@ from ortlearn import (
     add_loss_output,
 )
 from ortlearn.artifacts import LossType, OptimType, generate_artifacts
-from ortlearn.estimators._engine import TrainingEngine
+from ortlearn.estimators._engine import TrainingEngine, _batches
 from ortlearn.exceptions import ConvergenceError
+from ortlearn.optim import SGD
 
 pytestmark = pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
 
@@ -70,6 +71,25 @@ def test_overflowing_learning_rate_stops_with_finite_weights(name, solver):
     assert _all_finite(est.get_state())
     pred = est.predict(X)
     assert pred.shape == (20,) and np.isfinite(pred.astype(float)).all()
+
+
+@pytest.mark.parametrize("epoch_loop", [True, False])
+def test_a_diverging_epoch_restores_the_previous_epochs_weights(epoch_loop):
+    """Bit for bit, one onnxruntime call per epoch or per batch (whose ping-pong buffers
+    are overwritten during the epoch: the weights kept are a copy)."""
+    X, y = _data("linear_regressor")
+    y = y.astype(np.float32)[:, None]
+    onx = to_onnx(LinearRegression().fit(X, y.ravel()), X, black_op={"LinearRegressor"})
+    engine = TrainingEngine(add_loss_output(onx), ["coef", "intercept"], SGD(),
+                            epoch_loop=epoch_loop)
+    engine.set_learning_rate(0.01)
+    engine.train_epoch([X, y], _batches(len(X), 4))
+    finite = engine.get_state()
+    engine.set_learning_rate(1e30)
+    with pytest.raises(ConvergenceError, match="diverged"):
+        engine.train_epoch([X, y], _batches(len(X), 4))
+    for name, value in engine.get_state().items():
+        np.testing.assert_array_equal(value, finite[name], err_msg=name)
 
 
 @pytest.mark.parametrize("name", ["mlp_regressor", "linear_regressor"])

@@ -223,6 +223,25 @@ def test_state_is_bound_to_the_session(art):
     np.testing.assert_array_equal(other.get_parameter("b"), [2.0])
 
 
+def test_values_read_from_a_session_are_copies(art):
+    """What get_parameter, get_gradient and export_optimizer_state return stays as it was
+    when training goes on (on the CPU, OrtValue.numpy() is a view of a live buffer)."""
+    directory, _ = art["mlp", "AdamW"]
+    session = _session(directory)
+    _train(session, 3)
+    X, y = next(_batches(1))
+    session.train_step(X, y)
+    read = {"parameter": session.get_parameter("W1"), "gradient": session.get_gradient("W1"),
+            "exp_avg": session.export_optimizer_state()[0]["W1"]["exp_avg"]}
+    kept = {k: v.copy() for k, v in read.items()}
+    session.optimizer_step()
+    session.lazy_reset_grad()
+    _train(session, 3, seed=5)
+    assert not np.array_equal(session.get_parameter("W1"), kept["parameter"])
+    for name, value in read.items():
+        np.testing.assert_array_equal(value, kept[name], err_msg=name)
+
+
 # --------------------------------------------------------------- parameters
 def test_to_buffer_from_buffer_round_trip(art):
     directory, params = art["mlp", "SGD"]

@@ -383,6 +383,7 @@ class BaseOrtEstimator(BaseEstimator):
         n_samples = train[0].shape[0]
         batch_size = self._batch_size(n_samples)
         order = np.arange(n_samples)
+        batches = Batches(order, batch_size)  # views of order: they follow its shuffles
         self.n_iter_ = 0
         self._best_state = None
         max_iter = 1 if incremental else self.max_iter
@@ -392,7 +393,6 @@ class BaseOrtEstimator(BaseEstimator):
                 if self.shuffle:
                     # In place: the rows and draws of sklearn's order[permutation(n)], no copy.
                     self._random_state.shuffle(order)
-                batches = Batches(order, batch_size)
                 loss = self._run_epoch(engine, train, batches)
                 self.n_iter_ += 1
                 self.t_ += n_samples

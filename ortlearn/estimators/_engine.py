@@ -38,6 +38,7 @@ from ..optim.optimizers import _Optimizer
 from ..training import CheckpointState
 from ..training.device import (
     default_allow_spinning,
+    host_copy,
     make_session,
     make_session_options,
     parse_device,
@@ -47,11 +48,13 @@ from ._fused_step import build_fused_epoch, build_fused_step
 __all__ = ["Batches", "TrainingEngine", "default_session_options"]
 
 
-class Batches(list):
+class Batches(tuple):
     """Row indices of the mini-batches of one epoch: views of ``order`` that tile it in order.
 
-    The engine feeds ``order`` itself to the step graph; a plain list of
-    index arrays is concatenated first.
+    The engine feeds ``order`` itself to the step graph (a plain list of index
+    arrays is concatenated first). The views follow ``order``: shuffled in
+    place, it gives the next epoch's batches without a new ``Batches``, and the
+    engine, seeing the same ``sizes`` object, writes no new batch bounds.
 
     Parameters
     ----------
@@ -59,12 +62,21 @@ class Batches(list):
         The rows in the order of the epoch.
     batch_size : int
         Rows per batch; the last batch holds the remainder.
+
+    Attributes
+    ----------
+    order : numpy.ndarray
+    sizes : numpy.ndarray of int64
+        Rows of each batch (read-only).
     """
 
-    def __init__(self, order: np.ndarray, batch_size: int):
-        super().__init__(order[start:start + batch_size]
-                         for start in range(0, len(order), batch_size))
+    def __new__(cls, order: np.ndarray, batch_size: int):
+        self = super().__new__(cls, (order[start:start + batch_size]
+                                     for start in range(0, len(order), batch_size)))
         self.order = order
+        self.sizes = np.array([len(b) for b in self], dtype=np.int64)
+        self.sizes.flags.writeable = False
+        return self
 
 
 def _batches(n_samples: int, batch_size: int, rng=None) -> Batches:
@@ -193,6 +205,10 @@ LOOP_MIN_STEP_MACS = 1_000_000
 #: misses (about 18 µs per step on 100 000 rows, measured with onnxruntime's
 #: profiler), while a wide input gets several values per miss.
 EPOCH_ORDERED_ROW_BYTES = 16
+#: With a constant learning rate, the optimizer's per-step scalars (Adam's
+#: bias-corrected rate) are computed for this many epochs at once: numpy calls
+#: between two onnxruntime calls are slow (cold caches), 35 µs an epoch on W3.
+SCALAR_BLOCK_EPOCHS = 16
 #: On the CPU, a step of at least this many multiply-adds (batch rows x weights)
 #: runs on ``ORTLEARN_NUM_THREADS`` threads (onnxruntime's default: one per
 #: core) whose workers spin between operators; a smaller step runs on one
@@ -230,6 +246,9 @@ class _PingPong:
         self.parity = 0
         self.counters = counters
         self.epoch_values = {}
+        self.bounds = None  # the batch bounds written last (TrainingEngine._epoch_bounds)
+        self._inputs = {}  # name -> the OrtValue bound
+        self._shared = {}  # name -> (numpy array, the OrtValue reading it), on the CPU
         self._device = device
         self.pairs = {name: [self._new(values[name], device), self._new(values[name], device)]
                       for name in carried}
@@ -253,9 +272,30 @@ class _PingPong:
         return self.pairs[name][self.parity]
 
     def bind_inputs(self, values: dict) -> None:
-        for binding in self.bindings:
-            for name, value in values.items():
-                binding.bind_ortvalue_input(name, value)
+        """Bind OrtValues to both bindings (those bound already are skipped)."""
+        for name, value in values.items():
+            if self._inputs.get(name) is not value:
+                for binding in self.bindings:
+                    binding.bind_ortvalue_input(name, value)
+                self._inputs[name] = value
+
+    def bind_epoch_data(self, arrays: dict) -> None:
+        """Bind per-epoch data that may change in place between epochs (the row order).
+
+        On the CPU onnxruntime reads the arrays in place: an array bound at
+        the previous epoch costs nothing. On a GPU they are copied
+        (:meth:`write_epoch_values`).
+        """
+        if self._device.kind != "cpu":
+            self.write_epoch_values(arrays)
+            return
+        values = {}
+        for name, array in arrays.items():
+            shared = self._shared.get(name)
+            if shared is None or shared[0] is not array:
+                shared = self._shared[name] = (array, ort.OrtValue.ortvalue_from_numpy(array))
+            values[name] = shared[1]
+        self.bind_inputs(values)
 
     def write_epoch_values(self, values: dict) -> None:
         """Copy small per-epoch inputs into their bound buffers (bound again if a shape changes).
@@ -426,6 +466,8 @@ class TrainingEngine:
         self._steps = {}  # epoch_loop -> (session, layout, ping-pong buffers)
         self._eval_session = None
         self._data = (None, None)  # (the arrays, their OrtValues and reordering buffers)
+        self._bounds = None  # the batch bounds of the last epoch (_epoch_bounds)
+        self._scalar_block = None  # the optimizer's scalars of the next steps (_step_scalars)
         self._lr = self.default_learning_rate
         self.n_steps = 0
         self._open(self._choose_loop(0))
@@ -508,11 +550,12 @@ class TrainingEngine:
     def _device_data(self, arrays) -> tuple[dict, dict]:
         """The data of :meth:`train_epoch`, checked once per set of arrays.
 
-        Returns ``({name: OrtValue}, {name: (array, buffer)})``: the inputs
-        the step gathers its rows from, on the device (in place on the CPU,
-        uploaded once on a GPU), and the narrow inputs reordered on the host
-        at each epoch, with the buffer they are reordered into (allocated
-        once: an epoch allocates nothing the size of the data).
+        Returns ``({name: OrtValue}, {name: [array, buffer, rows]})``: the
+        inputs the step gathers its rows from, on the device (in place on the
+        CPU, uploaded once on a GPU), and the narrow inputs reordered on the
+        host at each epoch, with the buffer they are reordered into
+        (allocated once: an epoch allocates nothing the size of the data) and
+        its first rows, the epoch's (the same view while the length is).
         """
         arrays = list(arrays)
         if len(arrays) != len(self.input_names):
@@ -530,7 +573,8 @@ class TrainingEngine:
                 raise TypeError(f"Input {name!r} must be {self.input_dtypes[name]}, got "
                                 f"{array.dtype}.")
             if name in epoch_ordered:
-                reordered[name] = (array, np.empty(array.shape, array.dtype))
+                buffer = np.empty(array.shape, array.dtype)
+                reordered[name] = [array, buffer, buffer]
             else:
                 values[name] = ort.OrtValue.ortvalue_from_numpy(
                     np.ascontiguousarray(array), self._device.ort_device_type,
@@ -546,30 +590,62 @@ class TrainingEngine:
         """
         self._data = (None, None)
 
-    def _epoch_feeds(self, batch_indices, lr_for_step) -> tuple[dict, int]:
-        """Row order, batch bounds and sizes, the optimizer's per-step scalars of one epoch."""
+    def _epoch_bounds(self, batch_indices) -> tuple[np.ndarray, dict]:
+        """The row order and the batch bounds of an epoch.
+
+        Returns ``(order, bounds)``, ``bounds`` with the ``sizes``, ``starts``,
+        ``ends`` (column vectors) and ``rows`` (float64) of the batches: the
+        previous epoch's object when the sizes are the same, so that the
+        buffers it was written to need no new copy.
+        """
         if not len(batch_indices):
             raise ValueError("An epoch needs at least one batch.")
-        sizes = np.array([len(b) for b in batch_indices], dtype=np.int64)
-        if (sizes < 1).any():
-            raise ValueError("Every batch needs at least one row.")
+        sizes = getattr(batch_indices, "sizes", None)
+        if sizes is None:
+            sizes = np.array([len(b) for b in batch_indices], dtype=np.int64)
         order = getattr(batch_indices, "order", None)
         if order is None or order.dtype != np.int64:
             order = np.concatenate([np.asarray(b, dtype=np.int64) for b in batch_indices])
+        bounds = self._bounds
+        if bounds is not None and (bounds["sizes"] is sizes or np.array_equal(bounds["sizes"],
+                                                                               sizes)):
+            return order, bounds
+        if (sizes < 1).any():
+            raise ValueError("Every batch needs at least one row.")
         offsets = np.zeros(len(sizes) + 1, dtype=np.int64)
         np.cumsum(sizes, out=offsets[1:])
-        if lr_for_step is None:
-            rates = [self._lr] * len(sizes)
-        else:
-            rates = [_check_lr(lr_for_step(self.n_steps + k)) for k in range(1, len(sizes) + 1)]
-        self._lr = rates[-1]
+        self._bounds = {"sizes": sizes, "starts": offsets[:-1, None], "ends": offsets[1:, None],
+                        "rows": sizes.astype(np.float64), "n_rows": int(offsets[-1])}
+        return order, self._bounds
+
+    def _step_scalars(self, n_batches: int, lr_for_step, dtype) -> dict:
+        """The optimizer's scalars of the next ``n_batches`` steps, ``{name: dtype array}``.
+
+        With a constant learning rate they are computed for
+        ``SCALAR_BLOCK_EPOCHS`` epochs at once and sliced.
+        """
+        first = self.n_steps + 1
+        if lr_for_step is not None:
+            rates = [_check_lr(lr_for_step(step)) for step in range(first, first + n_batches)]
+            self._lr = rates[-1]
+            return self._host_scalars(rates, first, dtype)
+        block = self._scalar_block
+        if (block is None or block["key"] != (self._lr, dtype) or first < block["first"]
+                or first + n_batches > block["end"]):
+            count = n_batches * SCALAR_BLOCK_EPOCHS
+            block = self._scalar_block = {
+                "key": (self._lr, dtype), "first": first, "end": first + count,
+                "values": self._host_scalars([self._lr] * count, first, dtype)}
+        at = first - block["first"]
+        return {name: value[at:at + n_batches] for name, value in block["values"].items()}
+
+    def _host_scalars(self, rates, first: int, dtype) -> dict:
         # The learning rate goes through float32, as the optimizer model's
         # learning_rate input does, so fused and unfused training agree.
         lrs = np.array(rates, dtype=np.float32).astype(np.float64)
-        steps = np.arange(self.n_steps + 1, self.n_steps + len(sizes) + 1)
-        scalars = self.optimizer.host_scalars(lrs, steps)
-        return {"order": order, "starts": offsets[:-1, None], "ends": offsets[1:, None],
-                "rows": sizes.astype(np.float64), "scalars": scalars}, int(sizes.sum())
+        steps = np.arange(first, first + len(lrs))
+        return {name: np.ascontiguousarray(value, dtype)
+                for name, value in self.optimizer.host_scalars(lrs, steps).items()}
 
     def train_epoch(self, arrays, batch_indices, lr_for_step=None) -> float:
         """One pass over the mini-batches.
@@ -602,35 +678,37 @@ class TrainingEngine:
             state is reset.
         """
         data, reordered = self._device_data(arrays)
-        feeds, n_rows = self._epoch_feeds(batch_indices, lr_for_step)
-        n_batches = len(batch_indices)
+        order, bounds = self._epoch_bounds(batch_indices)
+        n_rows, n_batches = bounds["n_rows"], len(bounds["sizes"])
         loop = self._choose_loop(n_rows // n_batches)
         if loop != self._current:
             self._open(loop)
         session, layout, buffers = self._steps[loop]
-        kind, index = self._device.ort_device_type, self._device.index
-        bound = {layout.data[name]: value for name, value in data.items()}
-        order, n_data = feeds["order"], len(arrays[0])
+        n_data = len(arrays[0])
         if order.min() < 0 or order.max() >= n_data:
             raise ValueError(f"Row indices must be in [0, {n_data}), got {order.min()} to "
                              f"{order.max()}.")
-        for name, (array, buffer) in reordered.items():
-            if len(buffer) < len(order):  # an epoch longer than the data (repeated rows)
-                buffer = np.empty((len(order),) + array.shape[1:], array.dtype)
-                reordered[name] = (array, buffer)
-            rows = buffer[:len(order)]
+        buffers.bind_inputs({layout.data[name]: value for name, value in data.items()})
+        epoch_data = {layout.epoch_inputs[0]: order}
+        for name, entry in reordered.items():
+            array, buffer, rows = entry
+            if len(rows) != len(order):  # another length: a subset, repeated rows
+                if len(buffer) < len(order):
+                    buffer = np.empty((len(order),) + array.shape[1:], array.dtype)
+                entry[1:] = buffer, buffer[:len(order)]
+                rows = entry[2]
             # mode='clip' (the bounds are checked): take with mode='raise' copies through
             # a temporary the size of the output.
             np.take(array, order, axis=0, out=rows, mode="clip")
-            # on the CPU the OrtValue reads the buffer, which outlives the epoch's runs
-            bound[layout.data[name]] = ort.OrtValue.ortvalue_from_numpy(rows, kind, index)
-        # the row order is read in place on the CPU (the estimators shuffle it in place)
-        bound[layout.epoch_inputs[0]] = ort.OrtValue.ortvalue_from_numpy(order, kind, index)
-        buffers.bind_inputs(bound)
-        epoch_values = dict(zip(layout.epoch_inputs[1:4], (feeds[k] for k in (
-            "starts", "ends", "rows"))))
-        epoch_values.update({layout.scalars[s]: np.ascontiguousarray(v, layout.scalar_dtype)
-                             for s, v in feeds["scalars"].items()})
+            epoch_data[layout.data[name]] = rows
+        # the row order and the reordered rows are read in place on the CPU
+        buffers.bind_epoch_data(epoch_data)
+        epoch_values = {layout.scalars[name]: value for name, value in self._step_scalars(
+            n_batches, lr_for_step, layout.scalar_dtype).items()}
+        if buffers.bounds is not bounds:
+            epoch_values.update(zip(layout.epoch_inputs[1:4], (bounds[k] for k in (
+                "starts", "ends", "rows"))))
+            buffers.bounds = bounds
         buffers.write_epoch_values(epoch_values)
         buffers.reset_counters()
         # The pybind session object: the public wrapper adds checks per call.
@@ -832,7 +910,7 @@ def _host_values(layout, buffers: _PingPong, items, copies: dict | None = None) 
     values = {}
     for key, carried, param in items:
         if carried not in copies:
-            copies[carried] = buffers.live(carried).numpy()
+            copies[carried] = host_copy(buffers.live(carried))
         value = copies[carried]
         if param in layout.offsets:
             offset, shape = layout.offsets[param]

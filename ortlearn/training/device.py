@@ -6,6 +6,7 @@ import os
 import re
 from dataclasses import dataclass
 
+import numpy as np
 import onnx
 import onnxruntime as ort
 
@@ -168,3 +169,23 @@ def make_session(model, device="cpu", session_options: ort.SessionOptions | None
     return ort.InferenceSession(
         model, sess_options=session_options or make_session_options(), providers=device.providers()
     )
+
+
+def host_copy(value: ort.OrtValue) -> np.ndarray:
+    """A numpy copy of an OrtValue's tensor that later runs cannot change.
+
+    ``OrtValue.numpy()`` copies a device tensor to the host, but on the CPU
+    recent onnxruntime releases (1.32 at least) return a view of the
+    OrtValue's own buffer: a buffer that the next run binding it as an output
+    overwrites.
+
+    Examples
+    --------
+    >>> value = ort.OrtValue.ortvalue_from_numpy(np.arange(3.0))
+    >>> copy = host_copy(value)
+    >>> value.update_inplace(np.zeros(3))
+    >>> copy
+    array([0., 1., 2.])
+    """
+    array = value.numpy()
+    return array if array.base is None else array.copy()

@@ -45,7 +45,7 @@ from .._onnx_helper import (
 )
 from ..optim.schedules import LinearLR
 from .checkpoint import CheckpointState
-from .device import make_session, make_session_options, parse_device
+from .device import host_copy, make_session, make_session_options, parse_device
 
 __all__ = ["TrainingSession"]
 
@@ -729,7 +729,7 @@ class TrainingSession:
     # The bound CheckpointState calls these to read and write the live values.
     def get_parameter(self, name: str) -> np.ndarray:
         """A host copy of the current value of parameter ``name``."""
-        return self._live(self._known(name)).numpy()
+        return host_copy(self._live(self._known(name)))
 
     def set_parameter(self, name: str, value) -> None:
         """Overwrite parameter ``name`` on the device.
@@ -754,7 +754,7 @@ class TrainingSession:
         """The accumulated gradient of trainable parameter ``name`` (None before any step)."""
         if self._known(name) not in self._grads or not self._grad_computed:
             return None
-        return self._grads[name][self._grad_parity].numpy()
+        return host_copy(self._grads[name][self._grad_parity])
 
     def export_optimizer_state(self) -> tuple | None:
         """The optimizer state on the host, as a bound CheckpointState saves it.
@@ -771,7 +771,7 @@ class TrainingSession:
             return self._saved_optimizer
         states = {p: {} for p in self._optimizer_layout.params}
         for (p, s), pair in self._opt_states.items():
-            states[p][s] = pair[self._param_parity].numpy()
+            states[p][s] = host_copy(pair[self._param_parity])
         return states, self._step, self._lr
 
     def close(self) -> None:
