@@ -724,18 +724,23 @@ class TrainingEngine:
                 buffers.parity = 1 - buffers.parity
                 self.n_steps += 1
         loss = float(buffers.live(layout.loss_sum).numpy()) / n_rows
-        # views of one fresh host copy per carried buffer, kept for a later divergence
-        copies = {}
-        weights = _host_values(layout, buffers, [(n, layout.weights[n], n)
-                                                 for n in self.trainable], copies)
-        if not (np.isfinite(loss) and all(np.isfinite(c).all() for c in copies.values())):
+        finite = self._weight_copies()
+        if not (np.isfinite(loss) and all(np.isfinite(c).all() for c in finite[1].values())):
             self._diverged(loss)
-        self._last_finite = weights
+        self._last_finite = finite
         return loss
 
+    def _weight_copies(self) -> tuple:
+        """``(layout, {carried buffer: host copy})`` of the live weights, what a divergence
+        restores: one copy per buffer, cut into weights only if needed."""
+        _, layout, buffers = self._steps[self._current]
+        return layout, {c: host_copy(buffers.live(c)) for c in set(layout.weights.values())}
+
     def _diverged(self, loss: float) -> None:
+        layout, copies = self._last_finite
         # The optimizer state is as corrupted as the weights: start it again.
-        self.set_state(self._last_finite)
+        self.set_state(_host_values(layout, None, [(n, layout.weights[n], n)
+                                                   for n in self.trainable], copies))
         self._reset_optimizer()
         raise ConvergenceError(
             f"Training diverged: the epoch loss is {loss} (or a weight is not finite). "
@@ -803,7 +808,7 @@ class TrainingEngine:
         """
         clean = _conform_state(state, self._initial)
         self._write_carried({("w", n): v for n, v in clean.items()})
-        self._last_finite = {n: v.copy() for n, v in clean.items()}
+        self._last_finite = self._weight_copies()
 
     def optimizer_state(self) -> dict:
         """Host copy of the optimizer state.
@@ -898,13 +903,14 @@ def _check_lr(lr) -> float:
     return lr
 
 
-def _host_values(layout, buffers: _PingPong, items, copies: dict | None = None) -> dict:
+def _host_values(layout, buffers: _PingPong | None, items, copies: dict | None = None) -> dict:
     """``{key: host value}`` for ``(key, carried input, weight)`` items.
 
     The value is the weight's part of the carried value (the weight or one of
     its states): a view of one host copy per carried buffer, so that the
-    weights of a flat buffer cost one copy, not one each. ``copies``
-    receives ``{carried input: host copy}``.
+    weights of a flat buffer cost one copy, not one each. ``copies`` gives
+    and receives ``{carried input: host copy}`` (``buffers`` may be None
+    when it holds them all).
     """
     copies = {} if copies is None else copies
     values = {}
