@@ -10,7 +10,7 @@ from sklearn.linear_model import LinearRegression
 from ortlearn import TrainingSession, add_loss_output
 from ortlearn.artifacts import build_artifacts
 from ortlearn.estimators._engine import (
-    SCALAR_BLOCK_EPOCHS,
+    SCALAR_BLOCK_STEPS,
     Batches,
     TrainingEngine,
     _batches,
@@ -212,10 +212,10 @@ def test_batches_of_any_form_give_the_same_epoch():
 @pytest.mark.parametrize("loop", [True, False])
 def test_epochs_reuse_their_batches_bounds_and_scalars_exactly(loop):
     """One ``Batches`` shuffled in place, bounds and scalars cached across epochs (beyond a
-    block of ``SCALAR_BLOCK_EPOCHS``, through a learning-rate change and a rewound step
+    block of ``SCALAR_BLOCK_STEPS``, through a learning-rate change and a rewound step
     count) train as fresh batch lists and scalars computed per step do, bit for bit."""
     loss_model, arrays = _data(np.float64, False)  # X gathered by the step, by the row order
-    n_epochs = SCALAR_BLOCK_EPOCHS + 4
+    n_epochs = 12 + SCALAR_BLOCK_STEPS // 6 + 4  # 6 batches an epoch: a block ends
     rates = [1e-2 if epoch < 7 else 3e-3 for epoch in range(n_epochs)]
     runs = []
     for cached in (True, False):

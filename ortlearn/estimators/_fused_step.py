@@ -32,7 +32,6 @@ the inputs of the next (ping-pong buffers), so a step needs no host value.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -238,7 +237,7 @@ def _flat_offsets(params, optimizer) -> dict:
     An optimizer with state (momentum, Adam's moments) updates every weight
     with the same dozen elementwise nodes: with all the weights, and each of
     their states, in one flat buffer, a step runs those nodes once instead
-    of once per weight, for the price of one ``Split``, a ``Reshape`` per
+    of once per weight, for the price of a ``Slice`` and a ``Reshape`` per
     weight and one ``Concat`` of the gradients. Each node costs onnxruntime
     about a microsecond whatever its size, which is most of a small model's
     step. Weights of mixed dtypes keep one tensor each.
@@ -253,18 +252,11 @@ def _flat_offsets(params, optimizer) -> dict:
 
 
 def _flat_weight_views(b: GraphBuilder, offsets: dict) -> list:
-    """Nodes giving each weight as a piece of the flat weights (taken back from ``b``).
-
-    One ``Split`` for all the weights (four ``Slice`` nodes of an MLP cost
-    0.6 % of W3's epoch more), then a ``Reshape`` per weight.
-    """
+    """Nodes giving each weight as a slice of the flat weights (taken back from ``b``)."""
     first = len(b.nodes)
-    sizes = [math.prod(shape) for _, shape in offsets.values()]
-    if b.opset >= 13:
-        pieces = b.op("Split", [FLAT, b.ints(sizes, hint="split")], n_outputs=len(sizes), axis=0)
-    else:
-        pieces = b.op("Split", [FLAT], n_outputs=len(sizes), axis=0, split=sizes)
-    for piece, (name, (_, shape)) in zip(pieces, offsets.items()):
+    for name, (offset, shape) in offsets.items():
+        end = offset + int(np.prod(shape, dtype=np.int64))
+        piece = b.op("Slice", [FLAT, b.ints([offset]), b.ints([end]), b.ints([0])])
         b.op("Reshape", [piece, b.ints(list(shape), hint="shape")], outputs=[name])
     views = b.nodes[first:]
     del b.nodes[first:]
