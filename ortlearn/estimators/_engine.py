@@ -240,7 +240,9 @@ class _PingPong:
     ``counters`` (carried values that are neither weights nor optimizer
     states: the loss sum, the batch counter) start each epoch at their value
     in ``counters``; ``epoch_values`` are the bound buffers of the small
-    per-epoch inputs (:meth:`write_epoch_values`).
+    per-epoch inputs (:meth:`write_epoch_values`). On the CPU the carried
+    buffers are numpy arrays that onnxruntime reads and writes in place, so
+    that reading one back (:meth:`host`) costs no call into onnxruntime.
     """
 
     def __init__(self, session: ort.InferenceSession, carried: dict, values: dict, device,
@@ -252,8 +254,15 @@ class _PingPong:
         self._inputs = {}  # name -> the OrtValue bound
         self._shared = {}  # name -> (numpy array, the OrtValue reading it), on the CPU
         self._device = device
-        self.pairs = {name: [self._new(values[name], device), self._new(values[name], device)]
-                      for name in carried}
+        if device.kind == "cpu":
+            self._hosts = {name: [np.array(values[name], order="C") for _ in (0, 1)]
+                           for name in carried}
+            self.pairs = {name: [ort.OrtValue.ortvalue_from_numpy(a) for a in arrays]
+                          for name, arrays in self._hosts.items()}
+        else:
+            self._hosts = None
+            self.pairs = {name: [self._new(values[name], device) for _ in (0, 1)]
+                          for name in carried}
         self.bindings = []
         for parity in (0, 1):
             binding = session.io_binding()
@@ -272,6 +281,18 @@ class _PingPong:
 
     def live(self, name: str) -> ort.OrtValue:
         return self.pairs[name][self.parity]
+
+    def host(self, name: str) -> np.ndarray:
+        """The live value on the host: on the CPU a view that the next run may overwrite."""
+        if self._hosts is None:
+            return self.live(name).numpy()
+        return self._hosts[name][self.parity]
+
+    def host_copy(self, name: str) -> np.ndarray:
+        """A host copy of the live value that later runs leave alone."""
+        if self._hosts is None:
+            return host_copy(self.live(name))
+        return self._hosts[name][self.parity].copy()
 
     def bind_inputs(self, values: dict) -> None:
         """Bind OrtValues to both bindings (those bound already are skipped)."""
@@ -530,7 +551,7 @@ class TrainingEngine:
                 buffers.live(name).update_inplace(np.array(value, order="C"))
                 continue
             if name not in flat:
-                flat[name] = buffers.live(name).numpy().copy()
+                flat[name] = buffers.host_copy(name)
             offset, shape = layout.offsets[p]
             flat[name][offset:offset + math.prod(shape)] = np.ravel(value)
         for name, value in flat.items():
@@ -730,7 +751,7 @@ class TrainingEngine:
                 run(bindings[buffers.parity], None)
                 buffers.parity = 1 - buffers.parity
                 self.n_steps += 1
-        loss = float(buffers.live(layout.loss_sum).numpy()) / n_rows
+        loss = float(buffers.host(layout.loss_sum)) / n_rows
         finite = self._weight_copies()
         if not (np.isfinite(loss) and all(np.isfinite(c).all() for c in finite[1].values())):
             self._diverged(loss)
@@ -741,7 +762,7 @@ class TrainingEngine:
         """``(layout, {carried buffer: host copy})`` of the live weights, what a divergence
         restores: one copy per buffer, cut into weights only if needed."""
         _, layout, buffers = self._steps[self._current]
-        return layout, {c: host_copy(buffers.live(c)) for c in set(layout.weights.values())}
+        return layout, {c: buffers.host_copy(c) for c in set(layout.weights.values())}
 
     def _diverged(self, loss: float) -> None:
         layout, copies = self._last_finite
@@ -923,7 +944,7 @@ def _host_values(layout, buffers: _PingPong | None, items, copies: dict | None =
     values = {}
     for key, carried, param in items:
         if carried not in copies:
-            copies[carried] = host_copy(buffers.live(carried))
+            copies[carried] = buffers.host_copy(carried)
         value = copies[carried]
         if param in layout.offsets:
             offset, shape = layout.offsets[param]
