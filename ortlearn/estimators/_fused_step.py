@@ -330,14 +330,15 @@ def _int_constants(nodes) -> dict:
     return out
 
 
-def _column_sums_as_products(nodes, infos: dict) -> list:
+def _column_sums_as_products(nodes, infos: dict, opset: int) -> list:
     """``ReduceSum(x, axes=[0])`` of a (n, k) float matrix as ``ones(1, n) @ x``.
 
     The backward pass sums the gradient of a bias over the rows of the
     batch; onnxruntime's CPU ``ReduceSum`` over the first axis of a
     (256, 100) float32 matrix takes about 20 µs, the matrix product 4 µs
-    (the four nodes building the row of ones cost about 1 µs each). The sum
-    is the same up to rounding (another order of additions).
+    (the three nodes building the row of ones, four before opset 15, cost
+    about 1 µs each). The sum is the same up to rounding (another order of
+    additions).
     """
     axes_of = _int_constants(nodes)
     out = []
@@ -359,10 +360,13 @@ def _column_sums_as_products(nodes, infos: dict) -> list:
                                         value=onnx.numpy_helper.from_array(value)))
             return name + suffix
 
-        first = const(".first", np.array([0], dtype=np.int64))
         rows = name + ".rows"
-        out.append(helper.make_node("Shape", [x], [name + ".shape"], name=name + ".shape"))
-        out.append(helper.make_node("Gather", [name + ".shape", first], [rows], name=rows))
+        if opset >= 15:  # Shape takes start and end from opset 15 on: no Gather
+            out.append(helper.make_node("Shape", [x], [rows], name=rows, start=0, end=1))
+        else:
+            first = const(".first", np.array([0], dtype=np.int64))
+            out.append(helper.make_node("Shape", [x], [name + ".shape"], name=name + ".shape"))
+            out.append(helper.make_node("Gather", [name + ".shape", first], [rows], name=rows))
         one = const(".one", np.array([1], dtype=np.int64))
         out.append(helper.make_node("Concat", [one, rows], [name + ".dims"], axis=0,
                                     name=name + ".dims"))
@@ -414,13 +418,10 @@ def _expands_as_broadcasts(nodes, shapes: dict, outputs=()) -> list:
     a batch one symbol (ONNX shape inference gives each sliced or broadcast
     value a new one). The values of ``outputs`` keep their shapes.
     """
-    consumers = {}
-    measured = {}  # output of a Shape node -> the value it measures
-    for node in nodes:
-        for value in node.input:
-            consumers.setdefault(value, []).append(node)
-        if node.op_type == "Shape" and not node.attribute:
-            measured[node.output[0]] = node.input[0]
+    consumers = _consumers(nodes)
+    # output of a Shape node -> the value it measures
+    measured = {node.output[0]: node.input[0] for node in nodes
+                if node.op_type == "Shape" and not node.attribute}
     outputs = set(outputs)
     replaced = {}
     for node in nodes:
@@ -454,6 +455,104 @@ def _expands_as_broadcasts(nodes, shapes: dict, outputs=()) -> list:
     return out
 
 
+def _consumers(nodes) -> dict:
+    """``{value: [nodes reading it]}``."""
+    consumers = {}
+    for node in nodes:
+        for value in node.input:
+            consumers.setdefault(value, []).append(node)
+    return consumers
+
+
+def _sole_use(consumers: dict, value: str, node, outputs) -> bool:
+    """Whether ``node`` is the only reader of ``value``, which is no graph output."""
+    users = consumers.get(value, [])
+    return value not in outputs and len(users) == 1 and users[0] is node
+
+
+def _negations_folded(nodes, constants: dict, outputs=()) -> list:
+    """``Neg(Mul(c, x))`` and ``Neg(Div(c, x))`` as one node of the constant ``-c``.
+
+    The gradient of a mean, ``1 / n``, reaches a negated loss (the
+    cross-entropy's ``-log p``) as ``Neg(Div(1, n))``. Negating the
+    constant is exact: the values are the same, bit for bit, one node fewer
+    per step. ``constants`` are the known values (``{name: array}``); the
+    product or quotient must have no other reader.
+    """
+    producer = {o: node for node in nodes for o in node.output}
+    consumers = _consumers(nodes)
+    folded = {}  # id of the Mul or Div -> (negated constant node, new node)
+    dropped = set()
+    for node in nodes:
+        source = producer.get(node.input[0]) if node.op_type == "Neg" else None
+        if source is None or source.op_type not in ("Mul", "Div") \
+                or not _sole_use(consumers, source.output[0], node, outputs):
+            continue
+        # c * x, x * c or c / x: the constant may stand where negating it negates the result
+        slots = (0, 1) if source.op_type == "Mul" else (0,)
+        slot = next((i for i in slots if source.input[i] in constants
+                     and constants[source.input[i]].dtype.kind == "f"), None)
+        if slot is None:
+            continue
+        negated = source.output[0] + ".negated"
+        constant = helper.make_node("Constant", [], [negated], name=negated,
+                                    value=onnx.numpy_helper.from_array(
+                                        np.asarray(-constants[source.input[slot]])))
+        inputs = list(source.input)
+        inputs[slot] = negated
+        folded[id(source)] = (constant, helper.make_node(source.op_type, inputs,
+                                                         list(node.output), name=node.name))
+        dropped.add(id(node))
+    out = []
+    for node in nodes:
+        if id(node) in folded:
+            out.extend(folded[id(node)])
+        elif id(node) not in dropped:
+            out.append(node)
+    return out
+
+
+def _common_factors(nodes, outputs=()) -> list:
+    """``Sub(Mul(a, s), Mul(b, s))`` rewritten as ``Mul(Sub(a, b), s)``; so for ``Add``.
+
+    The cross-entropy's gradient with respect to the logits comes out of
+    the backward pass as ``onehot * s - softmax * s``, ``s`` the mean's
+    ``-1 / n``: one product fewer per step. The value is the same up to
+    rounding; broadcasting gives the same shape, whatever the operands'.
+    Each product must have no other reader.
+    """
+    producer = {o: node for node in nodes for o in node.output}
+    consumers = _consumers(nodes)
+    factored, dropped = {}, set()
+    for node in nodes:
+        if node.op_type not in ("Add", "Sub") or len(node.input) != 2:
+            continue
+        left, right = (producer.get(v) for v in node.input)
+        if left is None or right is None or left is right \
+                or left.op_type != "Mul" or right.op_type != "Mul" \
+                or id(left) in dropped or id(right) in dropped \
+                or not all(_sole_use(consumers, m.output[0], node, outputs)
+                           for m in (left, right)):
+            continue
+        shared = set(left.input) & set(right.input)
+        if len(shared) != 1 or len(set(left.input)) != 2 or len(set(right.input)) != 2:
+            continue
+        factor = shared.pop()
+        a, b = (next(v for v in m.input if v != factor) for m in (left, right))
+        inner = node.output[0] + ".factored"
+        factored[id(node)] = [
+            helper.make_node(node.op_type, [a, b], [inner], name=inner),
+            helper.make_node("Mul", [inner, factor], list(node.output), name=node.name)]
+        dropped.update((id(left), id(right)))
+    out = []
+    for node in nodes:
+        if id(node) in factored:
+            out.extend(factored[id(node)])
+        elif id(node) not in dropped:
+            out.append(node)
+    return out
+
+
 def _cheaper_nodes(model: onnx.ModelProto, nodes, outputs) -> list:
     """``nodes`` with the rewrites that keep their values and cost onnxruntime less.
 
@@ -471,9 +570,11 @@ def _cheaper_nodes(model: onnx.ModelProto, nodes, outputs) -> list:
     probe.CopyFrom(model)
     probe.graph.CopyFrom(graph)
     infos = value_info_map(probe)
-    shapes = refine_shapes(graph, infos, _constant_values(graph, []))
-    nodes = needed_nodes(_expands_as_broadcasts(nodes, shapes, outputs), outputs)
-    return _column_sums_as_products(nodes, infos)
+    constants = _constant_values(graph, [])
+    shapes = refine_shapes(graph, infos, constants)
+    nodes = _expands_as_broadcasts(nodes, shapes, outputs)
+    nodes = _common_factors(_negations_folded(nodes, constants, outputs), outputs)
+    return _column_sums_as_products(needed_nodes(nodes, outputs), infos, opset_of(model))
 
 
 def _value_infos(infos, names, suffix: str = "") -> list:
