@@ -215,6 +215,19 @@ def test_same_input_twice():
     check_op([node("Mul", ["A", "A"], "T"), node("Div", ["T", "A"])], {"A": away(3, 2)})
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_square_gradient_is_the_doubled_product_bit_for_bit(dtype):
+    """d(x * x) = g * (x + x): equal to g * x + g * x (doubling is exact), in 2 nodes."""
+    model, feeds = loss_model([node("Mul", ["A", "A"])], {"A": randn(4, 3)}, dtype=dtype)
+    grads, grad_model = analytic_gradient(model, feeds, ["A"])
+    a = numpy_helper.to_array(model.graph.initializer[0])
+    r = _random_weights_of(model)
+    np.testing.assert_array_equal(grads["A"], r * a + r * a)
+    ops = [n.op_type for n in grad_model.graph.node]
+    # forward: x * x and Y * R; backward: g = 1 * R, then g * (x + x) (was g * x twice + Sum)
+    assert "Sum" not in ops and ops.count("Mul") == 4 and ops.count("Add") == 1
+
+
 @pytest.mark.parametrize("shapes", [[(3, 4), (4,), (1, 4)], [(2, 3), (2, 3)], [(2, 1), ()]])
 @pytest.mark.parametrize("op", ["Sum", "Mean", "Max", "Min"])
 def test_variadic(op, shapes):

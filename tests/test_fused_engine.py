@@ -355,6 +355,67 @@ def test_expand_through_a_neg_to_a_broadcast(target, other_shape, neg_is_output,
         assert g.shape == e.shape
 
 
+@pytest.mark.parametrize("factor_shape, expected_expands", [
+    ([], 0), ([1, 1], 0),   # Expand(s) * c is Expand(s * c)
+    ([1, 1, 1], 1),         # s * c would add a leading dimension the Expand does not
+    ([1, 4], 1),            # c is no single value
+])
+def test_expand_through_a_product_with_one_value(factor_shape, expected_expands):
+    """``Mul(Mul(Expand(s, (3, 1)), c), y)``: the half of a squared error's gradient."""
+    from onnx import TensorProto, helper
+
+    from ortlearn._onnx_helper import (
+        GraphBuilder,
+        finalize_model,
+        needed_nodes,
+        shape_of,
+        value_info_map,
+    )
+    from ortlearn.estimators._fused_step import _expands_as_broadcasts
+
+    b = GraphBuilder(prefix="t_")
+    scaled = b.op("Mul", [b.op("Expand", ["s", b.ints([3, 1])]), "c"])
+    b.op("Mul", [scaled, "y"], outputs=["out"])
+    f = TensorProto.DOUBLE
+    out_shape = list(np.broadcast_shapes((3, 1), tuple(factor_shape), (3, 4)))
+    graph = helper.make_graph(
+        b.nodes, "g", [helper.make_tensor_value_info("s", f, []),
+                       helper.make_tensor_value_info("c", f, factor_shape),
+                       helper.make_tensor_value_info("y", f, [3, 4])],
+        [helper.make_tensor_value_info("out", f, out_shape)])
+    model = finalize_model(helper.make_model(graph))
+    shapes = {name: shape_of(info) for name, info in value_info_map(model).items()}
+    nodes = needed_nodes(_expands_as_broadcasts(list(model.graph.node), shapes, ["out"]),
+                         ["out"])
+    assert sum(n.op_type == "Expand" for n in nodes) == expected_expands
+    rng = np.random.default_rng(0)
+    feeds = {"s": np.array(1.5), "c": rng.normal(size=factor_shape),
+             "y": rng.normal(size=(3, 4))}
+    expected = ort.InferenceSession(model.SerializeToString()).run(None, feeds)[0]
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    got = ort.InferenceSession(model.SerializeToString()).run(None, feeds)[0]
+    np.testing.assert_array_equal(got, expected)
+    assert got.shape == tuple(out_shape)
+
+
+def test_squared_error_gradient_is_one_value_broadcast():
+    """The W2 step: the mean's ``1 / n`` and the half reach ``x + x`` as one value."""
+    from sklearn.neural_network import MLPRegressor
+
+    from ortlearn.convert import to_train_onnx
+    from ortlearn.estimators._objective import LOSS, input_names, mlp_objective
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(64, 10)).astype(np.float32)
+    mlp = MLPRegressor(hidden_layer_sizes=(8,), max_iter=1).fit(X, X[:, 0])
+    loss = mlp_objective(to_train_onnx(mlp, X), "regressor", alpha=0.0, weighted=False)
+    trainable = [i.name for i in loss.graph.initializer if i.name.startswith(("coef", "inter"))]
+    model, _ = build_fused_step(loss, trainable, input_names(False), Adam(), LOSS)
+    ops = [n.op_type for n in model.graph.node]
+    assert "Expand" not in ops and "Sum" not in ops
+
+
 def test_cross_entropy_gradient_is_one_value_broadcast():
     """The W3 step without sample weights: the mean's gradient reaches the one-hot rows as
     one value (no Expand to the batch, no Unsqueeze back to a column)."""

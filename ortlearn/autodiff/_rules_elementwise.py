@@ -37,6 +37,11 @@ def _sub(ctx, node, grads):
 def _mul(ctx, node, grads):
     a, b = node.input
     shape, g = _out_shape(ctx, node), grads[0]
+    if a == b:
+        # x * x: g * (x + x) is bit for bit g * x + g * x (doubling is exact), in
+        # two nodes instead of three, the scalar g of a mean multiplied once
+        return [ctx.sum_to(ctx.b.op("Mul", [g, ctx.b.op("Add", [a, a])]), a, shape)
+                if ctx.needs(a) else None, None]
     return [ctx.sum_to(ctx.b.op("Mul", [g, b]), a, shape) if ctx.needs(a) else None,
             ctx.sum_to(ctx.b.op("Mul", [g, a]), b, shape) if ctx.needs(b) else None]
 

@@ -391,6 +391,18 @@ _BROADCASTING = frozenset({"Add", "Sub", "Mul", "Div"})
 _UNARY = frozenset({"Neg"})
 
 
+def _keeps_one_value(node, value: str, shapes: dict, target) -> bool:
+    """Whether ``node`` applied to ``Expand(s, target)`` (named ``value``) is ``Expand`` of
+    the node applied to ``s``, a single value: a ``Neg``, or an arithmetic operator whose
+    other operand is a single value of no more dimensions than ``target``."""
+    if node.op_type in _UNARY:
+        return True
+    if node.op_type not in _BROADCASTING or len(node.input) != 2 or len({*node.input}) != 2:
+        return False
+    other = _static_shape(shapes, next(v for v in node.input if v != value))
+    return other is not None and len(other) <= len(target) and all(d == 1 for d in other)
+
+
 def _static_shape(shapes: dict, name: str):
     """The shape of ``name`` when every dimension is known (int or symbol), else None."""
     shape = shapes.get(name)
@@ -411,9 +423,10 @@ def _expands_as_broadcasts(nodes, shapes: dict, outputs=()) -> list:
     rows of a cross-entropy, the weight of an L2 penalty): broadcasting
     gives the same values without the ``Expand`` (and the ``Shape`` that may
     feed it), each node costing onnxruntime about a microsecond. Done when
-    every consumer, after a chain of ``Neg`` (then applied to the single
-    value), is an elementwise binary operator whose other operand keeps its
-    shape when broadcast with the expanded one. ``shapes`` are those of
+    every consumer, after a chain of ``Neg`` or of products with a single
+    value (then applied to the single value: the half of a squared error),
+    is an elementwise binary operator whose other operand keeps its shape
+    when broadcast with the expanded one. ``shapes`` are those of
     :func:`ortlearn.autodiff._shapes.refine_shapes`, which give the rows of
     a batch one symbol (ONNX shape inference gives each sliced or broadcast
     value a new one). The values of ``outputs`` keep their shapes.
@@ -434,7 +447,8 @@ def _expands_as_broadcasts(nodes, shapes: dict, outputs=()) -> list:
                 or len(source) > len(target):
             continue
         value, users = node.output[0], consumers.get(node.output[0], [])
-        while len(users) == 1 and users[0].op_type in _UNARY and value not in outputs:
+        while len(users) == 1 and value not in outputs \
+                and _keeps_one_value(users[0], value, shapes, target):
             value = users[0].output[0]
             users = consumers.get(value, [])
         if value in outputs or not users:
