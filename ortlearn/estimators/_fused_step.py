@@ -484,6 +484,17 @@ def _sole_use(consumers: dict, value: str, node, outputs) -> bool:
     return value not in outputs and len(users) == 1 and users[0] is node
 
 
+def _rewritten(nodes, replaced: dict, dropped: set) -> list:
+    """``nodes`` with ``replaced[id(node)]`` (a list) for a node, those of ``dropped`` left out."""
+    out = []
+    for node in nodes:
+        if id(node) in replaced:
+            out.extend(replaced[id(node)])
+        elif id(node) not in dropped:
+            out.append(node)
+    return out
+
+
 def _negations_folded(nodes, constants: dict, outputs=()) -> list:
     """``Neg(Mul(c, x))`` and ``Neg(Div(c, x))`` as one node of the constant ``-c``.
 
@@ -517,13 +528,7 @@ def _negations_folded(nodes, constants: dict, outputs=()) -> list:
         folded[id(source)] = (constant, helper.make_node(source.op_type, inputs,
                                                          list(node.output), name=node.name))
         dropped.add(id(node))
-    out = []
-    for node in nodes:
-        if id(node) in folded:
-            out.extend(folded[id(node)])
-        elif id(node) not in dropped:
-            out.append(node)
-    return out
+    return _rewritten(nodes, folded, dropped)
 
 
 def _common_factors(nodes, outputs=()) -> list:
@@ -558,13 +563,7 @@ def _common_factors(nodes, outputs=()) -> list:
             helper.make_node(node.op_type, [a, b], [inner], name=inner),
             helper.make_node("Mul", [inner, factor], list(node.output), name=node.name)]
         dropped.update((id(left), id(right)))
-    out = []
-    for node in nodes:
-        if id(node) in factored:
-            out.extend(factored[id(node)])
-        elif id(node) not in dropped:
-            out.append(node)
-    return out
+    return _rewritten(nodes, factored, dropped)
 
 
 def _cheaper_nodes(model: onnx.ModelProto, nodes, outputs) -> list:
