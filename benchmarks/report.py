@@ -43,7 +43,8 @@ def paired_ratio(raw_a: list[dict], raw_b: list[dict], key: str = "time"):
     return statistics.median(ratios) if ratios else None
 
 
-def _fmt(value, digits=3) -> str:
+def format_number(value, digits=3) -> str:
+    """``value`` to ``digits`` significant digits, ``-`` for None."""
     if value is None:
         return "-"
     if isinstance(value, float) and not math.isfinite(value):
@@ -68,12 +69,13 @@ def markdown_table(result: dict) -> str:
                 notes.append(f"{key} {name}: {c['error']}")
                 continue
             med = c["median"]
-            quality = f"{wl['quality']}={_fmt(med.get(wl['quality']), 4)}" \
+            quality = f"{wl['quality']}={format_number(med.get(wl['quality']), 4)}" \
                 if med.get(wl["quality"]) is not None else "-"
-            lines.append(f"| {key} | {name} | {_fmt(med.get('time'))} | {c['unit']} | "
-                         f"{_fmt(c['ratio_to_sklearn'])} | {_fmt(c['ratio_to_torch'])} | "
-                         f"{_fmt(c.get('paired_to_sklearn'))} | {_fmt(c.get('paired_to_torch'))} | "
-                         f"{quality} | {_fmt(med.get('setup_s'))} |")
+            cells = [med.get("time"), c["ratio_to_sklearn"], c["ratio_to_torch"],
+                     c.get("paired_to_sklearn"), c.get("paired_to_torch")]
+            time_, *ratios = (format_number(v) for v in cells)
+            lines.append(f"| {key} | {name} | {time_} | {c['unit']} | {' | '.join(ratios)} | "
+                         f"{quality} | {format_number(med.get('setup_s'))} |")
             if c.get("note"):
                 notes.append(f"{key} {name}: {c['note']}")
         notes += [f"{key}: {n}" for n in wl.get("notes", [])]

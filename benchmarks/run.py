@@ -3,7 +3,8 @@
 Usage::
 
     python -m benchmarks [--workloads W1,W3] [--reps 3] [--threads 2] [--device cpu]
-                         [--scale 1.0] [--epochs N] [--out DIR] [--pause 0.5] [--memory]
+                         [--scale 1.0] [--epochs N] [--batch N] [--out DIR] [--pause 0.5]
+                         [--memory]
     python benchmarks/run.py ...        # same
 
 Workloads (see :mod:`benchmarks.workloads` for what exactly is timed):
@@ -26,6 +27,11 @@ threads. Results: ``results.json``, ``results.md`` and, with matplotlib,
 ``results.png`` in ``--out``. PyTorch is optional: without it its contenders are
 skipped with a printed note. ``--memory`` adds the peak resident memory of a W2
 fit (:mod:`benchmarks.memory`, in a child process) to the results.
+
+On a GPU (``--device cuda``), W2 and W3 also train ortlearn's MLP on the CPU in
+the same run (``ortlearn_adam_cpu``) and report the GPU's time per epoch over
+the CPU's (``device_to_cpu``, printed under the table). Issue 7's GPU target:
+``python -m benchmarks --workloads W2 --device cuda --batch 1024 --reps 5``.
 """
 
 from __future__ import annotations
@@ -59,6 +65,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="fraction of the data sizes (0.01 for a smoke run)")
     parser.add_argument("--epochs", type=int, default=None,
                         help="epochs of every epoch workload (default: W1 10, W2 10, W3 50, W5 5)")
+    parser.add_argument("--batch", type=int, default=None,
+                        help="rows per mini-batch of W1-W3 (default: W1 256, W2 256, W3 64)")
     parser.add_argument("--out", default="benchmark_results", help="directory of the results")
     parser.add_argument("--pause", type=float, default=0.5,
                         help="seconds of pause before each timed run")
@@ -70,7 +78,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     if unknown or not keys:
         parser.error(f"unknown workload(s) {unknown}; choose among {list(BUILDERS)}")
     args.workloads = keys
-    for name, low in (("reps", 1), ("threads", 1), ("epochs", 1)):
+    for name, low in (("reps", 1), ("threads", 1), ("epochs", 1), ("batch", 1)):
         value = getattr(args, name)
         if value is not None and value < low:
             parser.error(f"--{name} must be >= {low}, got {value}")
@@ -139,9 +147,21 @@ def measure(workload, reps: int, pause: float) -> dict:
             entry[f"ratio_to_{lib}"] = report.ratio(time_, ref.get("median", {}).get("time"))
             entry[f"paired_to_{lib}"] = report.paired_ratio(
                 entry["raw"], ref.get("raw", [])) if same_unit and ref else None
-    return {"title": workload.title, "unit": workload.unit, "quality": workload.quality,
-            "params": workload.params, "sklearn_ref": workload.sklearn_ref,
-            "torch_ref": workload.torch_ref, "notes": workload.notes, "contenders": entries}
+    result = {"title": workload.title, "unit": workload.unit, "quality": workload.quality,
+              "params": workload.params, "sklearn_ref": workload.sklearn_ref,
+              "torch_ref": workload.torch_ref, "notes": list(workload.notes),
+              "contenders": entries}
+    if workload.device_pair:
+        on_device, on_cpu = (entries.get(name, {}) for name in workload.device_pair)
+        result["device_to_cpu"] = {
+            "ratio": report.ratio(on_device.get("median", {}).get("time"),
+                                  on_cpu.get("median", {}).get("time")),
+            "paired": report.paired_ratio(on_device.get("raw", []), on_cpu.get("raw", []))}
+        result["notes"].append(
+            f"{workload.device_pair[0]} / {workload.device_pair[1]} (time per epoch on the "
+            f"device over the CPU's): {report.format_number(result['device_to_cpu']['ratio'])}"
+            f" (paired {report.format_number(result['device_to_cpu']['paired'])})")
+    return result
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -161,7 +181,8 @@ def run(args: argparse.Namespace) -> dict:
     with _env.thread_limits(args.threads, torch):
         threads = _env.thread_report(torch)
         print(f"threads: {args.threads} requested; in force: {threads}", flush=True)
-        opts = Options(scale=args.scale, epochs=args.epochs, device=args.device, torch=torch,
+        opts = Options(scale=args.scale, epochs=args.epochs, batch=args.batch,
+                       device=args.device, torch=torch,
                        torch_device=_env.torch_device(torch, args.device) if torch else "cpu")
         workloads = {}
         for key in args.workloads:
@@ -176,7 +197,8 @@ def run(args: argparse.Namespace) -> dict:
     result = {
         "meta": {"versions": _env.versions(), "machine": _env.machine(args.device),
                  "threads": args.threads, "threads_in_force": threads, "reps": args.reps,
-                 "scale": args.scale, "epochs": args.epochs, "pause_s": args.pause,
+                 "scale": args.scale, "epochs": args.epochs, "batch": args.batch,
+                 "pause_s": args.pause,
                  "torch_device": opts.torch_device if torch else None,
                  # other processes on the machine skew the timings: say how busy it was
                  "loadavg_1min_start_end": [load_start[0], os.getloadavg()[0]],

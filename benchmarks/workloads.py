@@ -73,6 +73,8 @@ class Workload:
     sklearn_ref: str | None = None
     torch_ref: str | None = None
     notes: list = field(default_factory=list)
+    #: ``(ortlearn on --device, the same on the CPU)`` when --device is a GPU
+    device_pair: tuple[str, str] | None = None
 
 
 @dataclass
@@ -81,6 +83,7 @@ class Options:
 
     scale: float = 1.0
     epochs: int | None = None
+    batch: int | None = None      # rows per mini-batch of W1-W3 (None: each one's own)
     device: str = "cpu"
     torch: object = None          # the torch module, or None
     torch_device: str = "cpu"
@@ -235,7 +238,7 @@ def build_w1(opts: Options) -> Workload:
     from sklearn.linear_model import LinearRegression, SGDRegressor
 
     X, y = _regression_data(opts)
-    epochs, batch = opts.epochs or 10, 256
+    epochs, batch = opts.epochs or 10, opts.batch or 256
     w = Workload("W1", "linear regression, SGD", "s/epoch", "train_mse",
                  {"n_samples": len(X), "n_features": X.shape[1], "epochs": epochs,
                   "batch_size": batch, "learning_rate": SGD_LR, "init": "zeros"},
@@ -286,12 +289,13 @@ def build_w1(opts: Options) -> Workload:
 def build_w2(opts: Options) -> Workload:
     """W2: MLP regressor 100-100(relu)-1, Adam, batch 256."""
     X, y = _regression_data(opts)
-    epochs, batch, hidden = opts.epochs or 10, 256, (100,)
+    epochs, batch, hidden = opts.epochs or 10, opts.batch or 256, (100,)
     w = Workload("W2", "MLP regressor, Adam", "s/epoch", "train_mse",
                  {"n_samples": len(X), "n_features": X.shape[1], "hidden_layer_sizes": hidden,
                   "activation": "relu", "epochs": epochs, "batch_size": batch,
                   "learning_rate": ADAM_LR, "alpha": 0.0},
-                 sklearn_ref="sklearn_adam", torch_ref="torch_adam")
+                 sklearn_ref="sklearn_adam", torch_ref="torch_adam",
+                 device_pair=_device_pair(opts, "ortlearn_adam"))
     w.contenders += _mlp_adam_contenders(opts, X, y, hidden, epochs, batch, False,
                                          lambda predict: {"train_mse": _mse(predict(X), y)})
     if opts.torch is not None:
@@ -313,14 +317,16 @@ def _mlp_adam_contenders(opts: Options, X, y, hidden, epochs, batch, classifier:
               "batch_size": batch, "learning_rate_init": ADAM_LR, "alpha": 0.0}
     no_stop = {"tol": 0.0, "early_stopping": False, "shuffle": True}
 
-    def ortlearn_adam(seed, warmup):
-        def make(max_iter):
-            return _ortlearn("Ort" + reference.__name__,
-                             {**common, "max_iter": max_iter, "random_state": seed,
-                              "device": opts.device},
-                             {**no_stop, "n_iter_no_change": max_iter + 1})
-        out, est = _ortlearn_epochs(make, X, y, epochs, warmup)
-        return {**out, **quality(est.predict)}
+    def ortlearn_adam(device):
+        def run(seed, warmup):
+            def make(max_iter):
+                return _ortlearn("Ort" + reference.__name__,
+                                 {**common, "max_iter": max_iter, "random_state": seed,
+                                  "device": device},
+                                 {**no_stop, "n_iter_no_change": max_iter + 1})
+            out, est = _ortlearn_epochs(make, X, y, epochs, warmup)
+            return {**out, **quality(est.predict)}
+        return run
 
     def sklearn_adam(seed, warmup):
         max_iter = 1 if warmup else epochs
@@ -329,8 +335,17 @@ def _mlp_adam_contenders(opts: Options, X, y, hidden, epochs, batch, classifier:
         out, est = _sklearn_epochs(est, X, y)
         return {**out, **quality(est.predict)}
 
-    return [Contender("ortlearn_adam", "ortlearn", ortlearn_adam),
-            Contender("sklearn_adam", "sklearn", sklearn_adam, reference.__name__)]
+    contenders = [Contender("ortlearn_adam", "ortlearn", ortlearn_adam(opts.device)),
+                  Contender("sklearn_adam", "sklearn", sklearn_adam, reference.__name__)]
+    if opts.device != "cpu":
+        contenders.append(Contender("ortlearn_adam_cpu", "ortlearn", ortlearn_adam("cpu"),
+                                    "ortlearn_adam on the CPU (device_pair)"))
+    return contenders
+
+
+def _device_pair(opts: Options, name: str) -> tuple[str, str] | None:
+    """The contender ``name`` on --device and on the CPU, when --device is a GPU."""
+    return None if opts.device == "cpu" else (name, name + "_cpu")
 
 
 def _torch_adam_contender(opts: Options, X, y, hidden, epochs, batch, regression, X_test=None,
@@ -368,12 +383,13 @@ def build_w3(opts: Options) -> Workload:
     X, X_test, y, y_test = train_test_split(X_all, y_all, test_size=0.25, stratify=y_all,
                                             random_state=0)
     X, X_test = np.ascontiguousarray(X), np.ascontiguousarray(X_test)
-    epochs, batch, hidden = opts.epochs or 50, 64, (100,)
+    epochs, batch, hidden = opts.epochs or 50, opts.batch or 64, (100,)
     w = Workload("W3", "MLP classifier on digits, Adam", "s/epoch", "test_accuracy",
                  {"n_train": len(X), "n_test": len(X_test), "n_features": X.shape[1],
                   "n_classes": 10, "hidden_layer_sizes": hidden, "activation": "relu",
                   "epochs": epochs, "batch_size": batch, "learning_rate": ADAM_LR, "alpha": 0.0},
-                 sklearn_ref="sklearn_adam", torch_ref="torch_adam")
+                 sklearn_ref="sklearn_adam", torch_ref="torch_adam",
+                 device_pair=_device_pair(opts, "ortlearn_adam"))
     w.contenders += _mlp_adam_contenders(
         opts, X, y, hidden, epochs, batch, True,
         lambda predict: {"test_accuracy": float(np.mean(predict(X_test) == y_test))})

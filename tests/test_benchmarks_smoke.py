@@ -92,6 +92,31 @@ def test_paired_ratio_is_the_median_of_the_ratios_of_each_repetition():
     assert paired_ratio(a, [{"rep": 0, "time": 0.0}]) is None
 
 
+def test_a_gpu_run_reports_the_device_over_the_cpu():
+    """With --device cuda, W2 and W3 train ortlearn on the CPU too, in the same run."""
+    from benchmarks.run import measure
+    from benchmarks.workloads import Contender, Options, Workload, build_w2, build_w3
+
+    for build in (build_w2, build_w3):
+        workload = build(Options(scale=0.01, batch=1024, device="cuda"))
+        assert workload.params["batch_size"] == 1024
+        assert workload.device_pair == ("ortlearn_adam", "ortlearn_adam_cpu")
+        assert set(workload.device_pair) <= {c.name for c in workload.contenders}
+        assert build(Options(scale=0.01)).device_pair is None
+    times = {"ortlearn_adam": [0.01, 0.03], "ortlearn_adam_cpu": [0.2, 0.1]}
+    workload = Workload(
+        "W2", "fake", "s/epoch", "q", {}, device_pair=("ortlearn_adam", "ortlearn_adam_cpu"),
+        contenders=[Contender(name, "ortlearn", lambda seed, warmup, t=t: {
+            "time": 1.0 if warmup else t[seed]}) for name, t in times.items()])
+    result = measure(workload, reps=2, pause=0)
+    # medians 0.02 and 0.15; ratios within each repetition 0.05 and 0.3
+    assert result["device_to_cpu"]["ratio"] == pytest.approx(0.02 / 0.15)
+    assert result["device_to_cpu"]["paired"] == pytest.approx(0.175)
+    assert result["notes"] == ["ortlearn_adam / ortlearn_adam_cpu (time per epoch on the "
+                               "device over the CPU's): 0.133 (paired 0.175)"]
+    assert workload.notes == []
+
+
 def test_ortlearn_ran_the_epochs_asked(smoke):
     _, result, _ = smoke
     for key in ("W1", "W3", "W5"):
@@ -102,10 +127,11 @@ def test_ortlearn_ran_the_epochs_asked(smoke):
 
 
 def test_options_are_checked():
-    args = parse_args(["--workloads", "w1,W4", "--threads", "3"])
+    args = parse_args(["--workloads", "w1,W4", "--threads", "3", "--batch", "1024"])
     assert args.workloads == ["W1", "W4"] and args.threads == 3 and args.reps == 3
+    assert args.batch == 1024 and parse_args([]).batch is None
     for bad in (["--workloads", "W9"], ["--scale", "0"], ["--reps", "0"],
-                ["--device", "tpu"]):
+                ["--device", "tpu"], ["--batch", "0"]):
         with pytest.raises(SystemExit):
             parse_args(bad)
 
