@@ -16,7 +16,7 @@ from pathlib import Path
 import onnx
 from onnx import numpy_helper
 
-from ._onnx_helper import FLOAT_TYPES, invalid_model_errors, load_model
+from .graph import FLOAT_TYPES, invalid_model_errors, load_model
 from .onnxblock import _graph_utils, blocks
 from .onnxblock import loss as loss_blocks
 from .onnxblock import optim as optim_blocks

@@ -55,13 +55,14 @@ from sklearn.preprocessing import MinMaxScaler, Normalizer, StandardScaler
 from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from ._onnx_helper import (
+from .graph import (
     DEFAULT_ML_OPSET,
     DEFAULT_OPSET,
     MIN_OPSET,
     GraphBuilder,
     elem_type_of,
     finalize_model,
+    get_train_initializer,
     load_model,
     np_dtype_to_onnx,
     shape_of,
@@ -98,45 +99,11 @@ _LINEAR = (LinearRegression, Ridge, Lasso, ElasticNet, SGDRegressor,
            LogisticRegression, SGDClassifier)
 _MLP = (MLPRegressor, MLPClassifier)
 _ML_DOMAIN = "ai.onnx.ml"
-_TRAINABLE_TYPES = (TensorProto.FLOAT16, TensorProto.FLOAT, TensorProto.DOUBLE)
 RAW_SCORES = "raw_scores"
 
 
 # ---------------------------------------------------------------------------
 # trainable initializers
-
-
-def get_train_initializer(onx) -> list[str]:
-    """Names of the initializers of ``onx`` that can be trained.
-
-    An initializer can be trained when its element type is a float type
-    (float16, float32, float64); integer tensors (shapes, axes, class labels)
-    are not weights. Constants written as ``Constant`` nodes are never listed:
-    that is how ortlearn freezes a value.
-
-    Parameters
-    ----------
-    onx : onnx.ModelProto, bytes or path
-        The model.
-
-    Returns
-    -------
-    list of str
-        Initializer names, in the order of ``onx.graph.initializer``.
-
-    Examples
-    --------
-    >>> import numpy as np
-    >>> from sklearn.linear_model import LinearRegression
-    >>> from skl2onnx import to_onnx
-    >>> X = np.random.rand(20, 3).astype(np.float32)
-    >>> lr = LinearRegression().fit(X, X.sum(axis=1))
-    >>> onx = to_onnx(lr, X, black_op={'LinearRegressor'})
-    >>> get_train_initializer(onx)
-    ['coef', 'intercept']
-    """
-    model = onx if isinstance(onx, onnx.ModelProto) else load_model(onx)
-    return [init.name for init in model.graph.initializer if init.data_type in _TRAINABLE_TYPES]
 
 
 # ---------------------------------------------------------------------------

@@ -20,7 +20,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from ._onnx_helper import (
+from .graph import (
     FLOAT_TYPES,
     GraphBuilder,
     elem_type_of,

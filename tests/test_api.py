@@ -9,7 +9,7 @@ from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 
 from ortlearn import api, artifacts
-from ortlearn._onnx_helper import make_model
+from ortlearn.graph import make_model
 
 N_HIDDEN = 32
 

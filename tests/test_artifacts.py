@@ -9,7 +9,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from ortlearn import artifacts
-from ortlearn._onnx_helper import np_dtype_to_onnx
+from ortlearn.graph import np_dtype_to_onnx
 from ortlearn.training.checkpoint import CheckpointState
 from tests.conftest import WeightedAverageLoss, run_onnx
 

@@ -8,7 +8,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
-from ortlearn._onnx_helper import finalize_model, np_dtype_to_onnx, value_info_map
 from ortlearn.autodiff import (
     GRADIENT_RULES,
     append_backward,
@@ -16,6 +15,7 @@ from ortlearn.autodiff import (
     register_gradient,
 )
 from ortlearn.exceptions import NoGradientRuleError
+from ortlearn.graph import finalize_model, np_dtype_to_onnx, value_info_map
 
 D = TensorProto.DOUBLE
 

@@ -7,10 +7,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from ortlearn._onnx_helper import finalize_model, value_info_map
 from ortlearn.autodiff import build_gradient
-from ortlearn.autodiff._backward import _constant_values
-from ortlearn.autodiff._shapes import refine_shapes
+from ortlearn.graph import constant_values, finalize_model, refine_shapes, value_info_map
 from tests.conftest import run_onnx
 
 _RUNTIME_SHAPE_OPS = {"Shape", "NonZero", "ConstantOfShape", "ScatterElements", "Size"}
@@ -90,7 +88,7 @@ def _cross_entropy_model(inits, n_classes=4, axis=1):
 def test_refined_shapes_keep_the_batch_symbol_through_reshape():
     model = _cross_entropy_model({"W": np.zeros((3, 4))})
     shapes = refine_shapes(model.graph, value_info_map(model),
-                           _constant_values(model.graph, ["W"]))
+                           constant_values(model.graph, ["W"]))
     assert shapes["yc"] == ["N", 1]
     assert shapes["P"] == ["N", 1]
     assert shapes["RW"] == ["N"]
@@ -185,11 +183,11 @@ def test_reduce_mean_over_the_batch_counts_the_input_only(axes, n_sizes):
 
 
 def test_mlp_classifier_fused_step_is_small(monkeypatch):
+    import ortlearn.training.engine as engine
     from sklearn.datasets import load_digits
 
-    import ortlearn.estimators._engine as engine
     from ortlearn import OrtMLPClassifier
-    from ortlearn.estimators._fused_step import build_fused_step
+    from ortlearn.training.fused import build_fused_step
 
     captured = {}
     original = engine.build_fused_epoch

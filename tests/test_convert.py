@@ -31,7 +31,6 @@ from sklearn.preprocessing import (
     StandardScaler,
 )
 
-from ortlearn._onnx_helper import DEFAULT_OPSET
 from ortlearn.convert import (
     get_train_initializer,
     get_weights,
@@ -40,6 +39,7 @@ from ortlearn.convert import (
     set_weights,
     to_train_onnx,
 )
+from ortlearn.graph import DEFAULT_OPSET
 
 
 @functools.cache

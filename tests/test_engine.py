@@ -8,10 +8,9 @@ from sklearn.linear_model import LinearRegression, LogisticRegression
 
 from ortlearn import CheckpointState, add_loss_output
 from ortlearn.convert import to_train_onnx
-from ortlearn.estimators._engine import TrainingEngine, _batches
-from ortlearn.estimators._lbfgs import minimize_lbfgs
 from ortlearn.exceptions import ConvergenceError
 from ortlearn.optim import SGD, Adam
+from ortlearn.training import Batches, TrainingEngine, minimize_lbfgs
 
 N_FEATURES = 4
 
@@ -42,12 +41,12 @@ def _grad(X, y, w, b):
 
 
 def test_batches_cover_rows_in_the_generator_order():
-    batches = _batches(11, 4, np.random.RandomState(3))
+    batches = Batches.for_epoch(11, 4, np.random.RandomState(3))
     assert [len(b) for b in batches] == [4, 4, 3]
     np.testing.assert_array_equal(np.concatenate(batches), np.random.RandomState(3).permutation(11))
-    assert [b.tolist() for b in _batches(3, 2)] == [[0, 1], [2]]
+    assert [b.tolist() for b in Batches.for_epoch(3, 2)] == [[0, 1], [2]]
     with pytest.raises(ValueError, match="batch_size"):
-        _batches(3, 0)
+        Batches.for_epoch(3, 0)
 
 
 def test_sgd_epoch_equals_numpy_minibatch_sgd(data, loss_model):
@@ -56,7 +55,7 @@ def test_sgd_epoch_equals_numpy_minibatch_sgd(data, loss_model):
     assert engine.input_names == ["X", "label"]
     lr = 0.05
     engine.set_learning_rate(lr)
-    batches = _batches(len(X), 7, np.random.RandomState(0))
+    batches = Batches.for_epoch(len(X), 7, np.random.RandomState(0))
     loss = engine.train_epoch([X, y], batches)
 
     X64, y64 = X.astype(np.float64), y.astype(np.float64)
@@ -78,7 +77,7 @@ def test_adam_epoch_equals_numpy_adam(data, loss_model):
     engine = TrainingEngine(loss_model, ["coef", "intercept"], Adam(), initial_weights=ZERO)
     lr = 0.01
     engine.set_learning_rate(lr)
-    batches = _batches(len(X), 10, np.random.RandomState(1))
+    batches = Batches.for_epoch(len(X), 10, np.random.RandomState(1))
     engine.train_epoch([X, y], batches)
 
     params = [np.zeros((N_FEATURES, 1)), np.zeros(1)]
@@ -104,7 +103,7 @@ def test_eval_loss_and_lr_schedule(data, loss_model):
     assert engine.eval_loss([y, X]) == pytest.approx(float(np.mean(y.astype(np.float64) ** 2)),
                                                      rel=1e-6)
     seen = []
-    engine.train_epoch([y, X], _batches(len(X), 20),
+    engine.train_epoch([y, X], Batches.for_epoch(len(X), 20),
                        lr_for_step=lambda step: seen.append(step) or 0.01 / step)
     assert seen == [1, 2, 3]
     assert engine.optimizer_state()["learning_rate"] == pytest.approx(0.01 / 3)
@@ -144,7 +143,7 @@ def test_constructor_errors(loss_model):
 
 def test_optimizer_state_resumes_identically(data, loss_model, tmp_path):
     X, y = data
-    epochs = [_batches(len(X), 8, np.random.RandomState(seed)) for seed in (0, 1)]
+    epochs = [Batches.for_epoch(len(X), 8, np.random.RandomState(seed)) for seed in (0, 1)]
     reference = TrainingEngine(loss_model, ["coef", "intercept"], Adam(), initial_weights=ZERO)
     reference.set_learning_rate(0.02)
     for batches in epochs:
@@ -171,17 +170,17 @@ def test_divergence_restores_last_finite_weights(data, loss_model):
     X, y = data
     engine = TrainingEngine(loss_model, ["coef", "intercept"], SGD(), initial_weights=ZERO)
     engine.set_learning_rate(1e-3)
-    engine.train_epoch([X, y], _batches(len(X), 10))
+    engine.train_epoch([X, y], Batches.for_epoch(len(X), 10))
     before = engine.get_state()
     engine.set_learning_rate(1e10)
     with pytest.raises(ConvergenceError, match="diverged"):
-        engine.train_epoch([X, y], _batches(len(X), 10))
+        engine.train_epoch([X, y], Batches.for_epoch(len(X), 10))
     after = engine.get_state()
     for name in before:
         np.testing.assert_array_equal(after[name], before[name])
     # still usable
     engine.set_learning_rate(1e-3)
-    assert np.isfinite(engine.train_epoch([X, y], _batches(len(X), 10)))
+    assert np.isfinite(engine.train_epoch([X, y], Batches.for_epoch(len(X), 10)))
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])

@@ -25,10 +25,10 @@ from ortlearn import (
     OrtMLPRegressor,
     add_loss_output,
 )
-from ortlearn.estimators import _engine
-from ortlearn.estimators._engine import Batches, TrainingEngine, _batches
 from ortlearn.exceptions import ConvergenceError
 from ortlearn.optim import SGD, Adam
+from ortlearn.training import Batches, TrainingEngine
+from ortlearn.training import engine as _engine
 from ortlearn.training.device import Device, make_session_options
 
 TRAINABLE = ["coef", "intercept"]
@@ -79,7 +79,7 @@ def _train(engine, arrays, n_rows=N):
     for _ in range(3):
         rs.shuffle(order)
         losses.append(engine.train_epoch(arrays, batches))
-    losses.append(engine.train_epoch(arrays, _batches(n_rows, BATCH, rs)[:2]))
+    losses.append(engine.train_epoch(arrays, Batches.for_epoch(n_rows, BATCH, rs)[:2]))
     losses.append(engine.train_epoch(arrays, Batches(rs.randint(0, n_rows, 2 * n_rows),
                                                      BATCH)))
     losses.append(engine.train_epoch(arrays, batches, lr_for_step=lambda step: 0.1 / step))
@@ -135,7 +135,7 @@ def test_gpu_branches_write_state_back(epoch_loop):
                                   source.optimizer_state()["states"]["intercept"]["exp_avg_sq"])
     # and training goes on from there as it does on the CPU
     for e in (engine, source):
-        e.train_epoch(arrays, _batches(N, BATCH))
+        e.train_epoch(arrays, Batches.for_epoch(N, BATCH))
     _assert_same_training(engine, source)
 
 
@@ -148,10 +148,10 @@ def test_gpu_restores_the_last_finite_epoch(epoch_loop, device):
     loss_model, arrays = _problem(np.float32)
     engine = _engine_on(device, loss_model, Adam(), epoch_loop)
     engine.set_learning_rate(0.01)
-    engine.train_epoch(arrays, _batches(N, BATCH))
+    engine.train_epoch(arrays, Batches.for_epoch(N, BATCH))
     finite = engine.get_state()
     with pytest.raises(ConvergenceError, match="diverged"):
-        engine.train_epoch([arrays[0] * np.float32(1e30), arrays[1]], _batches(N, BATCH))
+        engine.train_epoch([arrays[0] * np.float32(1e30), arrays[1]], Batches.for_epoch(N, BATCH))
     for name, value in engine.get_state().items():
         np.testing.assert_array_equal(value, finite[name], err_msg=name)
     opt = engine.optimizer_state()
@@ -170,7 +170,7 @@ def test_auto_runs_small_steps_per_batch_on_a_gpu(monkeypatch):
     assert cpu._current is True
     modes = []
     for batch in (8, 16, 8):  # steps of 32 multiply-adds, then 64, then 32 again
-        batches = _batches(64, batch, np.random.RandomState(batch))
+        batches = Batches.for_epoch(64, batch, np.random.RandomState(batch))
         for e in (engine, cpu):
             e.train_epoch(arrays, batches)
         modes.append(engine._current)

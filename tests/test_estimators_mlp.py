@@ -340,7 +340,7 @@ def test_divergence_keeps_finite_weights(regression):
 
 def test_keyboard_interrupt_keeps_weights(regression, monkeypatch):
     X, y = regression
-    from ortlearn.estimators._engine import TrainingEngine
+    from ortlearn.training import TrainingEngine
 
     original, calls = TrainingEngine.train_epoch, []
 

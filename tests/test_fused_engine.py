@@ -9,14 +9,10 @@ from sklearn.linear_model import LinearRegression
 
 from ortlearn import TrainingSession, add_loss_output
 from ortlearn.artifacts import build_artifacts
-from ortlearn.estimators._engine import (
-    SCALAR_BLOCK_STEPS,
-    Batches,
-    TrainingEngine,
-    _batches,
-)
-from ortlearn.estimators._fused_step import build_fused_epoch, build_fused_step
 from ortlearn.optim import SGD, Adam, AdamW, build_optimizer_model
+from ortlearn.training import Batches, TrainingEngine
+from ortlearn.training.engine import SCALAR_BLOCK_STEPS
+from ortlearn.training.fused import build_fused_epoch, build_fused_step
 
 N, N_FEATURES, BATCH = 45, 3, 8  # 45 rows: a final partial batch of 5
 
@@ -67,7 +63,7 @@ def _unfused(loss_model, arrays, optimizer, batches, lrs):
 @pytest.mark.parametrize("name", list(OPTIMIZERS))
 def test_fused_step_equals_unfused_artifacts(name, dtype, weighted):
     loss_model, arrays = _data(dtype, weighted)
-    batches = _batches(N, BATCH, np.random.RandomState(1))
+    batches = Batches.for_epoch(N, BATCH, np.random.RandomState(1))
     lrs = [0.05 / k for k in range(1, len(batches) + 1)]  # a per-step schedule
     expected, expected_loss = _unfused(loss_model, arrays, OPTIMIZERS[name](), batches, lrs)
     tol = {"rtol": 1e-12, "atol": 1e-14} if dtype == np.float64 else {"rtol": 1e-6,
@@ -86,7 +82,7 @@ def test_fused_step_equals_unfused_artifacts(name, dtype, weighted):
 def test_loop_mode_equals_step_mode_over_epochs():
     loss_model, arrays = _data(np.float64, True)
     rs = np.random.RandomState(3)
-    epochs = [_batches(N, BATCH, rs) for _ in range(3)]
+    epochs = [Batches.for_epoch(N, BATCH, rs) for _ in range(3)]
     results = []
     for loop in (False, True):
         engine = TrainingEngine(loss_model, ["coef", "intercept"], Adam(), epoch_loop=loop)
@@ -105,7 +101,7 @@ def test_loop_mode_equals_step_mode_over_epochs():
 
 def test_switching_modes_keeps_weights_and_state():
     loss_model, arrays = _data(np.float64, False)
-    batches = [_batches(N, BATCH, np.random.RandomState(s)) for s in (0, 1)]
+    batches = [Batches.for_epoch(N, BATCH, np.random.RandomState(s)) for s in (0, 1)]
     reference = TrainingEngine(loss_model, ["coef", "intercept"], Adam(), epoch_loop=False)
     for b in batches:
         reference.train_epoch(arrays, b)
@@ -138,7 +134,7 @@ def test_a_step_binds_no_host_array(monkeypatch):
     loss_model, arrays = _data(np.float32, False)
     engine = TrainingEngine(loss_model, ["coef", "intercept"], SGD(momentum=0.9),
                             epoch_loop=False)
-    batches = _batches(N, BATCH)
+    batches = Batches.for_epoch(N, BATCH)
     engine.train_epoch(arrays, batches)
     created = []
     original = ort.OrtValue.ortvalue_from_numpy.__func__
@@ -179,8 +175,8 @@ def test_an_epoch_copies_no_row_order_and_no_data():
     onx = to_onnx(LinearRegression().fit(X, y.ravel()), X, black_op={"LinearRegressor"})
     engine = TrainingEngine(add_loss_output(onx), ["coef", "intercept"], Adam())
     assert engine._epoch_ordered() == ["X", "label"]
-    engine.train_epoch([X, y], _batches(n_rows, batch, rs))
-    batches = _batches(n_rows, batch, rs)
+    engine.train_epoch([X, y], Batches.for_epoch(n_rows, batch, rs))
+    batches = Batches.for_epoch(n_rows, batch, rs)
     tracemalloc.start()
     try:
         engine.train_epoch([X, y], batches)
@@ -248,7 +244,7 @@ def test_epochs_reuse_their_batches_bounds_and_scalars_exactly(loop):
 def test_checkpoint_state_holds_the_optimizer_state():
     loss_model, arrays = _data(np.float64, False)
     engine = TrainingEngine(loss_model, ["coef", "intercept"], Adam())
-    engine.train_epoch(arrays, _batches(N, BATCH))
+    engine.train_epoch(arrays, Batches.for_epoch(N, BATCH))
     state = engine.checkpoint_state()
     assert state.optimizer_step == engine.n_steps
     np.testing.assert_array_equal(state.parameters["coef"].data, engine.get_state()["coef"])
@@ -260,143 +256,16 @@ def test_bad_epoch_inputs():
     loss_model, arrays = _data(np.float64, False)
     engine = TrainingEngine(loss_model, ["coef", "intercept"], SGD())
     with pytest.raises(TypeError, match="'X' must be float64, got float32"):
-        engine.train_epoch([arrays[0].astype(np.float32), arrays[1]], _batches(N, BATCH))
+        engine.train_epoch([arrays[0].astype(np.float32), arrays[1]], Batches.for_epoch(N, BATCH))
     with pytest.raises(ValueError, match="at least one batch"):
         engine.train_epoch(arrays, [])
     for rows in ([0, N], [-1, 2]):
         with pytest.raises(ValueError, match=rf"Row indices must be in \[0, {N}\)"):
             engine.train_epoch(arrays, [np.array(rows)])
     with pytest.raises(ValueError, match="learning rate"):
-        engine.train_epoch(arrays, _batches(N, BATCH), lr_for_step=lambda step: -1.0)
+        engine.train_epoch(arrays, Batches.for_epoch(N, BATCH), lr_for_step=lambda step: -1.0)
     with pytest.raises(ValueError, match="epoch_loop"):
         TrainingEngine(loss_model, ["coef"], SGD(), epoch_loop="yes")
-
-
-def _expand_then(other_shape):
-    """``Mul(Expand(s, (3, 4)), y)`` with ``y`` of ``other_shape``, and its nodes."""
-    from onnx import TensorProto, helper
-
-    from ortlearn._onnx_helper import GraphBuilder, finalize_model
-
-    b = GraphBuilder(prefix="t_")
-    expanded = b.op("Expand", ["s", b.ints([3, 4])])
-    b.op("Mul", [expanded, "y"], outputs=["out"])
-    f = TensorProto.DOUBLE
-    graph = helper.make_graph(b.nodes, "g", [helper.make_tensor_value_info("s", f, []),
-                                             helper.make_tensor_value_info("y", f, other_shape)],
-                              [helper.make_tensor_value_info("out", f, [3, 4])])
-    return finalize_model(helper.make_model(graph))
-
-
-@pytest.mark.parametrize("other_shape, expected_expands", [([3, 4], 0), ([1, 4], 1)])
-def test_expand_feeding_a_broadcast_is_dropped_only_when_redundant(other_shape,
-                                                                   expected_expands):
-    from ortlearn._onnx_helper import needed_nodes, shape_of, value_info_map
-    from ortlearn.estimators._fused_step import _expands_as_broadcasts
-
-    model = _expand_then(other_shape)
-    shapes = {name: shape_of(info) for name, info in value_info_map(model).items()}
-    nodes = needed_nodes(_expands_as_broadcasts(list(model.graph.node), shapes), ["out"])
-    assert sum(n.op_type == "Expand" for n in nodes) == expected_expands
-    rng = np.random.default_rng(0)
-    feeds = {"s": np.array(1.5), "y": rng.normal(size=other_shape)}
-    expected = ort.InferenceSession(model.SerializeToString()).run(None, feeds)[0]
-    del model.graph.node[:]
-    model.graph.node.extend(nodes)
-    got = ort.InferenceSession(model.SerializeToString()).run(None, feeds)[0]
-    np.testing.assert_array_equal(got, expected)
-    assert got.shape == (3, 4)
-
-
-def _expand_chain(target, other_shape, neg_is_output=False):
-    """``Mul(Neg(Expand(s, target)), y)``: an expanded value through a ``Neg``."""
-    from onnx import TensorProto, helper
-
-    from ortlearn._onnx_helper import GraphBuilder, finalize_model
-
-    b = GraphBuilder(prefix="t_")
-    negated = b.op("Neg", [b.op("Expand", ["s", b.ints(target)])])
-    b.op("Mul", [negated, "y"], outputs=["out"])
-    f = TensorProto.DOUBLE
-    outputs = [helper.make_tensor_value_info("out", f,
-                                             list(np.broadcast_shapes(target, other_shape)))]
-    if neg_is_output:
-        outputs.append(helper.make_tensor_value_info(negated, f, target))
-    graph = helper.make_graph(b.nodes, "g", [helper.make_tensor_value_info("s", f, []),
-                                             helper.make_tensor_value_info("y", f, other_shape)],
-                              outputs)
-    return finalize_model(helper.make_model(graph))
-
-
-@pytest.mark.parametrize("target, other_shape, neg_is_output, expected_expands", [
-    ([3, 1], [3, 4], False, 0),   # (3, 1) broadcast against (3, 4): (3, 4), as a scalar does
-    ([3, 4], [2, 3, 4], False, 0),
-    ([3, 1], [1, 4], False, 1),   # the Expand makes the product (3, 4)
-    ([3, 1], [3, 4], True, 1),    # the Neg's value is read outside with its shape
-])
-def test_expand_through_a_neg_to_a_broadcast(target, other_shape, neg_is_output,
-                                             expected_expands):
-    from ortlearn._onnx_helper import needed_nodes, shape_of, value_info_map
-    from ortlearn.estimators._fused_step import _expands_as_broadcasts
-
-    model = _expand_chain(target, other_shape, neg_is_output)
-    outputs = [o.name for o in model.graph.output]
-    shapes = {name: shape_of(info) for name, info in value_info_map(model).items()}
-    nodes = needed_nodes(_expands_as_broadcasts(list(model.graph.node), shapes, outputs),
-                         outputs)
-    assert sum(n.op_type == "Expand" for n in nodes) == expected_expands
-    feeds = {"s": np.array(1.5), "y": np.random.default_rng(0).normal(size=other_shape)}
-    expected = ort.InferenceSession(model.SerializeToString()).run(None, feeds)
-    del model.graph.node[:]
-    model.graph.node.extend(nodes)
-    got = ort.InferenceSession(model.SerializeToString()).run(None, feeds)
-    for g, e in zip(got, expected):
-        np.testing.assert_array_equal(g, e)
-        assert g.shape == e.shape
-
-
-@pytest.mark.parametrize("factor_shape, expected_expands", [
-    ([], 0), ([1, 1], 0),   # Expand(s) * c is Expand(s * c)
-    ([1, 1, 1], 1),         # s * c would add a leading dimension the Expand does not
-    ([1, 4], 1),            # c is no single value
-])
-def test_expand_through_a_product_with_one_value(factor_shape, expected_expands):
-    """``Mul(Mul(Expand(s, (3, 1)), c), y)``: the half of a squared error's gradient."""
-    from onnx import TensorProto, helper
-
-    from ortlearn._onnx_helper import (
-        GraphBuilder,
-        finalize_model,
-        needed_nodes,
-        shape_of,
-        value_info_map,
-    )
-    from ortlearn.estimators._fused_step import _expands_as_broadcasts
-
-    b = GraphBuilder(prefix="t_")
-    scaled = b.op("Mul", [b.op("Expand", ["s", b.ints([3, 1])]), "c"])
-    b.op("Mul", [scaled, "y"], outputs=["out"])
-    f = TensorProto.DOUBLE
-    out_shape = list(np.broadcast_shapes((3, 1), tuple(factor_shape), (3, 4)))
-    graph = helper.make_graph(
-        b.nodes, "g", [helper.make_tensor_value_info("s", f, []),
-                       helper.make_tensor_value_info("c", f, factor_shape),
-                       helper.make_tensor_value_info("y", f, [3, 4])],
-        [helper.make_tensor_value_info("out", f, out_shape)])
-    model = finalize_model(helper.make_model(graph))
-    shapes = {name: shape_of(info) for name, info in value_info_map(model).items()}
-    nodes = needed_nodes(_expands_as_broadcasts(list(model.graph.node), shapes, ["out"]),
-                         ["out"])
-    assert sum(n.op_type == "Expand" for n in nodes) == expected_expands
-    rng = np.random.default_rng(0)
-    feeds = {"s": np.array(1.5), "c": rng.normal(size=factor_shape),
-             "y": rng.normal(size=(3, 4))}
-    expected = ort.InferenceSession(model.SerializeToString()).run(None, feeds)[0]
-    del model.graph.node[:]
-    model.graph.node.extend(nodes)
-    got = ort.InferenceSession(model.SerializeToString()).run(None, feeds)[0]
-    np.testing.assert_array_equal(got, expected)
-    assert got.shape == tuple(out_shape)
 
 
 def test_squared_error_gradient_is_one_value_broadcast():

@@ -1,150 +1,17 @@
 """The cheaper forms of the fused step (performance round 2) give the same numbers."""
 
 import numpy as np
-import onnx
 import pytest
 from conftest import run_onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto
 from sklearn.datasets import make_classification
 
-from ortlearn._onnx_helper import value_info_map
 from ortlearn.estimators import OrtLinearClassifier, OrtMLPRegressor
-from ortlearn.estimators._engine import TrainingEngine, _batches, default_session_options
-from ortlearn.estimators._fused_step import (
-    _column_sums_as_products,
-    _common_factors,
-    _masks_as_products,
-    _negations_folded,
-    build_fused_step,
-)
 from ortlearn.estimators._objective import sgd_objective
 from ortlearn.optim import SGD, Adam
+from ortlearn.training import Batches, TrainingEngine, default_session_options
 from ortlearn.training.device import Device
-
-
-def _where_graph(dtype):
-    elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
-    zero = numpy_helper.from_array(np.array(0, dtype=dtype), "zero")
-    nodes = [helper.make_node("Constant", [], ["z"], value=zero),
-             helper.make_node("Greater", ["x", "z"], ["c"]),
-             helper.make_node("Where", ["c", "g", "z"], ["out"])]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", elem, [None, 3]),
-                                           helper.make_tensor_value_info("g", elem, [None, 3])],
-                              [helper.make_tensor_value_info("out", elem, [None, 3])])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
-    model.ir_version = 8
-    return model
-
-
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_where_masks_become_products_of_the_same_value(dtype):
-    model = _where_graph(dtype)
-    rs = np.random.RandomState(0)
-    feeds = {"x": rs.randn(7, 3).astype(dtype), "g": rs.randn(7, 3).astype(dtype)}
-    expected = run_onnx(model, feeds)[0]
-    rewritten = onnx.ModelProto()
-    rewritten.CopyFrom(model)
-    nodes = _masks_as_products(list(model.graph.node))
-    del rewritten.graph.node[:]
-    rewritten.graph.node.extend(nodes)
-    onnx.checker.check_model(rewritten)
-    assert [n.op_type for n in nodes] == ["Constant", "Greater", "Cast", "Mul"]
-    got = run_onnx(rewritten, feeds)[0]
-    assert got.dtype == dtype
-    np.testing.assert_array_equal(got, np.where(feeds["x"] > 0, feeds["g"], 0))
-    np.testing.assert_array_equal(got, expected)
-
-
-def test_a_where_with_a_nonzero_branch_is_kept():
-    model = _where_graph(np.float32)
-    model.graph.node[0].attribute[0].t.CopyFrom(
-        numpy_helper.from_array(np.array(1, dtype=np.float32), "one"))
-    assert [n.op_type for n in _masks_as_products(list(model.graph.node))][-1] == "Where"
-
-
-def _float_graph(nodes, inputs: dict, outputs: dict, opset=18, initializers=()):
-    """A float64 model of ``nodes``; ``inputs`` and ``outputs`` map names to shapes."""
-    f = TensorProto.DOUBLE
-    graph = helper.make_graph(nodes, "g",
-                              [helper.make_tensor_value_info(n, f, s) for n, s in inputs.items()],
-                              [helper.make_tensor_value_info(n, f, s) for n, s in outputs.items()],
-                              list(initializers))
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-    model.ir_version = 8
-    return model
-
-
-def _with_nodes(model, nodes):
-    rewritten = onnx.ModelProto()
-    rewritten.CopyFrom(model)
-    del rewritten.graph.node[:]
-    rewritten.graph.node.extend(nodes)
-    onnx.checker.check_model(rewritten)
-    return rewritten
-
-
-def test_a_negated_product_or_quotient_of_a_constant_negates_the_constant():
-    c = numpy_helper.from_array(np.array([0.5, -2.0, 3.0]), "c")
-    nodes = [helper.make_node("Constant", [], ["c"], value=c),
-             helper.make_node("Div", ["c", "x"], ["q"]),
-             helper.make_node("Neg", ["q"], ["nq"]),
-             helper.make_node("Mul", ["x", "c"], ["p"]),
-             helper.make_node("Neg", ["p"], ["np"]),
-             helper.make_node("Mul", ["x", "x"], ["xx"]),   # no constant: kept
-             helper.make_node("Neg", ["xx"], ["nxx"]),
-             helper.make_node("Div", ["c", "x"], ["q2"]),   # read twice: kept
-             helper.make_node("Neg", ["q2"], ["nq2"]),
-             helper.make_node("Add", ["q2", "nq2"], ["zero"])]
-    outputs = {"nq": [2, 3], "np": [2, 3], "nxx": [2, 3], "zero": [2, 3]}
-    model = _float_graph(nodes, {"x": [2, 3]}, outputs)
-    constants = {"c": numpy_helper.to_array(c)}
-    folded = _negations_folded(nodes, constants, list(outputs))
-    assert [n.op_type for n in folded].count("Neg") == 2  # of x * x and of the shared c / x
-    feeds = {"x": np.random.RandomState(0).randn(2, 3)}
-    expected = run_onnx(model, feeds)
-    for got, want in zip(run_onnx(_with_nodes(model, folded), feeds), expected):
-        np.testing.assert_array_equal(got, want)  # negation is exact
-
-
-@pytest.mark.parametrize("op", ["Sub", "Add"])
-def test_a_factor_shared_by_two_products_is_taken_out(op):
-    nodes = [helper.make_node("Mul", ["a", "s"], ["as"]),
-             helper.make_node("Mul", ["s", "b"], ["bs"]),
-             helper.make_node(op, ["as", "bs"], ["out"]),
-             helper.make_node("Mul", ["a", "b"], ["ab"]),     # read twice: kept
-             helper.make_node("Mul", ["a", "s"], ["as2"]),
-             helper.make_node(op, ["ab", "as2"], ["out2"]),
-             helper.make_node(op, ["ab", "ab"], ["out3"])]
-    inputs = {"a": [3, 4], "b": [1, 4], "s": [3, 1]}
-    outputs = {"out": [3, 4], "out2": [3, 4], "out3": [3, 4]}
-    model = _float_graph(nodes, inputs, outputs)
-    factored = _common_factors(nodes, list(outputs))
-    assert [n.op_type for n in factored] == [op, "Mul"] + [n.op_type for n in nodes[3:]]
-    rs = np.random.RandomState(0)
-    feeds = {k: rs.randn(*shape) for k, shape in inputs.items()}
-    a, b, s = feeds["a"], feeds["b"], feeds["s"]
-    got = run_onnx(_with_nodes(model, factored), feeds)
-    combine = np.subtract if op == "Sub" else np.add
-    np.testing.assert_array_equal(got[0], combine(a, b) * s)
-    np.testing.assert_allclose(got[0], combine(a * s, b * s), rtol=1e-14, atol=1e-15)
-    np.testing.assert_array_equal(got[1], combine(a * b, a * s))
-
-
-@pytest.mark.parametrize("opset, gathers", [(13, 1), (18, 0)])
-def test_column_sums_become_products_at_every_opset(opset, gathers):
-    axes = numpy_helper.from_array(np.array([0], np.int64), "axes")
-    nodes = [helper.make_node("Constant", [], ["axes"], value=axes),
-             helper.make_node("ReduceSum", ["x", "axes"], ["sums"], keepdims=1),
-             helper.make_node("ReduceSum", ["x", "axes"], ["flat"], keepdims=0)]
-    model = _float_graph(nodes, {"x": ["n", 40]}, {"sums": [1, 40], "flat": [40]}, opset)
-    rewritten = _column_sums_as_products(nodes, value_info_map(model), opset)
-    ops = [n.op_type for n in rewritten]
-    assert "ReduceSum" not in ops and ops.count("MatMul") == 2
-    assert ops.count("Gather") == 2 * gathers
-    x = np.random.RandomState(0).randn(7, 40)
-    sums, flat = run_onnx(_with_nodes(model, rewritten), {"x": x})
-    np.testing.assert_allclose(sums, x.sum(axis=0, keepdims=True), rtol=1e-13)
-    np.testing.assert_allclose(flat, x.sum(axis=0), rtol=1e-13)
+from ortlearn.training.fused import build_fused_step
 
 
 def _mlp_engine(optimizer, loop):
@@ -180,7 +47,7 @@ def test_stateful_optimizers_keep_weights_and_state_in_flat_buffers():
 def test_flat_optimizer_state_reads_and_writes_per_weight(loop):
     engine, arrays = _mlp_engine(Adam(), loop)
     engine.set_learning_rate(0.01)
-    engine.train_epoch(arrays, _batches(60, 16, np.random.RandomState(0)))
+    engine.train_epoch(arrays, Batches.for_epoch(60, 16, np.random.RandomState(0)))
     state = engine.optimizer_state()
     for p, w in engine.get_state().items():
         assert state["states"][p]["exp_avg"].shape == w.shape
@@ -189,7 +56,7 @@ def test_flat_optimizer_state_reads_and_writes_per_weight(loop):
     other, _ = _mlp_engine(Adam(), not loop)
     other.set_state(engine.get_state())
     other.load_optimizer_state(state)
-    batches = _batches(60, 16, np.random.RandomState(1))
+    batches = Batches.for_epoch(60, 16, np.random.RandomState(1))
     engine.train_epoch(arrays, batches)
     other.train_epoch(arrays, batches)
     for p, w in engine.get_state().items():
@@ -283,7 +150,7 @@ def test_deterministic_kernels_are_asked_on_a_gpu_only():
 @pytest.mark.parametrize("random_state, expected", [(0, True), (None, False)])
 def test_a_random_state_asks_for_reproducible_training(monkeypatch, random_state, expected):
     import ortlearn.estimators._base as base_module
-    import ortlearn.estimators._engine as engine_module
+    import ortlearn.training.engine as engine_module
 
     asked = []
     options = engine_module.default_session_options

@@ -16,9 +16,9 @@ from sklearn.utils import check_random_state
 
 from ortlearn import add_loss_output
 from ortlearn.convert import set_weights
-from ortlearn.estimators._engine import _batches
 from ortlearn.estimators.gradient_optimizer import OrtGradientOptimizer
 from ortlearn.exceptions import ConvergenceError
+from ortlearn.training import Batches
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +92,7 @@ def test_one_epoch_equals_numpy_sgd(seed_data, mse_model):
     coef, intercept = init["coef"], init["intercept"]
     X64, y64 = X.astype(np.float64), y.astype(np.float64).reshape(-1, 1)
     # same batches: the estimator shuffles with _batches and check_random_state(random_state)
-    for idx in _batches(len(X), 8, check_random_state(5)):
+    for idx in Batches.for_epoch(len(X), 8, check_random_state(5)):
         residual = y64[idx] - X64[idx] @ coef - intercept
         coef = coef + 1e-3 * 2 / len(idx) * X64[idx].T @ residual
         intercept = intercept + 1e-3 * 2 / len(idx) * residual.sum(axis=0)

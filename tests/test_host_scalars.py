@@ -6,10 +6,10 @@ import pytest
 from onnx import TensorProto, helper
 from sklearn.neural_network._stochastic_optimizers import AdamOptimizer
 
-from ortlearn._onnx_helper import DEFAULT_OPSET, GraphBuilder, finalize_model
 from ortlearn.estimators import OrtMLPRegressor
-from ortlearn.estimators._fused_step import build_fused_epoch, build_fused_step
+from ortlearn.graph import DEFAULT_OPSET, GraphBuilder, finalize_model
 from ortlearn.optim import SGD, Adam, AdamW
+from ortlearn.training.fused import build_fused_epoch, build_fused_step
 
 OPTIMIZERS = [SGD(momentum=0.9), Adam(beta_1=0.8, beta_2=0.99), AdamW(weight_decay=0.1),
               AdamW(bias_correction=False)]
@@ -26,7 +26,7 @@ def _session(b, inputs, outputs):
 @pytest.mark.parametrize("optimizer", OPTIMIZERS, ids=repr)
 def test_host_scalars_equal_the_graph_scalars(optimizer):
     b = GraphBuilder(prefix="s_")
-    scalars = optimizer._step_scalars(b, b.cast("lr", TensorProto.DOUBLE),
+    scalars = optimizer.scalar_nodes(b, b.cast("lr", TensorProto.DOUBLE),
                                       b.cast("t", TensorProto.DOUBLE))
     assert tuple(scalars) == optimizer.scalar_names
     sess = _session(b, [vi("lr", TensorProto.DOUBLE, []), vi("t", TensorProto.INT64, [])],

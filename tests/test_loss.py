@@ -16,7 +16,7 @@ from sklearn.metrics import (
 )
 
 from ortlearn import add_loss_output
-from ortlearn._onnx_helper import DEFAULT_OPSET, GraphBuilder, make_model
+from ortlearn.graph import DEFAULT_OPSET, GraphBuilder, make_model
 from ortlearn.loss import SCORE_NAMES, _elementwise_loss, _penalty_terms, _reduce_rows
 
 DTYPES = [np.float32, np.float64]

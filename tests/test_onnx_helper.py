@@ -5,7 +5,7 @@ import pytest
 from conftest import run_onnx
 from onnx import TensorProto, helper
 
-from ortlearn._onnx_helper import (
+from ortlearn.graph import (
     GraphBuilder,
     load_model,
     make_model,

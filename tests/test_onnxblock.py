@@ -6,7 +6,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from ortlearn import onnxblock
-from ortlearn._onnx_helper import np_dtype_to_onnx
+from ortlearn.graph import np_dtype_to_onnx
 from tests.conftest import WeightedAverageLoss, run_onnx
 
 DTYPES = [np.float32, np.float64]

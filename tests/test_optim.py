@@ -12,7 +12,7 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import SGDRegressor
 from sklearn.neural_network._stochastic_optimizers import AdamOptimizer, SGDOptimizer
 
-from ortlearn._onnx_helper import DEFAULT_OPSET, GraphBuilder, finalize_model
+from ortlearn.graph import DEFAULT_OPSET, GraphBuilder, finalize_model
 from ortlearn.optim import (
     SGD,
     Adam,

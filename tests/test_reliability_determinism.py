@@ -17,7 +17,7 @@ from ortlearn import (
     OrtMLPRegressor,
     add_loss_output,
 )
-from ortlearn.estimators import _runtime
+from ortlearn.estimators import _session_cache as _runtime
 
 pytestmark = pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
 

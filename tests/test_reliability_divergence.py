@@ -20,9 +20,9 @@ from ortlearn import (
     add_loss_output,
 )
 from ortlearn.artifacts import LossType, OptimType, generate_artifacts
-from ortlearn.estimators._engine import TrainingEngine, _batches
 from ortlearn.exceptions import ConvergenceError
 from ortlearn.optim import SGD
+from ortlearn.training import Batches, TrainingEngine
 
 pytestmark = pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
 
@@ -83,11 +83,11 @@ def test_a_diverging_epoch_restores_the_previous_epochs_weights(epoch_loop):
     engine = TrainingEngine(add_loss_output(onx), ["coef", "intercept"], SGD(),
                             epoch_loop=epoch_loop)
     engine.set_learning_rate(0.01)
-    engine.train_epoch([X, y], _batches(len(X), 4))
+    engine.train_epoch([X, y], Batches.for_epoch(len(X), 4))
     finite = engine.get_state()
     engine.set_learning_rate(1e30)
     with pytest.raises(ConvergenceError, match="diverged"):
-        engine.train_epoch([X, y], _batches(len(X), 4))
+        engine.train_epoch([X, y], Batches.for_epoch(len(X), 4))
     for name, value in engine.get_state().items():
         np.testing.assert_array_equal(value, finite[name], err_msg=name)
 
@@ -191,7 +191,7 @@ def test_keyboard_interrupt_keeps_the_weights_reached(name, solver, monkeypatch)
 
 @pytest.mark.parametrize("name", sorted(CLASSES))
 def test_keyboard_interrupt_during_lbfgs_keeps_the_best_weights(name, monkeypatch):
-    from ortlearn.estimators import _lbfgs
+    from ortlearn.training import lbfgs as _lbfgs
 
     X, y = _data(name, np.float64)
     evaluate = _lbfgs._LossAndGradient.__call__

@@ -9,7 +9,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from ortlearn import artifacts
-from ortlearn._onnx_helper import make_model
+from ortlearn.graph import make_model
 from ortlearn.optim import SGD, build_optimizer_model
 from ortlearn.training import CheckpointState, TrainingSession
 from ortlearn.training.device import cuda_available

@@ -6,32 +6,26 @@ from collections.abc import Sequence
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
-from .._onnx_helper import (
+from ..graph import (
     GraphBuilder,
+    attr,
+    constant_values,
     elem_type_of,
     finalize_model,
+    get_train_initializer,
     invalid_model_errors,
     load_model,
+    node_reads,
+    refine_shapes,
     shape_of,
     value_info_map,
 )
-from ._context import GradientContext, attr
+from ._context import GradientContext
 from ._registry import get_rule, is_non_differentiable
-from ._shapes import refine_shapes
 
 _DIFF_TYPES = (TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16, TensorProto.BFLOAT16)
-
-
-def _subgraph_inputs(node: onnx.NodeProto) -> set[str]:
-    """Names a node reads, including the outer values its subgraphs use."""
-    names = {i for i in node.input if i}
-    for a in node.attribute:
-        for g in ([a.g] if a.HasField("g") else []) + list(a.graphs):
-            for sub in g.node:
-                names |= _subgraph_inputs(sub)
-    return names
 
 
 def _is_float_output(node: onnx.NodeProto, name: str, infos: dict) -> bool:
@@ -46,25 +40,10 @@ def _differentiable_values(graph: onnx.GraphProto, wrt: Sequence[str], infos: di
     """Values that depend on ``wrt`` through differentiable float paths."""
     diff = set(wrt)
     for node in graph.node:
-        if is_non_differentiable(node) or not (_subgraph_inputs(node) & diff):
+        if is_non_differentiable(node) or not (node_reads(node) & diff):
             continue
         diff.update(o for o in node.output if o and _is_float_output(node, o, infos))
     return diff
-
-
-def _constant_values(graph: onnx.GraphProto, wrt: Sequence[str]) -> dict[str, np.ndarray]:
-    """Values known before running: initializers that are not inputs, Constant nodes."""
-    inputs = {i.name for i in graph.input}
-    values = {init.name: numpy_helper.to_array(init) for init in graph.initializer
-              if init.name not in inputs and init.name not in wrt}
-    for node in graph.node:
-        if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
-            a = node.attribute[0]
-            if a.name == "value":
-                values[node.output[0]] = numpy_helper.to_array(a.t)
-            elif a.name in ("value_float", "value_int", "value_floats", "value_ints"):
-                values[node.output[0]] = np.asarray(helper.get_attribute_value(a))
-    return values
 
 
 def _check_names(graph: onnx.GraphProto, loss_output: str, wrt: Sequence[str], infos: dict):
@@ -149,7 +128,7 @@ def _append_backward(model, loss_output, wrt, builder, infos):
     graph = model.graph
     _check_names(graph, loss_output, wrt, infos)
     differentiable = _differentiable_values(graph, wrt, infos)
-    constants = _constant_values(graph, wrt)
+    constants = constant_values(graph, wrt)
     ctx = GradientContext(builder, infos, constants, differentiable,
                           refine_shapes(graph, infos, constants))
 
@@ -172,12 +151,6 @@ def _append_backward(model, loss_output, wrt, builder, infos):
         grads[name] = ctx.accumulate(pending[name]) if name in pending else ctx.zeros_like(name)
     builder.add_to_graph(graph)
     return grads
-
-
-def _default_wrt(model: onnx.ModelProto) -> list[str]:
-    from ..convert import get_train_initializer  # lazy: convert imports skl2onnx
-
-    return list(get_train_initializer(model))
 
 
 def build_gradient(model, wrt: Sequence[str] | None = None,
@@ -239,7 +212,7 @@ def _build_gradient(model, wrt, loss_output: str) -> onnx.ModelProto:
     model = load_model(model)
     if isinstance(wrt, str):
         raise TypeError(f"wrt must be a list of names, got the string {wrt!r}.")
-    wrt = _default_wrt(model) if wrt is None else list(wrt)
+    wrt = get_train_initializer(model) if wrt is None else list(wrt)
     if not wrt:
         raise ValueError("Nothing to differentiate: wrt is empty and the model has no "
                          "trainable (float) initializer.")

@@ -6,23 +6,9 @@ from collections.abc import Sequence
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import numpy_helper
 
-from .._onnx_helper import GraphBuilder, elem_type_of, onnx_to_np_dtype, shape_of
-
-
-def attr(node: onnx.NodeProto, name: str, default=None):
-    """Value of attribute ``name`` of ``node`` (``default`` when absent)."""
-    for a in node.attribute:
-        if a.name == name:
-            value = helper.get_attribute_value(a)
-            return value.decode() if isinstance(value, bytes) else value
-    return default
-
-
-def optional_input(node: onnx.NodeProto, index: int) -> str | None:
-    """Name of input ``index`` of ``node``, None when omitted."""
-    return node.input[index] if len(node.input) > index and node.input[index] else None
+from ..graph import GraphBuilder, elem_type_of, onnx_to_np_dtype, shape_of
 
 
 class GradientContext:

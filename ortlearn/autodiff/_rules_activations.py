@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ._context import attr
+from ..graph import attr
 from ._registry import register_gradient
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from ._context import optional_input
+from ..graph import optional_input
 from ._registry import register_gradient
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ._context import attr, optional_input
+from ..graph import attr, optional_input
 from ._registry import register_gradient
 
 

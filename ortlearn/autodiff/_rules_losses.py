@@ -6,7 +6,7 @@ import numpy as np
 from onnx import TensorProto
 
 from ..exceptions import NoGradientRuleError
-from ._context import attr, optional_input
+from ..graph import attr, optional_input
 from ._registry import register_gradient
 
 

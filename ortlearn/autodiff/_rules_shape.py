@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._context import attr, optional_input
+from ..graph import attr, optional_input
 from ._registry import register_gradient
 
 

@@ -4,8 +4,8 @@
 ``BaseMultilayerPerceptron`` is to scikit-learn's MLPs: it validates the
 data, builds the counterpart estimator (``estimator_``) whose weights are
 initialised as scikit-learn does, turns it into an ONNX loss graph, trains
-it with a :class:`~ortlearn.estimators._engine.TrainingEngine` (or
-:func:`~ortlearn.estimators._lbfgs.minimize_lbfgs`) and writes the trained
+it with a :class:`~ortlearn.training.TrainingEngine` (or
+:func:`~ortlearn.training.minimize_lbfgs`) and writes the trained
 weights back. Every step of the epoch loop is a method a subclass can
 override (``_build_engine``, ``_run_epoch``, ``_update_no_improvement``,
 ``_log_epoch``), as in skorch.
@@ -40,14 +40,20 @@ from sklearn.utils.validation import (
     validate_data,
 )
 
-from .._onnx_helper import initializers_to_inputs
 from ..convert import get_weights, init_template, set_weights, to_train_onnx
 from ..exceptions import ConvergenceError, ConvergenceWarning
-from ..training.device import make_session, parse_device
-from ._engine import Batches, TrainingEngine, _conform_state
-from ._lbfgs import minimize_lbfgs
+from ..graph import initializers_to_inputs
+from ..training import (
+    Batches,
+    TrainingEngine,
+    conform_state,
+    make_session,
+    minimize_lbfgs,
+    parse_device,
+)
+from ..training.engine import DEFAULT_BATCH_ROWS
 from ._objective import LOSS, SAMPLE_WEIGHT, input_names, label_dtype
-from ._runtime import _Runtime
+from ._session_cache import _SessionCache
 
 __all__ = ["BaseOrtEstimator"]
 
@@ -152,7 +158,7 @@ class BaseOrtEstimator(BaseEstimator):
         raise NotImplementedError
 
     #: Rows per mini-batch of ``batch_size='auto'`` (at most n_samples).
-    _auto_batch_size = 200
+    _auto_batch_size = DEFAULT_BATCH_ROWS
 
     def _batch_size(self, n_samples: int) -> int:
         if self.batch_size == "auto":
@@ -298,7 +304,7 @@ class BaseOrtEstimator(BaseEstimator):
         # MLPs keep drawing from the generator that initialised the weights, as sklearn does.
         self._random_state = getattr(template, "_random_state", None) or check_random_state(
             self.random_state)
-        self._runtime = _Runtime()
+        self._runtime = _SessionCache()
         self._optimizer_state = None
         self.train_losses_ = []
         self.loss_curve_ = self.train_losses_
@@ -524,7 +530,7 @@ class BaseOrtEstimator(BaseEstimator):
             Unknown or missing names, wrong shapes, NaN or infinite values.
         """
         check_is_fitted(self)
-        clean = _conform_state(state, get_weights(self.estimator_))
+        clean = conform_state(state, get_weights(self.estimator_))
         not_finite = [n for n, v in clean.items() if not np.isfinite(v).all()]
         if not_finite:
             raise ValueError(f"Invalid state: weights {not_finite} contain NaN or infinite "

@@ -23,7 +23,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from .._onnx_helper import GraphBuilder, finalize_model, load_model, needed_nodes
+from ..graph import GraphBuilder, finalize_model, load_model, needed_nodes
 from ..loss import _elementwise_loss, _penalty_terms
 
 __all__ = ["LOSS", "input_names", "label_dtype", "mlp_objective", "sgd_objective"]

@@ -11,20 +11,18 @@ from sklearn.base import BaseEstimator
 from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted
 
-from .._onnx_helper import (
+from ..exceptions import ConvergenceError, ConvergenceWarning
+from ..graph import (
     elem_type_of,
+    get_train_initializer,
     load_model,
     onnx_to_np_dtype,
     prune_model,
     shape_of,
 )
-from ..convert import get_train_initializer
-from ..exceptions import ConvergenceError, ConvergenceWarning
-from ..optim import SGD, Adam, AdamW
-from ..optim.optimizers import _Optimizer
-from ..training.device import parse_device
-from ._engine import TrainingEngine, _batches
-from ._runtime import _Runtime
+from ..optim import SGD, Adam, AdamW, Optimizer
+from ..training import Batches, TrainingEngine, parse_device
+from ._session_cache import _SessionCache
 
 __all__ = ["OrtGradientOptimizer"]
 
@@ -182,8 +180,8 @@ class OrtGradientOptimizer(BaseEstimator):
         self.exc = exc
 
     # ------------------------------------------------------------ parameters
-    def _optimizer_spec(self) -> _Optimizer:
-        if isinstance(self.optimizer, _Optimizer):
+    def _optimizer_spec(self) -> Optimizer:
+        if isinstance(self.optimizer, Optimizer):
             return self.optimizer
         if self.optimizer == "sgd":
             return SGD(momentum=self.momentum)
@@ -385,7 +383,7 @@ class OrtGradientOptimizer(BaseEstimator):
             engine = self._new_engine(n_rows=len(arrays[0]))
             self._rng = check_random_state(self.random_state)
             self.train_losses_, self.validation_losses_, self.n_iter_ = [], [], 0
-        self._runtime = _Runtime()
+        self._runtime = _SessionCache()
         self._runtime.engine = engine
         period = self._validation_period()
         n = arrays[0].shape[0]
@@ -393,7 +391,7 @@ class OrtGradientOptimizer(BaseEstimator):
             for _ in range(self.max_iter):
                 epoch = self.n_iter_ + 1
                 engine.set_learning_rate(self._learning_rate_at(epoch))
-                batches = _batches(n, self.batch_size, self._rng if self.shuffle else None)
+                batches = Batches.for_epoch(n, self.batch_size, self._rng if self.shuffle else None)
                 loss = engine.train_epoch(arrays, batches)
                 self.train_losses_.append(loss)
                 self.n_iter_ = epoch

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import onnx
 from onnx import TensorProto, helper
 
-from .._onnx_helper import FLOAT_TYPES, GraphBuilder, elem_type_of, shape_of
+from ..graph import FLOAT_TYPES, GraphBuilder, elem_type_of, shape_of
 
 _PREFIX = "onnxblock_"
 

@@ -12,13 +12,19 @@ from collections.abc import Sequence
 import onnx
 from onnx import TensorProto, helper
 
-from .._onnx_helper import FLOAT_TYPES, GraphBuilder, finalize_model, initializer_map
-
-#: Key of the JSON metadata the training session reads.
-METADATA_KEY = "ortlearn.training"
-LAZY_RESET_GRAD = "lazy_reset_grad"
-BUFFER_SUFFIX = "_grad.accumulation.buffer"
-OUT_SUFFIX = "_grad.accumulation.out"
+from ..graph import (
+    FLOAT_TYPES,
+    GraphBuilder,
+    finalize_model,
+    initializer_map,
+    set_inference_mode,
+)
+from ..graph.format import (
+    GRAD_BUFFER_SUFFIX,
+    GRAD_OUTPUT_SUFFIX,
+    LAZY_RESET_GRAD,
+    TRAINING_METADATA_KEY,
+)
 
 
 def split_parameters(model: onnx.ModelProto, requires_grad: Sequence[str],
@@ -74,30 +80,13 @@ def _parameters_to_inputs(model: onnx.ModelProto, params: list[TensorProto]) -> 
     return [i.name for i in user_inputs]
 
 
-def _set_inference_mode(model: onnx.ModelProto) -> None:
-    """Dropout off and BatchNormalization on its running statistics."""
-    b = GraphBuilder.for_model(model, prefix="eval_")
-    for node in model.graph.node:
-        if node.op_type == "Dropout" and len(node.input) > 2 and node.input[2]:
-            node.input[2] = b.const(False, hint="training_mode")
-        elif node.op_type == "BatchNormalization":
-            for a in node.attribute:
-                if a.name == "training_mode":
-                    a.i = 0
-            del node.output[1:]
-    # Constants first: they must precede the nodes that read them.
-    nodes = b.nodes + list(model.graph.node)
-    del model.graph.node[:]
-    model.graph.node.extend(nodes)
-
-
 def _set_metadata(model, user_inputs, user_outputs, trainable, frozen) -> None:
     meta = {"user_inputs": list(user_inputs), "user_outputs": list(user_outputs),
             "trainable": list(trainable), "frozen": list(frozen)}
-    kept = [p for p in model.metadata_props if p.key != METADATA_KEY]
+    kept = [p for p in model.metadata_props if p.key != TRAINING_METADATA_KEY]
     del model.metadata_props[:]
     model.metadata_props.extend(kept)
-    model.metadata_props.add(key=METADATA_KEY, value=json.dumps(meta))
+    model.metadata_props.add(key=TRAINING_METADATA_KEY, value=json.dumps(meta))
 
 
 def _add_gradient_accumulation(model: onnx.ModelProto, trainable: list[TensorProto],
@@ -107,8 +96,8 @@ def _add_gradient_accumulation(model: onnx.ModelProto, trainable: list[TensorPro
     b = GraphBuilder.for_model(model, prefix="accumulation_")
     reset = b.reserve(LAZY_RESET_GRAD)
     for p in trainable:
-        buffer = b.reserve(p.name + BUFFER_SUFFIX)
-        out = b.reserve(p.name + OUT_SUFFIX)
+        buffer = b.reserve(p.name + GRAD_BUFFER_SUFFIX)
+        out = b.reserve(p.name + GRAD_OUTPUT_SUFFIX)
         g.input.append(helper.make_tensor_value_info(buffer, p.data_type, list(p.dims)))
         grad = grads[p.name]
         b.op("Where", [reset, grad, b.op("Add", [buffer, grad])], outputs=[out])
@@ -138,7 +127,7 @@ def build_training_and_eval(model: onnx.ModelProto, requires_grad: Sequence[str]
 
     eval_model = onnx.ModelProto()
     eval_model.CopyFrom(forward)
-    _set_inference_mode(eval_model)
+    set_inference_mode(eval_model)
     _set_metadata(eval_model, user_inputs, user_outputs, *names)
 
     training = forward

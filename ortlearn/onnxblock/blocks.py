@@ -15,7 +15,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from .._onnx_helper import FLOAT_TYPES, np_dtype_to_onnx, onnx_to_np_dtype
+from ..graph import FLOAT_TYPES, np_dtype_to_onnx, onnx_to_np_dtype
 from . import _graph_utils, model_accessor
 
 __all__ = [

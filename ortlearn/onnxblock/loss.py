@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 from onnx import TensorProto
 
-from .._onnx_helper import onnx_to_np_dtype
+from ..graph import onnx_to_np_dtype
 from ..loss import _binary_log_loss, _elementwise_loss
 from . import _graph_utils
 from .blocks import Block

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 import onnx
 from onnx import helper
 
-from .._onnx_helper import DEFAULT_OPSET, finalize_model, load_model
+from ..graph import DEFAULT_OPSET, finalize_model, load_model
 
 __all__ = ["ModelAccessor", "base", "empty_base"]
 

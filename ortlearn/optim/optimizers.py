@@ -1,8 +1,8 @@
 """Optimizer update rules written as standard ONNX nodes.
 
 Each optimizer is a small spec (hyper-parameters, names of its state
-tensors) whose :meth:`~_Optimizer.build` appends the update rule to a
-:class:`~ortlearn._onnx_helper.GraphBuilder`. The same rule therefore serves
+tensors) whose :meth:`~Optimizer.build` appends the update rule to a
+:class:`~ortlearn.graph.GraphBuilder`. The same rule therefore serves
 twice: :func:`build_optimizer_model` writes it as the standalone
 ``optimizer_model.onnx`` (see ``doc/artifacts_format.md``), and a training
 loop can fuse it with the forward and backward pass into one graph.
@@ -11,8 +11,8 @@ The per-step scalars (learning rate, bias corrections) are computed once in
 float64 inside the graph, then cast to the dtype of each parameter, so
 float32 and float64 parameters can be mixed in one graph. A caller that
 knows the learning rate of every step ahead (the fused training epoch) can
-compute them on the host with :meth:`~_Optimizer.host_scalars` and pass
-them to :meth:`~_Optimizer.build` as graph values: the step then skips the
+compute them on the host with :meth:`~Optimizer.host_scalars` and pass
+them to :meth:`~Optimizer.build` as graph values: the step then skips the
 dozen scalar nodes, and the update rule itself is the same.
 """
 
@@ -21,21 +21,29 @@ from __future__ import annotations
 import functools
 import json
 import math
+from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from .._onnx_helper import (
+from ..graph import (
     DEFAULT_OPSET,
     FLOAT_TYPES,
     GraphBuilder,
     finalize_model,
     onnx_to_np_dtype,
 )
+from ..graph.format import (
+    GRADIENT_SUFFIX,
+    LEARNING_RATE,
+    OPTIMIZER_METADATA_KEY,
+    STEP,
+    UPDATED_SUFFIX,
+)
 
-__all__ = ["SGD", "Adam", "AdamW", "build_optimizer_model", "clip_grad_norm"]
+__all__ = ["SGD", "Adam", "AdamW", "Optimizer", "build_optimizer_model", "clip_grad_norm"]
 
 #: Added to the global norm before dividing, as torch's ``clip_grad_norm_``
 #: and onnxruntime-training's ``ClipGradNorm`` do.
@@ -137,7 +145,7 @@ def clip_grad_norm(builder: GraphBuilder, grads: Sequence[str], max_norm: float,
 
     Examples
     --------
-    >>> from ortlearn._onnx_helper import GraphBuilder
+    >>> from ortlearn.graph import GraphBuilder
     >>> b = GraphBuilder(prefix="clip_")
     >>> clipped = clip_grad_norm(b, ["W.gradient", "b.gradient"], 1.0)
     >>> len(clipped)
@@ -166,8 +174,30 @@ def _rename_values(nodes: Sequence[onnx.NodeProto], mapping: Mapping[str, str]) 
                 node.output[i] = mapping[name]
 
 
-class _Optimizer:
-    """Shared plumbing: validation, clipping, scalars, output naming."""
+class Optimizer(ABC):
+    """Base class of the update rules: what a new optimizer subclasses.
+
+    :meth:`build` appends the update of every parameter to a
+    :class:`~ortlearn.graph.GraphBuilder` (clipping, per-step scalars,
+    names of the updated values); the training engine, the optimizer model
+    of the artifacts and the onnxblock optimizer blocks all call it. A
+    subclass sets :attr:`state_names` and defines four hooks:
+
+    - :attr:`hyper`: its hyper-parameters, JSON-serialisable (written in
+      the optimizer model's metadata);
+    - :meth:`scalar_nodes`: the nodes of the float64 scalars a step shares
+      between all parameters (``{name: value}``), from the learning rate and
+      the 1-based step;
+    - :meth:`scalar_values`: the same scalars computed in numpy, which the
+      engine computes on the host for a whole epoch at once;
+    - :meth:`update_nodes`: the nodes updating one parameter and its states.
+
+    Parameters
+    ----------
+    clip_grad : float, optional
+        Clip the global norm of all gradients to this value first (see
+        :func:`clip_grad_norm`).
+    """
 
     #: Names of the per-parameter state tensors, in the order of the model inputs.
     state_names: tuple[str, ...] = ()
@@ -183,9 +213,9 @@ class _Optimizer:
         return type(self).__name__
 
     @property
+    @abstractmethod
     def hyper(self) -> dict:
         """Hyper-parameters, JSON-serialisable (learning rate excluded: it is an input)."""
-        raise NotImplementedError
 
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self.hyper.items())
@@ -269,7 +299,7 @@ class _Optimizer:
         Examples
         --------
         >>> from onnx import TensorProto
-        >>> from ortlearn._onnx_helper import GraphBuilder
+        >>> from ortlearn.graph import GraphBuilder
         >>> b = GraphBuilder(prefix="opt_")
         >>> new_params, new_states = SGD(momentum=0.9).build(
         ...     b, ["W"], ["W_grad"], {"W": {"momentum": "W_v"}}, "lr", "step",
@@ -294,7 +324,7 @@ class _Optimizer:
         if self.clip_grad is not None:
             grads = clip_grad_norm(builder, grads, self.clip_grad, elem_types)
         if scalars is None:
-            step_scalars = self._step_scalars(builder,
+            step_scalars = self.scalar_nodes(builder,
                                               builder.cast(learning_rate, TensorProto.DOUBLE),
                                               builder.cast(step, TensorProto.DOUBLE))
         else:
@@ -302,7 +332,7 @@ class _Optimizer:
         new_params, new_states = [], {}
         for i, (p, g) in enumerate(zip(params, grads)):
             at = functools.partial(converter.get, index=i)
-            new_p, new_s = self._update(builder, at, step_scalars, p, g, states.get(p, {}))
+            new_p, new_s = self.update_nodes(builder, at, step_scalars, p, g, states.get(p, {}))
             new_params.append(new_p)
             new_states[p] = new_s
         if updated_names:
@@ -341,11 +371,11 @@ class _Optimizer:
         """
         lr, t = np.broadcast_arrays(np.asarray(learning_rate, dtype=np.float64),
                                     np.asarray(step, dtype=np.float64))
-        return {k: np.asarray(v, dtype=np.float64) for k, v in self._host_scalars(lr, t).items()}
+        return {k: np.asarray(v, dtype=np.float64) for k, v in self.scalar_values(lr, t).items()}
 
-    def _host_scalars(self, lr, step) -> dict:
-        """:meth:`_step_scalars` in numpy (float64 arrays in, float64 arrays out)."""
-        raise NotImplementedError
+    @abstractmethod
+    def scalar_values(self, lr, step) -> dict:
+        """:meth:`scalar_nodes` in numpy (float64 arrays in, float64 arrays out)."""
 
     def _apply_names(self, builder, first_node, params, states, new_params, new_states,
                      updated_names):
@@ -364,16 +394,24 @@ class _Optimizer:
                       for p, d in new_states.items()}
         return new_params, new_states
 
-    def _step_scalars(self, builder, lr, step) -> dict[str, str]:
-        """Float64 scalars shared by all parameters (computed once per step)."""
-        raise NotImplementedError
+    @abstractmethod
+    def scalar_nodes(self, builder, lr, step) -> dict[str, str]:
+        """Float64 scalars shared by all parameters (computed once per step).
 
-    def _update(self, builder, at, scalars, p, g, state) -> tuple[str, dict[str, str]]:
-        """Nodes updating one parameter; ``at`` converts scalars to its dtype."""
-        raise NotImplementedError
+        ``lr`` and ``step`` name float64 scalars; returns ``{name: value}``.
+        """
+
+    @abstractmethod
+    def update_nodes(self, builder, at, scalars, p, g, state) -> tuple[str, dict[str, str]]:
+        """Nodes updating one parameter: ``(new parameter, {state name: new state})``.
+
+        ``at(value)`` gives a float (or a scalar of ``scalars``) in the
+        parameter's dtype; ``p``, ``g`` and ``state`` (``{state name: value}``)
+        name the parameter, its gradient and its states.
+        """
 
 
-class SGD(_Optimizer):
+class SGD(Optimizer):
     """Stochastic gradient descent, with scikit-learn's momentum convention.
 
     The update matches ``sklearn.neural_network._stochastic_optimizers.SGDOptimizer``
@@ -432,13 +470,13 @@ class SGD(_Optimizer):
         return {"momentum": self.momentum, "nesterov": self.nesterov,
                 "weight_decay": self.weight_decay, "clip_grad": self.clip_grad}
 
-    def _step_scalars(self, builder, lr, step):
+    def scalar_nodes(self, builder, lr, step):
         return {"lr": lr}
 
-    def _host_scalars(self, lr, step):
+    def scalar_values(self, lr, step):
         return {"lr": lr.copy()}
 
-    def _update(self, builder, at, scalars, p, g, state):
+    def update_nodes(self, builder, at, scalars, p, g, state):
         if self.weight_decay:
             g = builder.op("Add", [g, builder.op("Mul", [at(self.weight_decay), p])])
         lr_g = builder.op("Mul", [at(scalars["lr"]), g])
@@ -452,7 +490,7 @@ class SGD(_Optimizer):
         return builder.op("Add", [p, update]), {"momentum": velocity}
 
 
-class _AdamBase(_Optimizer):
+class _AdamBase(Optimizer):
     """Moments and bias corrections shared by :class:`Adam` and :class:`AdamW`."""
 
     state_names = ("exp_avg", "exp_avg_sq")
@@ -531,16 +569,16 @@ class Adam(_AdamBase):
         return {"beta_1": self.beta_1, "beta_2": self.beta_2, "epsilon": self.epsilon,
                 "weight_decay": self.weight_decay, "clip_grad": self.clip_grad}
 
-    def _step_scalars(self, builder, lr, step):
+    def scalar_nodes(self, builder, lr, step):
         bc1, bc2 = self._bias_corrections(builder, step)
         lr_t = builder.op("Div", [builder.op("Mul", [lr, builder.op("Sqrt", [bc2])]), bc1])
         return {"lr_t": lr_t}
 
-    def _host_scalars(self, lr, step):
+    def scalar_values(self, lr, step):
         bc1, bc2 = self._host_bias_corrections(step)
         return {"lr_t": lr * np.sqrt(bc2) / bc1}
 
-    def _update(self, builder, at, scalars, p, g, state):
+    def update_nodes(self, builder, at, scalars, p, g, state):
         if self.weight_decay:
             g = builder.op("Add", [g, builder.op("Mul", [at(self.weight_decay), p])])
         m, v = self._moments(builder, at, g, state)
@@ -606,7 +644,7 @@ class AdamW(_AdamBase):
                 "weight_decay": self.weight_decay, "bias_correction": self.bias_correction,
                 "clip_grad": self.clip_grad}
 
-    def _step_scalars(self, builder, lr, step):
+    def scalar_nodes(self, builder, lr, step):
         one = builder.const(1.0, dtype=np.float64)
         decay = builder.op("Sub", [one, builder.op(
             "Mul", [lr, builder.const(self.weight_decay, dtype=np.float64)])])
@@ -616,14 +654,14 @@ class AdamW(_AdamBase):
         return {"decay": decay, "step_size": builder.op("Div", [lr, bc1]),
                 "sqrt_bc2": builder.op("Sqrt", [bc2])}
 
-    def _host_scalars(self, lr, step):
+    def scalar_values(self, lr, step):
         decay = 1.0 - lr * self.weight_decay
         if not self.bias_correction:
             return {"decay": decay, "step_size": lr.copy()}
         bc1, bc2 = self._host_bias_corrections(step)
         return {"decay": decay, "step_size": lr / bc1, "sqrt_bc2": np.sqrt(bc2)}
 
-    def _update(self, builder, at, scalars, p, g, state):
+    def update_nodes(self, builder, at, scalars, p, g, state):
         if self.weight_decay:
             p = builder.op("Mul", [p, at(scalars["decay"])])
         m, v = self._moments(builder, at, g, state)
@@ -635,7 +673,7 @@ class AdamW(_AdamBase):
         return builder.op("Sub", [p, step]), {"exp_avg": m, "exp_avg_sq": v}
 
 
-def build_optimizer_model(optimizer: _Optimizer,
+def build_optimizer_model(optimizer: Optimizer,
                           params: Mapping[str, tuple[int, Sequence]]) -> onnx.ModelProto:
     """Write ``optimizer_model.onnx``: one update of every parameter.
 
@@ -675,35 +713,35 @@ def build_optimizer_model(optimizer: _Optimizer,
     >>> [o.name for o in model.graph.output]
     ['W.updated', 'W.exp_avg.updated', 'W.exp_avg_sq.updated']
     """
-    if not isinstance(optimizer, _Optimizer):
+    if not isinstance(optimizer, Optimizer):
         raise TypeError(f"Expected an SGD, Adam or AdamW instance, got {type(optimizer).__name__}.")
     if not params:
         raise ValueError("build_optimizer_model needs at least one parameter.")
     names = list(params)
     elem_types = [params[p][0] for p in names]
-    inputs = [helper.make_tensor_value_info("learning_rate", TensorProto.FLOAT, []),
-              helper.make_tensor_value_info("step", TensorProto.INT64, [])]
+    inputs = [helper.make_tensor_value_info(LEARNING_RATE, TensorProto.FLOAT, []),
+              helper.make_tensor_value_info(STEP, TensorProto.INT64, [])]
     outputs, states, updated_names = [], {}, {}
     for p, (elem, shape) in params.items():
         shape = list(shape)
         states[p] = {s: f"{p}.{s}" for s in optimizer.state_names}
-        for name in (p, f"{p}.gradient", *states[p].values()):
+        for name in (p, f"{p}{GRADIENT_SUFFIX}", *states[p].values()):
             inputs.append(helper.make_tensor_value_info(name, elem, shape))
         for name in (p, *states[p].values()):
-            updated_names[name] = f"{name}.updated"
-            outputs.append(helper.make_tensor_value_info(f"{name}.updated", elem, shape))
+            updated_names[name] = f"{name}{UPDATED_SUFFIX}"
+            outputs.append(helper.make_tensor_value_info(f"{name}{UPDATED_SUFFIX}", elem, shape))
     input_names = [i.name for i in inputs]
     clashes = sorted({n for n in input_names if input_names.count(n) > 1})
     if clashes:
         raise ValueError(f"Parameter names clash with other optimizer inputs: {clashes}.")
 
     builder = GraphBuilder(opset=DEFAULT_OPSET, used_names=input_names, prefix="optim_")
-    optimizer.build(builder, names, [f"{p}.gradient" for p in names], states,
-                    "learning_rate", "step", elem_types=elem_types, updated_names=updated_names)
+    optimizer.build(builder, names, [f"{p}{GRADIENT_SUFFIX}" for p in names], states,
+                    LEARNING_RATE, STEP, elem_types=elem_types, updated_names=updated_names)
     graph = helper.make_graph(builder.nodes, "optimizer", inputs, outputs)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", DEFAULT_OPSET)],
                               producer_name="ortlearn")
     meta = {"type": optimizer.type, "params": names, "states": list(optimizer.state_names),
             "hyper": optimizer.hyper}
-    helper.set_model_props(model, {"ortlearn.optimizer": json.dumps(meta)})
+    helper.set_model_props(model, {OPTIMIZER_METADATA_KEY: json.dumps(meta)})
     return finalize_model(model)

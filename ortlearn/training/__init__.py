@@ -1,15 +1,53 @@
-"""Training runtime: checkpoints, the training session, devices.
+"""The training runtime: one engine under every face of ortlearn.
 
-- :class:`CheckpointState`: parameters, optimizer state and properties, saved
-  as safetensors.
+- :class:`TrainingEngine`: a loss graph fused with its gradients and the
+  optimizer update, one onnxruntime call per mini-batch or per epoch, the
+  weights, optimizer state and data resident on the device (what the
+  estimators run); its graphs come from :mod:`~ortlearn.training.fused`.
+- :func:`minimize_lbfgs`: full-batch L-BFGS, scipy driving, onnxruntime
+  evaluating the loss and its gradients.
 - :class:`TrainingSession`: runs the training, eval and optimizer models of
-  ``ortlearn.artifacts.generate_artifacts`` with the ordinary onnxruntime, the
-  weights kept on the device.
-- :func:`parse_device`, :func:`cuda_available`: ``'cpu'``, ``'cuda'``, ``'cuda:N'``.
+  ``ortlearn.artifacts.generate_artifacts`` (what ``ortlearn.api`` runs).
+- :class:`CheckpointState`: parameters, optimizer state and properties,
+  saved as safetensors.
+- :class:`Batches`: the mini-batches of an epoch.
+- Devices (:func:`parse_device`, :func:`cuda_available`) and the session
+  options of the runtime (:func:`make_session_options`,
+  :func:`default_session_options`).
+
+The engine and the session keep their device buffers in one implementation
+(``ortlearn/training/_buffers.py``); the argument checks they share are in
+:mod:`~ortlearn.training.checks`.
 """
 
+from ._buffers import host_copy
+from .batches import Batches
 from .checkpoint import CheckpointState
-from .device import Device, cuda_available, parse_device
+from .checks import conform_state
+from .device import (
+    Device,
+    cuda_available,
+    default_session_options,
+    make_session,
+    make_session_options,
+    parse_device,
+)
+from .engine import TrainingEngine
+from .lbfgs import minimize_lbfgs
 from .session import TrainingSession
 
-__all__ = ["CheckpointState", "Device", "TrainingSession", "cuda_available", "parse_device"]
+__all__ = [
+    "Batches",
+    "CheckpointState",
+    "Device",
+    "TrainingEngine",
+    "TrainingSession",
+    "conform_state",
+    "cuda_available",
+    "default_session_options",
+    "host_copy",
+    "make_session",
+    "make_session_options",
+    "minimize_lbfgs",
+    "parse_device",
+]

@@ -63,7 +63,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 import safetensors.numpy
 
-from .._onnx_helper import shape_matches
+from ..graph import shape_matches
 
 __all__ = ["CheckpointState", "Parameter", "Parameters", "Properties"]
 

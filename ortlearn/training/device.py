@@ -1,4 +1,7 @@
-"""Devices: parse ``'cpu'`` / ``'cuda'`` / ``'cuda:N'``, pick providers, open sessions."""
+"""Devices and the sessions on them: parse ``'cpu'`` / ``'cuda'`` / ``'cuda:N'``, pick
+providers, and the performance policy of the runtime (threads, spinning, session options,
+when an epoch is one call). The measurements behind each threshold are in
+``doc/benchmarks.rst``."""
 
 from __future__ import annotations
 
@@ -6,7 +9,6 @@ import os
 import re
 from dataclasses import dataclass
 
-import numpy as np
 import onnx
 import onnxruntime as ort
 
@@ -171,21 +173,40 @@ def make_session(model, device="cpu", session_options: ort.SessionOptions | None
     )
 
 
-def host_copy(value: ort.OrtValue) -> np.ndarray:
-    """A numpy copy of an OrtValue's tensor that later runs cannot change.
+#: With ``epoch_loop='auto'`` on a GPU, an epoch is one ONNX ``Loop`` call when
+#: a step computes at least this many multiply-adds (batch rows x weights);
+#: a smaller step runs one call per batch.
+LOOP_MIN_STEP_MACS = 1_000_000
+#: On the CPU, a step of at least this many multiply-adds (batch rows x weights)
+#: runs on ``ORTLEARN_NUM_THREADS`` threads (onnxruntime's default: one per
+#: core) whose workers spin between operators; a smaller step runs on one
+#: thread: waking a sleeping worker costs more than a small operator, and
+#: spinning pays only when the matrix products are large enough to share
+#: (``doc/benchmarks.rst``, "The runtime's thresholds").
+PARALLEL_MIN_STEP_MACS = 1_000_000
 
-    ``OrtValue.numpy()`` copies a device tensor to the host, but on the CPU
-    recent onnxruntime releases (1.32 at least) return a view of the
-    OrtValue's own buffer: a buffer that the next run binding it as an output
-    overwrites.
 
-    Examples
-    --------
-    >>> value = ort.OrtValue.ortvalue_from_numpy(np.arange(3.0))
-    >>> copy = host_copy(value)
-    >>> value.update_inplace(np.zeros(3))
-    >>> copy
-    array([0., 1., 2.])
+def default_session_options(device, step_macs: int,
+                            deterministic: bool = False) -> ort.SessionOptions:
+    """The session options of a :class:`~ortlearn.training.TrainingEngine` given none.
+
+    Parameters
+    ----------
+    device : Device
+    step_macs : int
+        Multiply-adds of one step: rows of a mini-batch times weights.
+    deterministic : bool, default=False
+        Deterministic kernels on a GPU (the CPU ignores it).
+
+    Returns
+    -------
+    onnxruntime.SessionOptions
+        On a GPU, :func:`make_session_options`.
+        On the CPU, one thread below ``PARALLEL_MIN_STEP_MACS``, else the
+        default threads with spinning workers (``ORTLEARN_ALLOW_SPINNING``).
     """
-    array = value.numpy()
-    return array if array.base is None else array.copy()
+    if device.kind != "cpu":
+        return make_session_options(deterministic=deterministic)
+    if step_macs < PARALLEL_MIN_STEP_MACS:
+        return make_session_options(1)
+    return make_session_options(allow_spinning=default_allow_spinning(True))

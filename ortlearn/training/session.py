@@ -34,7 +34,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from .._onnx_helper import (
+from ..graph import (
     elem_type_of,
     invalid_model_errors,
     load_model,
@@ -43,21 +43,25 @@ from .._onnx_helper import (
     shape_matches,
     shape_of,
 )
-from ..optim.schedules import LinearLR
+from ..graph.format import (
+    DEFAULT_LEARNING_RATE,
+    GRAD_BUFFER_SUFFIX,
+    GRAD_OUTPUT_SUFFIX,
+    GRADIENT_SUFFIX,
+    LAZY_RESET_GRAD,
+    LEARNING_RATE,
+    OPTIMIZER_METADATA_KEY,
+    STEP,
+    TRAINING_METADATA_KEY,
+    UPDATED_SUFFIX,
+)
+from ..optim import LinearLR
+from ._buffers import BufferPairs, device_value, host_copy
 from .checkpoint import CheckpointState
-from .device import host_copy, make_session, make_session_options, parse_device
+from .device import make_session, make_session_options, parse_device
 
 __all__ = ["TrainingSession"]
 
-TRAINING_METADATA_KEY = "ortlearn.training"
-OPTIMIZER_METADATA_KEY = "ortlearn.optimizer"
-GRAD_BUFFER_SUFFIX = "_grad.accumulation.buffer"
-GRAD_OUTPUT_SUFFIX = "_grad.accumulation.out"
-LAZY_RESET_GRAD = "lazy_reset_grad"
-LEARNING_RATE = "learning_rate"
-STEP = "step"
-#: Learning rate of a fresh optimizer (onnxruntime-training's default).
-DEFAULT_LEARNING_RATE = 1e-3
 
 
 @dataclass(frozen=True)
@@ -236,15 +240,11 @@ class TrainingSession:
 
     def _ortvalue(self, array: np.ndarray) -> ort.OrtValue:
         """A new OrtValue on the session's device holding a copy of ``array``."""
-        array = np.ascontiguousarray(array)
-        value = ort.OrtValue.ortvalue_from_shape_and_type(
-            list(array.shape), array.dtype, self._device.ort_device_type, self._device.index)
-        value.update_inplace(array)
-        return value
+        return device_value(array, self._device)
 
-    def _zeros(self, name: str) -> ort.OrtValue:
+    def _zeros(self, name: str) -> np.ndarray:
         dtype, shape = self._param_types[name]
-        return self._ortvalue(np.zeros(shape, dtype=dtype))
+        return np.zeros(shape, dtype=dtype)
 
     def _check_state(self) -> None:
         """Compare the checkpoint's parameters with the models' parameter inputs."""
@@ -259,24 +259,22 @@ class TrainingSession:
 
     def _init_parameters(self) -> None:
         params = self._state.parameters
-        self._params = {}  # name -> [current, spare] for trainable parameters
-        self._frozen = {}  # name -> OrtValue
-        for name in self._param_types:
-            nominal = params[name].nominal
-            value = self._zeros(name) if nominal else self._ortvalue(params[name].data)
-            if name in self._train_layout.trainable:
-                self._params[name] = [value, self._zeros(name)]
-            else:
-                self._frozen[name] = value
-        self._param_parity = 0
+        values = {name: self._zeros(name) if params[name].nominal else params[name].data
+                  for name in self._param_types}
+        trainable = self._train_layout.trainable
+        # An optimizer step reads the live parameters and writes the spare ones.
+        self._params = BufferPairs({n: v for n, v in values.items() if n in trainable},
+                                   self._device)
+        self._frozen = {n: self._ortvalue(v) for n, v in values.items() if n not in trainable}
         # Read before binding: once bound, the state asks the session for it.
         step = self._state.optimizer_step
         self._saved_optimizer = None if step is None else (
             self._state.optimizer_state, step, self._state.optimizer_learning_rate)
 
     def _init_gradients(self) -> None:
-        self._grads = {n: [self._zeros(n), self._zeros(n)] for n in self._train_layout.trainable}
-        self._grad_parity = 0
+        # A training step reads the accumulated gradients and writes the spare ones.
+        self._grads = BufferPairs({n: self._zeros(n) for n in self._train_layout.trainable},
+                                  self._device)
         self._grad_computed = False
         # A new session starts with a reset, as onnxruntime-training's does.
         self._reset_pending = True
@@ -314,15 +312,15 @@ class TrainingSession:
         inputs = {i.name for i in model.graph.input}
         wanted = [LEARNING_RATE, STEP] + [
             f"{p}{suffix}" for p in trainable
-            for suffix in ["", ".gradient"] + [f".{s}" for s in layout.states]]
+            for suffix in ["", GRADIENT_SUFFIX] + [f".{s}" for s in layout.states]]
         missing = [n for n in wanted if n not in inputs]
         if missing:
             raise ValueError(f"The optimizer model lacks the inputs {missing}.")
         saved = self._saved_optimizer_state(layout)
-        self._opt_states = {
-            (p, s): [self._ortvalue(saved[0][p][s]) if saved else self._zeros(p),
-                     self._zeros(p)]
-            for p in trainable for s in layout.states}
+        # Read and written with the parameters: they share the parameters' parity.
+        self._opt_states = BufferPairs(
+            {(p, s): saved[0][p][s] if saved else self._zeros(p)
+             for p in trainable for s in layout.states}, self._device)
         self._step = saved[1] if saved else 0
         lr = saved[2] if saved else layout.hyper.get("lr", DEFAULT_LEARNING_RATE)
         self._lr = float(lr)
@@ -352,14 +350,18 @@ class TrainingSession:
         return self._saved_optimizer
 
     # ---------------------------------------------------------------- binding
-    def _binding(self, key: tuple) -> ort.IOBinding:
-        """The IOBinding of one model for one parity combination (built once)."""
+    def _binding(self, model: str) -> ort.IOBinding:
+        """The IOBinding of ``model`` ('train', 'eval' or 'optim') for the live buffers.
+
+        Built once per combination of the parities of the parameters and the
+        gradients, and reused whenever the buffers are in that state again.
+        """
+        key = (model, self._params.parity, self._grads.parity)
         binding = self._bindings.get(key)
         if binding is None:
             build = {"train": self._bind_train, "eval": self._bind_eval,
-                     "optim": self._bind_optimizer}[key[0]]
-            binding = build(*key[1:])
-            self._bindings[key] = binding
+                     "optim": self._bind_optimizer}[model]
+            binding = self._bindings[key] = build()
         return binding
 
     def _bind_outputs(self, binding, names) -> None:
@@ -369,41 +371,41 @@ class TrainingSession:
         for name in names:
             binding.bind_output(name, self._device.ort_device_type, self._device.index)
 
-    def _bind_params(self, binding, names, pp: int) -> None:
+    def _bind_params(self, binding, names) -> None:
         for name in names:
-            value = self._params[name][pp] if name in self._params else self._frozen[name]
-            binding.bind_ortvalue_input(name, value)
+            binding.bind_ortvalue_input(name, self._live(name))
 
-    def _bind_train(self, pp: int, gp: int) -> ort.IOBinding:
+    def _bind_train(self) -> ort.IOBinding:
         layout = self._train_layout
         binding = self._train_sess.io_binding()
-        self._bind_params(binding, layout.trainable + layout.frozen, pp)
+        self._bind_params(binding, layout.trainable + layout.frozen)
         for name in layout.trainable:
-            binding.bind_ortvalue_input(f"{name}{GRAD_BUFFER_SUFFIX}", self._grads[name][gp])
+            binding.bind_ortvalue_input(f"{name}{GRAD_BUFFER_SUFFIX}", self._grads.live(name))
         binding.bind_ortvalue_input(LAZY_RESET_GRAD, self._reset_value)
         # User outputs first: get_outputs() follows the binding order.
         self._bind_outputs(binding, layout.user_outputs)
         for name in layout.trainable:
-            binding.bind_ortvalue_output(f"{name}{GRAD_OUTPUT_SUFFIX}", self._grads[name][1 - gp])
+            binding.bind_ortvalue_output(f"{name}{GRAD_OUTPUT_SUFFIX}", self._grads.spare(name))
         return binding
 
-    def _bind_eval(self, pp: int) -> ort.IOBinding:
+    def _bind_eval(self) -> ort.IOBinding:
         layout = self._eval_layout
         binding = self._eval_sess.io_binding()
-        self._bind_params(binding, layout.trainable + layout.frozen, pp)
+        self._bind_params(binding, layout.trainable + layout.frozen)
         return binding
 
-    def _bind_optimizer(self, pp: int, gp: int) -> ort.IOBinding:
+    def _bind_optimizer(self) -> ort.IOBinding:
         binding = self._optimizer.io_binding()
         binding.bind_ortvalue_input(LEARNING_RATE, self._lr_value)
         binding.bind_ortvalue_input(STEP, self._step_value)
+        params, states = self._params, self._opt_states
         for p in self._optimizer_layout.params:
-            binding.bind_ortvalue_input(p, self._params[p][pp])
-            binding.bind_ortvalue_input(f"{p}.gradient", self._grads[p][gp])
-            binding.bind_ortvalue_output(f"{p}.updated", self._params[p][1 - pp])
+            binding.bind_ortvalue_input(p, params.live(p))
+            binding.bind_ortvalue_input(f"{p}{GRADIENT_SUFFIX}", self._grads.live(p))
+            binding.bind_ortvalue_output(f"{p}{UPDATED_SUFFIX}", params.spare(p))
             for s in self._optimizer_layout.states:
-                binding.bind_ortvalue_input(f"{p}.{s}", self._opt_states[p, s][pp])
-                binding.bind_ortvalue_output(f"{p}.{s}.updated", self._opt_states[p, s][1 - pp])
+                binding.bind_ortvalue_input(f"{p}.{s}", states.live((p, s)))
+                binding.bind_ortvalue_output(f"{p}.{s}{UPDATED_SUFFIX}", states.spare((p, s)))
         return binding
 
     def _bind_user_inputs(self, binding, inputs, layout: _Layout, types: dict, what: str):
@@ -457,14 +459,14 @@ class TrainingSession:
             If an input array does not have the dtype the model declares.
         """
         layout = self._train_layout
-        binding = self._binding(("train", self._param_parity, self._grad_parity))
+        binding = self._binding("train")
         self._bind_user_inputs(binding, inputs, layout, self._train_types, "train_step")
         self._bind_outputs(binding, layout.user_outputs)
         if self._reset_pending != self._reset_bound:
             self._reset_value.update_inplace(np.array(self._reset_pending))
             self._reset_bound = self._reset_pending
         self._train_sess.run_with_iobinding(binding)
-        self._grad_parity = 1 - self._grad_parity
+        self._grads.swap()
         self._reset_pending = False
         self._grad_computed = True
         return self._fetch(binding, len(layout.user_outputs), return_ortvalues)
@@ -490,7 +492,7 @@ class TrainingSession:
             If the session has no eval model or the number of inputs is wrong.
         """
         self._require_eval("eval_step")
-        binding = self._binding(("eval", self._param_parity))
+        binding = self._binding("eval")
         self._bind_user_inputs(binding, inputs, self._eval_layout, self._eval_types, "eval_step")
         self._bind_outputs(binding, self._eval_layout.user_outputs)
         self._eval_sess.run_with_iobinding(binding)
@@ -514,9 +516,10 @@ class TrainingSession:
         """
         self._require_optimizer("optimizer_step")
         self._step_value.update_inplace(np.array(self._step + 1, dtype=np.int64))
-        binding = self._binding(("optim", self._param_parity, self._grad_parity))
+        binding = self._binding("optim")
         self._optimizer.run_with_iobinding(binding)
-        self._param_parity = 1 - self._param_parity
+        self._params.swap()
+        self._opt_states.swap()
         self._step += 1
 
     def set_learning_rate(self, learning_rate: float) -> None:
@@ -646,7 +649,7 @@ class TrainingSession:
 
     def _live(self, name: str) -> ort.OrtValue:
         if name in self._params:
-            return self._params[name][self._param_parity]
+            return self._params.live(name)
         return self._frozen[name]
 
     def _buffer_dtype(self, names: list) -> np.dtype:
@@ -754,7 +757,7 @@ class TrainingSession:
         """The accumulated gradient of trainable parameter ``name`` (None before any step)."""
         if self._known(name) not in self._grads or not self._grad_computed:
             return None
-        return host_copy(self._grads[name][self._grad_parity])
+        return self._grads.host_copy(name)
 
     def export_optimizer_state(self) -> tuple | None:
         """The optimizer state on the host, as a bound CheckpointState saves it.
@@ -770,8 +773,8 @@ class TrainingSession:
         if self._optimizer is None:
             return self._saved_optimizer
         states = {p: {} for p in self._optimizer_layout.params}
-        for (p, s), pair in self._opt_states.items():
-            states[p][s] = host_copy(pair[self._param_parity])
+        for p, s in self._opt_states.pairs:
+            states[p][s] = self._opt_states.host_copy((p, s))
         return states, self._step, self._lr
 
     def close(self) -> None:

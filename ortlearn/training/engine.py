@@ -3,28 +3,25 @@
 :class:`TrainingEngine` takes an ONNX graph that already computes a scalar
 loss (built by :func:`ortlearn.add_loss_output`, onnxblock or by hand) and
 fuses it with its gradients and the optimizer update into ONE graph
-(:mod:`ortlearn.estimators._fused_step`), run once per mini-batch, or once
-per epoch as an ONNX ``Loop``. Estimators and
-:class:`~ortlearn.estimators.OrtGradientOptimizer` own the epochs, the data
-checks and the schedules; the engine owns the steps.
-
-:func:`_batches` is the single helper that decides the mini-batches of an
-epoch, so that tests (and estimators) reproduce the same batch order; its
-:class:`Batches` keep the row order they slice, which the engine feeds
+(:mod:`ortlearn.training.fused`), run once per mini-batch, or once per epoch
+as an ONNX ``Loop``. The estimators own the epochs, the data checks and the
+schedules; the engine owns the steps. An epoch's mini-batches are a
+:class:`~ortlearn.training.Batches`, whose row order the engine feeds
 without a copy.
 """
 
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 import onnx
 import onnxruntime as ort
 from onnx import numpy_helper
 
-from .._onnx_helper import (
-    FLOAT_TYPES,
+from ..exceptions import ConvergenceError
+from ..graph import (
     elem_type_of,
     initializers_to_inputs,
     load_model,
@@ -32,194 +29,36 @@ from .._onnx_helper import (
     prune_model,
     shape_of,
 )
-from ..exceptions import ConvergenceError
-from ..onnxblock._training_graph import _set_inference_mode
-from ..optim.optimizers import _Optimizer
-from ..training import CheckpointState
-from ..training.device import (
-    default_allow_spinning,
-    host_copy,
-    make_session,
-    make_session_options,
-    parse_device,
+from ..graph.format import DEFAULT_LEARNING_RATE
+from ..graph.passes import set_inference_mode
+from ..optim import Optimizer
+from ._buffers import StepBuffers
+from .checkpoint import CheckpointState
+from .checks import (
+    check_input_names,
+    check_learning_rate,
+    check_loss_output,
+    check_trainable,
+    conform_state,
+    replace_initializers,
 )
-from ._fused_step import build_fused_epoch, build_fused_step
+from .device import LOOP_MIN_STEP_MACS, default_session_options, make_session, parse_device
+from .fused import FusedLayout, build_fused_epoch, build_fused_step
 
-__all__ = ["Batches", "TrainingEngine", "default_session_options"]
-
-
-class Batches(tuple):
-    """Row indices of the mini-batches of one epoch: views of ``order`` that tile it in order.
-
-    The engine feeds ``order`` itself to the step graph (a plain list of index
-    arrays is concatenated first). The views follow ``order``: shuffled in
-    place, it gives the next epoch's batches without a new ``Batches``, and the
-    engine, seeing the same ``sizes`` object, writes no new batch bounds.
-
-    Parameters
-    ----------
-    order : numpy.ndarray of int64, shape (n_samples,)
-        The rows in the order of the epoch.
-    batch_size : int
-        Rows per batch; the last batch holds the remainder.
-
-    Attributes
-    ----------
-    order : numpy.ndarray
-    sizes : numpy.ndarray of int64
-        Rows of each batch (read-only).
-    """
-
-    def __new__(cls, order: np.ndarray, batch_size: int):
-        self = super().__new__(cls, (order[start:start + batch_size]
-                                     for start in range(0, len(order), batch_size)))
-        self.order = order
-        self.sizes = np.array([len(b) for b in self], dtype=np.int64)
-        self.sizes.flags.writeable = False
-        return self
+__all__ = ["TrainingEngine"]
 
 
-def _batches(n_samples: int, batch_size: int, rng=None) -> Batches:
-    """Row indices of the mini-batches of one epoch.
-
-    Parameters
-    ----------
-    n_samples : int
-        Number of rows.
-    batch_size : int
-        Rows per batch; the last batch holds the remainder.
-    rng : numpy.random.RandomState or numpy.random.Generator, default=None
-        Shuffles the rows (one ``permutation`` call per epoch); None keeps
-        the order.
-
-    Returns
-    -------
-    Batches
-        One int64 index array per batch.
-
-    Examples
-    --------
-    >>> [b.tolist() for b in _batches(5, 2)]
-    [[0, 1], [2, 3], [4]]
-    """
-    if n_samples < 1:
-        raise ValueError(f"Cannot make batches of {n_samples} samples.")
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}.")
-    order = np.arange(n_samples) if rng is None else rng.permutation(n_samples)
-    return Batches(order.astype(np.int64, copy=False), batch_size)
-
-
-def _check_trainable(model: onnx.ModelProto, trainable) -> list[str]:
-    if isinstance(trainable, str) or not trainable:
-        raise ValueError(f"trainable must be a non-empty list of initializer names, "
-                         f"got {trainable!r}.")
-    trainable = list(trainable)
-    inits = {i.name: i for i in model.graph.initializer}
-    unknown = [n for n in trainable if n not in inits]
-    if unknown:
-        floats = [n for n, i in inits.items() if i.data_type in FLOAT_TYPES]
-        raise ValueError(f"Unknown weights {unknown}: the graph's float initializers are "
-                         f"{floats}.")
-    not_float = [n for n in trainable if inits[n].data_type not in FLOAT_TYPES]
-    if not_float:
-        raise ValueError(f"Weights {not_float} are not float32/float64 initializers and "
-                         "cannot be trained.")
-    duplicated = sorted({n for n in trainable if trainable.count(n) > 1})
-    if duplicated:
-        raise ValueError(f"Weights {duplicated} are listed more than once.")
-    return trainable
-
-
-def _data_inputs(model: onnx.ModelProto) -> list[str]:
-    inits = {i.name for i in model.graph.initializer}
-    return [i.name for i in model.graph.input if i.name not in inits]
-
-
-def _check_input_names(model: onnx.ModelProto, input_names) -> list[str]:
-    data = _data_inputs(model)
-    if input_names is None:
-        return data
-    names = list(input_names)
-    unknown = [n for n in names if n not in data]
-    missing = [n for n in data if n not in names]
-    if unknown or missing or len(set(names)) != len(names):
-        raise ValueError(f"input_names {names} must list each data input of the graph "
-                         f"once: unknown {unknown}, missing {missing}; the graph's data "
-                         f"inputs are {data}.")
-    return names
-
-
-def _check_loss_output(model: onnx.ModelProto, loss_output: str) -> None:
-    outputs = [o.name for o in model.graph.output]
-    if loss_output not in outputs:
-        raise ValueError(f"The graph has no output {loss_output!r} (its outputs are "
-                         f"{outputs}); add one with ortlearn.add_loss_output.")
-
-
-def _replace_initializers(model: onnx.ModelProto, weights: dict) -> None:
-    """Overwrite initializer values in place (names, shapes and dtypes checked)."""
-    inits = {i.name: i for i in model.graph.initializer}
-    current = {n: numpy_helper.to_array(inits[n]) for n in weights if n in inits}
-    clean = _conform_state(weights, current, partial=True)
-    for name, value in clean.items():
-        inits[name].CopyFrom(numpy_helper.from_array(value, name))
-
-
-def _conform_state(state, expected: dict, partial: bool = False) -> dict:
-    """``state`` cast to the dtypes of ``expected``; ValueError listing every problem."""
-    if not isinstance(state, dict):
-        raise TypeError(f"A state is a dict of name -> array, got {type(state).__name__}.")
-    problems = []
-    unknown = [n for n in state if n not in expected]
-    if unknown:
-        problems.append(f"unknown weights {unknown} (expected {list(expected)})")
-    if not partial:
-        missing = [n for n in expected if n not in state]
-        if missing:
-            problems.append(f"missing weights {missing}")
-    clean = {}
-    for name, value in state.items():
-        if name not in expected:
-            continue
-        ref = expected[name]
-        value = np.asarray(value)
-        if value.shape != ref.shape:
-            problems.append(f"weight {name!r} has shape {value.shape}, expected {ref.shape}")
-            continue
-        if not np.issubdtype(value.dtype, np.number):
-            problems.append(f"weight {name!r} has non-numeric dtype {value.dtype}")
-            continue
-        clean[name] = np.ascontiguousarray(value, dtype=ref.dtype)
-    if problems:
-        raise ValueError("Invalid state: " + "; ".join(problems) + ".")
-    return clean
-
-
-#: With ``epoch_loop='auto'`` on a GPU, an epoch is one ONNX ``Loop`` call when
-#: a step computes at least this many multiply-adds (batch rows x weights).
-LOOP_MIN_STEP_MACS = 1_000_000
-#: Data inputs of at most this many bytes per row are reordered once per epoch
-#: on the host (``array[order]``, a 100 000-row label in 0.3 ms) and sliced per
-#: step: a ``Gather`` of 256 random rows of such an input waits on 256 cache
-#: misses (about 18 µs per step on 100 000 rows, measured with onnxruntime's
-#: profiler), while a wide input gets several values per miss.
+#: Data inputs of at most this many bytes per row (labels, sample weights) are
+#: reordered once per epoch on the host (``array[order]``) and sliced per step:
+#: a ``Gather`` of a batch of random rows of such an input waits on one cache
+#: miss per row, while a wide input gets several values per miss.
 EPOCH_ORDERED_ROW_BYTES = 16
 #: With a constant learning rate, the optimizer's per-step scalars (Adam's
 #: bias-corrected rate) are computed for whole epochs of about this many steps
 #: at once (at least one epoch): numpy calls between two onnxruntime calls are
-#: slow (cold caches), 35 µs an epoch on W3 (22 steps); a larger block would
-#: only add float64 temporaries to the peak memory of a fit.
+#: slow (cold caches), and a larger block would only add float64 temporaries
+#: to the peak memory of a fit.
 SCALAR_BLOCK_STEPS = 512
-#: On the CPU, a step of at least this many multiply-adds (batch rows x weights)
-#: runs on ``ORTLEARN_NUM_THREADS`` threads (onnxruntime's default: one per
-#: core) whose workers spin between operators; a smaller step runs on one
-#: thread. Waking a sleeping worker costs more than a small operator, and
-#: spinning pays only when the matrix products are large enough to share. An
-#: MLP 100-100-1 (10 201 weights) per epoch of 30 000 rows, 2 spinning threads
-#: against one: batches of 32 (0.33 M) +5 %, 64 -3 %, 128 -7 %, 256 (2.6 M)
-#: -15 %; on two threads that do not spin, batches of 256 took +18 %.
-PARALLEL_MIN_STEP_MACS = 1_000_000
 #: Rows per batch assumed when the engine is not told (scikit-learn's 'auto').
 DEFAULT_BATCH_ROWS = 200
 
@@ -228,117 +67,8 @@ def _eval_model(model: onnx.ModelProto, trainable: list[str], loss_output: str) 
     """The loss graph with the weights as inputs, in inference mode, pruned to the loss."""
     model = load_model(model)
     initializers_to_inputs(model, trainable)
-    _set_inference_mode(model)
+    set_inference_mode(model)
     return prune_model(model, [loss_output])
-
-
-class _PingPong:
-    """Two device buffers per carried value: a run reads one and writes the other.
-
-    ``binding(parity)`` reads the buffers of ``parity`` and writes the
-    others; after the run, the live values are at ``1 - parity``.
-    ``counters`` (carried values that are neither weights nor optimizer
-    states: the loss sum, the batch counter) start each epoch at their value
-    in ``counters``; ``epoch_values`` are the bound buffers of the small
-    per-epoch inputs (:meth:`write_epoch_values`). On the CPU the carried
-    buffers are numpy arrays that onnxruntime reads and writes in place, so
-    that reading one back (:meth:`host`) costs no call into onnxruntime.
-    """
-
-    def __init__(self, session: ort.InferenceSession, carried: dict, values: dict, device,
-                 counters: dict):
-        self.parity = 0
-        self.counters = counters
-        self.epoch_values = {}
-        self.bounds = None  # the batch bounds written last (TrainingEngine._epoch_bounds)
-        self._inputs = {}  # name -> the OrtValue bound
-        self._shared = {}  # name -> (numpy array, the OrtValue reading it), on the CPU
-        self._device = device
-        if device.kind == "cpu":
-            self._hosts = {name: [np.array(values[name], order="C") for _ in (0, 1)]
-                           for name in carried}
-            self.pairs = {name: [ort.OrtValue.ortvalue_from_numpy(a) for a in arrays]
-                          for name, arrays in self._hosts.items()}
-        else:
-            self._hosts = None
-            self.pairs = {name: [self._new(values[name], device) for _ in (0, 1)]
-                          for name in carried}
-        self.bindings = []
-        for parity in (0, 1):
-            binding = session.io_binding()
-            for name, output in carried.items():
-                binding.bind_ortvalue_input(name, self.pairs[name][parity])
-                binding.bind_ortvalue_output(output, self.pairs[name][1 - parity])
-            self.bindings.append(binding)
-
-    @staticmethod
-    def _new(array: np.ndarray, device) -> ort.OrtValue:
-        array = np.array(array, order="C")  # ascontiguousarray would make scalars 1-D
-        value = ort.OrtValue.ortvalue_from_shape_and_type(
-            list(array.shape), array.dtype, device.ort_device_type, device.index)
-        value.update_inplace(array)
-        return value
-
-    def live(self, name: str) -> ort.OrtValue:
-        return self.pairs[name][self.parity]
-
-    def host(self, name: str) -> np.ndarray:
-        """The live value on the host: on the CPU a view that the next run may overwrite."""
-        if self._hosts is None:
-            return self.live(name).numpy()
-        return self._hosts[name][self.parity]
-
-    def host_copy(self, name: str) -> np.ndarray:
-        """A host copy of the live value that later runs leave alone."""
-        if self._hosts is None:
-            return host_copy(self.live(name))
-        return self._hosts[name][self.parity].copy()
-
-    def bind_inputs(self, values: dict) -> None:
-        """Bind OrtValues to both bindings (those bound already are skipped)."""
-        for name, value in values.items():
-            if self._inputs.get(name) is not value:
-                for binding in self.bindings:
-                    binding.bind_ortvalue_input(name, value)
-                self._inputs[name] = value
-
-    def bind_epoch_data(self, arrays: dict) -> None:
-        """Bind per-epoch data that may change in place between epochs (the row order).
-
-        On the CPU onnxruntime reads the arrays in place: an array bound at
-        the previous epoch costs nothing. On a GPU they are copied
-        (:meth:`write_epoch_values`).
-        """
-        if self._device.kind != "cpu":
-            self.write_epoch_values(arrays)
-            return
-        values = {}
-        for name, array in arrays.items():
-            shared = self._shared.get(name)
-            if shared is None or shared[0] is not array:
-                shared = self._shared[name] = (array, ort.OrtValue.ortvalue_from_numpy(array))
-            values[name] = shared[1]
-        self.bind_inputs(values)
-
-    def write_epoch_values(self, values: dict) -> None:
-        """Copy small per-epoch inputs into their bound buffers (bound again if a shape changes).
-
-        Cheaper than a new OrtValue and two bindings per input and epoch:
-        an epoch of a small model lasts about a millisecond.
-        """
-        fresh = {}
-        for name, array in values.items():
-            bound = self.epoch_values.get(name)
-            if bound is not None and bound[1] == (array.shape, array.dtype):
-                bound[0].update_inplace(array)
-            else:
-                fresh[name] = (self._new(array, self._device), (array.shape, array.dtype))
-        self.bind_inputs({name: value for name, (value, _) in fresh.items()})
-        self.epoch_values.update(fresh)
-
-    def reset_counters(self) -> None:
-        for name, zero in self.counters.items():
-            self.live(name).update_inplace(zero)
 
 
 class TrainingEngine:
@@ -415,7 +145,7 @@ class TrainingEngine:
 
     Notes
     -----
-    A step is one graph (:func:`~ortlearn.estimators._fused_step.build_fused_step`):
+    A step is one graph (:func:`~ortlearn.training.fused.build_fused_step`):
     it gathers its rows from the training data, which are put on the device
     once (on the CPU, onnxruntime reads the numpy arrays in place), computes
     the loss, the gradients and the update, and adds ``loss * rows`` to a
@@ -460,26 +190,26 @@ class TrainingEngine:
     """
 
     #: Learning rate until :meth:`set_learning_rate` is called.
-    default_learning_rate = 1e-3
+    default_learning_rate = DEFAULT_LEARNING_RATE
 
     def __init__(self, loss_model, trainable, optimizer, device="cpu", input_names=None,
                  loss_output="loss", initial_weights=None, session_options=None,
                  epoch_loop="auto", batch_size=None, deterministic=False):
-        if not isinstance(optimizer, _Optimizer):
+        if not isinstance(optimizer, Optimizer):
             raise TypeError("optimizer must be an ortlearn.optim.SGD, Adam or AdamW instance, "
                             f"got {type(optimizer).__name__}.")
         if epoch_loop not in (True, False, "auto"):
             raise ValueError(f"epoch_loop must be True, False or 'auto', got {epoch_loop!r}.")
         model = load_model(loss_model)
-        _check_loss_output(model, loss_output)
-        self.trainable = _check_trainable(model, trainable)
-        self.input_names = _check_input_names(model, input_names)
+        check_loss_output(model, loss_output)
+        self.trainable = check_trainable(model, trainable)
+        self.input_names = check_input_names(model, input_names)
         declared = {i.name: i for i in model.graph.input}
         self.input_dtypes = {n: onnx_to_np_dtype(elem_type_of(declared[n]))
                              for n in self.input_names}
         self.input_shapes = {n: shape_of(declared[n]) for n in self.input_names}
         if initial_weights:
-            _replace_initializers(model, dict(initial_weights))
+            replace_initializers(model, dict(initial_weights))
         self.loss_output = loss_output
         self.optimizer = optimizer
         self.device = device
@@ -513,15 +243,16 @@ class TrainingEngine:
                      _carried_types(model, layout.carried).items()}
             counters = {name: zeros[name] for name in layout.carried
                         if name not in layout.weights.values() and not _is_state(layout, name)}
-            self._steps[loop] = (session, layout, _PingPong(session, layout.carried, zeros,
-                                                            self._device, counters))
+            self._steps[loop] = _Step(session, layout, StepBuffers(
+                session, layout.carried, zeros, self._device, counters))
         if current is None:
             self._current = loop
             self.set_state(self._initial)
             return
-        values = self._carried_values(current[1], current[2])
+        weights = _weight_values(current.layout, current.buffers)
+        states = _state_values(current.layout, current.buffers)
         self._current = loop
-        self._write_carried(values)
+        self._write_carried(weights, states)
 
     def _epoch_ordered(self) -> list[str]:
         """Data inputs of at most ``EPOCH_ORDERED_ROW_BYTES`` per row (labels, weights)."""
@@ -535,20 +266,16 @@ class TrainingEngine:
                 names.append(name)
         return names
 
-    def _carried_values(self, layout, buffers) -> dict:
-        """``{('w', name) | ('s', name, state): host copy}`` of the live weights and states."""
-        return _host_values(layout, buffers, [(("w", p), c, p) for p, c in layout.weights.items()]
-                            + [(("s", p, s), c, p) for p, d in layout.states.items()
-                               for s, c in d.items()])
-
-    def _write_carried(self, values: dict) -> None:
+    def _write_carried(self, weights: dict, states: dict | None = None) -> None:
+        """Write ``{weight: value}`` and ``{weight: {state: value}}`` into the live buffers."""
         _, layout, buffers = self._steps[self._current]
+        items = [(layout.weights[p], p, v) for p, v in weights.items()]
+        items += [(layout.states[p][s], p, v) for p, d in (states or {}).items()
+                  for s, v in d.items()]
         flat = {}  # flat buffer -> its host copy, written once
-        for key, value in values.items():
-            p = key[1]
-            name = layout.weights[p] if key[0] == "w" else layout.states[p][key[2]]
+        for name, p, value in items:
             if p not in layout.offsets:
-                buffers.live(name).update_inplace(np.array(value, order="C"))
+                buffers.write(name, value)
                 continue
             if name not in flat:
                 flat[name] = buffers.host_copy(name)
@@ -572,7 +299,7 @@ class TrainingEngine:
         lr : float
             The learning rate, finite and > 0.
         """
-        self._lr = _check_lr(lr)
+        self._lr = check_learning_rate(lr)
 
     # -------------------------------------------------------------- training
     def _device_data(self, arrays) -> tuple[dict, dict]:
@@ -654,7 +381,8 @@ class TrainingEngine:
         """
         first = self.n_steps + 1
         if lr_for_step is not None:
-            rates = [_check_lr(lr_for_step(step)) for step in range(first, first + n_batches)]
+            rates = [check_learning_rate(lr_for_step(step))
+                     for step in range(first, first + n_batches)]
             self._lr = rates[-1]
             return self._host_scalars(rates, first, dtype)
         block = self._scalar_block
@@ -664,8 +392,9 @@ class TrainingEngine:
             block = self._scalar_block = {
                 "key": (self._lr, dtype), "first": first, "end": first + count,
                 "values": self._host_scalars([self._lr] * count, first, dtype)}
-        at = first - block["first"]
-        return {name: value[at:at + n_batches] for name, value in block["values"].items()}
+        offset = first - block["first"]
+        return {name: value[offset:offset + n_batches]
+                for name, value in block["values"].items()}
 
     def _host_scalars(self, rates, first: int, dtype) -> dict:
         # The learning rate goes through float32, as the optimizer model's
@@ -744,12 +473,12 @@ class TrainingEngine:
         bindings = [b._iobinding for b in buffers.bindings]
         if loop:
             run(bindings[buffers.parity], None)
-            buffers.parity = 1 - buffers.parity
+            buffers.swap()
             self.n_steps += n_batches
         else:
             for _ in range(n_batches):
                 run(bindings[buffers.parity], None)
-                buffers.parity = 1 - buffers.parity
+                buffers.swap()
                 self.n_steps += 1
         loss = float(buffers.host(layout.loss_sum)) / n_rows
         finite = self._weight_copies()
@@ -767,8 +496,7 @@ class TrainingEngine:
     def _diverged(self, loss: float) -> None:
         layout, copies = self._last_finite
         # The optimizer state is as corrupted as the weights: start it again.
-        self.set_state(_host_values(layout, None, [(n, layout.weights[n], n)
-                                                   for n in self.trainable], copies))
+        self.set_state(_weight_values(layout, None, copies))
         self._reset_optimizer()
         raise ConvergenceError(
             f"Training diverged: the epoch loss is {loss} (or a weight is not finite). "
@@ -799,8 +527,7 @@ class TrainingEngine:
         session = self._eval_session
         binding = session.io_binding()
         _, layout, buffers = self._steps[self._current]
-        views = _host_values(layout, buffers, [(n, c, n) for n, c in layout.weights.items()
-                                               if n in layout.offsets])
+        views = _weight_values(layout, buffers, only=layout.offsets)
         for name, carried in layout.weights.items():
             if name in views:  # a view of the flat weights
                 binding.bind_cpu_input(name, np.ascontiguousarray(views[name]))
@@ -816,9 +543,8 @@ class TrainingEngine:
     def get_state(self) -> dict:
         """Host copies of the weights, ``{name: numpy.ndarray}`` in trainable order."""
         _, layout, buffers = self._steps[self._current]
-        values = _host_values(layout, buffers, [(n, layout.weights[n], n)
-                                                for n in self.trainable])
-        return {n: np.array(v, copy=True) for n, v in values.items()}
+        values = _weight_values(layout, buffers)
+        return {n: np.array(values[n], copy=True) for n in self.trainable}
 
     def set_state(self, state: dict) -> None:
         """Overwrite every weight on the device.
@@ -834,8 +560,8 @@ class TrainingEngine:
         ValueError
             Listing unknown or missing names and wrong shapes.
         """
-        clean = _conform_state(state, self._initial)
-        self._write_carried({("w", n): v for n, v in clean.items()})
+        clean = conform_state(state, self._initial)
+        self._write_carried(clean)
         self._last_finite = self._weight_copies()
 
     def optimizer_state(self) -> dict:
@@ -848,10 +574,8 @@ class TrainingEngine:
             "learning_rate": float}``.
         """
         _, layout, buffers = self._steps[self._current]
-        values = _host_values(layout, buffers, [((p, s), c, p) for p, d in layout.states.items()
-                                                for s, c in d.items()])
-        states = {p: {s: np.array(values[p, s], copy=True) for s in d}
-                  for p, d in layout.states.items()}
+        states = {p: {s: np.array(v, copy=True) for s, v in d.items()}
+                  for p, d in _state_values(layout, buffers).items()}
         return {"states": states, "step": self.n_steps, "learning_rate": float(self._lr)}
 
     def load_optimizer_state(self, state: dict) -> None:
@@ -876,14 +600,14 @@ class TrainingEngine:
                              f"'learning_rate', got {state!r}.") from exc
         values = {}
         for p in self.trainable:
+            values[p] = {}
             for s in self.optimizer.state_names:
                 value = states.get(p, {}).get(s) if isinstance(states, dict) else None
                 if value is None:
                     raise ValueError(f"The optimizer state lacks {p}.{s}.")
-                clean = _conform_state({p: value}, {p: self._initial[p]})
-                values[("s", p, s)] = clean[p]
-        self._write_carried(values)
-        self._lr = _check_lr(lr)
+                values[p][s] = conform_state({p: value}, {p: self._initial[p]})[p]
+        self._write_carried({}, values)
+        self._lr = check_learning_rate(lr)
         self.n_steps = step
 
     def checkpoint_state(self) -> CheckpointState:
@@ -898,59 +622,46 @@ class TrainingEngine:
         return state
 
 
-def default_session_options(device, step_macs: int,
-                            deterministic: bool = False) -> ort.SessionOptions:
-    """The session options of a :class:`TrainingEngine` given none.
+class _Step(NamedTuple):
+    """The session of a step (or epoch) graph, its layout and its carried buffers."""
 
-    Parameters
-    ----------
-    device : ortlearn.training.device.Device
-    step_macs : int
-        Multiply-adds of one step: rows of a mini-batch times weights.
-    deterministic : bool, default=False
-        Deterministic kernels on a GPU (the CPU ignores it).
+    session: ort.InferenceSession
+    layout: FusedLayout
+    buffers: StepBuffers
 
-    Returns
-    -------
-    onnxruntime.SessionOptions
-        On a GPU, :func:`~ortlearn.training.device.make_session_options`.
-        On the CPU, one thread below ``PARALLEL_MIN_STEP_MACS``, else the
-        default threads with spinning workers (``ORTLEARN_ALLOW_SPINNING``).
+
+def _part(layout, copies: dict, buffers, carried: str, param: str) -> np.ndarray:
+    """The host value of ``param``'s part of the carried buffer ``carried``.
+
+    A view of one host copy per carried buffer (kept in ``copies``), so that
+    the weights of a flat buffer cost one copy, not one each.
     """
-    if device.kind != "cpu":
-        return make_session_options(deterministic=deterministic)
-    if step_macs < PARALLEL_MIN_STEP_MACS:
-        return make_session_options(1)
-    return make_session_options(allow_spinning=default_allow_spinning(True))
+    if carried not in copies:
+        copies[carried] = buffers.host_copy(carried)
+    value = copies[carried]
+    if param in layout.offsets:
+        offset, shape = layout.offsets[param]
+        value = value[offset:offset + math.prod(shape)].reshape(shape)
+    return value
 
 
-def _check_lr(lr) -> float:
-    lr = float(lr)
-    if not (np.isfinite(lr) and lr > 0):
-        raise ValueError(f"The learning rate must be a finite number > 0, got {lr!r}.")
-    return lr
+def _weight_values(layout, buffers: StepBuffers | None, copies: dict | None = None,
+                   only=None) -> dict:
+    """``{weight: host value}`` (those in ``only`` if given).
 
-
-def _host_values(layout, buffers: _PingPong | None, items, copies: dict | None = None) -> dict:
-    """``{key: host value}`` for ``(key, carried input, weight)`` items.
-
-    The value is the weight's part of the carried value (the weight or one of
-    its states): a view of one host copy per carried buffer, so that the
-    weights of a flat buffer cost one copy, not one each. ``copies`` gives
-    and receives ``{carried input: host copy}`` (``buffers`` may be None
-    when it holds them all).
+    ``copies`` gives and receives ``{carried input: host copy}``; ``buffers``
+    may be None when it holds them all.
     """
     copies = {} if copies is None else copies
-    values = {}
-    for key, carried, param in items:
-        if carried not in copies:
-            copies[carried] = buffers.host_copy(carried)
-        value = copies[carried]
-        if param in layout.offsets:
-            offset, shape = layout.offsets[param]
-            value = value[offset:offset + math.prod(shape)].reshape(shape)
-        values[key] = value
-    return values
+    return {p: _part(layout, copies, buffers, c, p) for p, c in layout.weights.items()
+            if only is None or p in only}
+
+
+def _state_values(layout, buffers: StepBuffers) -> dict:
+    """``{weight: {state: host value}}`` of the optimizer states."""
+    copies = {}
+    return {p: {s: _part(layout, copies, buffers, c, p) for s, c in d.items()}
+            for p, d in layout.states.items()}
 
 
 def _is_state(layout, name: str) -> bool:

@@ -1,15 +1,15 @@
-"""Small helpers shared by every module that builds ONNX graphs.
+"""Models, values and nodes: what every module that reads or writes ONNX graphs shares.
 
-One place for: the opset and IR version ortlearn writes, the dtype maps, a
-:class:`GraphBuilder` that emits nodes with unique names (and knows which
-form of an operator the opset wants), and model finalisation/validation.
+The opset and IR version ortlearn writes, the dtype maps, loading,
+finalising and pruning models, the type and shape of values, the attributes
+and inputs of nodes, the values known before running.
 """
 
 from __future__ import annotations
 
 import contextlib
 import itertools
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import onnx
@@ -139,6 +139,43 @@ def invalid_model_errors(model, what: str = "The model"):
         raise
 
 
+#: Element types of the initializers that can be trained.
+TRAINABLE_TYPES = (TensorProto.FLOAT16, TensorProto.FLOAT, TensorProto.DOUBLE)
+
+
+def get_train_initializer(onx) -> list[str]:
+    """Names of the initializers of ``onx`` that can be trained.
+
+    An initializer can be trained when its element type is a float type
+    (float16, float32, float64); integer tensors (shapes, axes, class labels)
+    are not weights. Constants written as ``Constant`` nodes are never listed:
+    that is how ortlearn freezes a value.
+
+    Parameters
+    ----------
+    onx : onnx.ModelProto, bytes or path
+        The model.
+
+    Returns
+    -------
+    list of str
+        Initializer names, in the order of ``onx.graph.initializer``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from sklearn.linear_model import LinearRegression
+    >>> from skl2onnx import to_onnx
+    >>> X = np.random.rand(20, 3).astype(np.float32)
+    >>> lr = LinearRegression().fit(X, X.sum(axis=1))
+    >>> onx = to_onnx(lr, X, black_op={'LinearRegressor'})
+    >>> get_train_initializer(onx)
+    ['coef', 'intercept']
+    """
+    model = onx if isinstance(onx, onnx.ModelProto) else load_model(onx)
+    return [init.name for init in model.graph.initializer if init.data_type in TRAINABLE_TYPES]
+
+
 def initializer_map(graph: onnx.GraphProto) -> dict[str, TensorProto]:
     return {init.name: init for init in graph.initializer}
 
@@ -220,141 +257,45 @@ def shape_matches(declared, actual: Sequence[int], symbols: dict | None = None) 
     return True
 
 
-class GraphBuilder:
-    """Append nodes to a graph under construction, with unique names.
-
-    Parameters
-    ----------
-    opset : int
-        Version of the ai.onnx domain of the target model: :meth:`reduce`,
-        :meth:`split` and friends emit the form that version wants.
-    used_names : iterable of str
-        Names already present in the graph (never reused).
-    prefix : str
-        Prefix of every generated name, which keeps generated values apart
-        from the user's.
-
-    Examples
-    --------
-    >>> b = GraphBuilder(opset=18, prefix="loss_")
-    >>> d = b.op("Sub", ["pred", "label"])
-    >>> sq = b.op("Mul", [d, d])
-    >>> out = b.reduce("ReduceMean", sq, keepdims=0)
-    >>> [n.op_type for n in b.nodes]
-    ['Sub', 'Mul', 'ReduceMean']
-    """
-
-    def __init__(self, opset: int = DEFAULT_OPSET, used_names: Iterable[str] = (),
-                 prefix: str = ""):
-        if opset < MIN_OPSET:
-            raise ValueError(f"ortlearn needs ai.onnx opset >= {MIN_OPSET}, the model has {opset}.")
-        self.opset = opset
-        self.prefix = prefix
-        self.nodes: list[onnx.NodeProto] = []
-        self._used = set(used_names)
-        self._counter = itertools.count()
-        self._const_cache: dict[tuple, str] = {}
-
-    @classmethod
-    def for_model(cls, model: onnx.ModelProto, prefix: str = "") -> GraphBuilder:
-        """A builder for nodes to be added to ``model`` (its opset, its names)."""
-        g = model.graph
-        names = {v.name for v in itertools.chain(g.input, g.output, g.initializer, g.value_info)}
-        for node in g.node:
-            names.update(node.input)
-            names.update(node.output)
-            names.add(node.name)
-        return cls(opset=opset_of(model) or DEFAULT_OPSET, used_names=names, prefix=prefix)
-
-    def unique_name(self, hint: str) -> str:
-        base = f"{self.prefix}{hint}"
-        name = base
-        while name in self._used:
-            name = f"{base}_{next(self._counter)}"
-        self._used.add(name)
-        return name
-
-    def reserve(self, name: str) -> str:
-        """Claim an exact name (for outputs whose name is part of an API)."""
-        if name in self._used:
-            raise ValueError(f"Name {name!r} is already used in the graph.")
-        self._used.add(name)
-        return name
-
-    def op(self, op_type: str, inputs: Sequence[str], n_outputs: int = 1,
-           outputs: Sequence[str] | None = None, domain: str = "", **attrs):
-        """Add one node; return its output name (or list of names if ``n_outputs > 1``)."""
-        if outputs is None:
-            outputs = [self.unique_name(f"{op_type}_out") for _ in range(n_outputs)]
-        node = helper.make_node(op_type, list(inputs), list(outputs),
-                                name=self.unique_name(op_type), domain=domain or None, **attrs)
-        self.nodes.append(node)
-        return outputs[0] if len(outputs) == 1 and n_outputs == 1 else list(outputs)
-
-    def const(self, value, dtype=None, hint: str = "const") -> str:
-        """A ``Constant`` node holding ``value`` (cached: each constant is emitted once).
-
-        Constants are nodes, never initializers, so that they are never
-        mistaken for trainable weights (see ``get_train_initializer``).
-        """
-        arr = np.asarray(value, dtype=dtype)
-        key = (arr.dtype.str, arr.shape, arr.tobytes())
-        if key not in self._const_cache:
-            name = self.unique_name(hint)
-            self.op("Constant", [], outputs=[name], value=numpy_helper.from_array(arr, name))
-            self._const_cache[key] = name
-        return self._const_cache[key]
-
-    def ints(self, values: Sequence[int], hint: str = "axes") -> str:
-        return self.const(np.asarray(list(values), dtype=np.int64), hint=hint)
-
-    # Operators whose signature changed across the supported opsets.
-    def reduce(self, op_type: str, x: str, axes: Sequence[int] | str | None = None,
-               keepdims: int = 1, output: str | None = None, **attrs) -> str:
-        """Reduce* with ``axes`` as input or attribute as the opset requires.
-
-        ``axes=None`` reduces over every axis. ``axes`` may be the name of an
-        int64 tensor (dynamic axes, input form only).
-        """
-        input_form = op_type == "ReduceSum" or self.opset >= 18
-        outputs = [output] if output else None
-        if axes is None:
-            return self.op(op_type, [x], outputs=outputs, keepdims=keepdims, **attrs)
-        if isinstance(axes, str):
-            if not input_form:
-                raise ValueError(f"{op_type} takes dynamic axes from opset 18 on.")
-            return self.op(op_type, [x, axes], outputs=outputs, keepdims=keepdims, **attrs)
-        if input_form:
-            return self.op(op_type, [x, self.ints(axes)], outputs=outputs, keepdims=keepdims,
-                           **attrs)
-        return self.op(op_type, [x], outputs=outputs, axes=list(axes), keepdims=keepdims, **attrs)
-
-    def squeeze(self, x: str, axes: Sequence[int]) -> str:
-        return self.op("Squeeze", [x, self.ints(axes)])
-
-    def unsqueeze(self, x: str, axes: Sequence[int]) -> str:
-        return self.op("Unsqueeze", [x, self.ints(axes)])
-
-    def cast(self, x: str, to: int) -> str:
-        return self.op("Cast", [x], to=to)
-
-    def add_to_graph(self, graph: onnx.GraphProto) -> None:
-        """Append the nodes built so far to ``graph`` (and start a new batch)."""
-        graph.node.extend(self.nodes)
-        self.nodes = []
-        self._const_cache.clear()
-
-
-def _subgraph_inputs(node: onnx.NodeProto) -> set:
-    """Names a node's subgraphs (If/Loop/Scan bodies) read from outer scopes."""
-    names = set()
-    for attr in node.attribute:
-        graphs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
+def node_reads(node: onnx.NodeProto) -> set[str]:
+    """Names a node reads: its inputs and the outer values its subgraphs (If, Loop, Scan) use."""
+    names = {i for i in node.input if i}
+    for a in node.attribute:
+        graphs = [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)
         for graph in graphs:
             for sub in graph.node:
-                names.update(sub.input)
-                names.update(_subgraph_inputs(sub))
+                names |= node_reads(sub)
     return names
+
+
+def attr(node: onnx.NodeProto, name: str, default=None):
+    """Value of attribute ``name`` of ``node`` (``default`` when absent)."""
+    for a in node.attribute:
+        if a.name == name:
+            value = helper.get_attribute_value(a)
+            return value.decode() if isinstance(value, bytes) else value
+    return default
+
+
+def optional_input(node: onnx.NodeProto, index: int) -> str | None:
+    """Name of input ``index`` of ``node``, None when omitted."""
+    return node.input[index] if len(node.input) > index and node.input[index] else None
+
+
+def constant_values(graph: onnx.GraphProto, wrt: Sequence[str] = ()) -> dict[str, np.ndarray]:
+    """Values known before running: initializers that are neither inputs nor in ``wrt``,
+    and the outputs of ``Constant`` nodes."""
+    inputs = {i.name for i in graph.input}
+    values = {init.name: numpy_helper.to_array(init) for init in graph.initializer
+              if init.name not in inputs and init.name not in wrt}
+    for node in graph.node:
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+            a = node.attribute[0]
+            if a.name == "value":
+                values[node.output[0]] = numpy_helper.to_array(a.t)
+            elif a.name in ("value_float", "value_int", "value_floats", "value_ints"):
+                values[node.output[0]] = np.asarray(helper.get_attribute_value(a))
+    return values
 
 
 def needed_nodes(nodes: Sequence[onnx.NodeProto], outputs: Sequence[str]) -> list:
@@ -363,8 +304,7 @@ def needed_nodes(nodes: Sequence[onnx.NodeProto], outputs: Sequence[str]) -> lis
     for node in reversed(nodes):
         if any(o in needed for o in node.output):
             kept.append(node)
-            needed.update(n for n in node.input if n)
-            needed.update(_subgraph_inputs(node))
+            needed |= node_reads(node)
     kept.reverse()
     return kept
 
@@ -395,8 +335,7 @@ def prune_model(model: onnx.ModelProto, outputs: Sequence[str],
     kept = needed_nodes(graph.node, outputs)
     needed = set(outputs)
     for node in kept:
-        needed.update(n for n in node.input if n)
-        needed.update(_subgraph_inputs(node))
+        needed |= node_reads(node)
     inputs = [i for i in graph.input if i.name in needed and i.name not in weights]
     initializers = [numpy_helper.from_array(np.asarray(value), name)
                     for name, value in weights.items() if name in needed]

@@ -17,8 +17,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
-from .._onnx_helper import shape_of
-from ._context import attr, optional_input
+from .model import attr, optional_input, shape_of
 
 _SAME_SHAPE = frozenset((
     "Abs", "Cast", "Ceil", "Clip", "Dropout", "Elu", "Erf", "Exp", "Floor", "HardSigmoid",

@@ -14,16 +14,11 @@ import numpy as np
 import onnxruntime as ort
 import scipy.optimize
 
-from .._onnx_helper import initializers_to_inputs, load_model
 from ..autodiff import build_gradient
 from ..exceptions import ConvergenceWarning
-from ..training.device import make_session, make_session_options, parse_device
-from ._engine import (
-    _check_input_names,
-    _check_loss_output,
-    _check_trainable,
-    _conform_state,
-)
+from ..graph import initializers_to_inputs, load_model
+from .checks import check_input_names, check_loss_output, check_trainable, conform_state
+from .device import make_session, make_session_options, parse_device
 
 __all__ = ["minimize_lbfgs"]
 
@@ -107,7 +102,7 @@ def minimize_lbfgs(loss_model, trainable, initial_weights, arrays, input_names=N
     max_fun : int, default=15000
         Maximum number of loss evaluations.
     session_options : onnxruntime.SessionOptions, default=None
-        None: :func:`~ortlearn.training.device.make_session_options`.
+        None: :func:`~ortlearn.training.make_session_options`.
     deterministic : bool, default=False
         With ``session_options=None``, deterministic kernels on a GPU (the
         CPU kernels are deterministic already).
@@ -136,12 +131,12 @@ def minimize_lbfgs(loss_model, trainable, initial_weights, arrays, input_names=N
         ``initial_weights``.
     """
     model = load_model(loss_model)
-    _check_loss_output(model, loss_output)
-    trainable = _check_trainable(model, trainable)
-    input_names = _check_input_names(model, input_names)
+    check_loss_output(model, loss_output)
+    trainable = check_trainable(model, trainable)
+    input_names = check_input_names(model, input_names)
     weights = initializers_to_inputs(model, trainable)
     if initial_weights:
-        weights.update(_conform_state(dict(initial_weights), weights, partial=True))
+        weights.update(conform_state(dict(initial_weights), weights, partial=True))
     grad_model = build_gradient(model, wrt=trainable, loss_output=loss_output)
     if session_options is None and deterministic and parse_device(device).kind != "cpu":
         session_options = make_session_options(deterministic=True)

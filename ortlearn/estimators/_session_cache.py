@@ -1,13 +1,13 @@
-"""The holder of a fitted estimator's onnxruntime objects."""
+"""The cache of a fitted estimator's onnxruntime objects."""
 
 from __future__ import annotations
 
 import threading
 
-from ..training.device import make_session
+from ..training import make_session
 
 
-class _Runtime:
+class _SessionCache:
     """onnxruntime objects of a fitted estimator: created in ``fit``, filled lazily.
 
     ``InferenceSession`` objects cannot be pickled or deep-copied, and
@@ -30,7 +30,7 @@ class _Runtime:
         self.__init__()
 
     def __deepcopy__(self, memo):
-        return _Runtime()
+        return _SessionCache()
 
     def inference_session(self, make_model, device):
         """The prediction session, built once from ``make_model()`` (thread-safe)."""

@@ -1,9 +1,9 @@
 """One ONNX graph per training step: batch selection, forward, backward, update.
 
 :func:`build_fused_step` turns a loss graph into the graph a
-:class:`~ortlearn.estimators._engine.TrainingEngine` runs once per
-mini-batch; :func:`build_fused_epoch` wraps the same nodes in an ONNX
-``Loop`` that runs every mini-batch of an epoch in one call.
+:class:`~ortlearn.training.TrainingEngine` runs once per mini-batch;
+:func:`build_fused_epoch` wraps the same nodes in an ONNX ``Loop`` that runs
+every mini-batch of an epoch in one call.
 
 The whole training set is a graph input (put on the device once): a step
 reads its rows from the epoch's row order with ``Gather``, so nothing is
@@ -38,22 +38,17 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from .._onnx_helper import (
-    FLOAT_TYPES,
-    GraphBuilder,
-    elem_type_of,
-    finalize_model,
-    needed_nodes,
-    opset_of,
-    shape_of,
-    value_info_map,
-)
+from ..autodiff import append_backward
+from ..graph import GraphBuilder, elem_type_of, finalize_model, needed_nodes, opset_of, shape_of
+from ..graph.passes import run_passes
 
 __all__ = ["FusedLayout", "build_fused_epoch", "build_fused_step"]
 
 ORDER, STARTS, ENDS, ROWS = "fused.order", "fused.starts", "fused.ends", "fused.rows"
 SCALAR = "fused.scalar."
 STEP_IN_EPOCH, LOSS_SUM = "fused.k", "fused.loss_sum"
+#: The batch number inside the epoch's Loop (the iteration count).
+LOOP_ITERATION = "fused.iteration"
 FLAT = "fused.weights"
 _NEXT, _DATA, _EPOCH = ".next", ".all", ".epoch"
 
@@ -112,15 +107,15 @@ def _state_name(param: str, state: str) -> str:
 
 
 def _step_nodes(model: onnx.ModelProto, trainable, input_names, optimizer, loss_output: str,
-                k: str, epoch_ordered=()):
+                in_loop: bool, epoch_ordered=()):
     """Nodes of one step appended to ``model`` (a copy), with the carried output names.
 
     ``model``'s trainable initializers become inputs, its data inputs are
-    replaced by ``Gather`` of the full data; ``k`` names the batch number.
+    replaced by ``Gather`` of the full data. The batch number ``k`` is the
+    Loop's iteration count ``in_loop``, else a carried value ``k -> k + 1``.
     Returns the graph inputs to add and ``{carried input: output}``.
     """
-    from ..autodiff import append_backward
-
+    k = LOOP_ITERATION if in_loop else STEP_IN_EPOCH
     graph = model.graph
     inits = {i.name: i for i in graph.initializer}
     declared = {i.name: i for i in graph.input}
@@ -172,7 +167,7 @@ def _step_nodes(model: onnx.ModelProto, trainable, input_names, optimizer, loss_
     states = {p.name: {s: _state_name(weights[p.name], s) for s in optimizer.state_names}
               for p in params}
     carried_inputs = [scalar(LOSS_SUM, TensorProto.DOUBLE, [])]
-    if k == STEP_IN_EPOCH:
+    if not in_loop:
         carried_inputs.append(scalar(k, TensorProto.INT64, []))
     if flat:
         size = sum(int(np.prod(p.dims, dtype=np.int64)) for p in params)
@@ -186,7 +181,7 @@ def _step_nodes(model: onnx.ModelProto, trainable, input_names, optimizer, loss_
     # weights, each weight is an input until its view replaces it.
     weight_inputs = [scalar(p.name, p.data_type, list(p.dims)) for p in params] if flat else []
     graph.input.extend(inputs + carried_inputs + weight_inputs)
-    if k != STEP_IN_EPOCH:
+    if in_loop:
         graph.input.append(scalar(k, TensorProto.INT64, []))
 
     loss_info = next(o for o in graph.output if o.name == loss_output)
@@ -205,7 +200,7 @@ def _step_nodes(model: onnx.ModelProto, trainable, input_names, optimizer, loss_
         batch_loss = b.reduce("ReduceSum", batch_loss, keepdims=0)
     carried = {LOSS_SUM: b.op("Add", [LOSS_SUM, b.op("Mul", [batch_loss, n_rows])],
                               outputs=[b.reserve(LOSS_SUM + _NEXT)])}
-    if k == STEP_IN_EPOCH:
+    if not in_loop:
         b.op("Add", [k, b.const(1, dtype=np.int64)], outputs=[b.reserve(k + _NEXT)])
         carried[k] = k + _NEXT
     # Carried inputs that are new names are claimed; optimizer.build reserves
@@ -280,316 +275,6 @@ def _flat_update(b: GraphBuilder, optimizer, params, grads, step_scalars: dict,
                     scalars=step_scalars, scalar_elem_type=scalar_elem)
 
 
-def _zero_constants(nodes) -> dict:
-    """``{output: TensorProto element type}`` of the Constant nodes holding a scalar 0."""
-    zeros = {}
-    for node in nodes:
-        if (node.op_type != "Constant" or len(node.attribute) != 1
-                or node.attribute[0].name != "value"):
-            continue
-        tensor = node.attribute[0].t
-        value = onnx.numpy_helper.to_array(tensor)
-        if value.size == 1 and tensor.data_type in FLOAT_TYPES and float(value.ravel()[0]) == 0:
-            zeros[node.output[0]] = tensor.data_type
-    return zeros
-
-
-def _masks_as_products(nodes) -> list:
-    """``Where(cond, g, 0)`` rewritten as ``g * Cast(cond)``, the same value for finite ``g``.
-
-    The backward pass masks gradients with ``Where`` (ReLU, clipping);
-    onnxruntime's CPU ``Where`` is about 4 times slower than a ``Cast`` and
-    a ``Mul`` together on a (256, 100) float tensor (33 µs against 8).
-    """
-    zeros = _zero_constants(nodes)
-    out = []
-    for node in nodes:
-        if node.op_type != "Where" or node.input[2] not in zeros:
-            out.append(node)
-            continue
-        mask = node.output[0] + ".mask"
-        out.append(helper.make_node("Cast", [node.input[0]], [mask], to=zeros[node.input[2]],
-                                    name=mask))
-        out.append(helper.make_node("Mul", [node.input[1], mask], list(node.output),
-                                    name=node.output[0] + ".masked"))
-    return out
-
-
-#: A ``ReduceSum`` over the rows of a matrix of at least this many columns
-#: becomes a product with a row of ones (see :func:`_column_sums_as_products`).
-_MIN_SUM_COLUMNS = 32
-
-
-def _int_constants(nodes) -> dict:
-    """``{output: list of int}`` of the Constant nodes holding int64 tensors."""
-    out = {}
-    for node in nodes:
-        if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value" \
-                and node.attribute[0].t.data_type == TensorProto.INT64:
-            out[node.output[0]] = onnx.numpy_helper.to_array(node.attribute[0].t).ravel().tolist()
-    return out
-
-
-def _column_sums_as_products(nodes, infos: dict, opset: int) -> list:
-    """``ReduceSum(x, axes=[0])`` of a (n, k) float matrix as ``ones(1, n) @ x``.
-
-    The backward pass sums the gradient of a bias over the rows of the
-    batch; onnxruntime's CPU ``ReduceSum`` over the first axis of a
-    (256, 100) float32 matrix takes about 20 µs, the matrix product 4 µs
-    (the three nodes building the row of ones, four before opset 15, cost
-    about 1 µs each). The sum is the same up to rounding (another order of
-    additions).
-    """
-    axes_of = _int_constants(nodes)
-    out = []
-    for node in nodes:
-        info = infos.get(node.input[0]) if node.op_type == "ReduceSum" else None
-        shape = shape_of(info) if info is not None else None
-        keepdims = next((a.i for a in node.attribute if a.name == "keepdims"), 1)
-        if (info is None or len(node.input) < 2 or axes_of.get(node.input[1]) not in ([0], [-2])
-                or elem_type_of(info) not in FLOAT_TYPES or shape is None or len(shape) != 2
-                or not isinstance(shape[1], int) or shape[1] < _MIN_SUM_COLUMNS
-                or len(node.attribute) > 1):
-            out.append(node)
-            continue
-        x, name = node.input[0], node.output[0]
-        dtype = onnx.helper.tensor_dtype_to_np_dtype(elem_type_of(info))
-
-        def const(suffix, value):
-            out.append(helper.make_node("Constant", [], [name + suffix], name=name + suffix,
-                                        value=onnx.numpy_helper.from_array(value)))
-            return name + suffix
-
-        rows = name + ".rows"
-        if opset >= 15:  # Shape takes start and end from opset 15 on: no Gather
-            out.append(helper.make_node("Shape", [x], [rows], name=rows, start=0, end=1))
-        else:
-            first = const(".first", np.array([0], dtype=np.int64))
-            out.append(helper.make_node("Shape", [x], [name + ".shape"], name=name + ".shape"))
-            out.append(helper.make_node("Gather", [name + ".shape", first], [rows], name=rows))
-        one = const(".one", np.array([1], dtype=np.int64))
-        out.append(helper.make_node("Concat", [one, rows], [name + ".dims"], axis=0,
-                                    name=name + ".dims"))
-        out.append(helper.make_node("ConstantOfShape", [name + ".dims"], [name + ".ones"],
-                                    name=name + ".ones",
-                                    value=onnx.numpy_helper.from_array(np.ones(1, dtype))))
-        if keepdims:
-            out.append(helper.make_node("MatMul", [name + ".ones", x], [name], name=name))
-            continue
-        out.append(helper.make_node("MatMul", [name + ".ones", x], [name + ".row"],
-                                    name=name + ".row"))
-        flat = const(".flat", np.array([-1], dtype=np.int64))
-        out.append(helper.make_node("Reshape", [name + ".row", flat], [name], name=name))
-    return out
-
-
-#: Elementwise operators whose broadcasting makes an ``Expand`` of one operand
-#: to the other's shape redundant.
-_BROADCASTING = frozenset({"Add", "Sub", "Mul", "Div"})
-#: Elementwise operators of one operand an expanded single value may go
-#: through as that value (``Neg(Expand(s))`` is ``Expand(Neg(s))``).
-_UNARY = frozenset({"Neg"})
-
-
-def _keeps_one_value(node, value: str, shapes: dict, target) -> bool:
-    """Whether ``node`` applied to ``Expand(s, target)`` (named ``value``) is ``Expand`` of
-    the node applied to ``s``, a single value: a ``Neg``, or an arithmetic operator whose
-    other operand is a single value of no more dimensions than ``target``."""
-    if node.op_type in _UNARY:
-        return True
-    if node.op_type not in _BROADCASTING or len(node.input) != 2 or len({*node.input}) != 2:
-        return False
-    other = _static_shape(shapes, next(v for v in node.input if v != value))
-    return other is not None and len(other) <= len(target) and all(d == 1 for d in other)
-
-
-def _static_shape(shapes: dict, name: str):
-    """The shape of ``name`` when every dimension is known (int or symbol), else None."""
-    shape = shapes.get(name)
-    return None if shape is None or None in shape else shape
-
-
-def _dominates(shape, target) -> bool:
-    """Whether broadcasting ``target`` against ``shape`` gives ``shape``."""
-    return len(target) <= len(shape) and all(
-        t == 1 or t == d for t, d in zip(reversed(target), reversed(shape)))
-
-
-def _expands_as_broadcasts(nodes, shapes: dict, outputs=()) -> list:
-    """``Mul(Expand(s, shape), y)`` rewritten as ``Mul(s, y)`` when ``s`` holds one value.
-
-    The gradient of a mean or a sum is its upstream scalar expanded to the
-    input's shape, which the loss's gradient then multiplies (the one-hot
-    rows of a cross-entropy, the weight of an L2 penalty): broadcasting
-    gives the same values without the ``Expand`` (and the ``Shape`` that may
-    feed it), each node costing onnxruntime about a microsecond. Done when
-    every consumer, after a chain of ``Neg`` or of products with a single
-    value (then applied to the single value: the half of a squared error),
-    is an elementwise binary operator whose other operand keeps its shape
-    when broadcast with the expanded one. ``shapes`` are those of
-    :func:`ortlearn.autodiff._shapes.refine_shapes`, which give the rows of
-    a batch one symbol (ONNX shape inference gives each sliced or broadcast
-    value a new one). The values of ``outputs`` keep their shapes.
-    """
-    consumers = _consumers(nodes)
-    # output of a Shape node -> the value it measures
-    measured = {node.output[0]: node.input[0] for node in nodes
-                if node.op_type == "Shape" and not node.attribute}
-    outputs = set(outputs)
-    replaced = {}
-    for node in nodes:
-        if node.op_type != "Expand":
-            continue
-        source = _static_shape(shapes, node.input[0])
-        # Expand(s, Shape(v)) has v's shape, whatever symbol its output got
-        target = _static_shape(shapes, measured.get(node.input[1], node.output[0]))
-        if source is None or target is None or any(d != 1 for d in source) \
-                or len(source) > len(target):
-            continue
-        value, users = node.output[0], consumers.get(node.output[0], [])
-        while len(users) == 1 and value not in outputs \
-                and _keeps_one_value(users[0], value, shapes, target):
-            value = users[0].output[0]
-            users = consumers.get(value, [])
-        if value in outputs or not users:
-            continue
-        if all(user.op_type in _BROADCASTING and len(user.input) == 2
-               and len({*user.input}) == 2
-               and _dominates(_static_shape(shapes, next(v for v in user.input if v != value))
-                              or (), target) for user in users):
-            replaced[node.output[0]] = node.input[0]
-    out = []
-    for node in nodes:
-        if node.op_type == "Expand" and node.output[0] in replaced:
-            continue
-        if any(v in replaced for v in node.input):
-            node = onnx.NodeProto.FromString(node.SerializeToString())
-            node.input[:] = [replaced.get(v, v) for v in node.input]
-        out.append(node)
-    return out
-
-
-def _consumers(nodes) -> dict:
-    """``{value: [nodes reading it]}``."""
-    consumers = {}
-    for node in nodes:
-        for value in node.input:
-            consumers.setdefault(value, []).append(node)
-    return consumers
-
-
-def _sole_use(consumers: dict, value: str, node, outputs) -> bool:
-    """Whether ``node`` is the only reader of ``value``, which is no graph output."""
-    users = consumers.get(value, [])
-    return value not in outputs and len(users) == 1 and users[0] is node
-
-
-def _rewritten(nodes, replaced: dict, dropped: set) -> list:
-    """``nodes`` with ``replaced[id(node)]`` (a list) for a node, those of ``dropped`` left out."""
-    out = []
-    for node in nodes:
-        if id(node) in replaced:
-            out.extend(replaced[id(node)])
-        elif id(node) not in dropped:
-            out.append(node)
-    return out
-
-
-def _negations_folded(nodes, constants: dict, outputs=()) -> list:
-    """``Neg(Mul(c, x))`` and ``Neg(Div(c, x))`` as one node of the constant ``-c``.
-
-    The gradient of a mean, ``1 / n``, reaches a negated loss (the
-    cross-entropy's ``-log p``) as ``Neg(Div(1, n))``. Negating the
-    constant is exact: the values are the same, bit for bit, one node fewer
-    per step. ``constants`` are the known values (``{name: array}``); the
-    product or quotient must have no other reader.
-    """
-    producer = {o: node for node in nodes for o in node.output}
-    consumers = _consumers(nodes)
-    folded = {}  # id of the Mul or Div -> (negated constant node, new node)
-    dropped = set()
-    for node in nodes:
-        source = producer.get(node.input[0]) if node.op_type == "Neg" else None
-        if source is None or source.op_type not in ("Mul", "Div") \
-                or not _sole_use(consumers, source.output[0], node, outputs):
-            continue
-        # c * x, x * c or c / x: the constant may stand where negating it negates the result
-        slots = (0, 1) if source.op_type == "Mul" else (0,)
-        slot = next((i for i in slots if source.input[i] in constants
-                     and constants[source.input[i]].dtype.kind == "f"), None)
-        if slot is None:
-            continue
-        negated = source.output[0] + ".negated"
-        constant = helper.make_node("Constant", [], [negated], name=negated,
-                                    value=onnx.numpy_helper.from_array(
-                                        np.asarray(-constants[source.input[slot]])))
-        inputs = list(source.input)
-        inputs[slot] = negated
-        folded[id(source)] = (constant, helper.make_node(source.op_type, inputs,
-                                                         list(node.output), name=node.name))
-        dropped.add(id(node))
-    return _rewritten(nodes, folded, dropped)
-
-
-def _common_factors(nodes, outputs=()) -> list:
-    """``Sub(Mul(a, s), Mul(b, s))`` rewritten as ``Mul(Sub(a, b), s)``; so for ``Add``.
-
-    The cross-entropy's gradient with respect to the logits comes out of
-    the backward pass as ``onehot * s - softmax * s``, ``s`` the mean's
-    ``-1 / n``: one product fewer per step. The value is the same up to
-    rounding; broadcasting gives the same shape, whatever the operands'.
-    Each product must have no other reader.
-    """
-    producer = {o: node for node in nodes for o in node.output}
-    consumers = _consumers(nodes)
-    factored, dropped = {}, set()
-    for node in nodes:
-        if node.op_type not in ("Add", "Sub") or len(node.input) != 2:
-            continue
-        left, right = (producer.get(v) for v in node.input)
-        if left is None or right is None or left is right \
-                or left.op_type != "Mul" or right.op_type != "Mul" \
-                or id(left) in dropped or id(right) in dropped \
-                or not all(_sole_use(consumers, m.output[0], node, outputs)
-                           for m in (left, right)):
-            continue
-        shared = set(left.input) & set(right.input)
-        if len(shared) != 1 or len(set(left.input)) != 2 or len(set(right.input)) != 2:
-            continue
-        factor = shared.pop()
-        a, b = (next(v for v in m.input if v != factor) for m in (left, right))
-        inner = node.output[0] + ".factored"
-        factored[id(node)] = [
-            helper.make_node(node.op_type, [a, b], [inner], name=inner),
-            helper.make_node("Mul", [inner, factor], list(node.output), name=node.name)]
-        dropped.update((id(left), id(right)))
-    return _rewritten(nodes, factored, dropped)
-
-
-def _cheaper_nodes(model: onnx.ModelProto, nodes, outputs) -> list:
-    """``nodes`` with the rewrites that keep their values and cost onnxruntime less.
-
-    Only the nodes that ``outputs`` still need are kept.
-    """
-    from ..autodiff._backward import _constant_values
-    from ..autodiff._shapes import refine_shapes
-
-    nodes = _masks_as_products(nodes)
-    graph = onnx.GraphProto()
-    graph.CopyFrom(model.graph)
-    del graph.node[:]
-    graph.node.extend(nodes)
-    probe = onnx.ModelProto()
-    probe.CopyFrom(model)
-    probe.graph.CopyFrom(graph)
-    infos = value_info_map(probe)
-    constants = _constant_values(graph, [])
-    shapes = refine_shapes(graph, infos, constants)
-    nodes = _expands_as_broadcasts(nodes, shapes, outputs)
-    nodes = _common_factors(_negations_folded(nodes, constants, outputs), outputs)
-    return _column_sums_as_products(needed_nodes(nodes, outputs), infos, opset_of(model))
-
-
 def _value_infos(infos, names, suffix: str = "") -> list:
     out = []
     for name in names:
@@ -633,14 +318,14 @@ def build_fused_step(loss_model: onnx.ModelProto, trainable, input_names, optimi
     model = onnx.ModelProto()
     model.CopyFrom(loss_model)
     inputs, carried_inputs, layout = _step_nodes(model, trainable, input_names, optimizer,
-                                                 loss_output, STEP_IN_EPOCH, epoch_ordered)
+                                                 loss_output, False, epoch_ordered)
     graph = model.graph
     infos = {i.name: i for i in carried_inputs}
     outputs = _value_infos(infos, layout.carried)
     for info, name in zip(outputs, layout.carried.values()):
         info.name = name
     kept = list(layout.carried.values())
-    nodes = _cheaper_nodes(model, needed_nodes(graph.node, kept), kept)
+    nodes = run_passes(model, needed_nodes(graph.node, kept), kept)
     del graph.node[:]
     graph.node.extend(nodes)
     del graph.output[:]
@@ -660,19 +345,18 @@ def build_fused_epoch(loss_model: onnx.ModelProto, trainable, input_names, optim
     """
     model = onnx.ModelProto()
     model.CopyFrom(loss_model)
-    k = "fused.iteration"
     inputs, carried_inputs, layout = _step_nodes(model, trainable, input_names, optimizer,
-                                                 loss_output, k, epoch_ordered)
+                                                 loss_output, True, epoch_ordered)
     graph = model.graph
     infos = {i.name: i for i in carried_inputs}
     carried = list(layout.carried)
     outputs = list(layout.carried.values())
-    body_nodes = _cheaper_nodes(model, needed_nodes(graph.node, outputs), outputs)
+    body_nodes = run_passes(model, needed_nodes(graph.node, outputs), outputs)
     cond = "fused.cond"
     body_nodes.append(helper.make_node("Identity", [cond], [cond + _NEXT]))
     body = helper.make_graph(
         body_nodes, "fused_epoch_body",
-        [helper.make_tensor_value_info(k, TensorProto.INT64, []),
+        [helper.make_tensor_value_info(LOOP_ITERATION, TensorProto.INT64, []),
          helper.make_tensor_value_info(cond, TensorProto.BOOL, [])]
         + [infos[c] for c in carried],  # in the order of the outputs
         [helper.make_tensor_value_info(cond + _NEXT, TensorProto.BOOL, [])]

@@ -1,0 +1,75 @@
+"""The ground floor: ONNX models, values and nodes, the node builder, shapes, rewrite passes.
+
+- :class:`GraphBuilder`: appends nodes with unique names in the form the
+  opset wants; what gradient rules, losses and optimizers receive.
+- :mod:`~ortlearn.graph.model`: opsets, dtypes, loading, finalising and
+  pruning models, value types and shapes, node attributes, constant values.
+- :func:`refine_shapes`: static shapes where ONNX shape inference gives up.
+- :mod:`~ortlearn.graph.passes`: the rewrites that keep a graph's values and
+  cost onnxruntime less, each a named pass.
+- :mod:`~ortlearn.graph.format`: the names of the training artifacts.
+
+Nothing here imports another ortlearn package.
+"""
+
+from .builder import GraphBuilder
+from .model import (
+    DEFAULT_ML_OPSET,
+    DEFAULT_OPSET,
+    FLOAT_TYPES,
+    MIN_OPSET,
+    TRAINABLE_TYPES,
+    attr,
+    constant_values,
+    elem_type_of,
+    finalize_model,
+    get_train_initializer,
+    initializer_map,
+    initializers_to_inputs,
+    invalid_model_errors,
+    load_model,
+    make_model,
+    needed_nodes,
+    node_reads,
+    np_dtype_to_onnx,
+    onnx_to_np_dtype,
+    opset_of,
+    optional_input,
+    prune_model,
+    shape_matches,
+    shape_of,
+    value_info_map,
+)
+from .passes import set_inference_mode
+from .shapes import refine_shapes
+
+__all__ = [
+    "DEFAULT_ML_OPSET",
+    "DEFAULT_OPSET",
+    "FLOAT_TYPES",
+    "MIN_OPSET",
+    "TRAINABLE_TYPES",
+    "GraphBuilder",
+    "attr",
+    "constant_values",
+    "elem_type_of",
+    "finalize_model",
+    "get_train_initializer",
+    "initializer_map",
+    "initializers_to_inputs",
+    "invalid_model_errors",
+    "load_model",
+    "make_model",
+    "needed_nodes",
+    "node_reads",
+    "np_dtype_to_onnx",
+    "onnx_to_np_dtype",
+    "opset_of",
+    "optional_input",
+    "prune_model",
+    "refine_shapes",
+    "set_inference_mode",
+    "shape_matches",
+    "shape_of",
+    "value_info_map",
+]

@@ -1,0 +1,28 @@
+"""Names and metadata keys of the training artifacts, read by their writers and readers alike.
+
+``doc/artifacts_format.md`` describes the format: the training model's
+gradient-accumulation inputs and outputs, its ``lazy_reset_grad`` flag, the
+optimizer model's inputs, and the JSON each model carries in
+``metadata_props``.
+"""
+
+#: ``metadata_props`` key of the training and eval models (user inputs and
+#: outputs, trainable and frozen parameters).
+TRAINING_METADATA_KEY = "ortlearn.training"
+#: ``metadata_props`` key of the optimizer model (parameters, states, hyper-parameters).
+OPTIMIZER_METADATA_KEY = "ortlearn.optimizer"
+#: Suffix of the training model's input holding a parameter's accumulated gradient.
+GRAD_BUFFER_SUFFIX = "_grad.accumulation.buffer"
+#: Suffix of the training model's output holding a parameter's new accumulated gradient.
+GRAD_OUTPUT_SUFFIX = "_grad.accumulation.out"
+#: Boolean input of the training model: true ignores the accumulated gradients.
+LAZY_RESET_GRAD = "lazy_reset_grad"
+#: Inputs of the optimizer model: the learning rate and the 1-based step.
+LEARNING_RATE = "learning_rate"
+STEP = "step"
+#: Learning rate of a fresh optimizer (onnxruntime-training's default).
+DEFAULT_LEARNING_RATE = 1e-3
+#: Suffixes of the optimizer model's names: ``p.gradient`` is read, ``p.updated``
+#: and ``p.<state>.updated`` are written.
+GRADIENT_SUFFIX = ".gradient"
+UPDATED_SUFFIX = ".updated"

@@ -1,0 +1,452 @@
+"""Graph rewrites that keep a graph's values and cost onnxruntime less: one function a pass.
+
+Every pass has one signature, ``pass(nodes, graph) -> nodes``: it takes the
+nodes of a graph in order and a :class:`GraphView` that answers questions
+about them (types and shapes, constant values, the values that must keep
+their names and shapes), and returns the rewritten nodes. A pass leaves the
+values of the graph's outputs unchanged: bit for bit, or up to rounding
+where its docstring says so. :data:`CHEAPER_NODES` is the ordered list the
+training step runs (:func:`run_passes`); each pass is tested alone in
+``tests/test_passes.py``.
+
+Each node costs onnxruntime about a microsecond whatever its size, and some
+operators are much slower than an equivalent pair: the figures behind each
+rewrite are in ``doc/benchmarks.rst``.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from .builder import GraphBuilder
+from .model import (
+    FLOAT_TYPES,
+    constant_values,
+    elem_type_of,
+    needed_nodes,
+    opset_of,
+    shape_of,
+    value_info_map,
+)
+from .shapes import refine_shapes
+
+__all__ = [
+    "CHEAPER_NODES",
+    "GraphView",
+    "Pass",
+    "column_sums_as_products",
+    "common_factors",
+    "expands_as_broadcasts",
+    "masks_as_products",
+    "negations_folded",
+    "run_passes",
+    "set_inference_mode",
+    "unused_nodes_removed",
+]
+
+
+class GraphView:
+    """What a pass may ask about the nodes it rewrites; each answer computed once, on demand.
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        The model the nodes belong to: its inputs, initializers and opset
+        (its own nodes are ignored).
+    nodes : list of onnx.NodeProto
+        The nodes being rewritten.
+    outputs : iterable of str
+        Values that keep their names and shapes (the graph's outputs).
+    """
+
+    def __init__(self, model: onnx.ModelProto, nodes: Sequence[onnx.NodeProto], outputs):
+        self.model, self.nodes, self.outputs = model, list(nodes), frozenset(outputs)
+
+    @property
+    def opset(self) -> int:
+        """Version of the ai.onnx domain."""
+        return opset_of(self.model)
+
+    @functools.cached_property
+    def graph(self) -> onnx.GraphProto:
+        """The model's graph holding :attr:`nodes`."""
+        graph = onnx.GraphProto()
+        graph.CopyFrom(self.model.graph)
+        del graph.node[:]
+        graph.node.extend(self.nodes)
+        return graph
+
+    @functools.cached_property
+    def infos(self) -> dict:
+        """``{value: ValueInfoProto}`` from ONNX shape inference."""
+        probe = onnx.ModelProto()
+        probe.CopyFrom(self.model)
+        probe.graph.CopyFrom(self.graph)
+        return value_info_map(probe)
+
+    @functools.cached_property
+    def constants(self) -> dict:
+        """``{value: numpy array}`` of the values known before running."""
+        return constant_values(self.graph)
+
+    @functools.cached_property
+    def shapes(self) -> dict:
+        """``{value: shape}`` of :func:`~ortlearn.graph.refine_shapes`."""
+        return refine_shapes(self.graph, self.infos, self.constants)
+
+
+class Pass(NamedTuple):
+    """A named rewrite: ``rewrite(nodes, graph) -> nodes``."""
+
+    name: str
+    rewrite: Callable[[list, GraphView], list]
+
+
+def unused_nodes_removed(nodes: list, graph: GraphView) -> list:
+    """The nodes that computing the graph's outputs needs, in their order."""
+    return needed_nodes(nodes, graph.outputs)
+
+
+def _zero_constants(nodes) -> dict:
+    """``{output: TensorProto element type}`` of the Constant nodes holding a scalar 0."""
+    zeros = {}
+    for node in nodes:
+        if (node.op_type != "Constant" or len(node.attribute) != 1
+                or node.attribute[0].name != "value"):
+            continue
+        tensor = node.attribute[0].t
+        value = onnx.numpy_helper.to_array(tensor)
+        if value.size == 1 and tensor.data_type in FLOAT_TYPES and float(value.ravel()[0]) == 0:
+            zeros[node.output[0]] = tensor.data_type
+    return zeros
+
+
+def masks_as_products(nodes: list, graph: GraphView) -> list:
+    """``Where(cond, g, 0)`` rewritten as ``g * Cast(cond)``, the same value for finite ``g``.
+
+    The backward pass masks gradients with ``Where`` (ReLU, clipping);
+    onnxruntime's CPU ``Where`` is about 4 times slower than a ``Cast`` and
+    a ``Mul`` together on a (256, 100) float tensor (33 µs against 8).
+    """
+    zeros = _zero_constants(nodes)
+    out = []
+    for node in nodes:
+        if node.op_type != "Where" or node.input[2] not in zeros:
+            out.append(node)
+            continue
+        mask = node.output[0] + ".mask"
+        out.append(helper.make_node("Cast", [node.input[0]], [mask], to=zeros[node.input[2]],
+                                    name=mask))
+        out.append(helper.make_node("Mul", [node.input[1], mask], list(node.output),
+                                    name=node.output[0] + ".masked"))
+    return out
+
+
+#: A ``ReduceSum`` over the rows of a matrix of at least this many columns
+#: becomes a product with a row of ones (see :func:`column_sums_as_products`).
+_MIN_SUM_COLUMNS = 32
+
+
+def _int_constants(nodes) -> dict:
+    """``{output: list of int}`` of the Constant nodes holding int64 tensors."""
+    out = {}
+    for node in nodes:
+        if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value" \
+                and node.attribute[0].t.data_type == TensorProto.INT64:
+            out[node.output[0]] = onnx.numpy_helper.to_array(node.attribute[0].t).ravel().tolist()
+    return out
+
+
+def column_sums_as_products(nodes: list, graph: GraphView) -> list:
+    """``ReduceSum(x, axes=[0])`` of a (n, k) float matrix as ``ones(1, n) @ x``.
+
+    The backward pass sums the gradient of a bias over the rows of the
+    batch; onnxruntime's CPU ``ReduceSum`` over the first axis of a
+    (256, 100) float32 matrix takes about 20 µs, the matrix product 4 µs
+    (the three nodes building the row of ones, four before opset 15, cost
+    about 1 µs each). The sum is the same up to rounding (another order of
+    additions).
+    """
+    axes_of, infos, opset = _int_constants(nodes), graph.infos, graph.opset
+    out = []
+    for node in nodes:
+        info = infos.get(node.input[0]) if node.op_type == "ReduceSum" else None
+        shape = shape_of(info) if info is not None else None
+        keepdims = next((a.i for a in node.attribute if a.name == "keepdims"), 1)
+        if (info is None or len(node.input) < 2 or axes_of.get(node.input[1]) not in ([0], [-2])
+                or elem_type_of(info) not in FLOAT_TYPES or shape is None or len(shape) != 2
+                or not isinstance(shape[1], int) or shape[1] < _MIN_SUM_COLUMNS
+                or len(node.attribute) > 1):
+            out.append(node)
+            continue
+        x, name = node.input[0], node.output[0]
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(elem_type_of(info))
+
+        def const(suffix, value):
+            out.append(helper.make_node("Constant", [], [name + suffix], name=name + suffix,
+                                        value=onnx.numpy_helper.from_array(value)))
+            return name + suffix
+
+        rows = name + ".rows"
+        if opset >= 15:  # Shape takes start and end from opset 15 on: no Gather
+            out.append(helper.make_node("Shape", [x], [rows], name=rows, start=0, end=1))
+        else:
+            first = const(".first", np.array([0], dtype=np.int64))
+            out.append(helper.make_node("Shape", [x], [name + ".shape"], name=name + ".shape"))
+            out.append(helper.make_node("Gather", [name + ".shape", first], [rows], name=rows))
+        one = const(".one", np.array([1], dtype=np.int64))
+        out.append(helper.make_node("Concat", [one, rows], [name + ".dims"], axis=0,
+                                    name=name + ".dims"))
+        out.append(helper.make_node("ConstantOfShape", [name + ".dims"], [name + ".ones"],
+                                    name=name + ".ones",
+                                    value=onnx.numpy_helper.from_array(np.ones(1, dtype))))
+        if keepdims:
+            out.append(helper.make_node("MatMul", [name + ".ones", x], [name], name=name))
+            continue
+        out.append(helper.make_node("MatMul", [name + ".ones", x], [name + ".row"],
+                                    name=name + ".row"))
+        flat = const(".flat", np.array([-1], dtype=np.int64))
+        out.append(helper.make_node("Reshape", [name + ".row", flat], [name], name=name))
+    return out
+
+
+#: Elementwise operators whose broadcasting makes an ``Expand`` of one operand
+#: to the other's shape redundant.
+_BROADCASTING = frozenset({"Add", "Sub", "Mul", "Div"})
+#: Elementwise operators of one operand an expanded single value may go
+#: through as that value (``Neg(Expand(s))`` is ``Expand(Neg(s))``).
+_UNARY = frozenset({"Neg"})
+
+
+def _keeps_one_value(node, value: str, shapes: dict, target) -> bool:
+    """Whether ``node`` applied to ``Expand(s, target)`` (named ``value``) is ``Expand`` of
+    the node applied to ``s``, a single value: a ``Neg``, or an arithmetic operator whose
+    other operand is a single value of no more dimensions than ``target``."""
+    if node.op_type in _UNARY:
+        return True
+    if node.op_type not in _BROADCASTING or len(node.input) != 2 or len({*node.input}) != 2:
+        return False
+    other = _static_shape(shapes, next(v for v in node.input if v != value))
+    return other is not None and len(other) <= len(target) and all(d == 1 for d in other)
+
+
+def _static_shape(shapes: dict, name: str):
+    """The shape of ``name`` when every dimension is known (int or symbol), else None."""
+    shape = shapes.get(name)
+    return None if shape is None or None in shape else shape
+
+
+def _dominates(shape, target) -> bool:
+    """Whether broadcasting ``target`` against ``shape`` gives ``shape``."""
+    return len(target) <= len(shape) and all(
+        t == 1 or t == d for t, d in zip(reversed(target), reversed(shape)))
+
+
+def expands_as_broadcasts(nodes: list, graph: GraphView) -> list:
+    """``Mul(Expand(s, shape), y)`` rewritten as ``Mul(s, y)`` when ``s`` holds one value.
+
+    The gradient of a mean or a sum is its upstream scalar expanded to the
+    input's shape, which the loss's gradient then multiplies (the one-hot
+    rows of a cross-entropy, the weight of an L2 penalty): broadcasting
+    gives the same values without the ``Expand`` (and the ``Shape`` that may
+    feed it), each node costing onnxruntime about a microsecond. Done when
+    every consumer, after a chain of ``Neg`` or of products with a single
+    value (then applied to the single value: the half of a squared error),
+    is an elementwise binary operator whose other operand keeps its shape
+    when broadcast with the expanded one. ``shapes`` are those of
+    :func:`~ortlearn.graph.refine_shapes`, which give the rows of a batch
+    one symbol (ONNX shape inference gives each sliced or broadcast value a
+    new one). The graph's outputs keep their shapes.
+    """
+    shapes, outputs = graph.shapes, graph.outputs
+    consumers = _consumers(nodes)
+    # output of a Shape node -> the value it measures
+    measured = {node.output[0]: node.input[0] for node in nodes
+                if node.op_type == "Shape" and not node.attribute}
+    replaced = {}
+    for node in nodes:
+        if node.op_type != "Expand":
+            continue
+        source = _static_shape(shapes, node.input[0])
+        # Expand(s, Shape(v)) has v's shape, whatever symbol its output got
+        target = _static_shape(shapes, measured.get(node.input[1], node.output[0]))
+        if source is None or target is None or any(d != 1 for d in source) \
+                or len(source) > len(target):
+            continue
+        value, users = node.output[0], consumers.get(node.output[0], [])
+        while len(users) == 1 and value not in outputs \
+                and _keeps_one_value(users[0], value, shapes, target):
+            value = users[0].output[0]
+            users = consumers.get(value, [])
+        if value in outputs or not users:
+            continue
+        if all(user.op_type in _BROADCASTING and len(user.input) == 2
+               and len({*user.input}) == 2
+               and _dominates(_static_shape(shapes, next(v for v in user.input if v != value))
+                              or (), target) for user in users):
+            replaced[node.output[0]] = node.input[0]
+    out = []
+    for node in nodes:
+        if node.op_type == "Expand" and node.output[0] in replaced:
+            continue
+        if any(v in replaced for v in node.input):
+            node = onnx.NodeProto.FromString(node.SerializeToString())
+            node.input[:] = [replaced.get(v, v) for v in node.input]
+        out.append(node)
+    return out
+
+
+def _consumers(nodes) -> dict:
+    """``{value: [nodes reading it]}``."""
+    consumers = {}
+    for node in nodes:
+        for value in node.input:
+            consumers.setdefault(value, []).append(node)
+    return consumers
+
+
+def _sole_use(consumers: dict, value: str, node, outputs) -> bool:
+    """Whether ``node`` is the only reader of ``value``, which is no graph output."""
+    users = consumers.get(value, [])
+    return value not in outputs and len(users) == 1 and users[0] is node
+
+
+def _rewritten(nodes, replaced: dict, dropped: set) -> list:
+    """``nodes`` with ``replaced[id(node)]`` (a list) for a node, those of ``dropped`` left out."""
+    out = []
+    for node in nodes:
+        if id(node) in replaced:
+            out.extend(replaced[id(node)])
+        elif id(node) not in dropped:
+            out.append(node)
+    return out
+
+
+def negations_folded(nodes: list, graph: GraphView) -> list:
+    """``Neg(Mul(c, x))`` and ``Neg(Div(c, x))`` as one node of the constant ``-c``.
+
+    The gradient of a mean, ``1 / n``, reaches a negated loss (the
+    cross-entropy's ``-log p``) as ``Neg(Div(1, n))``. Negating the
+    constant is exact: the values are the same, bit for bit, one node fewer
+    per step. The product or quotient must have no other reader.
+    """
+    constants, outputs = graph.constants, graph.outputs
+    producer = {o: node for node in nodes for o in node.output}
+    consumers = _consumers(nodes)
+    folded = {}  # id of the Mul or Div -> (negated constant node, new node)
+    dropped = set()
+    for node in nodes:
+        source = producer.get(node.input[0]) if node.op_type == "Neg" else None
+        if source is None or source.op_type not in ("Mul", "Div") \
+                or not _sole_use(consumers, source.output[0], node, outputs):
+            continue
+        # c * x, x * c or c / x: the constant may stand where negating it negates the result
+        slots = (0, 1) if source.op_type == "Mul" else (0,)
+        slot = next((i for i in slots if source.input[i] in constants
+                     and constants[source.input[i]].dtype.kind == "f"), None)
+        if slot is None:
+            continue
+        negated = source.output[0] + ".negated"
+        constant = helper.make_node("Constant", [], [negated], name=negated,
+                                    value=onnx.numpy_helper.from_array(
+                                        np.asarray(-constants[source.input[slot]])))
+        inputs = list(source.input)
+        inputs[slot] = negated
+        folded[id(source)] = (constant, helper.make_node(source.op_type, inputs,
+                                                         list(node.output), name=node.name))
+        dropped.add(id(node))
+    return _rewritten(nodes, folded, dropped)
+
+
+def common_factors(nodes: list, graph: GraphView) -> list:
+    """``Sub(Mul(a, s), Mul(b, s))`` rewritten as ``Mul(Sub(a, b), s)``; so for ``Add``.
+
+    The cross-entropy's gradient with respect to the logits comes out of
+    the backward pass as ``onehot * s - softmax * s``, ``s`` the mean's
+    ``-1 / n``: one product fewer per step. The value is the same up to
+    rounding; broadcasting gives the same shape, whatever the operands'.
+    Each product must have no other reader.
+    """
+    outputs = graph.outputs
+    producer = {o: node for node in nodes for o in node.output}
+    consumers = _consumers(nodes)
+    factored, dropped = {}, set()
+    for node in nodes:
+        if node.op_type not in ("Add", "Sub") or len(node.input) != 2:
+            continue
+        left, right = (producer.get(v) for v in node.input)
+        if left is None or right is None or left is right \
+                or left.op_type != "Mul" or right.op_type != "Mul" \
+                or id(left) in dropped or id(right) in dropped \
+                or not all(_sole_use(consumers, m.output[0], node, outputs)
+                           for m in (left, right)):
+            continue
+        shared = set(left.input) & set(right.input)
+        if len(shared) != 1 or len(set(left.input)) != 2 or len(set(right.input)) != 2:
+            continue
+        factor = shared.pop()
+        a, b = (next(v for v in m.input if v != factor) for m in (left, right))
+        inner = node.output[0] + ".factored"
+        factored[id(node)] = [
+            helper.make_node(node.op_type, [a, b], [inner], name=inner),
+            helper.make_node("Mul", [inner, factor], list(node.output), name=node.name)]
+        dropped.update((id(left), id(right)))
+    return _rewritten(nodes, factored, dropped)
+
+
+#: The rewrites of a training step, in the order they run.
+CHEAPER_NODES = (
+    Pass("masks_as_products", masks_as_products),
+    Pass("expands_as_broadcasts", expands_as_broadcasts),
+    Pass("negations_folded", negations_folded),
+    Pass("common_factors", common_factors),
+    Pass("unused_nodes_removed", unused_nodes_removed),
+    Pass("column_sums_as_products", column_sums_as_products),
+)
+
+
+def run_passes(model: onnx.ModelProto, nodes: Sequence[onnx.NodeProto], outputs,
+               passes: Sequence[Pass] = CHEAPER_NODES) -> list:
+    """``nodes`` rewritten by each of ``passes`` in turn.
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        The model the nodes belong to (inputs, initializers, opset).
+    nodes : sequence of onnx.NodeProto
+    outputs : iterable of str
+        Values that keep their names and shapes; the nodes that do not help
+        compute them go (:func:`unused_nodes_removed`).
+    passes : sequence of Pass, default=CHEAPER_NODES
+
+    Returns
+    -------
+    list of onnx.NodeProto
+    """
+    nodes = list(nodes)
+    for rewrite in passes:
+        nodes = rewrite.rewrite(nodes, GraphView(model, nodes, outputs))
+    return nodes
+
+
+def set_inference_mode(model: onnx.ModelProto) -> None:
+    """Dropout off and BatchNormalization on its running statistics, in place."""
+    b = GraphBuilder.for_model(model, prefix="eval_")
+    for node in model.graph.node:
+        if node.op_type == "Dropout" and len(node.input) > 2 and node.input[2]:
+            node.input[2] = b.const(False, hint="training_mode")
+        elif node.op_type == "BatchNormalization":
+            for a in node.attribute:
+                if a.name == "training_mode":
+                    a.i = 0
+            del node.output[1:]
+    # Constants first: they must precede the nodes that read them.
+    nodes = b.nodes + list(model.graph.node)
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)

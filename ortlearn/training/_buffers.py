@@ -1,0 +1,206 @@
+"""Device-resident buffers: the one implementation the engine and ``TrainingSession`` share.
+
+A training step reads its weights (and gradients, optimizer states) and
+writes their next values. Writing in place over what the step reads is not
+allowed, and allocating per step costs more than a small step, so each
+carried value has two preallocated buffers, a *ping-pong pair*: a run reads
+the live half and writes the spare one, then the halves swap
+(:class:`BufferPairs`). :class:`StepBuffers` adds what the fused engine
+needs: one ``IOBinding`` per parity bound once, inputs bound once, and
+small per-epoch inputs copied into buffers bound once.
+
+On the CPU, onnxruntime reads and writes numpy arrays in place, so pairs
+created with ``shared=True`` hold numpy arrays: reading one back costs no
+call into onnxruntime.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+
+__all__ = ["BufferPairs", "StepBuffers", "device_value", "host_copy"]
+
+
+def device_value(array, device) -> ort.OrtValue:
+    """A new OrtValue on ``device`` (a :class:`~ortlearn.training.Device`) holding a copy of
+    ``array``."""
+    array = np.array(array, order="C")  # ascontiguousarray would make scalars 1-D
+    value = ort.OrtValue.ortvalue_from_shape_and_type(
+        list(array.shape), array.dtype, device.ort_device_type, device.index)
+    value.update_inplace(array)
+    return value
+
+
+def host_copy(value: ort.OrtValue) -> np.ndarray:
+    """A numpy copy of an OrtValue's tensor that later runs cannot change.
+
+    ``OrtValue.numpy()`` copies a device tensor to the host, but on the CPU
+    recent onnxruntime releases (1.32 at least) return a view of the
+    OrtValue's own buffer: a buffer that the next run binding it as an output
+    overwrites.
+
+    Examples
+    --------
+    >>> value = ort.OrtValue.ortvalue_from_numpy(np.arange(3.0))
+    >>> copy = host_copy(value)
+    >>> value.update_inplace(np.zeros(3))
+    >>> copy
+    array([0., 1., 2.])
+    """
+    array = value.numpy()
+    return array if array.base is None else array.copy()
+
+
+class BufferPairs:
+    """Two device buffers per value: a run reads the live half and writes the spare one.
+
+    Parameters
+    ----------
+    values : dict of str to numpy.ndarray
+        Initial value of each buffer (both halves start with it).
+    device : ortlearn.training.Device
+    shared : bool, default=False
+        On the CPU, keep each half as a numpy array that onnxruntime reads
+        and writes in place (:meth:`host` is then a view, free).
+
+    Attributes
+    ----------
+    parity : int
+        Which half is live (0 or 1); :meth:`swap` flips it.
+    pairs : dict of str to list of onnxruntime.OrtValue
+        ``{name: [half 0, half 1]}``.
+    """
+
+    def __init__(self, values: dict, device, shared: bool = False):
+        self.parity = 0
+        self.device = device
+        if shared and device.kind == "cpu":
+            self._hosts = {name: [np.array(value, order="C") for _ in (0, 1)]
+                           for name, value in values.items()}
+            self.pairs = {name: [ort.OrtValue.ortvalue_from_numpy(a) for a in arrays]
+                          for name, arrays in self._hosts.items()}
+        else:
+            self._hosts = None
+            self.pairs = {name: [device_value(value, device) for _ in (0, 1)]
+                          for name, value in values.items()}
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.pairs
+
+    def live(self, name: str) -> ort.OrtValue:
+        """The half holding the current value."""
+        return self.pairs[name][self.parity]
+
+    def spare(self, name: str) -> ort.OrtValue:
+        """The half the next run writes."""
+        return self.pairs[name][1 - self.parity]
+
+    def swap(self) -> None:
+        """The spare halves, just written, become the live ones."""
+        self.parity = 1 - self.parity
+
+    def host(self, name: str) -> np.ndarray:
+        """The live value on the host: with ``shared``, a view that the next run may overwrite."""
+        if self._hosts is None:
+            return self.live(name).numpy()
+        return self._hosts[name][self.parity]
+
+    def host_copy(self, name: str) -> np.ndarray:
+        """A host copy of the live value that later runs leave alone."""
+        if self._hosts is None:
+            return host_copy(self.live(name))
+        return self._hosts[name][self.parity].copy()
+
+    def write(self, name: str, array) -> None:
+        """Overwrite the live value (same shape and dtype)."""
+        self.live(name).update_inplace(np.array(array, order="C"))
+
+
+class StepBuffers(BufferPairs):
+    """The carried values of a step graph, bound once: a run costs one call and no binding.
+
+    ``bindings[parity]`` reads the buffers of ``parity`` and writes the
+    others; after the run, :meth:`swap` makes the written ones live.
+
+    Parameters
+    ----------
+    session : onnxruntime.InferenceSession
+        The step (or epoch) session.
+    carried : dict of str to str
+        ``{carried input: the output holding its next value}``.
+    values : dict of str to numpy.ndarray
+        Initial value of each carried input.
+    device : ortlearn.training.Device
+    counters : dict of str to numpy.ndarray
+        Carried values that restart at the given value each epoch
+        (:meth:`reset_counters`): the loss sum, the batch counter.
+
+    Attributes
+    ----------
+    bounds : object
+        The batch bounds written last (the engine's cache key).
+    """
+
+    def __init__(self, session: ort.InferenceSession, carried: dict, values: dict, device,
+                 counters: dict):
+        super().__init__({name: values[name] for name in carried}, device, shared=True)
+        self.counters = counters
+        self.bounds = None
+        self.epoch_values = {}  # name -> (bound OrtValue, (shape, dtype))
+        self._inputs = {}  # name -> the OrtValue bound
+        self._shared = {}  # name -> (numpy array, the OrtValue reading it), on the CPU
+        self.bindings = []
+        for parity in (0, 1):
+            binding = session.io_binding()
+            for name, output in carried.items():
+                binding.bind_ortvalue_input(name, self.pairs[name][parity])
+                binding.bind_ortvalue_output(output, self.pairs[name][1 - parity])
+            self.bindings.append(binding)
+
+    def bind_inputs(self, values: dict) -> None:
+        """Bind OrtValues to both bindings (those bound already are skipped)."""
+        for name, value in values.items():
+            if self._inputs.get(name) is not value:
+                for binding in self.bindings:
+                    binding.bind_ortvalue_input(name, value)
+                self._inputs[name] = value
+
+    def bind_epoch_data(self, arrays: dict) -> None:
+        """Bind per-epoch data that may change in place between epochs (the row order).
+
+        On the CPU onnxruntime reads the arrays in place: an array bound at
+        the previous epoch costs nothing. On a GPU they are copied
+        (:meth:`write_epoch_values`).
+        """
+        if self.device.kind != "cpu":
+            self.write_epoch_values(arrays)
+            return
+        values = {}
+        for name, array in arrays.items():
+            shared = self._shared.get(name)
+            if shared is None or shared[0] is not array:
+                shared = self._shared[name] = (array, ort.OrtValue.ortvalue_from_numpy(array))
+            values[name] = shared[1]
+        self.bind_inputs(values)
+
+    def write_epoch_values(self, values: dict) -> None:
+        """Copy small per-epoch inputs into their bound buffers (bound again if a shape changes).
+
+        Cheaper than a new OrtValue and two bindings per input and epoch:
+        an epoch of a small model lasts about a millisecond.
+        """
+        fresh = {}
+        for name, array in values.items():
+            bound = self.epoch_values.get(name)
+            if bound is not None and bound[1] == (array.shape, array.dtype):
+                bound[0].update_inplace(array)
+            else:
+                fresh[name] = (device_value(array, self.device), (array.shape, array.dtype))
+        self.bind_inputs({name: value for name, (value, _) in fresh.items()})
+        self.epoch_values.update(fresh)
+
+    def reset_counters(self) -> None:
+        """The counters back to their initial values."""
+        for name, zero in self.counters.items():
+            self.live(name).update_inplace(zero)

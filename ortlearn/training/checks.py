@@ -1,0 +1,122 @@
+"""The argument checks of the runtime: weights, data inputs, loss output, states, rates.
+
+Each check raises a ``ValueError`` (or ``TypeError``) naming the problem and
+what the graph offers instead; the engine, L-BFGS and the estimators share
+them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from ..graph import FLOAT_TYPES
+
+__all__ = [
+    "check_input_names",
+    "check_learning_rate",
+    "check_loss_output",
+    "check_trainable",
+    "conform_state",
+    "data_inputs",
+    "replace_initializers",
+]
+
+
+def check_trainable(model: onnx.ModelProto, trainable) -> list[str]:
+    """``trainable`` as a list: names of distinct float initializers of ``model``."""
+    if isinstance(trainable, str) or not trainable:
+        raise ValueError(f"trainable must be a non-empty list of initializer names, "
+                         f"got {trainable!r}.")
+    trainable = list(trainable)
+    inits = {i.name: i for i in model.graph.initializer}
+    unknown = [n for n in trainable if n not in inits]
+    if unknown:
+        floats = [n for n, i in inits.items() if i.data_type in FLOAT_TYPES]
+        raise ValueError(f"Unknown weights {unknown}: the graph's float initializers are "
+                         f"{floats}.")
+    not_float = [n for n in trainable if inits[n].data_type not in FLOAT_TYPES]
+    if not_float:
+        raise ValueError(f"Weights {not_float} are not float32/float64 initializers and "
+                         "cannot be trained.")
+    duplicated = sorted({n for n in trainable if trainable.count(n) > 1})
+    if duplicated:
+        raise ValueError(f"Weights {duplicated} are listed more than once.")
+    return trainable
+
+
+def data_inputs(model: onnx.ModelProto) -> list[str]:
+    """The graph inputs that are not initializers, in graph order."""
+    inits = {i.name for i in model.graph.initializer}
+    return [i.name for i in model.graph.input if i.name not in inits]
+
+
+def check_input_names(model: onnx.ModelProto, input_names) -> list[str]:
+    """``input_names`` (None: :func:`data_inputs`), each data input of the graph once."""
+    data = data_inputs(model)
+    if input_names is None:
+        return data
+    names = list(input_names)
+    unknown = [n for n in names if n not in data]
+    missing = [n for n in data if n not in names]
+    if unknown or missing or len(set(names)) != len(names):
+        raise ValueError(f"input_names {names} must list each data input of the graph "
+                         f"once: unknown {unknown}, missing {missing}; the graph's data "
+                         f"inputs are {data}.")
+    return names
+
+
+def check_loss_output(model: onnx.ModelProto, loss_output: str) -> None:
+    """ValueError unless the graph has the output ``loss_output``."""
+    outputs = [o.name for o in model.graph.output]
+    if loss_output not in outputs:
+        raise ValueError(f"The graph has no output {loss_output!r} (its outputs are "
+                         f"{outputs}); add one with ortlearn.add_loss_output.")
+
+
+def replace_initializers(model: onnx.ModelProto, weights: dict) -> None:
+    """Overwrite initializer values in place (names, shapes and dtypes checked)."""
+    inits = {i.name: i for i in model.graph.initializer}
+    current = {n: numpy_helper.to_array(inits[n]) for n in weights if n in inits}
+    clean = conform_state(weights, current, partial=True)
+    for name, value in clean.items():
+        inits[name].CopyFrom(numpy_helper.from_array(value, name))
+
+
+def conform_state(state, expected: dict, partial: bool = False) -> dict:
+    """``state`` cast to the dtypes of ``expected``; ValueError listing every problem."""
+    if not isinstance(state, dict):
+        raise TypeError(f"A state is a dict of name -> array, got {type(state).__name__}.")
+    problems = []
+    unknown = [n for n in state if n not in expected]
+    if unknown:
+        problems.append(f"unknown weights {unknown} (expected {list(expected)})")
+    if not partial:
+        missing = [n for n in expected if n not in state]
+        if missing:
+            problems.append(f"missing weights {missing}")
+    clean = {}
+    for name, value in state.items():
+        if name not in expected:
+            continue
+        ref = expected[name]
+        value = np.asarray(value)
+        if value.shape != ref.shape:
+            problems.append(f"weight {name!r} has shape {value.shape}, expected {ref.shape}")
+            continue
+        if not np.issubdtype(value.dtype, np.number):
+            problems.append(f"weight {name!r} has non-numeric dtype {value.dtype}")
+            continue
+        clean[name] = np.ascontiguousarray(value, dtype=ref.dtype)
+    if problems:
+        raise ValueError("Invalid state: " + "; ".join(problems) + ".")
+    return clean
+
+
+def check_learning_rate(lr) -> float:
+    """``lr`` as a float; ValueError unless finite and > 0."""
+    lr = float(lr)
+    if not (np.isfinite(lr) and lr > 0):
+        raise ValueError(f"The learning rate must be a finite number > 0, got {lr!r}.")
+    return lr
