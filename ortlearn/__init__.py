@@ -25,7 +25,7 @@ _LAZY = {
     "NoGradientRuleError": "ortlearn.exceptions",
 }
 _SUBMODULES = {"artifacts", "onnxblock", "api", "autodiff", "optim", "convert", "loss",
-               "training", "estimators", "exceptions"}
+               "training", "estimators", "exceptions", "graph"}
 
 __all__ = sorted(_LAZY) + sorted(_SUBMODULES)
 

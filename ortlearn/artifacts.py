@@ -16,8 +16,8 @@ from pathlib import Path
 import onnx
 from onnx import numpy_helper
 
-from .graph import FLOAT_TYPES, invalid_model_errors, load_model
-from .onnxblock import _graph_utils, blocks
+from .graph import FLOAT_TYPES, invalid_model_errors, load_model, rename_value
+from .onnxblock import blocks
 from .onnxblock import loss as loss_blocks
 from .onnxblock import optim as optim_blocks
 from .onnxblock.blocks import Block
@@ -100,9 +100,9 @@ class _TrainingBlock(TrainingBlock):
         names = [output] if isinstance(output, str) else list(output)
         model = self.base
         if (self._rename_loss and names[0] != LOSS_OUTPUT
-                and _graph_utils.produced_by_node(model, names[0])
+                and any(names[0] in node.output for node in model.graph.node)
                 and LOSS_OUTPUT not in _all_names(model)):
-            _graph_utils.rename_value(model, names[0], LOSS_OUTPUT)
+            rename_value(model, names[0], LOSS_OUTPUT)
             names[0] = LOSS_OUTPUT
         return [*names, *self._additional]
 

@@ -125,17 +125,5 @@ def register_graph_outputs(model: onnx.ModelProto, names: Sequence[str]) -> None
     model.graph.output.extend(outputs)
 
 
-def rename_value(model: onnx.ModelProto, old: str, new: str) -> None:
-    """Rename a value produced by a node (producer, consumers and graph outputs)."""
-    for node in model.graph.node:
-        for seq in (node.input, node.output):
-            for i, name in enumerate(seq):
-                if name == old:
-                    seq[i] = new
-    for info in itertools.chain(model.graph.output, model.graph.value_info):
-        if info.name == old:
-            info.name = new
-
-
 def produced_by_node(model: onnx.ModelProto, name: str) -> bool:
     return any(name in n.output for n in model.graph.node)

@@ -133,8 +133,9 @@ def make_session_options(intra_op_num_threads: int | None = None, *,
     allow_spinning : bool, default=False
         Let idle worker threads spin for the next task. Spinning saves a few
         microseconds per operator on an idle machine but takes cores from
-        every other process; on a loaded machine it made small models up to
-        60 times slower, so it is off unless asked for.
+        every other process, which on a loaded machine slows small models
+        down many times over (``doc/benchmarks.rst``), so it is off unless
+        asked for.
     deterministic : bool, default=False
         Ask onnxruntime for deterministic kernels (reproducible reductions).
 

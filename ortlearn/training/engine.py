@@ -97,15 +97,14 @@ class TrainingEngine:
         the initializer's shape; cast to its dtype).
     session_options : onnxruntime.SessionOptions, default=None
         Options of the onnxruntime sessions. None: those of
-        :func:`ortlearn.training.device.make_session_options`; on the CPU,
+        :func:`~ortlearn.training.make_session_options`; on the CPU,
         a step of fewer than ``PARALLEL_MIN_STEP_MACS`` multiply-adds
         (``batch_size`` times the number of weights) runs on one thread
         (thread hand-offs cost more than such a step), a larger one on
         ``ORTLEARN_NUM_THREADS`` threads or onnxruntime's default, with
         spinning workers unless ``ORTLEARN_ALLOW_SPINNING=0`` (spinning
         takes the cores of other processes: turn it off on a shared machine).
-        The CPU memory arena stays on: without it, W3 of the benchmarks
-        was 5 % slower per epoch.
+        The CPU memory arena stays on (it is faster, ``doc/benchmarks.rst``).
     epoch_loop : bool or 'auto', default='auto'
         True runs a whole epoch as one onnxruntime call (an ONNX ``Loop``
         over the mini-batches), False one call per mini-batch; 'auto'
@@ -117,8 +116,8 @@ class TrainingEngine:
         Reproducible training asked for (the estimators: a ``random_state``
         given): on a GPU the default ``session_options`` ask onnxruntime for
         deterministic kernels. The CPU kernels are deterministic for a given
-        number of threads already (the option only made W3 5 % slower there,
-        with the same weights bit for bit), so the CPU ignores it.
+        number of threads already (the option only slows them down, with
+        the same weights bit for bit), so the CPU ignores it.
 
     Attributes
     ----------
@@ -160,16 +159,13 @@ class TrainingEngine:
     with a constant rate they are computed for the epochs of about
     ``SCALAR_BLOCK_STEPS`` steps at a time), then reads the loss sum and
     copies the weights to the host once, to restore them if training
-    diverges. On W3 of the benchmarks,
-    that Python costs about 70 µs of an epoch's 1.6 ms.
+    diverges.
 
     With ``epoch_loop='auto'`` an epoch is one ``Loop`` call on the CPU; on
     a GPU when a step computes at least ``LOOP_MIN_STEP_MACS`` multiply-adds
-    (batch rows times weights), else one call per batch. Measured on the
-    CPU (``doc/benchmarks.rst``), the Loop saves 3 to 11 % per step, from
-    a linear model of 10 features with batches of 32 (22.4 µs against 25.2)
-    to an MLP 100-100-1 with batches of 256. With the Loop, a Ctrl-C stops
-    training at the end of the epoch.
+    (batch rows times weights), else one call per batch: on the CPU the Loop
+    is faster for every model measured (``doc/benchmarks.rst``). With the
+    Loop, a Ctrl-C stops training at the end of the epoch.
 
     Examples
     --------
