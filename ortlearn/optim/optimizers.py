@@ -331,8 +331,8 @@ class Optimizer(ABC):
             step_scalars = dict(scalars)
         new_params, new_states = [], {}
         for i, (p, g) in enumerate(zip(params, grads)):
-            at = functools.partial(converter.get, index=i)
-            new_p, new_s = self.update_nodes(builder, at, step_scalars, p, g, states.get(p, {}))
+            typed = functools.partial(converter.get, index=i)
+            new_p, new_s = self.update_nodes(builder, typed, step_scalars, p, g, states.get(p, {}))
             new_params.append(new_p)
             new_states[p] = new_s
         if updated_names:
@@ -402,10 +402,10 @@ class Optimizer(ABC):
         """
 
     @abstractmethod
-    def update_nodes(self, builder, at, scalars, p, g, state) -> tuple[str, dict[str, str]]:
+    def update_nodes(self, builder, typed, scalars, p, g, state) -> tuple[str, dict[str, str]]:
         """Nodes updating one parameter: ``(new parameter, {state name: new state})``.
 
-        ``at(value)`` gives a float (or a scalar of ``scalars``) in the
+        ``typed(value)`` gives a float (or a scalar of ``scalars``) in the
         parameter's dtype; ``p``, ``g`` and ``state`` (``{state name: value}``)
         name the parameter, its gradient and its states.
         """
@@ -476,13 +476,13 @@ class SGD(Optimizer):
     def scalar_values(self, lr, step):
         return {"lr": lr.copy()}
 
-    def update_nodes(self, builder, at, scalars, p, g, state):
+    def update_nodes(self, builder, typed, scalars, p, g, state):
         if self.weight_decay:
-            g = builder.op("Add", [g, builder.op("Mul", [at(self.weight_decay), p])])
-        lr_g = builder.op("Mul", [at(scalars["lr"]), g])
+            g = builder.op("Add", [g, builder.op("Mul", [typed(self.weight_decay), p])])
+        lr_g = builder.op("Mul", [typed(scalars["lr"]), g])
         if not self.state_names:
             return builder.op("Sub", [p, lr_g]), {}
-        mu = at(self.momentum)
+        mu = typed(self.momentum)
         velocity = builder.op("Sub", [builder.op("Mul", [mu, state["momentum"]]), lr_g])
         update = velocity
         if self.nesterov:
@@ -516,12 +516,12 @@ class _AdamBase(Optimizer):
     def _host_bias_corrections(self, step):
         return 1.0 - self.beta_1 ** step, 1.0 - self.beta_2 ** step
 
-    def _moments(self, builder, at, g, state):
+    def _moments(self, builder, typed, g, state):
         """``m = b1 m + (1 - b1) g`` and ``v = b2 v + (1 - b2) g^2``."""
-        m = builder.op("Add", [builder.op("Mul", [at(self.beta_1), state["exp_avg"]]),
-                               builder.op("Mul", [at(1.0 - self.beta_1), g])])
-        v = builder.op("Add", [builder.op("Mul", [at(self.beta_2), state["exp_avg_sq"]]),
-                               builder.op("Mul", [at(1.0 - self.beta_2),
+        m = builder.op("Add", [builder.op("Mul", [typed(self.beta_1), state["exp_avg"]]),
+                               builder.op("Mul", [typed(1.0 - self.beta_1), g])])
+        v = builder.op("Add", [builder.op("Mul", [typed(self.beta_2), state["exp_avg_sq"]]),
+                               builder.op("Mul", [typed(1.0 - self.beta_2),
                                                   builder.op("Mul", [g, g])])])
         return m, v
 
@@ -578,12 +578,12 @@ class Adam(_AdamBase):
         bc1, bc2 = self._host_bias_corrections(step)
         return {"lr_t": lr * np.sqrt(bc2) / bc1}
 
-    def update_nodes(self, builder, at, scalars, p, g, state):
+    def update_nodes(self, builder, typed, scalars, p, g, state):
         if self.weight_decay:
-            g = builder.op("Add", [g, builder.op("Mul", [at(self.weight_decay), p])])
-        m, v = self._moments(builder, at, g, state)
-        denom = builder.op("Add", [builder.op("Sqrt", [v]), at(self.epsilon)])
-        step = builder.op("Div", [builder.op("Mul", [at(scalars["lr_t"]), m]), denom])
+            g = builder.op("Add", [g, builder.op("Mul", [typed(self.weight_decay), p])])
+        m, v = self._moments(builder, typed, g, state)
+        denom = builder.op("Add", [builder.op("Sqrt", [v]), typed(self.epsilon)])
+        step = builder.op("Div", [builder.op("Mul", [typed(scalars["lr_t"]), m]), denom])
         return builder.op("Sub", [p, step]), {"exp_avg": m, "exp_avg_sq": v}
 
 
@@ -661,15 +661,15 @@ class AdamW(_AdamBase):
         bc1, bc2 = self._host_bias_corrections(step)
         return {"decay": decay, "step_size": lr / bc1, "sqrt_bc2": np.sqrt(bc2)}
 
-    def update_nodes(self, builder, at, scalars, p, g, state):
+    def update_nodes(self, builder, typed, scalars, p, g, state):
         if self.weight_decay:
-            p = builder.op("Mul", [p, at(scalars["decay"])])
-        m, v = self._moments(builder, at, g, state)
+            p = builder.op("Mul", [p, typed(scalars["decay"])])
+        m, v = self._moments(builder, typed, g, state)
         root = builder.op("Sqrt", [v])
         if self.bias_correction:
-            root = builder.op("Div", [root, at(scalars["sqrt_bc2"])])
-        denom = builder.op("Add", [root, at(self.epsilon)])
-        step = builder.op("Div", [builder.op("Mul", [at(scalars["step_size"]), m]), denom])
+            root = builder.op("Div", [root, typed(scalars["sqrt_bc2"])])
+        denom = builder.op("Add", [root, typed(self.epsilon)])
+        step = builder.op("Div", [builder.op("Mul", [typed(scalars["step_size"]), m]), denom])
         return builder.op("Sub", [p, step]), {"exp_avg": m, "exp_avg_sq": v}
 
 
