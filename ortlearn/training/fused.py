@@ -275,6 +275,19 @@ def _flat_update(b: GraphBuilder, optimizer, params, grads, step_scalars: dict,
                     scalars=step_scalars, scalar_elem_type=scalar_elem)
 
 
+def _step_model(loss_model, trainable, input_names, optimizer, loss_output: str,
+                in_loop: bool, epoch_ordered):
+    """A copy of ``loss_model`` holding the nodes of one step (:func:`_step_nodes`).
+
+    Returns ``(model, data and epoch inputs, {carried input: its ValueInfo}, layout)``.
+    """
+    model = onnx.ModelProto()
+    model.CopyFrom(loss_model)
+    inputs, carried_inputs, layout = _step_nodes(model, trainable, input_names, optimizer,
+                                                 loss_output, in_loop, epoch_ordered)
+    return model, inputs, {i.name: i for i in carried_inputs}, layout
+
+
 def _value_infos(infos, names, suffix: str = "") -> list:
     out = []
     for name in names:
@@ -315,12 +328,9 @@ def build_fused_step(loss_model: onnx.ModelProto, trainable, input_names, optimi
     layout : FusedLayout
         Its input and output names.
     """
-    model = onnx.ModelProto()
-    model.CopyFrom(loss_model)
-    inputs, carried_inputs, layout = _step_nodes(model, trainable, input_names, optimizer,
-                                                 loss_output, False, epoch_ordered)
+    model, _, infos, layout = _step_model(loss_model, trainable, input_names, optimizer,
+                                          loss_output, False, epoch_ordered)
     graph = model.graph
-    infos = {i.name: i for i in carried_inputs}
     outputs = _value_infos(infos, layout.carried)
     for info, name in zip(outputs, layout.carried.values()):
         info.name = name
@@ -343,12 +353,9 @@ def build_fused_epoch(loss_model: onnx.ModelProto, trainable, input_names, optim
     (the loop's iteration number counts the batches); the number of
     iterations is the length of ``rows``.
     """
-    model = onnx.ModelProto()
-    model.CopyFrom(loss_model)
-    inputs, carried_inputs, layout = _step_nodes(model, trainable, input_names, optimizer,
-                                                 loss_output, True, epoch_ordered)
+    model, inputs, infos, layout = _step_model(loss_model, trainable, input_names, optimizer,
+                                               loss_output, True, epoch_ordered)
     graph = model.graph
-    infos = {i.name: i for i in carried_inputs}
     carried = list(layout.carried)
     outputs = list(layout.carried.values())
     body_nodes = run_passes(model, needed_nodes(graph.node, outputs), outputs)
