@@ -16,6 +16,7 @@ from pathlib import Path
 import onnx
 from onnx import numpy_helper
 
+from .fileio import atomic_write
 from .graph import FLOAT_TYPES, invalid_model_errors, load_model, rename_value
 from .onnxblock import blocks
 from .onnxblock import loss as loss_blocks
@@ -166,8 +167,6 @@ def _loss_inputs(model: onnx.ModelProto, loss, loss_input_names) -> list[str]:
 
 def _save(model: onnx.ModelProto, path: Path) -> None:
     """Write ``model`` atomically: a failure leaves the file already at ``path`` intact."""
-    from .training.checkpoint import atomic_write
-
     big = sum(len(t.raw_data) for t in model.graph.initializer) > _EXTERNAL_DATA_THRESHOLD
     if not big:
         atomic_write(path, model.SerializeToString(), what=f"the model {path.name!r}")

@@ -1,0 +1,272 @@
+"""The conversion: a fitted scikit-learn estimator to an ONNX graph to train.
+
+:func:`to_train_onnx` calls skl2onnx, lowers the ``ai.onnx.ml`` operators left
+(:mod:`~ortlearn.convert.lowering`), freezes every initializer that is not a
+weight, puts the estimator's weights back (:mod:`~ortlearn.convert.weights`)
+and fixes up the outputs (``raw_scores`` of classifiers, output columns of
+regressors, a named batch dimension).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+from sklearn.base import is_classifier
+from sklearn.linear_model import LogisticRegression
+
+from ..graph import (
+    DEFAULT_ML_OPSET,
+    DEFAULT_OPSET,
+    MIN_OPSET,
+    GraphBuilder,
+    finalize_model,
+    np_dtype_to_onnx,
+    rename_value,
+)
+from .lowering import _ML_DOMAIN, lower_ml_operators
+from .weights import _LINEAR, _final_estimator, get_weights, set_weights
+
+__all__ = ["RAW_SCORES", "to_train_onnx"]
+
+#: Name of the output of classifiers that holds the logits (see :func:`to_train_onnx`).
+RAW_SCORES = "raw_scores"
+
+
+def to_train_onnx(estimator, X, dtype=None, target_opset: int = DEFAULT_OPSET) -> onnx.ModelProto:
+    """Convert a fitted scikit-learn estimator into an ONNX graph to train.
+
+    skl2onnx converts the estimator (no ZipMap for classifiers); the
+    ``ai.onnx.ml`` operators left are lowered to standard operators
+    (:func:`lower_ml_operators`); every initializer that is not a weight of
+    the final estimator becomes a ``Constant`` node (scalers are frozen), so
+    that :func:`get_train_initializer` lists exactly the weights of
+    :func:`get_weights`, in that order.
+
+    Parameters
+    ----------
+    estimator : estimator or Pipeline
+        A fitted estimator of :data:`SUPPORTED_ESTIMATORS`, possibly last in a
+        Pipeline whose other steps are in :data:`SUPPORTED_PREPROCESSORS`. Use
+        :func:`init_template` to get the initial weights of an unfitted one.
+    X : array-like of shape (n_samples, n_features)
+        Sample input: gives the number of features (and the dtype when
+        ``dtype`` is None).
+    dtype : {numpy.float32, numpy.float64}, default=None
+        Element type of the input, the weights and the float outputs. None
+        takes X's dtype when it is float32 or float64, float32 otherwise.
+    target_opset : int, default=DEFAULT_OPSET
+        ai.onnx opset of the graph.
+
+    Returns
+    -------
+    onnx.ModelProto
+        One input ``X`` of shape ``(N, n_features)``. Outputs: ``variable``
+        ``(N, n_outputs)`` for regressors; ``label`` ``(N,)``,
+        ``probabilities`` ``(N, n_classes)`` and ``raw_scores`` for
+        classifiers: ``(N, 1)`` for binary problems (the logit of the
+        positive class, ``decision_function``), ``(N, n_classes)`` otherwise
+        (the logits the softmax or the sigmoids take).
+
+    Raises
+    ------
+    TypeError
+        The estimator (or a Pipeline step) is not supported.
+    ValueError
+        Bad ``X``, ``dtype`` or ``target_opset``.
+    sklearn.exceptions.NotFittedError
+        The estimator has no weights.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from sklearn.linear_model import LogisticRegression
+    >>> from ortlearn.convert import get_train_initializer
+    >>> X = np.array([[0., 1.], [1., 0.], [2., 1.], [3., 0.]])
+    >>> onx = to_train_onnx(LogisticRegression().fit(X, [0, 0, 1, 1]), X)
+    >>> [o.name for o in onx.graph.output], get_train_initializer(onx)
+    (['label', 'probabilities', 'raw_scores'], ['coef', 'intercept'])
+    """
+    weights = get_weights(estimator)
+    dtype = _resolve_dtype(X, dtype)
+    X = np.asarray(X)
+    if X.ndim != 2 or X.shape[0] == 0:
+        raise ValueError(f"X must be a non-empty 2-D array, got shape {X.shape}.")
+    if not MIN_OPSET <= target_opset <= DEFAULT_OPSET:
+        raise ValueError(
+            f"target_opset must be between {MIN_OPSET} and {DEFAULT_OPSET}, got {target_opset}."
+        )
+    probe = _with_distinct_weights(estimator, weights)
+    model = lower_ml_operators(_skl2onnx_convert(probe, X[:1].astype(dtype), target_opset))
+    _freeze_initializers(model, list(weights))
+    for init in model.graph.initializer:
+        init.CopyFrom(numpy_helper.from_array(np.asarray(weights[init.name], dtype=dtype),
+                                              init.name))
+    final = _final_estimator(estimator)
+    n_scores = weights[[name for name in weights if name.startswith("coef")][-1]].shape[1]
+    if is_classifier(final):
+        # the Add of the last intercept (frozen when fit_intercept=False) gives the logits
+        intercept = "intercept" if isinstance(final, _LINEAR) else list(weights)[-1]
+        _add_raw_scores(model, intercept, np_dtype_to_onnx(dtype), n_scores)
+    else:
+        _set_output_columns(model, n_scores)
+    _name_batch_dimension(model)
+    del model.opset_import[:]
+    model.opset_import.append(helper.make_opsetid("", target_opset))
+    return finalize_model(model)
+
+
+def _with_distinct_weights(estimator, weights: dict):
+    """A copy of ``estimator`` whose weights all hold different values.
+
+    skl2onnx merges initializers holding equal values (the zero ``coef`` and
+    ``intercept`` of a one-feature template become one tensor): the graph is
+    converted from this copy, then gets the real weights back.
+    """
+    probe = copy.deepcopy(estimator)
+    start, placeholders = 1.0, {}
+    for name, value in weights.items():
+        placeholders[name] = start + np.arange(value.size).reshape(value.shape) / 1024
+        start += value.size
+    set_weights(probe, placeholders)
+    return probe
+
+
+def _resolve_dtype(X, dtype) -> np.dtype:
+    if dtype is None:
+        dtype = getattr(X, "dtype", None)
+        if dtype is None or np.dtype(dtype) not in (np.float32, np.float64):
+            dtype = np.float32
+    dtype = np.dtype(dtype)
+    if dtype not in (np.float32, np.float64):
+        raise ValueError(f"dtype must be float32 or float64, got {dtype}.")
+    return dtype
+
+
+def _skl2onnx_convert(estimator, X, target_opset) -> onnx.ModelProto:
+    from skl2onnx import to_onnx
+
+    final = _final_estimator(estimator)
+    if isinstance(final.intercept_ if isinstance(final, _LINEAR) else None, float):
+        # skl2onnx expects an array, fit_intercept=False leaves a float
+        estimator = copy.deepcopy(estimator)
+        final = _final_estimator(estimator)
+        final.intercept_ = np.asarray(final.intercept_)
+    options = {id(final): {"zipmap": False}} if is_classifier(final) else None
+    # skl2onnx writes these with standard operators when asked (it always
+    # does in float64); Normalizer is left to lower_ml_operators, skl2onnx
+    # has no standard form of its 'max' norm.
+    black_op = {"LinearRegressor", "LinearClassifier", "Scaler"}
+    model = to_onnx(estimator, X, options=options, black_op=black_op,
+                    target_opset={"": target_opset, _ML_DOMAIN: DEFAULT_ML_OPSET})
+    if isinstance(final, LogisticRegression):
+        _one_row_of_weights(model)
+    return model
+
+
+def _one_row_of_weights(model: onnx.ModelProto) -> None:
+    """Give a LogisticRegression graph the weights sklearn trains.
+
+    skl2onnx computes the scores ``x @ coef + intercept`` with
+    ``coef = (-w, w)`` for a binary problem: the weights would be trained
+    twice. The graph gets ``coef = w`` ``(n_features, 1)`` and
+    ``intercept = b`` ``(1,)``, and computes the two columns as
+    ``Concat(-z, z)`` from the decision function ``z``. Multiclass
+    intercepts ``(1, n_classes)`` become ``(n_classes,)`` (same broadcast).
+    """
+    graph = model.graph
+    inits = {init.name: init for init in graph.initializer}
+    coef = numpy_helper.to_array(inits["coef"])
+    intercept = numpy_helper.to_array(inits["intercept"]).reshape(-1)
+    if coef.shape[1] == 2:
+        if not (np.array_equal(coef[:, 0], -coef[:, 1]) and intercept[0] == -intercept[1]):
+            raise RuntimeError("skl2onnx's binary LogisticRegression graph has changed form.")
+        coef, intercept = coef[:, 1:], intercept[1:]
+        (index, add), = [(i, n) for i, n in enumerate(graph.node)
+                         if n.op_type == "Add" and "intercept" in n.input]
+        b = GraphBuilder.for_model(model)
+        both = add.output[0]
+        add.output[0] = b.unique_name("decision")
+        b.op("Concat", [b.op("Neg", [add.output[0]]), add.output[0]], outputs=[both], axis=1)
+        nodes = list(graph.node)
+        del graph.node[:]
+        graph.node.extend(nodes[:index + 1] + b.nodes + nodes[index + 1:])
+    inits["coef"].CopyFrom(numpy_helper.from_array(np.ascontiguousarray(coef), "coef"))
+    inits["intercept"].CopyFrom(numpy_helper.from_array(intercept, "intercept"))
+
+
+def _freeze_initializers(model: onnx.ModelProto, keep: list[str]) -> None:
+    """Turn every initializer not in ``keep`` into a Constant node; order the rest as ``keep``."""
+    graph = model.graph
+    inits = {init.name: init for init in graph.initializer}
+    missing = [name for name in keep if name not in inits]
+    if missing:
+        raise RuntimeError(
+            f"The graph skl2onnx wrote has no initializer {missing}: this version of "
+            "skl2onnx names the weights differently from what ortlearn expects."
+        )
+    b = GraphBuilder.for_model(model)
+    for name, init in inits.items():
+        if name not in keep:
+            b.op("Constant", [], outputs=[name], value=init)
+    nodes = b.nodes + list(graph.node)
+    del graph.node[:]
+    graph.node.extend(nodes)
+    del graph.initializer[:]
+    graph.initializer.extend(inits[name] for name in keep)
+
+
+def _add_raw_scores(model, intercept: str, elem_type: int, n_scores: int) -> None:
+    """Expose the output of the last ``+ intercept`` (the logits) as ``raw_scores``.
+
+    The predicted label of a multiclass model becomes the argmax of these scores.
+    """
+    graph = model.graph
+    adds = [n for n in graph.node if n.op_type == "Add" and intercept in n.input]
+    if len(adds) != 1:
+        raise RuntimeError(f"Expected one Add node taking {intercept!r}, found {len(adds)}.")
+    source = adds[0].output[0]
+    b = GraphBuilder.for_model(model)
+    if source != RAW_SCORES:
+        if any(RAW_SCORES in (*n.input, *n.output) for n in graph.node):
+            rename_value(model, RAW_SCORES, b.unique_name(RAW_SCORES))
+        b.op("Identity", [source], outputs=[RAW_SCORES])
+        graph.node.extend(b.nodes)
+    graph.output.append(helper.make_tensor_value_info(RAW_SCORES, elem_type, ["N", n_scores]))
+    if n_scores > 1:
+        # sklearn predicts the argmax of the scores; saturated one-vs-rest
+        # probabilities tie where the scores do not.
+        for node in graph.node:
+            if node.op_type == "ArgMax" and node.input[0] == "probabilities":
+                node.input[0] = source
+
+
+def _set_output_columns(model, n_outputs: int) -> None:
+    """Make a regressor's output ``(N, n_outputs)``.
+
+    skl2onnx reshapes the output of MLPRegressor to ``(-1, 1)`` even when it
+    has several outputs.
+    """
+    graph = model.graph
+    (output,) = graph.output
+    reshapes = [n for n in graph.node if n.op_type == "Reshape" and n.output[0] == output.name]
+    if reshapes:
+        b = GraphBuilder.for_model(model)
+        reshapes[0].input[1] = b.ints([-1, n_outputs], hint="output_shape")
+        nodes = b.nodes + list(graph.node)
+        del graph.node[:]
+        graph.node.extend(nodes)
+    dims = output.type.tensor_type.shape.dim
+    del dims[:]
+    dims.add().dim_param = "N"
+    dims.add().dim_value = n_outputs
+
+
+def _name_batch_dimension(model) -> None:
+    """Call the first (batch) dimension of the input and outputs ``N`` when unnamed."""
+    for value in list(model.graph.input) + list(model.graph.output):
+        dims = value.type.tensor_type.shape.dim
+        if dims and not dims[0].HasField("dim_value") and not dims[0].dim_param:
+            dims[0].dim_param = "N"
