@@ -4,17 +4,37 @@
 graph ``loss = L(f(W, X), label, sample_weight) + R(W)`` that the gradient
 builder differentiates with respect to the trainable initializers ``W``.
 
-The graph is assembled from small private pieces that other modules reuse:
+Every user of a loss reads the same pieces of this module (the onnxblock
+loss blocks and the estimators' objectives as well as
+:func:`add_loss_output`):
 
-- :func:`_elementwise_loss` emits the unreduced loss of one score name,
-- :func:`_reduce_rows` averages it over the columns, then over the rows
+- :data:`SCORES`, the one table of scores: a :class:`Score` per name, with
+  its aliases, its keyword parameters and the function that emits its
+  unreduced loss (:func:`get_score` resolves a name or an alias);
+- :func:`elementwise_loss` emits the unreduced loss of one score name,
+- :func:`reduce_rows` averages it over the columns, then over the rows
   (optionally weighted),
-- :func:`_penalty_terms` emits the L1/L2 penalty of named weights.
+- :func:`penalty_terms` emits the L1/L2 penalty of named weights.
+
+Examples
+--------
+>>> from ortlearn.loss import SCORES, SCORE_NAMES, get_score
+>>> list(SCORES)
+['squared_error', 'absolute_error', 'elastic', 'huber', 'log', 'cross_entropy']
+>>> get_score('l1').name
+'absolute_error'
+>>> dict(SCORES['huber'].params)
+{'epsilon': 1.0}
+>>> SCORE_NAMES[:4]
+('squared_error', 'l2', 'absolute_error', 'l1')
 """
 
 from __future__ import annotations
 
 import numbers
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
 
 import numpy as np
 import onnx
@@ -33,52 +53,92 @@ from .graph import (
     value_info_map,
 )
 
-__all__ = ["SCORE_NAMES", "add_loss_output"]
-
-#: Valid values of ``score_name`` in :func:`add_loss_output`.
-SCORE_NAMES = (
-    "squared_error", "l2", "absolute_error", "l1", "elastic", "huber", "log", "cross_entropy",
-)
-
-_ALIASES = {"l2": "squared_error", "l1": "absolute_error"}
-
-# Keyword arguments each score accepts, with their defaults.
-_SCORE_KWARGS = {
-    "squared_error": {},
-    "absolute_error": {},
-    "elastic": {"l1_weight": 0.5, "l2_weight": 0.5},
-    "huber": {"epsilon": 1.0},
-    "log": {},
-    "cross_entropy": {},
-}
+__all__ = [
+    "SCORES",
+    "SCORE_NAMES",
+    "Score",
+    "add_loss_output",
+    "elementwise_loss",
+    "get_score",
+    "penalty_terms",
+    "reduce_rows",
+]
 
 _PENALTY_KEYS = ("l1", "l2")
 
 
-def _canonical_score(score_name: str) -> str:
-    if not isinstance(score_name, str) or score_name not in SCORE_NAMES:
-        raise ValueError(
-            f"Unknown score_name {score_name!r}; expected one of {', '.join(SCORE_NAMES)}."
-        )
-    return _ALIASES.get(score_name, score_name)
+@dataclass(frozen=True)
+class Score:
+    """One entry of :data:`SCORES`: a score name and how to emit its loss.
 
+    Parameters
+    ----------
+    name : str
+        Canonical name (a ``score_name`` of :func:`add_loss_output`).
+    emit : callable
+        ``emit(builder, pred, label, dtype, **params) -> str``: adds the
+        nodes of the unreduced (per-element) loss to a
+        :class:`~ortlearn.graph.GraphBuilder` and returns the name of its
+        result, of shape ``pred.shape`` ((n, 1) for class labels). ``dtype``
+        is the numpy float type of ``pred`` (that of the constants).
+    aliases : tuple of str, default=()
+        Other names of the same score.
+    params : mapping, default={}
+        The keyword parameters ``emit`` takes, with their defaults (read
+        only). Each must be a finite real >= 0.
+    positive : tuple of str, default=()
+        Those of ``params`` that must also be > 0.
+    class_labels : bool, default=False
+        True when the label holds int64 class indices of shape (n,) (or
+        (n, 1)); otherwise it has the prediction's type and shape.
+    check_shape : callable, default=None
+        ``check_shape(pred_name, shape)``: raises a ValueError when the
+        prediction's shape does not suit the score.
+    """
 
-def _score_params(score: str, kwargs: dict) -> dict:
-    """Defaults of ``score`` updated with ``kwargs``; unknown or bad values raise."""
-    allowed = _SCORE_KWARGS[score]
-    unknown = sorted(set(kwargs) - set(allowed))
-    if unknown:
-        accepted = ", ".join(allowed) if allowed else "no keyword argument"
-        raise TypeError(
-            f"Unexpected keyword argument(s) {unknown} for score_name={score!r}, "
-            f"which takes {accepted}."
-        )
-    params = {**allowed, **kwargs}
-    for key, value in params.items():
-        _check_coefficient(value, key)
-    if score == "huber" and params["epsilon"] == 0:
-        raise ValueError("epsilon must be > 0 for the huber loss, got 0.")
-    return params
+    name: str
+    emit: Callable[..., str]
+    aliases: tuple[str, ...] = ()
+    params: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
+    positive: tuple[str, ...] = ()
+    class_labels: bool = False
+    check_shape: Callable[[str, tuple], None] | None = None
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The canonical name, then the aliases."""
+        return (self.name, *self.aliases)
+
+    def resolve_params(self, **kwargs) -> dict[str, float]:
+        """The defaults of :attr:`params` updated with ``kwargs``, checked.
+
+        Raises
+        ------
+        TypeError
+            For a keyword the score does not take (named in the message).
+        ValueError
+            For a value that is not a finite real >= 0 (or > 0 where
+            :attr:`positive` says so).
+
+        Examples
+        --------
+        >>> from ortlearn.loss import SCORES
+        >>> SCORES['elastic'].resolve_params(l1_weight=0.1)
+        {'l1_weight': 0.1, 'l2_weight': 0.5}
+        """
+        unknown = sorted(set(kwargs) - set(self.params))
+        if unknown:
+            accepted = ", ".join(self.params) if self.params else "no keyword argument"
+            raise TypeError(
+                f"Unexpected keyword argument(s) {unknown} for score_name={self.name!r}, "
+                f"which takes {accepted}."
+            )
+        params = {**self.params, **kwargs}
+        for key, value in params.items():
+            _check_coefficient(value, key)
+            if key in self.positive and value == 0:
+                raise ValueError(f"{key} must be > 0 for the {self.name} loss, got 0.")
+        return params
 
 
 def _check_coefficient(value, what: str) -> float:
@@ -89,53 +149,33 @@ def _check_coefficient(value, what: str) -> float:
     return float(value)
 
 
-def _elementwise_loss(builder: GraphBuilder, score_name: str, pred: str, label: str,
-                      dtype=np.float32, **kwargs) -> str:
-    """Emit the unreduced loss between ``pred`` and ``label``; return its name.
+# ---------------------------------------------------------------- scores
+# One function per score: emit(builder, pred, label, dtype, **params) -> name.
 
-    Parameters
-    ----------
-    builder : GraphBuilder
-    score_name : str
-        One of :data:`SCORE_NAMES`.
-    pred, label : str
-        Names of the prediction and of the expected values. For
-        ``'cross_entropy'``, ``pred`` holds logits of shape (n, k) and
-        ``label`` int64 class indices of shape (n,) or (n, 1); otherwise
-        both have the same shape.
-    dtype : numpy dtype
-        Float type of ``pred`` (used for the constants).
-    **kwargs
-        Parameters of the score (``l1_weight``, ``l2_weight``, ``epsilon``).
-
-    Returns
-    -------
-    name : str
-        Loss of shape ``pred.shape`` ((n, 1) for ``'cross_entropy'``).
-    """
-    score = _canonical_score(score_name)
-    params = _score_params(score, kwargs)
-    if score == "cross_entropy":
-        return _cross_entropy(builder, pred, label)
-    if score == "log":
-        return _binary_log_loss(builder, pred, label, dtype)
+def _squared_error(builder: GraphBuilder, pred: str, label: str, dtype) -> str:
     diff = builder.op("Sub", [pred, label])
-    if score == "squared_error":
-        return builder.op("Mul", [diff, diff])
-    if score == "absolute_error":
-        return builder.op("Abs", [diff])
-    if score == "elastic":
-        l1_weight = builder.const(params["l1_weight"], dtype)
-        l2_weight = builder.const(params["l2_weight"], dtype)
-        l1 = builder.op("Mul", [l1_weight, builder.op("Abs", [diff])])
-        l2 = builder.op("Mul", [l2_weight, builder.op("Mul", [diff, diff])])
-        return builder.op("Add", [l1, l2])
-    return _huber(builder, diff, params["epsilon"], dtype)
+    return builder.op("Mul", [diff, diff])
 
 
-def _huber(builder: GraphBuilder, diff: str, epsilon: float, dtype) -> str:
+def _absolute_error(builder: GraphBuilder, pred: str, label: str, dtype) -> str:
+    diff = builder.op("Sub", [pred, label])
+    return builder.op("Abs", [diff])
+
+
+def _elastic(builder: GraphBuilder, pred: str, label: str, dtype, *,
+             l1_weight: float, l2_weight: float) -> str:
+    diff = builder.op("Sub", [pred, label])
+    l1_coef = builder.const(l1_weight, dtype)
+    l2_coef = builder.const(l2_weight, dtype)
+    l1 = builder.op("Mul", [l1_coef, builder.op("Abs", [diff])])
+    l2 = builder.op("Mul", [l2_coef, builder.op("Mul", [diff, diff])])
+    return builder.op("Add", [l1, l2])
+
+
+def _huber(builder: GraphBuilder, pred: str, label: str, dtype, *, epsilon: float) -> str:
     # With a = |d| and m = min(a, eps): 0.5 m^2 + eps (a - m) equals 0.5 d^2
     # when a <= eps and eps (a - eps / 2) otherwise, without a Where.
+    diff = builder.op("Sub", [pred, label])
     absd = builder.op("Abs", [diff])
     eps = builder.const(epsilon, dtype)
     clipped = builder.op("Min", [absd, eps])
@@ -154,7 +194,7 @@ def _binary_log_loss(builder: GraphBuilder, score: str, label: str, dtype) -> st
     return builder.op("Add", [hinge, log1p])
 
 
-def _cross_entropy(builder: GraphBuilder, logits: str, label: str) -> str:
+def _cross_entropy(builder: GraphBuilder, logits: str, label: str, dtype) -> str:
     # GatherElements fails on an out-of-range class index instead of
     # silently contributing zero as a one-hot product would.
     logp = builder.op("LogSoftmax", [logits], axis=1)
@@ -163,13 +203,140 @@ def _cross_entropy(builder: GraphBuilder, logits: str, label: str) -> str:
     return builder.op("Neg", [picked])
 
 
-def _reduce_rows(builder: GraphBuilder, per_elem: str, weight: str | None = None,
-                 output: str | None = None) -> str:
+def _check_binary_scores(pred: str, shape) -> None:
+    """(n,) or (n, 1), an unknown second dimension accepted."""
+    if len(shape) == 1 or (len(shape) == 2
+                           and (shape[1] == 1 or not isinstance(shape[1], int))):
+        return
+    raise ValueError(
+        f"score_name='log' needs scores of shape (n,) or (n, 1); {pred!r} has shape "
+        f"{shape}. Use score_name='cross_entropy' for multiclass logits."
+    )
+
+
+def _check_logits(pred: str, shape) -> None:
+    if len(shape) != 2:
+        raise ValueError(
+            f"score_name='cross_entropy' needs logits of shape (n, n_classes); "
+            f"{pred!r} has rank {len(shape)}."
+        )
+
+
+def _table(*scores: Score) -> Mapping[str, Score]:
+    names = [name for score in scores for name in score.names]
+    duplicated = sorted({name for name in names if names.count(name) > 1})
+    if duplicated:
+        raise ValueError(f"Score name(s) {duplicated} appear twice in the table.")
+    return MappingProxyType({score.name: score for score in scores})
+
+
+#: The scores of :func:`add_loss_output`, by canonical name (read only).
+#: Aliases are not keys: :func:`get_score` resolves them.
+SCORES: Mapping[str, Score] = _table(
+    Score("squared_error", _squared_error, aliases=("l2",)),
+    Score("absolute_error", _absolute_error, aliases=("l1",)),
+    Score("elastic", _elastic,
+          params=MappingProxyType({"l1_weight": 0.5, "l2_weight": 0.5})),
+    Score("huber", _huber, params=MappingProxyType({"epsilon": 1.0}), positive=("epsilon",)),
+    Score("log", _binary_log_loss, check_shape=_check_binary_scores),
+    Score("cross_entropy", _cross_entropy, class_labels=True, check_shape=_check_logits),
+)
+
+#: Valid values of ``score_name`` in :func:`add_loss_output` (names and aliases).
+SCORE_NAMES: tuple[str, ...] = tuple(name for score in SCORES.values() for name in score.names)
+
+_BY_NAME = MappingProxyType({name: score for score in SCORES.values() for name in score.names})
+
+
+def get_score(score_name: str) -> Score:
+    """The entry of :data:`SCORES` named ``score_name`` (a name or an alias).
+
+    Raises
+    ------
+    ValueError
+        For an unknown name (named in the message, with the valid ones).
+
+    Examples
+    --------
+    >>> from ortlearn.loss import get_score
+    >>> get_score('l2').name
+    'squared_error'
+    """
+    score = _BY_NAME.get(score_name) if isinstance(score_name, str) else None
+    if score is None:
+        raise ValueError(
+            f"Unknown score_name {score_name!r}; expected one of {', '.join(SCORE_NAMES)}."
+        )
+    return score
+
+
+def elementwise_loss(builder: GraphBuilder, score_name: str, pred: str, label: str,
+                     dtype=np.float32, **params) -> str:
+    """Emit the unreduced loss between ``pred`` and ``label``; return its name.
+
+    Parameters
+    ----------
+    builder : GraphBuilder
+    score_name : str
+        One of :data:`SCORE_NAMES`.
+    pred, label : str
+        Names of the prediction and of the expected values. For
+        ``'cross_entropy'``, ``pred`` holds logits of shape (n, k) and
+        ``label`` int64 class indices of shape (n,) or (n, 1); otherwise
+        both have the same shape.
+    dtype : numpy dtype, default=np.float32
+        Float type of ``pred`` (used for the constants).
+    **params
+        Parameters of the score (``l1_weight``, ``l2_weight``, ``epsilon``:
+        see :attr:`Score.params`).
+
+    Returns
+    -------
+    name : str
+        Loss of shape ``pred.shape`` ((n, 1) for ``'cross_entropy'``).
+
+    Raises
+    ------
+    ValueError
+        For an unknown score name or a bad parameter value.
+    TypeError
+        For a parameter the score does not take.
+
+    Examples
+    --------
+    >>> from ortlearn.graph import GraphBuilder
+    >>> from ortlearn.loss import elementwise_loss
+    >>> b = GraphBuilder()
+    >>> out = elementwise_loss(b, 'l1', 'pred', 'label')
+    >>> [node.op_type for node in b.nodes]
+    ['Sub', 'Abs']
+    """
+    score = get_score(score_name)
+    return score.emit(builder, pred, label, dtype, **score.resolve_params(**params))
+
+
+def reduce_rows(builder: GraphBuilder, per_elem: str, weight: str | None = None,
+                output: str | None = None) -> str:
     """Reduce an elementwise loss of shape (n,) or (n, ...) to a scalar.
 
     Each row is first averaged over its other dimensions; the result is the
     mean of these row losses, or their weighted mean ``sum(w l) / sum(w)``
     when ``weight`` (shape (n,)) is given.
+
+    Parameters
+    ----------
+    builder : GraphBuilder
+    per_elem : str
+        Name of the elementwise loss.
+    weight : str, default=None
+        Name of the sample weights, of shape (n,).
+    output : str, default=None
+        Name of the result (a fresh name if None).
+
+    Returns
+    -------
+    name : str
+        The scalar loss.
     """
     flat = builder.op("Reshape", [per_elem, builder.ints([0, -1], hint="shape")])
     rows = builder.reduce("ReduceMean", flat, axes=[1], keepdims=0)
@@ -205,26 +372,45 @@ def _normalize_penalty(penalty) -> dict[str, dict[str, float]]:
     return normalized
 
 
-def _penalty_terms(builder: GraphBuilder, penalty, dtypes: dict[str, int],
-                   dtype=np.float32) -> str | None:
+def penalty_terms(builder: GraphBuilder, penalty, dtypes: dict[str, int],
+                  dtype=np.float32) -> str | None:
     """Emit ``sum_w l1 * sum|w| + l2 * sum w^2``; return its name (None if zero).
 
     Parameters
     ----------
     builder : GraphBuilder
-    penalty : dict
+    penalty : dict or None
         ``{name: l2}`` or ``{name: {'l1': a, 'l2': b}}``.
     dtypes : dict
         ONNX element type of every weight that may be penalised.
-    dtype : numpy dtype
+    dtype : numpy dtype, default=np.float32
         Type of the result (each term is cast to it if needed).
+
+    Returns
+    -------
+    name : str or None
+        The scalar penalty; None when every coefficient is zero.
 
     Raises
     ------
     ValueError
-        For a name missing from ``dtypes``.
+        For a name missing from ``dtypes``, an unknown key or a coefficient
+        that is not a finite real >= 0.
     TypeError
-        For a weight that is not float32/float64.
+        For a weight that is not float32/float64, or a penalty that is not
+        a dict.
+
+    Examples
+    --------
+    >>> from onnx import TensorProto
+    >>> from ortlearn.graph import GraphBuilder
+    >>> from ortlearn.loss import penalty_terms
+    >>> b = GraphBuilder()
+    >>> penalty_terms(b, {'W': 0.0}, {'W': TensorProto.FLOAT}) is None
+    True
+    >>> out = penalty_terms(b, {'W': {'l1': 0.5}}, {'W': TensorProto.FLOAT})
+    >>> [node.op_type for node in b.nodes]
+    ['Abs', 'ReduceSum', 'Constant', 'Mul']
     """
     normalized = _normalize_penalty(penalty)
     missing = sorted(set(normalized) - set(dtypes))
@@ -290,7 +476,7 @@ def _select_prediction(model: onnx.ModelProto, output_index) -> str:
     return outputs[output_index]
 
 
-def _check_prediction(model, infos, pred: str, score: str, output_index):
+def _check_prediction(model, infos, pred: str, score: Score, output_index):
     """Return (element type, shape) of the prediction after checking them."""
     info = infos.get(pred)
     elem = elem_type_of(info) if info is not None else 0
@@ -302,7 +488,7 @@ def _check_prediction(model, infos, pred: str, score: str, output_index):
                 if floats else "pass output_index= the name of a float value of the graph")
         raise TypeError(
             f"The prediction {pred!r} (output_index={output_index!r}) is {type_name}; "
-            f"score_name={score!r} needs a float or double tensor: {hint}."
+            f"score_name={score.name!r} needs a float or double tensor: {hint}."
         )
     shape = shape_of(info)
     if not shape:
@@ -311,28 +497,13 @@ def _check_prediction(model, infos, pred: str, score: str, output_index):
             f"The prediction {pred!r} has an unknown shape or is a scalar; the loss needs "
             "a prediction of shape (n, ...): declare its shape on the model's output."
         )
-    if score == "cross_entropy" and len(shape) != 2:
-        raise ValueError(
-            f"score_name='cross_entropy' needs logits of shape (n, n_classes); "
-            f"{pred!r} has rank {len(shape)}."
-        )
-    if score == "log" and not _is_binary_score_shape(shape):
-        raise ValueError(
-            f"score_name='log' needs scores of shape (n,) or (n, 1); {pred!r} has shape "
-            f"{shape}. Use score_name='cross_entropy' for multiclass logits."
-        )
+    if score.check_shape is not None:
+        score.check_shape(pred, shape)
     return elem, shape
 
 
-def _is_binary_score_shape(shape) -> bool:
-    """(n,) or (n, 1), an unknown second dimension accepted."""
-    if len(shape) == 1:
-        return True
-    return len(shape) == 2 and (shape[1] == 1 or not isinstance(shape[1], int))
-
-
-def _label_info(name: str, score: str, elem: int, shape) -> onnx.ValueInfoProto:
-    if score == "cross_entropy":
+def _label_info(name: str, score: Score, elem: int, shape) -> onnx.ValueInfoProto:
+    if score.class_labels:
         # Class indices of shape (n,), like scikit-learn's y (onnx.checker
         # wants a rank on every input, so (n, 1) cannot be declared too).
         return helper.make_tensor_value_info(name, TensorProto.INT64, [_batch_dim(shape)])
@@ -376,7 +547,7 @@ def add_loss_output(onx, score_name: str = "squared_error", loss_name: str = "lo
         Model computing the prediction; it is not modified.
     score_name : str, default='squared_error'
         Elementwise loss between the prediction ``p`` and the label ``y``
-        (``d = y - p``):
+        (``d = y - p``), one entry of :data:`SCORES` (or an alias):
 
         - ``'squared_error'`` or ``'l2'``: ``d ** 2``;
         - ``'absolute_error'`` or ``'l1'``: ``|d|``;
@@ -456,8 +627,8 @@ def add_loss_output(onx, score_name: str = "squared_error", loss_name: str = "lo
 
 def _add_loss_output(onx, score_name, loss_name, label_name, weight_name, penalty,
                      output_index, kwargs) -> onnx.ModelProto:
-    score = _canonical_score(score_name)
-    params = _score_params(score, kwargs)
+    score = get_score(score_name)
+    params = score.resolve_params(**kwargs)
     model = load_model(onx)
     if not model.graph.output:
         raise ValueError("The model has no output to compute a loss from.")
@@ -477,9 +648,9 @@ def _add_loss_output(onx, score_name, loss_name, label_name, weight_name, penalt
     weight = None if weight_name is None else _reserve(builder, weight_name, "weight_name")
 
     inits = {init.name: init.data_type for init in model.graph.initializer}
-    pen = _penalty_terms(builder, penalty, inits, dtype)
-    per_elem = _elementwise_loss(builder, score, pred, label, dtype, **params)
-    data = _reduce_rows(builder, per_elem, weight, output=None if pen else loss)
+    pen = penalty_terms(builder, penalty, inits, dtype)
+    per_elem = score.emit(builder, pred, label, dtype, **params)
+    data = reduce_rows(builder, per_elem, weight, output=None if pen else loss)
     if pen is not None:
         builder.op("Add", [data, pen], outputs=[loss])
 

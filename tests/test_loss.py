@@ -1,5 +1,8 @@
 """Tests of ortlearn.loss: every loss value against numpy / sklearn.metrics."""
 
+import dataclasses
+import doctest
+
 import numpy as np
 import onnx
 import pytest
@@ -15,9 +18,18 @@ from sklearn.metrics import (
     mean_squared_error,
 )
 
+import ortlearn.loss
 from ortlearn import add_loss_output
 from ortlearn.graph import DEFAULT_OPSET, GraphBuilder, make_model
-from ortlearn.loss import SCORE_NAMES, _elementwise_loss, _penalty_terms, _reduce_rows
+from ortlearn.loss import (
+    SCORE_NAMES,
+    SCORES,
+    Score,
+    elementwise_loss,
+    get_score,
+    penalty_terms,
+    reduce_rows,
+)
 
 DTYPES = [np.float32, np.float64]
 
@@ -258,10 +270,10 @@ def test_cross_entropy_matches_sklearn_on_random_logits():
 
 @pytest.mark.parametrize("label_shape", [("N",), ("N", 1)])
 def test_reusable_pieces_cross_entropy_label_shapes(label_shape):
-    """_elementwise_loss + _reduce_rows in another graph, labels (n,) or (n, 1)."""
+    """elementwise_loss + reduce_rows in another graph, labels (n,) or (n, 1)."""
     builder = GraphBuilder(opset=DEFAULT_OPSET)
-    per_elem = _elementwise_loss(builder, "cross_entropy", "S", "L", np.float64)
-    _reduce_rows(builder, per_elem, output="out")
+    per_elem = elementwise_loss(builder, "cross_entropy", "S", "L", np.float64)
+    reduce_rows(builder, per_elem, output="out")
     graph = helper.make_graph(
         builder.nodes, "pieces",
         [helper.make_tensor_value_info("S", TensorProto.DOUBLE, ["N", 4]),
@@ -278,8 +290,8 @@ def test_reusable_pieces_cross_entropy_label_shapes(label_shape):
 def test_penalty_terms_cast_to_loss_dtype():
     """A float32 weight penalised in a float64 loss (e.g. a per-batch penalty graph)."""
     builder = GraphBuilder(opset=DEFAULT_OPSET)
-    _penalty_terms(builder, {"W": {"l1": 0.5, "l2": 0.25}}, {"W": TensorProto.FLOAT},
-                   np.float64)
+    penalty_terms(builder, {"W": {"l1": 0.5, "l2": 0.25}}, {"W": TensorProto.FLOAT},
+                  np.float64)
     builder.op("Identity", [builder.nodes[-1].output[0]], outputs=["out"])
     graph = helper.make_graph(
         builder.nodes, "pen", [helper.make_tensor_value_info("W", TensorProto.FLOAT, [3])],
@@ -379,6 +391,77 @@ def test_bad_score_kwargs(score, kw, exc, match):
         add_loss_output(identity_model(np.float64), score_name=score, **kw)
 
 
+# ------------------------------------------------------------ the table
+
+def _prediction_model(score: Score, dtype=np.float64):
+    """An identity model whose output suits ``score`` (logits (N, 3) for class labels)."""
+    return identity_model(dtype, ("N", 3) if score.class_labels else ("N", 1))
+
+
+def test_score_names_are_the_table():
+    assert SCORE_NAMES == tuple(name for score in SCORES.values() for name in score.names)
+    assert len(set(SCORE_NAMES)) == len(SCORE_NAMES)
+    assert set(SCORES) == {"squared_error", "absolute_error", "elastic", "huber", "log",
+                           "cross_entropy"}
+    with pytest.raises(TypeError):
+        SCORES["mine"] = SCORES["huber"]  # read only
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        SCORES["huber"].name = "mine"
+    with pytest.raises(TypeError):
+        SCORES["huber"].params["epsilon"] = 2.0
+
+
+@pytest.mark.parametrize("name", list(SCORES))
+def test_table_entry_is_consistent(name):
+    """Key, aliases, parameters and errors of each entry, through every public door."""
+    score = SCORES[name]
+    assert score.name == name and callable(score.emit)
+    for alias in score.names:
+        assert get_score(alias) is score
+    assert score.resolve_params() == dict(score.params)
+    assert set(score.positive) <= set(score.params)
+    # every parameter is accepted by add_loss_output, its default gives the same graph
+    model = _prediction_model(score)
+    default = add_loss_output(model, score_name=name)
+    for alias in score.aliases:
+        assert add_loss_output(model, score_name=alias) == default
+    if score.params:
+        assert add_loss_output(model, score_name=name, **score.params) == default
+        for key, value in score.params.items():
+            changed = add_loss_output(model, score_name=name, **{key: value + 0.25})
+            assert changed != default
+    # the emitted loss is the one add_loss_output reduces
+    builder = GraphBuilder(opset=DEFAULT_OPSET)
+    elementwise_loss(builder, name, "P", "L", np.float64, **score.params)
+    expected = GraphBuilder(opset=DEFAULT_OPSET)
+    score.emit(expected, "P", "L", np.float64, **score.params)
+    assert [n.op_type for n in builder.nodes] == [n.op_type for n in expected.nodes]
+    # unknown parameters: a TypeError naming the parameter and the accepted ones
+    with pytest.raises(TypeError, match=rf"\['bogus'\].*{name!r}"):
+        add_loss_output(model, score_name=name, bogus=1.0)
+    with pytest.raises(TypeError, match=r"\['bogus'\]"):
+        elementwise_loss(GraphBuilder(), name, "P", "L", bogus=1.0)
+    for key in score.params:
+        with pytest.raises(ValueError, match=f"{key} must be a finite number"):
+            add_loss_output(model, score_name=name, **{key: -1.0})
+        with pytest.raises(ValueError, match=key):
+            score.resolve_params(**{key: float("nan")})
+
+
+@pytest.mark.parametrize("bad", ["hinge", "L2", None, 3])
+def test_unknown_score_name_raises_naming_it(bad):
+    for call in (lambda: get_score(bad),
+                 lambda: elementwise_loss(GraphBuilder(), bad, "P", "L"),
+                 lambda: add_loss_output(identity_model(np.float64), score_name=bad)):
+        with pytest.raises(ValueError, match=rf"Unknown score_name {bad!r}.*cross_entropy"):
+            call()
+
+
+def test_docstring_examples_run():
+    result = doctest.testmod(ortlearn.loss, optionflags=doctest.NORMALIZE_WHITESPACE)
+    assert result.attempted >= 5 and result.failed == 0
+
+
 def test_unknown_penalty_name_lists_initializers():
     model = linear_model(np.ones((2, 1)), np.zeros(1))
     with pytest.raises(ValueError, match=r"\['weights'\].*\['coef', 'intercept'\]"):
@@ -438,3 +521,27 @@ def test_input_model_is_not_modified_and_bytes_accepted():
     assert model.SerializeToString() == before
     assert out.graph.output[0].name == "loss"
     assert set(SCORE_NAMES) >= {"squared_error", "log", "cross_entropy", "huber"}
+
+
+def test_no_module_imports_private_loss_names():
+    """Every loss user goes through the public pieces of ortlearn.loss."""
+    import ast
+    from pathlib import Path
+
+    root = Path(ortlearn.loss.__file__).parent
+    offenders = []
+    for path in root.rglob("*.py"):
+        if path == Path(ortlearn.loss.__file__):
+            continue
+        package = ".".join(path.relative_to(root.parent).with_suffix("").parts[:-1])
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            module = node.module or ""
+            if node.level:  # relative: resolve against the file's package
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                module = ".".join(base + ([module] if module else []))
+            if module == "ortlearn.loss":
+                offenders += [f"{path.name}: {a.name}" for a in node.names
+                              if a.name.startswith("_")]
+    assert not offenders

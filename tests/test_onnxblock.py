@@ -318,3 +318,14 @@ def test_clip_grad_norm_block():
     out = run_onnx(fwd.to_model_proto(), {"x0": g0, "x1": g1})
     np.testing.assert_allclose(out[0], g0 / (5 + 1e-6))
     np.testing.assert_allclose(out[1], g1 / (5 + 1e-6))
+
+
+def test_elementwise_loss_blocks_read_the_score_table():
+    """MSELoss and L1Loss name entries of ortlearn.loss.SCORES; a bad name fails at once."""
+    from ortlearn.loss import SCORES
+    from ortlearn.onnxblock.loss import _ElementwiseLoss
+
+    assert onnxblock.loss.MSELoss._score in SCORES
+    assert onnxblock.loss.L1Loss._score in SCORES
+    with pytest.raises(ValueError, match="'hinge' is not a key of ortlearn.loss.SCORES"):
+        type("HingeLoss", (_ElementwiseLoss,), {"_score": "hinge"})

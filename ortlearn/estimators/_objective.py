@@ -24,7 +24,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from ..graph import GraphBuilder, finalize_model, load_model, needed_nodes
-from ..loss import _elementwise_loss, _penalty_terms
+from ..loss import elementwise_loss, penalty_terms
 
 __all__ = ["LOSS", "input_names", "label_dtype", "mlp_objective", "sgd_objective"]
 
@@ -33,6 +33,8 @@ LABEL = "y"
 SAMPLE_WEIGHT = "sample_weight"
 
 _PREDICTION = {"regressor": "variable", "classifier": "raw_scores"}
+# The score (a key of ortlearn.loss.SCORES) of a classifier; a regressor's is its `loss`.
+_CLASSIFIER_SCORE = {"binary": "log", "multiclass": "cross_entropy"}
 
 def input_names(weighted: bool = True) -> list[str]:
     """Inputs of an objective graph, in order."""
@@ -60,11 +62,9 @@ def _label_input(kind: str, n_outputs: int, elem: int) -> onnx.ValueInfoProto:
 
 def _data_loss(b: GraphBuilder, kind: str, score: str, pred: str, dtype, **kwargs) -> str:
     """Unreduced loss of each element: ``(N, k)`` for regressors, ``(N, 1)`` otherwise."""
-    if kind == "multiclass":
-        return _elementwise_loss(b, "cross_entropy", pred, LABEL, dtype)
-    if kind == "binary":
-        return _elementwise_loss(b, "log", pred, LABEL, dtype)
-    per_elem = _elementwise_loss(b, score, pred, LABEL, dtype, **kwargs)
+    if kind in _CLASSIFIER_SCORE:
+        return elementwise_loss(b, _CLASSIFIER_SCORE[kind], pred, LABEL, dtype)
+    per_elem = elementwise_loss(b, score, pred, LABEL, dtype, **kwargs)
     if score == "squared_error":
         # scikit-learn's squared loss carries a 1/2.
         per_elem = b.op("Mul", [b.const(0.5, dtype), per_elem])
@@ -87,7 +87,7 @@ def _mean_and_count(b: GraphBuilder, rows: str, weight: str | None,
                     elem: int) -> tuple[str, str]:
     """``(sum(w * rows) / sum(w), sum(w))`` of (N,) vectors; ``(mean(rows), N)`` without ``w``.
 
-    The value of :func:`ortlearn.loss._reduce_rows` for rows that are
+    The value of :func:`ortlearn.loss.reduce_rows` for rows that are
     already scalars, without its reshape and per-row mean: each node of
     the loss costs its gradient nodes at every training step. Without
     ``w``, ``rows`` may also be (N, 1).
@@ -188,8 +188,8 @@ def mlp_objective(model, kind: str, alpha: float, sum_in_float64: bool = False,
     data, count = _mean_and_count(b, values[0], values[1] if weighted else None, loss_elem)
     loss = data
     coefs = [name for name in _weights_dtypes(model) if name.startswith("coefficient")]
-    penalty = _penalty_terms(b, {name: 0.5 * alpha for name in coefs},
-                             _weights_dtypes(model), dtype) if alpha else None
+    penalty = penalty_terms(b, {name: 0.5 * alpha for name in coefs},
+                            _weights_dtypes(model), dtype) if alpha else None
     if penalty is not None:
         loss = b.op("Add", [data, b.op("Div", [penalty, count])])
     b.op("Identity", [loss], outputs=[LOSS])
@@ -250,7 +250,7 @@ def sgd_objective(model, kind: str, loss: str = "squared_error", penalty: str | 
     data = b.reduce("ReduceMean", rows, keepdims=0)
     ratio = {"l2": 0.0, "l1": 1.0, "elasticnet": l1_ratio, None: 0.0}[penalty]
     strength = 0.0 if penalty is None else alpha
-    terms = _penalty_terms(
+    terms = penalty_terms(
         b, {"coef": {"l1": strength * ratio, "l2": strength * (1 - ratio) / 2}},
         _weights_dtypes(model), dtype) if strength else None
     b.op("Identity", [data if terms is None else b.op("Add", [data, terms])], outputs=[LOSS])

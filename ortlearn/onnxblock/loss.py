@@ -12,7 +12,7 @@ import numpy as np
 from onnx import TensorProto
 
 from ..graph import onnx_to_np_dtype
-from ..loss import _binary_log_loss, _elementwise_loss
+from ..loss import SCORES, elementwise_loss
 from . import _graph_utils
 from .blocks import Block
 
@@ -51,15 +51,24 @@ class _Loss(Block):
 
 
 class _ElementwiseLoss(_Loss):
-    """A score of ``output - target`` (``_score``, a name of :mod:`ortlearn.loss`), reduced."""
+    """A score of ``output - target`` (``_score``, a key of :data:`ortlearn.loss.SCORES`),
+    reduced."""
 
     _score = ""
 
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if cls._score not in SCORES:
+            raise ValueError(f"{cls.__name__}._score={cls._score!r} is not a key of "
+                             f"ortlearn.loss.SCORES ({', '.join(SCORES)}).")
+
     def build(self, loss_input_name: str, target_name: str = "target") -> str:
         model = self.base
-        target = _target_like(model, loss_input_name, target_name)
+        elem = _graph_utils.float_type_of(model, loss_input_name)
+        target = _target_like(model, loss_input_name, target_name, elem)
         b = _graph_utils.builder(model)
-        errors = _elementwise_loss(b, self._score, loss_input_name, target)
+        errors = elementwise_loss(b, self._score, loss_input_name, target,
+                                  onnx_to_np_dtype(elem))
         out = _reduce(b, errors, self._reduction)
         b.add_to_graph(model.graph)
         return out
@@ -184,7 +193,7 @@ class BCEWithLogitsLoss(_Loss):
         y = _target_like(model, x, target_name)
         b = _graph_utils.builder(model)
         if self._pos_weight is None:
-            loss = _binary_log_loss(b, x, y, dtype)
+            loss = elementwise_loss(b, "log", x, y, dtype)
         else:
             one = b.const(dtype.type(1))
             # log(1 + exp(-|x|)): Softplus has no float64 kernel on onnxruntime's CPU.
