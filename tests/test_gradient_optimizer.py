@@ -18,6 +18,7 @@ from ortlearn import add_loss_output
 from ortlearn.convert import set_weights
 from ortlearn.estimators.gradient_optimizer import OrtGradientOptimizer
 from ortlearn.exceptions import ConvergenceError
+from ortlearn.optim import Adam
 from ortlearn.training import Batches
 
 
@@ -185,8 +186,54 @@ def test_input_checks(seed_data, mse_model):
         OrtGradientOptimizer(mse_model, max_iter=1).fit(X_train, y_train, w_train)
     with pytest.raises(ValueError, match="learning_rate"):
         OrtGradientOptimizer(onx_loss, learning_rate="optimal").fit(X_train, y_train)
-    with pytest.raises(ValueError, match="Unknown optimizer"):
+    with pytest.raises(ValueError, match="'optimizer' parameter of OrtGradientOptimizer"):
         OrtGradientOptimizer(onx_loss, optimizer="rmsprop").fit(X_train, y_train)
     fitted = OrtGradientOptimizer(onx_loss, max_iter=1).fit(X_train, y_train)
     with pytest.raises(ValueError, match=r"missing weights \['intercept'\]"):
         fitted.set_state({"coef": np.zeros((10, 1))})
+
+
+@pytest.mark.parametrize("params, error, match", [
+    ({"learning_rate": 0.0}, ValueError, "'learning_rate' parameter"),
+    ({"learning_rate": float("inf")}, ValueError, "'learning_rate' parameter"),
+    ({"eta0": -1.0}, ValueError, "'eta0' parameter"),
+    ({"power_t": -0.5}, ValueError, "'power_t' parameter"),
+    ({"max_iter": 0}, ValueError, "'max_iter' parameter"),
+    ({"batch_size": 2.5}, ValueError, "'batch_size' parameter"),
+    ({"momentum": 1.5}, ValueError, "'momentum' parameter"),
+    ({"validation_every": 1.5}, ValueError, "'validation_every' parameter"),
+    ({"validation_every": -1}, ValueError, "'validation_every' parameter"),
+    ({"optimizer": object()}, ValueError, "'optimizer' parameter"),
+    ({"weights_to_train": "coef"}, ValueError, "'weights_to_train' parameter"),
+    ({"exc": 1}, ValueError, "'exc' parameter"),
+    ({"device": 0}, ValueError, "'device' parameter"),
+    ({"device": "tpu"}, ValueError, "Unknown device 'tpu'"),
+])
+def test_parameter_validation(seed_data, params, error, match):
+    X_train, _, y_train, _, _, _, onx_loss = seed_data
+    with pytest.raises(error, match=match):
+        OrtGradientOptimizer(onx_loss, max_iter=params.pop("max_iter", 1),
+                             **params).fit(X_train, y_train)
+
+
+@pytest.mark.parametrize("params", [
+    {"validation_every": 0}, {"validation_every": 0.5}, {"validation_every": 3},
+    {"optimizer": Adam(beta_1=0.8)}, {"optimizer": "adamw"}, {"exc": np.bool_(False)},
+    {"learning_rate": "constant", "eta0": 1e-3}, {"weights_to_train": ("coef",)},
+])
+def test_parameter_validation_accepts(seed_data, params):
+    X_train, X_test, y_train, *_ , onx_loss = seed_data
+    est = OrtGradientOptimizer(onx_loss, max_iter=3, learning_rate=params.pop(
+        "learning_rate", 1e-3), **params).fit(X_train, y_train, X_val=X_test[:20],
+                                            y_val=np.zeros(20, np.float32))
+    assert est.n_iter_ == 3
+
+
+def test_scalar_sample_weight_weights_every_row(seed_data):
+    X_train, _, y_train, *_, onx_loss = seed_data
+    params = dict(learning_rate=1e-3, max_iter=2, random_state=0)
+    scalar = OrtGradientOptimizer(onx_loss, **params).fit(X_train, y_train, 2.0)
+    array = OrtGradientOptimizer(onx_loss, **params).fit(
+        X_train, y_train, np.full(len(y_train), 2.0, np.float32))
+    for name, value in array.get_state().items():
+        np.testing.assert_array_equal(scalar.get_state()[name], value)

@@ -188,7 +188,7 @@ def test_gradient_optimizer_rejects_bad_weights_and_models(loss_onnx, linear_onn
         OrtGradientOptimizer(None, max_iter=1).fit(X, y)
     with pytest.raises(ValueError, match="no output 'loss'"):
         OrtGradientOptimizer(linear_onnx, max_iter=1).fit(X, y)
-    with pytest.raises(ValueError, match="exc must be True or False"):
+    with pytest.raises(ValueError, match="'exc' parameter of OrtGradientOptimizer"):
         _ogo(loss_onnx, exc="no").fit(X, y)
 
 

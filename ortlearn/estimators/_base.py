@@ -6,19 +6,23 @@ data, builds the counterpart estimator (``estimator_``) whose weights are
 initialised as scikit-learn does, turns it into an ONNX loss graph, trains
 it with a :class:`~ortlearn.training.TrainingEngine` (or
 :func:`~ortlearn.training.minimize_lbfgs`) and writes the trained
-weights back. Every step of the epoch loop is a method a subclass can
-override (``_build_engine``, ``_run_epoch``, ``_update_no_improvement``,
-``_log_epoch``), as in skorch.
+weights back.
 
-Subclasses provide the counterpart (``_make_counterpart``), the objective
-(``_objective``), the optimizer (``_optimizer``) and the learning-rate
-schedule (``_make_schedule``, ``_schedule_per_step``).
+Subclasses must provide the counterpart (``_make_counterpart``), the
+objective (``_objective``), the optimizer (``_optimizer``), the
+learning-rate schedule (``_make_schedule``, ``_learning_rates``) and the
+predictions (``_predict_from_outputs``, given by the regressor and
+classifier mixins); these are abstract methods. The steps of the epoch loop
+(``_build_engine``, ``_run_epoch``, ``_update_no_improvement``,
+``_log_epoch``) may be overridden, as in skorch; their contracts are in
+:class:`BaseOrtEstimator`'s docstring.
 """
 
 from __future__ import annotations
 
 import time
 import warnings
+from abc import ABC, abstractmethod
 
 import numpy as np
 import onnx
@@ -34,7 +38,6 @@ from sklearn.model_selection import train_test_split
 from sklearn.utils import check_random_state
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import (
-    _check_sample_weight,
     check_is_fitted,
     column_or_1d,
     validate_data,
@@ -54,24 +57,11 @@ from ..training import (
 from ..training.engine import DEFAULT_BATCH_ROWS
 from ._objective import LOSS, SAMPLE_WEIGHT, input_names, label_dtype
 from ._session_cache import _SessionCache
+from ._validation import check_sample_weight
 
 __all__ = ["BaseOrtEstimator"]
 
 _FLOAT_DTYPES = (np.float64, np.float32)
-
-
-def _check_weights_valid(sample_weight, X) -> np.ndarray | None:
-    """Sample weights as an array of X's dtype, validated; None stays None."""
-    if sample_weight is None:
-        return None
-    sample_weight = _check_sample_weight(sample_weight, X, dtype=X.dtype,
-                                         ensure_non_negative=True)
-    if not np.isfinite(sample_weight).all():
-        raise ValueError("sample_weight contains NaN or infinite values.")
-    if not sample_weight.any():
-        raise ValueError("sample_weight is all zeros: at least one sample must have a "
-                         "positive weight.")
-    return sample_weight
 
 
 def _graph_inputs(names, X, y_enc, sample_weight) -> list:
@@ -88,12 +78,58 @@ def _graph_inputs(names, X, y_enc, sample_weight) -> list:
     return [X, y_enc, sample_weight]
 
 
-class BaseOrtEstimator(BaseEstimator):
+class BaseOrtEstimator(BaseEstimator, ABC):
     """Base class of ortlearn's scikit-learn-native estimators (not for direct use).
 
     Subclasses define the parameters (``__init__`` and
-    ``_parameter_constraints``) and the hooks listed in the module
-    docstring. Fitted attributes common to every subclass:
+    ``_parameter_constraints``) and implement the abstract hooks:
+
+    - ``_make_counterpart()``: an unfitted scikit-learn estimator with this
+      one's hyper-parameters (its weights are initialised as scikit-learn
+      does, then trained);
+    - ``_objective(inference_model, kind, sum_in_float64, weighted)``: the
+      loss graph;
+    - ``_optimizer()``: the :mod:`ortlearn.optim` update rule;
+    - ``_make_schedule()`` and ``_learning_rates()``: the learning-rate
+      schedule and the rates it gives;
+    - ``_predict_from_outputs(values)``: predictions from the inference
+      graph's outputs (:class:`OrtRegressorMixin` and
+      :class:`OrtClassifierMixin` provide it).
+
+    A subclass may also override the steps of the epoch loop of the
+    mini-batch solvers (``solver='lbfgs'`` uses none of them), calling
+    ``super()`` to keep the default behaviour around its own:
+
+    ``_build_engine(X, device, weighted) -> TrainingEngine``
+        Called when ``fit`` starts (and when a ``partial_fit`` first gets
+        sample weights). Returns the engine that trains the weights of
+        ``estimator_``: the graph of ``_loss_model(weighted=weighted)``, data
+        inputs ``input_names(weighted)``, loss output ``'loss'``, the update
+        rule of ``_optimizer()``, and ``self._optimizer_state`` loaded when it
+        is not None (``partial_fit`` continues the optimizer).
+    ``_run_epoch(engine, train, batches) -> float``
+        One pass over the data. ``train`` is the list of arrays fed to the
+        graph (X, encoded y, and the sample weights when the graph reads
+        them), ``batches`` the row indices of each mini-batch, already
+        shuffled for this epoch. Sets the learning rate (from
+        ``_learning_rates()``), runs the batches and returns the epoch's
+        training loss. A :class:`~ortlearn.exceptions.ConvergenceError`
+        stops the fit with the last finite weights kept.
+    ``_update_no_improvement(engine, loss, validation)``
+        After each epoch, once ``train_losses_``, ``loss_``, ``n_iter_`` and
+        ``t_`` are updated. ``validation`` is None, or ``(X_val, y_val,
+        y_val_encoded, sample_weight_val)`` with ``early_stopping=True``.
+        Updates ``self._no_improvement_count``: once it exceeds
+        ``n_iter_no_change`` (reaches it when ``_stop_after_exceeding`` is
+        False) the loop asks the schedule's ``on_plateau()``, which stops the
+        fit or lowers the rate (``'adaptive'``). Also updates ``best_loss_``
+        (no validation) or ``validation_scores_``, ``validation_losses_``,
+        ``best_validation_score_`` and ``self._best_state``, the weights put
+        back at the end of the fit when not None.
+    ``_log_epoch(elapsed)``
+        After the bookkeeping of each epoch; ``elapsed`` is the time in
+        seconds since the loop started. Output only (the default prints one
+        line when ``verbose``); it changes no state.
 
     Attributes
     ----------
@@ -132,10 +168,11 @@ class BaseOrtEstimator(BaseEstimator):
     _stop_after_exceeding = True
 
     # ------------------------------------------------------------------ hooks
+    @abstractmethod
     def _make_counterpart(self):
         """An unfitted scikit-learn estimator with this one's hyper-parameters."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _objective(self, inference_model: onnx.ModelProto, kind: str,
                    sum_in_float64: bool = False, weighted: bool = True) -> onnx.ModelProto:
         """The loss graph (inputs ``X``, ``y``, ``sample_weight``; output ``loss``).
@@ -143,19 +180,18 @@ class BaseOrtEstimator(BaseEstimator):
         ``sum_in_float64``: a float32 graph sums its row losses in float64
         (full-batch L-BFGS). ``weighted=False``: no ``sample_weight`` input.
         """
-        raise NotImplementedError
 
+    @abstractmethod
     def _optimizer(self):
         """The ortlearn.optim update rule of ``solver``."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _make_schedule(self):
         """The learning-rate schedule (``ortlearn.optim.schedules``)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _learning_rates(self):
         """``(rate for the next epoch or None, per-step callable or None)``."""
-        raise NotImplementedError
 
     #: Rows per mini-batch of ``batch_size='auto'`` (at most n_samples).
     _auto_batch_size = DEFAULT_BATCH_ROWS
@@ -254,7 +290,7 @@ class BaseOrtEstimator(BaseEstimator):
         if first:
             self._dtype = np.dtype(X.dtype)
         X = X.astype(self._dtype, copy=False)
-        sample_weight = _check_weights_valid(sample_weight, X)
+        sample_weight = check_sample_weight(sample_weight, X.shape[0], X.dtype)
         if is_classifier(self):
             self._prepare_classes(y, classes, incremental, first)
         y_enc = self._encode_target(y)
@@ -562,8 +598,9 @@ class BaseOrtEstimator(BaseEstimator):
         session = self._runtime.inference_session(self._inference_model, self.device)
         return dict(zip(outputs, session.run(outputs, {"X": X})))
 
+    @abstractmethod
     def _predict_from_outputs(self, values: dict):
-        raise NotImplementedError
+        """Predictions from the inference graph's outputs ``{name: array}``."""
 
     def __sklearn_is_fitted__(self) -> bool:
         return hasattr(self, "estimator_")

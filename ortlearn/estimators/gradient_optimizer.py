@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import numbers
 import warnings
+from numbers import Integral, Real
 
 import numpy as np
 import onnx
-from sklearn.base import BaseEstimator
+from sklearn.base import BaseEstimator, _fit_context
 from sklearn.utils import check_random_state
+from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted
 
 from ..exceptions import ConvergenceError, ConvergenceWarning
@@ -23,30 +24,11 @@ from ..graph import (
 from ..optim import SGD, Adam, AdamW, Optimizer
 from ..training import Batches, TrainingEngine, parse_device
 from ._session_cache import _SessionCache
+from ._validation import as_real, check_finite, check_sample_weight
 
 __all__ = ["OrtGradientOptimizer"]
 
-_OPTIMIZERS = ("sgd", "adam", "adamw")
-_SCHEDULES = ("constant", "invscaling")
 _ORT_TYPES = {"tensor(float)": np.float32, "tensor(double)": np.float64}
-
-
-def _check_finite(name: str, array: np.ndarray) -> None:
-    if np.issubdtype(array.dtype, np.floating) and not np.isfinite(array).all():
-        raise ValueError(f"{name} contains NaN or infinity.")
-
-
-def _as_real(name: str, value, dtype) -> np.ndarray:
-    """``value`` as an array of ``dtype``; TypeError for complex or non-numeric data."""
-    array = np.asarray(value)
-    if np.iscomplexobj(array):
-        raise TypeError(f"{name} has the complex dtype {array.dtype}: only real numbers can "
-                        "be fed to the graph.")
-    try:
-        return array.astype(dtype, copy=False)
-    except (TypeError, ValueError) as exc:
-        raise TypeError(f"{name} of dtype {array.dtype} cannot be converted to "
-                        f"{np.dtype(dtype)}: {exc}") from exc
 
 
 class OrtGradientOptimizer(BaseEstimator):
@@ -71,11 +53,12 @@ class OrtGradientOptimizer(BaseEstimator):
         Name of the loss output.
     max_iter : int, default=100
         Number of epochs (onnxcustom's default).
-    optimizer : {'sgd', 'adam', 'adamw'} or ortlearn.optim optimizer, default='sgd'
+    optimizer : {'sgd', 'adam', 'adamw'} or ortlearn.optim.Optimizer, default='sgd'
         ``'sgd'``: plain SGD, with ``momentum`` if > 0; ``'adam'``:
         :class:`ortlearn.optim.Adam` (scikit-learn MLP's); ``'adamw'``:
         :class:`ortlearn.optim.AdamW` with its defaults. An
-        :class:`ortlearn.optim.SGD`/``Adam``/``AdamW`` instance is used as is.
+        :class:`ortlearn.optim.Optimizer` instance (``SGD``, ``Adam``,
+        ``AdamW`` or a subclass) is used as is.
     learning_rate : float or {'constant', 'invscaling'}, default='invscaling'
         A float is a constant learning rate. ``'constant'`` uses ``eta0``;
         ``'invscaling'`` uses ``eta0 / t ** power_t`` where ``t`` is the
@@ -155,6 +138,31 @@ class OrtGradientOptimizer(BaseEstimator):
     True
     """
 
+    _parameter_constraints: dict = {
+        # load_model raises the clear errors (TypeError, ValueError) on a bad model.
+        "model_onnx": "no_validation",
+        "weights_to_train": ["array-like", None],
+        "loss_output_name": [str],
+        "max_iter": [Interval(Integral, 1, None, closed="left")],
+        "optimizer": [StrOptions({"sgd", "adam", "adamw"}), Optimizer],
+        "learning_rate": [StrOptions({"constant", "invscaling"}),
+                          Interval(Real, 0, None, closed="neither")],
+        "eta0": [Interval(Real, 0, None, closed="neither")],
+        "power_t": [Interval(Real, 0, None, closed="left")],
+        "momentum": [Interval(Real, 0, 1, closed="both")],
+        "batch_size": [Interval(Integral, 1, None, closed="left")],
+        # parse_device (at the start of fit) checks the string and CUDA's presence.
+        "device": [str],
+        "warm_start": ["boolean"],
+        "verbose": ["verbose"],
+        "validation_every": [Interval(Real, 0, 1, closed="left"),
+                             Interval(Integral, 1, None, closed="left")],
+        "sample_weight_name": [str],
+        "random_state": ["random_state"],
+        "shuffle": ["boolean"],
+        "exc": ["boolean"],
+    }
+
     def __init__(self, model_onnx, weights_to_train=None, loss_output_name="loss", max_iter=100,
                  optimizer="sgd", learning_rate="invscaling", eta0=0.01, power_t=0.25,
                  momentum=0.0, batch_size=10, device="cpu", warm_start=False, verbose=0,
@@ -183,14 +191,11 @@ class OrtGradientOptimizer(BaseEstimator):
     def _optimizer_spec(self) -> Optimizer:
         if isinstance(self.optimizer, Optimizer):
             return self.optimizer
-        if self.optimizer == "sgd":
-            return SGD(momentum=self.momentum)
         if self.optimizer == "adam":
             return Adam()
         if self.optimizer == "adamw":
             return AdamW()
-        raise ValueError(f"Unknown optimizer {self.optimizer!r}; expected one of {_OPTIMIZERS} "
-                         "or an ortlearn.optim optimizer instance.")
+        return SGD(momentum=self.momentum)
 
     def _learning_rate_at(self, epoch: int) -> float:
         """Learning rate of the 1-based ``epoch``."""
@@ -199,32 +204,6 @@ class OrtGradientOptimizer(BaseEstimator):
         if self.learning_rate == "constant":
             return self.eta0
         return float(self.learning_rate)
-
-    def _check_params(self) -> None:
-        lr = self.learning_rate
-        if isinstance(lr, str):
-            if lr not in _SCHEDULES:
-                raise ValueError(f"Unknown learning_rate {lr!r}; expected a float or one of "
-                                 f"{_SCHEDULES}.")
-            if not (isinstance(self.eta0, numbers.Real) and self.eta0 > 0):
-                raise ValueError(f"eta0 must be > 0, got {self.eta0!r}.")
-            if not (isinstance(self.power_t, numbers.Real) and self.power_t >= 0):
-                raise ValueError(f"power_t must be >= 0, got {self.power_t!r}.")
-        elif not (isinstance(lr, numbers.Real) and np.isfinite(lr) and lr > 0):
-            raise ValueError(f"learning_rate must be a finite float > 0 or one of {_SCHEDULES}, "
-                             f"got {lr!r}.")
-        for name in ("max_iter", "batch_size"):
-            value = getattr(self, name)
-            if not (isinstance(value, numbers.Integral) and value >= 1):
-                raise ValueError(f"{name} must be an integer >= 1, got {value!r}.")
-        ve = self.validation_every
-        if not (isinstance(ve, numbers.Real) and ve >= 0
-                and (ve < 1 or float(ve).is_integer())):
-            raise ValueError("validation_every must be 0, a float in (0, 1) or an integer "
-                             f">= 1, got {ve!r}.")
-        if not isinstance(self.exc, (bool, np.bool_)):
-            raise ValueError(f"exc must be True or False, got {self.exc!r}.")
-        parse_device(self.device)
 
     def _validation_period(self) -> int:
         ve = self.validation_every
@@ -280,36 +259,26 @@ class OrtGradientOptimizer(BaseEstimator):
         """X, label (and weights) as the graph declares them; ValueError on bad data."""
         x_name, y_name = self.input_names_[:2]
         info = self._input_info
-        X = _as_real("X", X, info[x_name][0])
+        X = as_real("X", X, info[x_name][0])
         if X.ndim != 2 or X.shape[0] == 0:
             raise ValueError(f"X must be a non-empty 2-D array, got shape {X.shape}.")
-        _check_finite("X", X)
+        check_finite("X", X)
         declared = info[x_name][1]
         if declared and len(declared) == 2 and isinstance(declared[1], int) \
                 and declared[1] != X.shape[1]:
             raise ValueError(f"X has {X.shape[1]} features, the graph's input {x_name!r} "
                              f"expects {declared[1]}.")
         n = X.shape[0]
-        y = _as_real("y", y, info[y_name][0])
+        y = as_real("y", y, info[y_name][0])
         if y.ndim == 0 or y.shape[0] != n:
             raise ValueError(f"X has {n} rows but y has shape {y.shape}.")
         y = self._as_label(y, info[y_name][1], y_name)
-        _check_finite("y", y)
+        check_finite("y", y)
         arrays = [np.ascontiguousarray(X), np.ascontiguousarray(y)]
         if len(self.input_names_) == 3:
             dtype = info[self.input_names_[2]][0]
-            sample_weight = (np.ones(n, dtype=dtype) if sample_weight is None
-                             else _as_real("sample_weight", sample_weight, dtype))
-            if sample_weight.shape != (n,):
-                raise ValueError(f"sample_weight must have shape ({n},), got "
-                                 f"{sample_weight.shape}.")
-            _check_finite("sample_weight", sample_weight)
-            if (sample_weight < 0).any():
-                raise ValueError("sample_weight contains negative values.")
-            if not sample_weight.any():
-                raise ValueError("sample_weight is all zeros: at least one sample must have "
-                                 "a positive weight.")
-            arrays.append(sample_weight)
+            sample_weight = check_sample_weight(sample_weight, n, dtype)
+            arrays.append(np.ones(n, dtype=dtype) if sample_weight is None else sample_weight)
         elif sample_weight is not None:
             raise ValueError(f"sample_weight was given but the graph has no input "
                              f"{self.sample_weight_name!r}: build it with "
@@ -332,6 +301,7 @@ class OrtGradientOptimizer(BaseEstimator):
         return y
 
     # ------------------------------------------------------------------- fit
+    @_fit_context(prefer_skip_nested_validation=True)
     def fit(self, X, y, sample_weight=None, X_val=None, y_val=None):
         """Train the weights for ``max_iter`` epochs of mini-batch gradient descent.
 
@@ -367,7 +337,7 @@ class OrtGradientOptimizer(BaseEstimator):
             On KeyboardInterrupt: training stops, the weights reached so far
             are kept.
         """
-        self._check_params()
+        parse_device(self.device)
         continuing = self.warm_start and hasattr(self, "state_")
         if not continuing:
             self._read_graph()
@@ -446,7 +416,7 @@ class OrtGradientOptimizer(BaseEstimator):
         """
         check_is_fitted(self, "state_")
         for name, value in state.items():
-            _check_finite(f"Weight {name!r}", np.asarray(value))
+            check_finite(f"Weight {name!r}", np.asarray(value))
         engine = self._engine()
         engine.set_state(state)
         self.state_ = engine.get_state()
@@ -493,14 +463,14 @@ class OrtGradientOptimizer(BaseEstimator):
         check_is_fitted(self, "state_")
         sess = self._inference()
         info = sess.get_inputs()[0]
-        X = _as_real("X", X, _ORT_TYPES.get(info.type, np.float32))
+        X = as_real("X", X, _ORT_TYPES.get(info.type, np.float32))
         if X.ndim != 2 or X.shape[0] == 0:
             raise ValueError(f"X must be a non-empty 2-D array, got shape {X.shape}.")
         n_features = info.shape[1] if len(info.shape) == 2 else None
         if isinstance(n_features, int) and X.shape[1] != n_features:
             raise ValueError(f"X has {X.shape[1]} features, the graph's input {info.name!r} "
                              f"expects {n_features}.")
-        _check_finite("X", X)
+        check_finite("X", X)
         return sess.run([sess.get_outputs()[0].name], {info.name: X})[0]
 
     def score(self, X, y, sample_weight=None):

@@ -1,0 +1,80 @@
+"""Checks of the data the estimators are given, shared by every estimator.
+
+One place decides what bad data is and how it is reported, so that
+:class:`~ortlearn.estimators.OrtGradientOptimizer` and the estimators built
+on :class:`~ortlearn.estimators._base.BaseOrtEstimator` reject the same
+sample weights with the same messages:
+
+- :func:`as_real`: an array of a given real dtype; ``TypeError`` for complex
+  or non-numeric data.
+- :func:`check_finite`: ``ValueError`` for NaN or infinity.
+- :func:`check_sample_weight`: the sample weights of ``n_samples`` rows
+  (1-D, finite, non-negative, not all zero); a scalar weights every row.
+
+X and y of the scikit-learn-native estimators go through scikit-learn's
+``validate_data`` (feature names, ``n_features_in_``); those of
+``OrtGradientOptimizer`` are checked against the graph's declared inputs
+with :func:`as_real` and :func:`check_finite`.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+__all__ = ["as_real", "check_finite", "check_sample_weight"]
+
+
+def check_finite(name: str, array: np.ndarray) -> None:
+    """Raise ``ValueError('<name> contains NaN or infinity.')`` for a non-finite float array."""
+    if np.issubdtype(array.dtype, np.floating) and not np.isfinite(array).all():
+        raise ValueError(f"{name} contains NaN or infinity.")
+
+
+def as_real(name: str, value, dtype) -> np.ndarray:
+    """``value`` as an array of ``dtype`` (no copy when it already is one).
+
+    Raises
+    ------
+    TypeError
+        Complex or non-numeric data (the message names ``name``).
+    """
+    array = np.asarray(value)
+    if np.iscomplexobj(array):
+        raise TypeError(f"{name} has the complex dtype {array.dtype}: only real numbers can "
+                        "be fed to the graph.")
+    try:
+        return array.astype(dtype, copy=False)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"{name} of dtype {array.dtype} cannot be converted to "
+                        f"{np.dtype(dtype)}: {exc}") from exc
+
+
+def check_sample_weight(sample_weight, n_samples: int, dtype) -> np.ndarray | None:
+    """Sample weights as a 1-D array of ``dtype`` and ``n_samples`` rows; None stays None.
+
+    A scalar (as scikit-learn takes it) weights every row the same.
+
+    Raises
+    ------
+    TypeError
+        Complex or non-numeric weights.
+    ValueError
+        Wrong shape, NaN or infinity, negative values, or all weights zero.
+    """
+    if sample_weight is None:
+        return None
+    if isinstance(sample_weight, numbers.Number):
+        sample_weight = np.full(n_samples, sample_weight)
+    sample_weight = as_real("sample_weight", sample_weight, dtype)
+    if sample_weight.shape != (n_samples,):
+        raise ValueError(f"sample_weight must have shape ({n_samples},), got "
+                         f"{sample_weight.shape}.")
+    check_finite("sample_weight", sample_weight)
+    if (sample_weight < 0).any():
+        raise ValueError("sample_weight contains negative values.")
+    if not sample_weight.any():
+        raise ValueError("sample_weight is all zeros: at least one sample must have a "
+                         "positive weight.")
+    return np.ascontiguousarray(sample_weight)
