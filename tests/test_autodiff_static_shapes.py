@@ -183,9 +183,9 @@ def test_reduce_mean_over_the_batch_counts_the_input_only(axes, n_sizes):
 
 
 def test_mlp_classifier_fused_step_is_small(monkeypatch):
-    import ortlearn.training.engine as engine
     from sklearn.datasets import load_digits
 
+    import ortlearn.training.engine as engine
     from ortlearn import OrtMLPClassifier
     from ortlearn.training.fused import build_fused_step
 
