@@ -13,19 +13,30 @@ import tempfile
 from enum import Enum
 from pathlib import Path
 
+import numpy as np
 import onnx
 from onnx import numpy_helper
 
 from .fileio import atomic_write
-from .graph import FLOAT_TYPES, invalid_model_errors, load_model, rename_value
+from .graph import (
+    FLOAT_TYPES,
+    finalize_model,
+    invalid_model_errors,
+    load_model,
+    prune_model,
+    rename_value,
+)
+from .graph.passes import run_passes
 from .onnxblock import blocks
 from .onnxblock import loss as loss_blocks
 from .onnxblock import optim as optim_blocks
 from .onnxblock.blocks import Block
 from .onnxblock.model_accessor import base, empty_base
 from .onnxblock.onnxblock import TrainingBlock
+from .optim import Optimizer
 
-__all__ = ["LossType", "OptimType", "build_artifacts", "generate_artifacts"]
+__all__ = ["LossType", "OptimType", "build_artifacts", "export_training_artifacts",
+           "generate_artifacts"]
 
 #: Name of the loss output when a loss is added.
 LOSS_OUTPUT = "loss"
@@ -128,14 +139,24 @@ def _loss_block(loss) -> Block:
         f"supported LossType values: {[t.name for t in LossType]}.")
 
 
+class _SpecBlock(optim_blocks._OptimizerBlock):
+    """The optimizer block of an :class:`ortlearn.optim.Optimizer` instance."""
+
+    def __init__(self, spec: Optimizer):
+        self.spec = spec
+
+
 def _optimizer_block(optimizer) -> Block | None:
     if optimizer is None or isinstance(optimizer, Block):
         return optimizer
     if isinstance(optimizer, OptimType):
         return _OPTIMIZERS[optimizer]()
+    if isinstance(optimizer, Optimizer):
+        return _SpecBlock(optimizer)
     raise TypeError(
-        f"optimizer must be an OptimType, an onnxblock optimizer block or None, got "
-        f"{optimizer!r}; supported OptimType values: {[t.name for t in OptimType]}.")
+        f"optimizer must be an OptimType, an onnxblock optimizer block, an "
+        f"ortlearn.optim.Optimizer or None, got {optimizer!r}; supported OptimType values: "
+        f"{[t.name for t in OptimType]}.")
 
 
 def _name_list(names, what: str) -> list[str]:
@@ -240,8 +261,10 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None, loss=None,
         takes the first output and a graph input ``target``; a custom block is
         called on every output (as onnxruntime-training does). None: no loss
         is added and the first output is differentiated.
-    optimizer : OptimType or onnxblock optimizer block, default=None
-        None: no optimizer model.
+    optimizer : OptimType, onnxblock optimizer block or ortlearn.optim.Optimizer, default=None
+        None: no optimizer model. An :class:`ortlearn.optim.Optimizer`
+        instance (``SGD(momentum=0.5)``, ``Adam(beta_1=0.8)``, ...) writes
+        its update rule with its hyper-parameters.
     artifact_directory : str or path, default=None
         Where to write (created if missing). None: the current directory.
     prefix : str, default=''
@@ -392,3 +415,105 @@ def _write_checkpoints(directory: Path, prefix: str, trainable, frozen, nominal:
     if nominal:
         CheckpointState.save_checkpoint(CheckpointState.from_parameters(*values, nominal=True),
                                         directory / f"{prefix}nominal_checkpoint")
+
+
+def _engine_rewrites(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The training model rewritten by the passes the engine's fused step runs.
+
+    :func:`~ortlearn.graph.passes.run_passes` keeps the outputs' values up
+    to rounding (a column sum becomes a product with ones, ...): with the
+    same rewrites, the gradients are those of the engine's step to the last
+    bit (measured: 1 to 2 float32 ulps apart without them on MLPs of 100
+    hidden units and batches of 200 rows).
+    """
+    graph = model.graph
+    nodes = run_passes(model, list(graph.node), [o.name for o in graph.output])
+    del graph.node[:]
+    graph.node.extend(nodes)
+    del graph.value_info[:]
+    return finalize_model(model)
+
+
+def export_training_artifacts(loss_model, trainable, optimizer, artifact_directory, *,
+                              weights=None, optimizer_state=None, loss_output: str = LOSS_OUTPUT,
+                              prefix: str = "") -> None:
+    """Write the artifacts of a training in progress: models, weights and optimizer state.
+
+    What the estimators' ``export_artifacts`` writes. The files are those of
+    :func:`generate_artifacts` (``doc/artifacts_format.md``), built by the
+    same code from a graph that already computes its loss: training,
+    eval and optimizer models, and a checkpoint holding the weights and the
+    optimizer state (moments, number of steps made, learning rate of the
+    last step). The training model is rewritten by the passes of the
+    engine's fused step (:data:`ortlearn.graph.passes.CHEAPER_NODES`: the
+    same values, fewer or cheaper nodes). Continuing with :mod:`ortlearn.api` (``Module``,
+    ``Optimizer``: ``lazy_reset_grad``, a training step, ``step``) on the
+    batches and learning rates a :class:`~ortlearn.training.TrainingEngine`
+    would use gives the engine's weights, bit for bit on the CPU.
+
+    Parameters
+    ----------
+    loss_model : onnx.ModelProto, bytes or path
+        A graph with a scalar output ``loss_output``; its other outputs are
+        dropped.
+    trainable : list of str
+        Float initializers to train, in order.
+    optimizer : ortlearn.optim.Optimizer
+        The update rule of the optimizer model.
+    artifact_directory : str or path
+        Where to write (created if missing).
+    weights : dict of str to array-like, default=None
+        Values replacing initializers of ``loss_model`` (the current weights).
+    optimizer_state : dict, default=None
+        ``{"states": {param: {state: array}}, "step": int, "learning_rate":
+        float}`` (:meth:`TrainingEngine.optimizer_state
+        <ortlearn.training.TrainingEngine.optimizer_state>`). None: no
+        optimizer state in the checkpoint (a session starts at step 0).
+    loss_output : str, default='loss'
+        Name of the loss output (kept in the artifacts).
+    prefix : str, default=''
+        Prefix of every file name.
+
+    Raises
+    ------
+    ValueError, TypeError
+        As :func:`generate_artifacts`; a missing loss output; an optimizer
+        state that does not match the optimizer. Nothing is written then.
+    """
+    from .training.checkpoint import CheckpointState
+    from .training.checks import check_loss_output, replace_initializers
+
+    if not isinstance(optimizer, Optimizer):
+        raise TypeError("optimizer must be an ortlearn.optim.Optimizer instance, got "
+                        f"{type(optimizer).__name__}.")
+    directory = _check_destination(artifact_directory, prefix)
+    model = load_model(loss_model)
+    check_loss_output(model, loss_output)
+    if weights:
+        replace_initializers(model, dict(weights))
+    if len(model.graph.output) > 1:
+        model = prune_model(model, [loss_output])
+    training_model, eval_model, optim_model, state = build_artifacts(
+        model, requires_grad=list(trainable), optimizer=optimizer)
+    training_model = _engine_rewrites(training_model)
+    if optimizer_state is not None:
+        try:
+            states = optimizer_state["states"]
+            step, lr = int(optimizer_state["step"]), float(optimizer_state["learning_rate"])
+        except (KeyError, TypeError) as exc:
+            raise ValueError("optimizer_state is a dict with keys 'states', 'step' and "
+                             f"'learning_rate', got {optimizer_state!r}.") from exc
+        missing = [f"{p}.{s}" for p in trainable for s in optimizer.state_names
+                   if s not in states.get(p, {})]
+        if missing:
+            raise ValueError(f"optimizer_state lacks {missing}.")
+        params = state.parameters
+        state.set_optimizer_state(
+            {p: {s: np.asarray(states[p][s], dtype=params[p].dtype)
+                 for s in optimizer.state_names} for p in trainable}, step, lr)
+    directory.mkdir(parents=True, exist_ok=True)
+    _save(training_model, directory / f"{prefix}training_model.onnx")
+    _save(eval_model, directory / f"{prefix}eval_model.onnx")
+    _save(optim_model, directory / f"{prefix}optimizer_model.onnx")
+    CheckpointState.save_checkpoint(state, directory / f"{prefix}checkpoint",
+                                    include_optimizer_state=optimizer_state is not None)

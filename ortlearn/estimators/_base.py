@@ -575,6 +575,54 @@ class BaseOrtEstimator(BaseEstimator, ABC):
             self._runtime.engine.set_state(clean)
         self._store_weights(clean)
 
+    def export_artifacts(self, directory, X=None, y=None, *, weighted=None, prefix=""):
+        """Write the training artifacts of this estimator, to go on with ``ortlearn.api``.
+
+        The files of :func:`ortlearn.artifacts.generate_artifacts`, in its
+        format (``doc/artifacts_format.md``): ``training_model.onnx`` and
+        ``eval_model.onnx`` (the estimator's objective, penalties included,
+        with the output ``loss``), ``optimizer_model.onnx`` (its ``solver``
+        with its hyper-parameters) and ``checkpoint`` (the current weights
+        and the optimizer state: moments, number of updates made, learning
+        rate of the last update). The user inputs are ``X``, ``y`` (as the
+        objective reads it: a float column ``(n, k)`` for regressors and
+        binary classifiers (0/1, the index in ``classes_``), int64 class
+        indices for more classes) and, with ``weighted``, ``sample_weight``.
+
+        A training step of ``ortlearn.api`` on a batch (``lazy_reset_grad``,
+        ``Module(X, y)``, ``Optimizer.step()``), with the learning rate the
+        estimator would use (``set_learning_rate``: the schedule is the
+        caller's), gives the weights ``partial_fit`` gives on the same
+        batches, bit for bit on the CPU.
+
+        Parameters
+        ----------
+        directory : str or path
+            Where to write (created if missing); existing files are replaced.
+        X, y : array-like, default=None
+            Only for an unfitted estimator: the data ``fit`` would get, to
+            write the initial weights ``fit(X, y)`` starts from (classes,
+            ``random_state``) with a fresh optimizer state. The estimator
+            itself is left unfitted.
+        weighted : bool, default=None
+            Give the training and eval models a ``sample_weight`` input.
+            None: as the graph the estimator trains now (weighted when its
+            last ``fit``/``partial_fit`` got sample weights).
+        prefix : str, default=''
+            Prefix of every file name.
+
+        Raises
+        ------
+        sklearn.exceptions.NotFittedError
+            If the estimator is not fitted and no ``X`` is given.
+        ValueError
+            For ``solver='lbfgs'`` (no optimizer model), ``X`` given to a
+            fitted estimator, a ``directory`` that cannot be written.
+        """
+        from ._export import export_estimator_artifacts
+
+        export_estimator_artifacts(self, directory, X, y, weighted=weighted, prefix=prefix)
+
     # ------------------------------------------------------------ prediction
     def to_onnx(self) -> onnx.ModelProto:
         """The trained inference model (``to_train_onnx`` of ``estimator_``).

@@ -422,6 +422,47 @@ class OrtGradientOptimizer(BaseEstimator):
         self.state_ = engine.get_state()
         self._runtime.reset_predictions()
 
+    def export_artifacts(self, directory, *, prefix: str = "") -> None:
+        """Write the training artifacts of this training, to go on with ``ortlearn.api``.
+
+        The files of :func:`ortlearn.artifacts.generate_artifacts`, in its
+        format: the training and eval models of the loss graph (output
+        ``loss_output_name``, user inputs the graph's data inputs), the
+        optimizer model of ``optimizer`` and a checkpoint holding the
+        current weights and optimizer state (moments, updates made, last
+        learning rate). Unfitted: the graph's initial weights and a fresh
+        optimizer state with the learning rate of the first epoch. A step of
+        ``ortlearn.api`` on the batches and learning rate ``fit`` would use
+        gives its weights, bit for bit on the CPU.
+
+        Parameters
+        ----------
+        directory : str or path
+            Where to write (created if missing).
+        prefix : str, default=''
+            Prefix of every file name.
+        """
+        from sklearn.base import clone
+
+        from ..artifacts import export_training_artifacts
+
+        self._check_params()
+        fitted = hasattr(self, "state_")
+        source = self if fitted else clone(self)
+        if not fitted:
+            source._read_graph()
+        optimizer = source._optimizer_spec()
+        state = source._optimizer_state if fitted else {
+            "states": {}, "step": 0, "learning_rate": source._learning_rate_at(1)}
+        if not fitted and optimizer.state_names:
+            inits = {i.name: i for i in source._loss_model.graph.initializer}
+            state["states"] = {n: optimizer.init_state(onnx.numpy_helper.to_array(inits[n]))
+                               for n in source._weights}
+        export_training_artifacts(source._loss_model, source._weights, optimizer, directory,
+                                  weights=source.state_ if fitted else None,
+                                  optimizer_state=state, loss_output=self.loss_output_name,
+                                  prefix=prefix)
+
     def get_trained_onnx(self) -> onnx.ModelProto:
         """The inference graph with the trained weights.
 
