@@ -7,11 +7,12 @@ from numbers import Integral, Real
 
 import numpy as np
 import onnx
-from sklearn.base import BaseEstimator, _fit_context
+from sklearn.base import BaseEstimator, _fit_context, clone
 from sklearn.utils import check_random_state
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted
 
+from ..artifacts import export_training_artifacts
 from ..exceptions import ConvergenceError, ConvergenceWarning
 from ..graph import (
     elem_type_of,
@@ -442,11 +443,8 @@ class OrtGradientOptimizer(BaseEstimator):
         prefix : str, default=''
             Prefix of every file name.
         """
-        from sklearn.base import clone
-
-        from ..artifacts import export_training_artifacts
-
-        self._check_params()
+        self._validate_params()
+        parse_device(self.device)
         fitted = hasattr(self, "state_")
         source = self if fitted else clone(self)
         if not fitted:
