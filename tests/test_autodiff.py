@@ -1,9 +1,22 @@
 """Gradients built by ortlearn.autodiff against central finite differences (float64)."""
 
 import numpy as np
-import onnx
-import onnxruntime as ort
 import pytest
+from gradcheck import (
+    RNG,
+    analytic_gradient,
+    assert_close,
+    away,
+    check_op,
+    loss_model,
+    make_model,
+    node,
+    numeric_gradient,
+    positive,
+    randn,
+    random_weights_of,
+    session,
+)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
@@ -15,154 +28,8 @@ from ortlearn.autodiff import (
     register_gradient,
 )
 from ortlearn.exceptions import NoGradientRuleError
-from ortlearn.graph import finalize_model, np_dtype_to_onnx, value_info_map
 
 D = TensorProto.DOUBLE
-
-
-# ---------------------------------------------------------------- helpers
-def _session(model):
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
-
-
-def _model(nodes, inputs, outputs, inits=(), opset=18):
-    graph = helper.make_graph(nodes, "g", inputs, outputs, list(inits))
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-    return finalize_model(model, check=False)
-
-
-def _const_node(name, value):
-    return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(value, name))
-
-
-def _cast_floats(values, dtype):
-    return {k: (v.astype(dtype) if v.dtype.kind == "f" else v) for k, v in values.items()}
-
-
-def loss_model(nodes, weights, consts=None, inputs=None, dtype=np.float64, opset=18,
-               out="Y", input_dims=None, seed=1):
-    """``loss = ReduceSum(out * R)`` for a fixed random R: every output element counts.
-
-    ``weights`` become initializers, ``consts`` Constant nodes, ``inputs`` graph
-    inputs (declared with ``input_dims`` when given). Returns (model, feeds).
-    """
-    weights = _cast_floats(weights, dtype)
-    consts = _cast_floats(consts or {}, dtype)
-    feeds = _cast_floats(inputs or {}, dtype)
-    input_dims = input_dims or {}
-    const_nodes = [_const_node(k, v) for k, v in consts.items()]
-    graph_inputs = [helper.make_tensor_value_info(k, np_dtype_to_onnx(v.dtype),
-                                                  input_dims.get(k, v.shape))
-                    for k, v in feeds.items()]
-    inits = [numpy_helper.from_array(v, k) for k, v in weights.items()]
-    fwd = _model(const_nodes + list(nodes), graph_inputs,
-                 [helper.make_empty_tensor_value_info(out)], inits, opset)
-    info = value_info_map(fwd)[out]
-    y_type = info.type.tensor_type.elem_type
-    del fwd.graph.output[:]
-    fwd.graph.output.append(helper.make_tensor_value_info(out, y_type, None))
-    y = _session(fwd).run(None, feeds)[0]
-    r = np.random.default_rng(seed).standard_normal(y.shape).astype(y.dtype)
-    tail = [_const_node("R", r), helper.make_node("Mul", [out, "R"], ["YR"]),
-            helper.make_node("ReduceSum", ["YR"], ["loss"], keepdims=0)]
-    model = _model(const_nodes + list(nodes) + tail, graph_inputs,
-                   [helper.make_tensor_value_info("loss", y_type, [])], inits, opset)
-    onnx.checker.check_model(model)
-    return model, feeds
-
-
-def _random_weights_of(model):
-    """The R of ``loss = ReduceSum(Y * R)``, i.e. the gradient of the loss w.r.t. Y."""
-    return numpy_helper.to_array(
-        next(n for n in model.graph.node if n.output[0] == "R").attribute[0].t)
-
-
-def numeric_gradient(model, feeds, wrt, eps=1e-6):
-    """Central finite differences of ``loss``; one session, weights fed as inputs."""
-    model = onnx.ModelProto.FromString(model.SerializeToString())
-    values = dict(feeds)
-    for init in model.graph.initializer:
-        values[init.name] = numpy_helper.to_array(init).copy()
-        model.graph.input.append(helper.make_tensor_value_info(
-            init.name, init.data_type, list(init.dims)))
-    del model.graph.initializer[:]
-    sess = _session(model)
-    grads = {}
-    for name in wrt:
-        w = values[name]
-        g = np.zeros(w.shape)
-        for idx in np.ndindex(w.shape):
-            old = w[idx]
-            w[idx] = old + eps
-            up = sess.run(["loss"], values)[0]
-            w[idx] = old - eps
-            down = sess.run(["loss"], values)[0]
-            w[idx] = old
-            g[idx] = (up - down) / (2 * eps)
-        grads[name] = g
-    return grads
-
-
-def analytic_gradient(model, feeds, wrt):
-    grad_model = build_gradient(model, wrt=wrt)
-    onnx.checker.check_model(grad_model, full_check=True)
-    assert [o.name for o in grad_model.graph.output] == ["loss"] + [f"{w}_grad" for w in wrt]
-    res = _session(grad_model).run(None, feeds)
-    for name, grad in zip(wrt, res[1:]):
-        ref = feeds[name] if name in feeds else numpy_helper.to_array(
-            next(i for i in model.graph.initializer if i.name == name))
-        assert grad.shape == ref.shape and grad.dtype == ref.dtype, name
-    return dict(zip(wrt, res[1:])), grad_model
-
-
-def assert_close(grad, ref, rtol=1e-6):
-    scale = max(1.0, float(np.max(np.abs(ref), initial=0)))
-    np.testing.assert_allclose(grad, ref, rtol=rtol, atol=rtol * 0.1 * scale)
-
-
-def check_op(nodes, weights, consts=None, inputs=None, opset=18, wrt=None, float32=True,
-             dtype=np.float64):
-    """Gradients of ``nodes`` vs finite differences in float64, and in float32 vs float64.
-
-    ``dtype=np.float32`` is for operators onnxruntime has no float64 kernel for
-    (finite differences then use a large step: keep those graphs linear).
-    """
-    wrt = list(weights) if wrt is None else wrt
-    model, feeds = loss_model(nodes, weights, consts, inputs, dtype, opset)
-    grads, _ = analytic_gradient(model, feeds, wrt)
-    single = dtype == np.float32
-    ref = numeric_gradient(model, feeds, wrt, eps=1e-2 if single else 1e-6)
-    for name in wrt:
-        assert_close(grads[name], ref[name], rtol=1e-3 if single else 1e-6)
-    float32 = float32 and not single
-    if float32:
-        model32, feeds32 = loss_model(nodes, weights, consts, inputs, np.float32, opset)
-        grads32, _ = analytic_gradient(model32, feeds32, wrt)
-        for name in wrt:
-            assert_close(grads32[name], grads[name], rtol=2e-3)
-    return grads
-
-
-def node(op, inputs, out="Y", **attrs):
-    return helper.make_node(op, inputs, [out] if isinstance(out, str) else out, **attrs)
-
-
-RNG = np.random.default_rng(0)
-
-
-def randn(*shape):
-    return RNG.standard_normal(shape)
-
-
-def away(*shape):
-    """Random values at least 0.2 away from 0 (kinks of Relu, Abs, Sign...)."""
-    return RNG.choice([-1.0, 1.0], size=shape) * RNG.uniform(0.2, 2.0, size=shape)
-
-
-def positive(*shape):
-    return RNG.uniform(0.5, 2.0, size=shape)
 
 
 # ---------------------------------------------------------------- linalg
@@ -221,7 +88,7 @@ def test_square_gradient_is_the_doubled_product_bit_for_bit(dtype):
     model, feeds = loss_model([node("Mul", ["A", "A"])], {"A": randn(4, 3)}, dtype=dtype)
     grads, grad_model = analytic_gradient(model, feeds, ["A"])
     a = numpy_helper.to_array(model.graph.initializer[0])
-    r = _random_weights_of(model)
+    r = random_weights_of(model)
     np.testing.assert_array_equal(grads["A"], r * a + r * a)
     ops = [n.op_type for n in grad_model.graph.node]
     # forward: x * x and Y * R; backward: g = 1 * R, then g * (x + x) (was g * x twice + Sum)
@@ -241,7 +108,7 @@ def test_max_ties_go_to_first_input():
     x = randn(2, 3)
     model, feeds = loss_model([node("Max", ["A", "B"])], {"A": x, "B": x.copy()})
     grads, _ = analytic_gradient(model, feeds, ["A", "B"])
-    np.testing.assert_array_equal(grads["A"], _random_weights_of(model))
+    np.testing.assert_array_equal(grads["A"], random_weights_of(model))
     np.testing.assert_array_equal(grads["B"], 0)
 
 
@@ -264,7 +131,7 @@ def test_erf():
     x = randn(3, 4)
     model, feeds = loss_model([node("Erf", ["X"])], {"X": x}, dtype=np.float32)
     grads, _ = analytic_gradient(model, feeds, ["X"])
-    expected = 2 / np.sqrt(np.pi) * np.exp(-x ** 2) * _random_weights_of(model)
+    expected = 2 / np.sqrt(np.pi) * np.exp(-x ** 2) * random_weights_of(model)
     np.testing.assert_allclose(grads["X"], expected, rtol=1e-5, atol=1e-6)
 
 
@@ -379,7 +246,7 @@ def test_dropout_training_uses_the_mask(with_mask):
     nodes = [node("Dropout", ["X", "r", "t"], outs, seed=3)]
     model, feeds = loss_model(nodes, {"X": positive(40, 5)},
                               consts={"r": np.array(0.25), "t": np.array(True)})
-    r = _random_weights_of(model)
+    r = random_weights_of(model)
     grads, _ = analytic_gradient(model, feeds, ["X"])
     gx = grads["X"]
     # loss = sum(X * mask / (1 - p) * R), gradient = mask / (1 - p) * R
@@ -456,11 +323,11 @@ def test_dynamic_batch_dimension():
     nodes = [node("Mul", ["X", "W"], "H"), node("Add", ["H", "B"], "Y"),
              node("ReduceSumSquare", ["Y"], "loss", keepdims=0)]
     w, b = randn(1, 3), randn(3)
-    model = _model(nodes, [helper.make_tensor_value_info("X", D, ["N", 3])],
+    model = make_model(nodes, [helper.make_tensor_value_info("X", D, ["N", 3])],
                    [helper.make_tensor_value_info("loss", D, [])],
                    [numpy_helper.from_array(w, "W"), numpy_helper.from_array(b, "B")])
     grad_model = build_gradient(model, wrt=["W", "B"])
-    sess = _session(grad_model)
+    sess = session(grad_model)
     for n in (1, 7):
         x = randn(n, 3)
         loss, gw, gb = sess.run(None, {"X": x})
@@ -506,7 +373,7 @@ def test_register_gradient():
         x = randn(2, 3)
         model, feeds = loss_model([node("Atan", ["X"])], {"X": x}, dtype=np.float32)
         grads, _ = analytic_gradient(model, feeds, ["X"])
-        np.testing.assert_allclose(grads["X"], _random_weights_of(model) / (1 + x ** 2),
+        np.testing.assert_allclose(grads["X"], random_weights_of(model) / (1 + x ** 2),
                                    rtol=1e-5, atol=1e-6)
     finally:
         del GRADIENT_RULES["", "Atan"]
@@ -526,7 +393,7 @@ def _chain(n_layers, dim=4):
         inits.append(numpy_helper.from_array(randn(dim, dim), f"W{i}"))
         h = f"H{i}"
     nodes.append(node("ReduceSumSquare", [h], "loss", keepdims=0))
-    return _model(nodes, [helper.make_tensor_value_info("X", D, ["N", dim])],
+    return make_model(nodes, [helper.make_tensor_value_info("X", D, ["N", dim])],
                   [helper.make_tensor_value_info("loss", D, [])], inits)
 
 
@@ -559,8 +426,8 @@ def test_append_backward_in_place():
     assert [o.name for o in model.graph.output] == ["loss"]  # outputs left to the caller
     model.graph.output.extend([helper.make_tensor_value_info(g, D, None) for g in grads.values()])
     x = randn(5, 4)
-    got = _session(model).run(None, {"X": x})
-    expected = _session(reference).run(None, {"X": x})
+    got = session(model).run(None, {"X": x})
+    expected = session(reference).run(None, {"X": x})
     for a, b in zip(got, expected):
         np.testing.assert_allclose(a, b, rtol=1e-12)
 
@@ -585,7 +452,7 @@ def test_bad_names(wrt, loss, error):
 
 
 def test_non_scalar_loss_is_refused():
-    model = _model([node("Mul", ["X", "W"], "loss")],
+    model = make_model([node("Mul", ["X", "W"], "loss")],
                    [helper.make_tensor_value_info("X", D, [3])],
                    [helper.make_tensor_value_info("loss", D, [3])],
                    [numpy_helper.from_array(randn(3), "W")])

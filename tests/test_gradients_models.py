@@ -7,11 +7,11 @@ import warnings
 
 import numpy as np
 import pytest
+from gradcheck import assert_close, numeric_gradient, session
 from skl2onnx import to_onnx
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import LinearRegression, LogisticRegression
 from sklearn.neural_network import MLPClassifier, MLPRegressor
-from test_autodiff import _session, assert_close, numeric_gradient
 
 from ortlearn.autodiff import build_gradient
 from ortlearn.convert import get_train_initializer, to_train_onnx
@@ -31,7 +31,7 @@ def _data(seed=0, n_classes=None):
 def _check_against_fd(model, feeds):
     wrt = get_train_initializer(model)
     grad_model = build_gradient(model, wrt=wrt)
-    values = _session(grad_model).run(None, feeds)
+    values = session(grad_model).run(None, feeds)
     ref = numeric_gradient(model, feeds, wrt)
     for name, grad in zip(wrt, values[1:]):
         assert_close(grad, ref[name])
@@ -116,7 +116,7 @@ def test_mlp(activation, kind):
 
     sk_target = target if kind == "regressor" else est._label_binarizer.transform(y)
     loss, coef_grads, intercept_grads = _sklearn_gradients(est, X, sk_target.astype(np.float64))
-    ort_loss = _session(model).run(["loss"], feeds)[0]
+    ort_loss = session(model).run(["loss"], feeds)[0]
     np.testing.assert_allclose(factor * ort_loss, loss, rtol=1e-10)
     for i, (cg, ig) in enumerate(zip(coef_grads, intercept_grads)):
         suffix = str(i) if i else ""

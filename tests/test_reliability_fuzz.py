@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 import safetensors.numpy
 from conftest import run_onnx
+from gradcheck import away, check_op, node, randn
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from skl2onnx import to_onnx
 from sklearn.linear_model import LinearRegression
-from test_autodiff import away, check_op, node, randn
 from test_loss import linear_model
 
 from ortlearn import CheckpointState, TrainingSession, add_loss_output

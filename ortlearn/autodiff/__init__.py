@@ -14,9 +14,13 @@ depends on the weights and reaches any other operator without a rule raises
 
 from . import (  # noqa: F401  (registers the rules)
     _rules_activations,
+    _rules_conv,
     _rules_elementwise,
     _rules_linalg,
     _rules_losses,
+    _rules_norm,
+    _rules_pool,
+    _rules_recurrent,
     _rules_reduce,
     _rules_shape,
 )

@@ -1,0 +1,3 @@
+"""Gradients of the normalisations: BatchNormalization, LayerNormalization, GroupNormalization, InstanceNormalization."""
+
+from __future__ import annotations

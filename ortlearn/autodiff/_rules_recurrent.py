@@ -1,0 +1,3 @@
+"""Gradients of the recurrent operators: LSTM, GRU and RNN."""
+
+from __future__ import annotations
