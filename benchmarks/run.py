@@ -13,7 +13,10 @@ Workloads (see :mod:`benchmarks.workloads` for what exactly is timed):
 * W2 MLP regressor 100-100(relu)-1, same data, Adam, batch 256, 10 epochs;
 * W3 MLP classifier 64-100-10 on digits, Adam, batch 64, 50 epochs;
 * W4 logistic regression, make_classification(100k, 100), L-BFGS to tol 1e-4;
-* W5 tiny linear model (10 features, batch 32): microseconds per training step.
+* W5 tiny linear model (10 features, batch 32): microseconds per training step;
+* W6 LeNet-style CNN on digits 8x8, W7 transformer encoder layer: torch modules
+  trained through ``ortlearn.artifacts``/``ortlearn.api`` against torch eager,
+  milliseconds per AdamW step (:mod:`benchmarks.networks`).
 
 Method: the contenders of a workload run interleaved, their order rotated every
 repetition, each after a pause (so the worker threads of the previous library go
@@ -26,7 +29,8 @@ machine drifts during the run). numpy/scipy
 threads. Results: ``results.json``, ``results.md`` and, with matplotlib,
 ``results.png`` in ``--out``. PyTorch is optional: without it its contenders are
 skipped with a printed note. ``--memory`` adds the peak resident memory of a W2
-fit (:mod:`benchmarks.memory`, in a child process) to the results.
+fit (:mod:`benchmarks.memory`, in a child process) to the results, and for W6/W7
+the peak memory of training steps, ortlearn's over torch's (``step_memory``).
 
 On a GPU (``--device cuda``), W2 and W3 also train ortlearn's MLP on the CPU in
 the same run (``ortlearn_adam_cpu``) and report the GPU's time per epoch over
@@ -46,7 +50,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make the package importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks import _env, memory, report
+from benchmarks import _env, memory, networks, report
 from benchmarks.workloads import BUILDERS, Options
 
 
@@ -164,6 +168,17 @@ def measure(workload, reps: int, pause: float) -> dict:
     return result
 
 
+def _step_memory(key: str, threads: int) -> dict:
+    """Peak memory of W6/W7 training steps, ortlearn's and torch's, and their ratio."""
+    ours = networks.step_memory(key, "ortlearn", threads)
+    theirs = networks.step_memory(key, "torch", threads)
+    result = {"ortlearn_bytes": ours, "torch_bytes": theirs,
+              "ratio": ours / theirs if theirs else float("nan")}
+    print(f"{key} step memory: ortlearn {ours / 1e6:.1f} MB, torch {theirs / 1e6:.1f} MB",
+          flush=True)
+    return result
+
+
 def run(args: argparse.Namespace) -> dict:
     """Run the selected workloads; write and return the result dictionary."""
     out = Path(args.out)
@@ -190,6 +205,9 @@ def run(args: argparse.Namespace) -> dict:
             print(f"{key}: {workload.title} {workload.params}", flush=True)
             workloads[key] = measure(workload, args.reps, args.pause)
     if args.memory:
+        for key in set(args.workloads) & set(networks.NETWORKS):
+            if torch is not None:
+                workloads[key]["step_memory"] = _step_memory(key, args.threads)
         rows = max(int(round(100_000 * args.scale)), 512)
         memory_result = memory.measure(rows=rows)
         print(f"memory: a W2 fit of {rows} rows adds "

@@ -1,4 +1,4 @@
-"""The five workloads and their contenders.
+"""The workloads and their contenders (W6 and W7, torch networks: :mod:`benchmarks.networks`).
 
 A :class:`Workload` holds the data and a list of :class:`Contender`; calling a
 contender trains once and returns its measurement (a dict): ``time`` in the
@@ -554,4 +554,13 @@ def _forward_us(estimator, batch, device: str, warmup: bool) -> float:
     return seconds / calls * 1e6
 
 
-BUILDERS = {"W1": build_w1, "W2": build_w2, "W3": build_w3, "W4": build_w4, "W5": build_w5}
+def _network(key: str):
+    def build(opts: Options) -> Workload:
+        from benchmarks.networks import build_network
+
+        return build_network(key, opts)
+    return build
+
+
+BUILDERS = {"W1": build_w1, "W2": build_w2, "W3": build_w3, "W4": build_w4, "W5": build_w5,
+            "W6": _network("W6"), "W7": _network("W7")}
