@@ -152,9 +152,105 @@ def _flat_concat(outs):
 
 
 def check(op, **kwargs):
+    """check_op in float64, and in float32 in onnxruntime where it runs the node.
+
+    onnxruntime's CPU kernels refuse ``layout=1``: float64 only there.
+    """
     nodes, weights, inputs = _case(op, **kwargs)
-    return check_op(nodes, weights, inputs=inputs, wrt=[*weights, "X"], reference=True)
+    return check_op(nodes, weights, inputs=inputs, wrt=[*weights, "X"], reference=True,
+                    float32=not kwargs.get("layout"))
 
 
-def test_smoke():
-    check("RNN")
+
+def _forward_model(nodes, weights, inputs, dtype):
+    inits = [numpy_helper.from_array(v.astype(dtype), k) for k, v in weights.items()]
+    elem = TensorProto.FLOAT if dtype == np.float32 else TensorProto.DOUBLE
+    graph_inputs = [helper.make_tensor_value_info("X", elem, inputs["X"].shape)]
+    if "L" in inputs:
+        graph_inputs.append(helper.make_tensor_value_info("L", TensorProto.INT32, [N]))
+    graph = helper.make_graph(nodes, "g", graph_inputs,
+                              [helper.make_tensor_value_info("Y", elem, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 9
+    feeds = {k: (v.astype(dtype) if v.dtype.kind == "f" else v) for k, v in inputs.items()}
+    return model, feeds
+
+
+FORWARD_CASES = [
+    (op, direction, layout, extra)
+    for op in GATES for direction in ("forward", "reverse", "bidirectional")
+    for layout in (0,)
+    for extra in ({"lens": [3, 1], "h0": True}, {"bias": False, "lens": [2, 0], "h0": True})
+]
+
+
+@pytest.mark.parametrize(("op", "direction", "layout", "extra"), FORWARD_CASES)
+def test_numpy_reference_is_onnxruntime(op, direction, layout, extra):
+    """The float64 stand-in agrees with onnxruntime's float32 kernels (zero length too)."""
+    attrs = {"activations": ["Sigmoid", "Relu", "Tanh"][:len(DEFAULTS[op])] * (
+        2 if direction == "bidirectional" else 1)} if op != "RNN" else {}
+    peep = op == "LSTM"
+    nodes, weights, inputs = _case(op, direction=direction, layout=layout, peep=peep,
+                                   **extra, **attrs)
+    model, feeds = _forward_model(nodes, weights, inputs, np.float32)
+    got = session(model).run(None, feeds)[0]
+    model64, feeds64 = _forward_model(nodes, weights, inputs, np.float64)
+    ref = ReferenceEvaluator(model64, new_ops=REF_OPS).run(None, feeds64)[0]
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("op", list(GATES))
+def test_numpy_reference_layout_is_onnx_reference(op):
+    """layout=1 (which onnxruntime refuses) as onnx's own reference evaluator runs it."""
+    nodes, weights, inputs = _case(op, direction="bidirectional", layout=1, h0=True)
+    model, feeds = _forward_model(nodes, weights, inputs, np.float64)
+    got = ReferenceEvaluator(model, new_ops=REF_OPS).run(None, feeds)[0]
+    np.testing.assert_allclose(got, ReferenceEvaluator(model).run(None, feeds)[0], rtol=1e-12)
+
+
+GRAD_CASES = (
+    [(op, direction, {"lens": [3, 1], "h0": True})
+     for op in GATES for direction in ("forward", "reverse", "bidirectional")]
+    + [(op, "bidirectional", {"layout": 1, "lens": [2, 3], "h0": True}) for op in GATES]
+    + [(op, direction, {"bias": False}) for op in GATES for direction in ("forward", "reverse")]
+    + [("GRU", "bidirectional", {"linear_before_reset": 1, "lens": [1, 3], "h0": True}),
+       ("GRU", "reverse", {"linear_before_reset": 1, "layout": 1}),
+       ("LSTM", "bidirectional", {"peep": True, "lens": [3, 2], "h0": True}),
+       ("LSTM", "reverse", {"peep": True, "layout": 1}),
+       ("LSTM", "bidirectional", {"activations": ["Relu", "Tanh", "Sigmoid",
+                                                  "Sigmoid", "Relu", "Tanh"]}),
+       ("GRU", "forward", {"activations": ["Sigmoid", "Relu"], "lens": [2, 3]}),
+       ("RNN", "bidirectional", {"activations": ["Relu", "Tanh"], "lens": [3, 2]}),
+       ("LSTM", "forward", {"lens": [2, 0], "h0": True}),
+       ("GRU", "reverse", {"lens": [0, 2], "h0": True})]
+)
+
+
+@pytest.mark.parametrize(("op", "direction", "extra"), GRAD_CASES)
+def test_gradient(op, direction, extra):
+    grads = check(op, direction=direction, **extra)
+    assert all(np.abs(g).max() > 0 for g in grads.values())
+
+
+@pytest.mark.parametrize(("op", "outputs"), [
+    ("LSTM", ["", "Yh"]), ("LSTM", ["", "", "Yc"]), ("LSTM", ["Yn"]), ("GRU", ["", "Yh"]),
+    ("RNN", ["Yn", ""]),
+])
+def test_gradient_of_some_outputs(op, outputs):
+    """Any subset of Y, Y_h, Y_c may be used; Y is added to the node when absent."""
+    check(op, direction="bidirectional", lens=[3, 2], h0=True, outputs=outputs)
+
+
+@pytest.mark.parametrize(("attrs", "match"), [
+    ({"clip": 1.0}, "clip"),
+    ({"input_forget": 1}, "input_forget"),
+    ({"activations": ["Sigmoid", "Softsign", "Tanh"]}, "Softsign"),
+])
+def test_refused_attributes(attrs, match):
+    nodes, weights, inputs = _case("LSTM", **attrs)
+    model, _ = _forward_model(nodes, weights, inputs, np.float32)
+    model.graph.node.append(helper.make_node("ReduceSum", ["Y"], ["loss"], keepdims=0))
+    del model.graph.output[:]
+    model.graph.output.append(helper.make_tensor_value_info("loss", TensorProto.FLOAT, []))
+    with pytest.raises(NotImplementedError, match=match):
+        build_gradient(model, wrt=["W"])

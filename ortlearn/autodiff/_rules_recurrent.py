@@ -120,7 +120,6 @@ class _Recurrence:
                                            b.ints([self.hidden], hint="hidden")], axis=0)
         self.h0 = self.state(self.h0_in)
         self.mask = self.lens64 = self.nonempty = None
-        self._bools: set[str] = set()
         if self.lens is not None:
             self.lens64 = b.cast(self.lens, TensorProto.INT64)
             steps = b.op("Range", [b.const(np.int64(0)), b.squeeze(time, [0]),
@@ -265,7 +264,7 @@ class _Recurrence:
         # Graph outputs need their own names (a state may also be a scan output).
         s_out = [body.op("Identity", [s]) for s in new_states]
         o_out = [body.op("Identity", [o]) for o in outs]
-        types = {n: TensorProto.BOOL if n in self._bools else elem for n in scans}
+        types = {n: TensorProto.BOOL if n == self.mask else elem for n in scans}
 
         def info(name, elem_type):
             return helper.make_tensor_value_info(name, elem_type, None)
@@ -292,11 +291,7 @@ class _Recurrence:
 
     def mask_step(self) -> list[str]:
         """The padding mask as a Scan input (none without sequence_lens)."""
-        if self.mask is None:
-            return []
-        step = self.b.squeeze(self.mask, [0])
-        self._bools.add(step)
-        return [step]
+        return [] if self.mask is None else [self.mask]
 
     def zeros_y(self) -> str:
         b = self.b
