@@ -27,7 +27,7 @@ ACTS = {"Sigmoid": lambda x: 1 / (1 + np.exp(-x)), "Tanh": np.tanh,
 
 def _cell(op, x, h, c, w, r, bias, p, acts, lbr):
     """One step of one sequence; returns (h, c)."""
-    n = GATES[op]
+    n, H = GATES[op], r.shape[-1]  # noqa: N806
     wb, rb = bias[:n * H], bias[n * H:]
     if op == "RNN":
         return ACTS[acts[0]](w @ x + r @ h + wb + rb), c
@@ -254,3 +254,137 @@ def test_refused_attributes(attrs, match):
     model.graph.output.append(helper.make_tensor_value_info("loss", TensorProto.FLOAT, []))
     with pytest.raises(NotImplementedError, match=match):
         build_gradient(model, wrt=["W"])
+
+
+# torch autograd ------------------------------------------------------------
+PERM = {"LSTM": [0, 3, 1, 2], "GRU": [1, 0, 2], "RNN": [0]}  # ONNX gate k is torch's PERM[k]
+
+
+def _to_torch_order(g, op):
+    """Rows of an ONNX weight (or bias) gradient, gate blocks put in torch's order."""
+    blocks = np.split(g, len(PERM[op]), axis=0)
+    out = [None] * len(blocks)
+    for k, p in enumerate(PERM[op]):
+        out[p] = blocks[k]
+    return np.concatenate(out, axis=0)
+
+
+def _to_onnx_order(w, op):
+    blocks = np.split(w, len(PERM[op]), axis=0)
+    return np.concatenate([blocks[p] for p in PERM[op]], axis=0)
+
+
+class _Outputs(torch.nn.Module):
+    def __init__(self, rnn):
+        super().__init__()
+        self.rnn = rnn
+
+    def forward(self, x):
+        out, h = self.rnn(x)
+        return (out, *h) if isinstance(h, tuple) else (out, h)
+
+
+def _add_loss(model, weights):
+    """``loss = sum_k sum(output_k * weights_k)`` appended to an exported model."""
+    g = model.graph
+    terms = []
+    for k, (out, r) in enumerate(zip([o.name for o in g.output], weights)):
+        g.node.extend([
+            helper.make_node("Constant", [], [f"Rloss{k}"],
+                             value=numpy_helper.from_array(r, f"Rloss{k}")),
+            helper.make_node("Mul", [out, f"Rloss{k}"], [f"prod{k}"]),
+            helper.make_node("ReduceSum", [f"prod{k}"], [f"term{k}"], keepdims=0)])
+        terms.append(f"term{k}")
+    g.node.append(helper.make_node("Sum", terms, ["loss"]))
+    del g.output[:]
+    g.output.append(helper.make_tensor_value_info("loss", TensorProto.DOUBLE, []))
+
+
+def _onnx_gradients(model, wrt, feeds):
+    grad_model = build_gradient(model, wrt=wrt)
+    onnx.checker.check_model(grad_model)
+    res = ReferenceEvaluator(grad_model, new_ops=REF_OPS).run(None, feeds)
+    return dict(zip(wrt, res[1:]))
+
+
+def _compare_parameters(rnn, op, layer_grads):
+    """torch's parameter gradients vs ONNX's (W, R, B) of each layer."""
+    n_gh = GATES[op] * rnn.hidden_size
+    for layer, (dw, dr, db) in enumerate(layer_grads):
+        for d in range(dw.shape[0]):
+            sfx = f"l{layer}" + ("_reverse" if d else "")
+            expected = {f"weight_ih_{sfx}": dw[d], f"weight_hh_{sfx}": dr[d],
+                        f"bias_ih_{sfx}": db[d][:n_gh], f"bias_hh_{sfx}": db[d][n_gh:]}
+            for name, grad in expected.items():
+                assert_close(_to_torch_order(grad, op),
+                             getattr(rnn, name).grad.numpy(), rtol=1e-6)
+
+
+@pytest.mark.parametrize(("op", "make"), [
+    ("LSTM", lambda: torch.nn.LSTM(2, 3, num_layers=2, bidirectional=True)),
+    ("GRU", lambda: torch.nn.GRU(2, 3, bidirectional=True)),
+    ("RNN", lambda: torch.nn.RNN(2, 3, nonlinearity="tanh")),
+    ("RNN", lambda: torch.nn.RNN(2, 3, nonlinearity="relu", batch_first=True)),
+])
+def test_torch_export_matches_autograd(op, make):
+    """TorchScript export (gates reordered, biases split) vs torch autograd, float64."""
+    torch.manual_seed(0)
+    rnn = make().double()
+    module = _Outputs(rnn)
+    x = torch.randn(4, 2, 2, dtype=torch.float64)
+    f = __import__("io").BytesIO()
+    torch.onnx.export(module, (x,), f, dynamo=False, input_names=["x"], opset_version=17,
+                      dynamic_axes={"x": {0: "T", 1: "N"}})
+    model = onnx.load_from_string(f.getvalue())
+    xt = x.clone().requires_grad_(True)
+    outs = module(xt)
+    rng = np.random.default_rng(1)
+    rs = [rng.standard_normal(tuple(o.shape)) for o in outs]
+    sum((o * torch.from_numpy(r)).sum() for o, r in zip(outs, rs)).backward()
+    _add_loss(model, rs)
+    rec_nodes = [n for n in model.graph.node if n.op_type == op]
+    wrt = [name for n in rec_nodes for name in n.input[1:4]] + ["x"]
+    grads = _onnx_gradients(model, wrt, {"x": x.numpy()})
+    assert_close(grads["x"], xt.grad.numpy(), rtol=1e-6)
+    _compare_parameters(rnn, op, [[grads[name] for name in n.input[1:4]] for n in rec_nodes])
+
+
+@pytest.mark.parametrize("op", ["LSTM", "GRU"])
+def test_sequence_lens_matches_packed_sequences(op):
+    """ONNX sequence_lens vs torch's pack_padded_sequence (float64): Y, Y_h, Y_c."""
+    torch.manual_seed(0)
+    rnn = getattr(torch.nn, op)(2, 3, bidirectional=True).double()
+    n_t, lens = 4, [4, 1, 3]
+    x = torch.randn(n_t, len(lens), 2, dtype=torch.float64, requires_grad=True)
+    packed = torch.nn.utils.rnn.pack_padded_sequence(x, torch.tensor(lens),
+                                                     enforce_sorted=False)
+    out, state = rnn(packed)
+    y, _ = torch.nn.utils.rnn.pad_packed_sequence(out, total_length=n_t)
+    y = y.reshape(n_t, len(lens), 2, 3).permute(0, 2, 1, 3)  # as ONNX's [T, D, N, H]
+    outs = [y, *state] if op == "LSTM" else [y, state]
+    rng = np.random.default_rng(2)
+    rs = [rng.standard_normal(tuple(o.shape)) for o in outs]
+    sum((o * torch.from_numpy(r)).sum() for o, r in zip(outs, rs)).backward()
+
+    weights = {}
+    for name, sfx in (("W", "weight_ih"), ("RR", "weight_hh")):
+        weights[name] = np.stack([_to_onnx_order(getattr(rnn, f"{sfx}_l0{s}").detach().numpy(),
+                                                 op) for s in ("", "_reverse")])
+    weights["B"] = np.stack([np.concatenate([
+        _to_onnx_order(getattr(rnn, f"{b}_l0{s}").detach().numpy(), op)
+        for b in ("bias_ih", "bias_hh")]) for s in ("", "_reverse")])
+    out_names = ["Y0", "Y1", "Y2"][:len(outs)]
+    attrs = {"linear_before_reset": 1} if op == "GRU" else {}
+    graph = helper.make_graph(
+        [helper.make_node(op, ["x", "W", "RR", "B", "L"], out_names, hidden_size=3,
+                          direction="bidirectional", **attrs)], "g",
+        [helper.make_tensor_value_info("x", TensorProto.DOUBLE, ["T", "N", 2]),
+         helper.make_tensor_value_info("L", TensorProto.INT32, ["N"])],
+        [helper.make_tensor_value_info(o, TensorProto.DOUBLE, None) for o in out_names],
+        [numpy_helper.from_array(v, k) for k, v in weights.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    _add_loss(model, rs)
+    grads = _onnx_gradients(model, ["W", "RR", "B", "x"],
+                            {"x": x.detach().numpy(), "L": np.array(lens, np.int32)})
+    assert_close(grads["x"], x.grad.numpy(), rtol=1e-6)
+    _compare_parameters(rnn, op, [[grads["W"], grads["RR"], grads["B"]]])
