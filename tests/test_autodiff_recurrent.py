@@ -6,19 +6,21 @@ checks run the forward node in a numpy implementation (checked against
 onnxruntime's float32 outputs first) registered in the reference evaluator.
 """
 
+import io
+
+import gradcheck
 import numpy as np
 import onnx
 import pytest
 import torch
+from gradcheck import assert_close, check_op, session
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 from onnx.reference.op_run import OpRun
 
-import gradcheck
-from gradcheck import analytic_gradient, assert_close, check_op, node, session
 from ortlearn.autodiff import build_gradient
 
-T, N, I, H = 3, 2, 2, 2
+T, N, N_IN, H = 3, 2, 2, 2
 GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
 DEFAULTS = {"LSTM": ["Sigmoid", "Tanh", "Tanh"], "GRU": ["Sigmoid", "Tanh"], "RNN": ["Tanh"]}
 ACTS = {"Sigmoid": lambda x: 1 / (1 + np.exp(-x)), "Tanh": np.tanh,
@@ -112,8 +114,8 @@ def _case(op, direction="forward", layout=0, bias=True, h0=False, lens=None, pee
     rng = np.random.default_rng(seed)
     d = 2 if direction == "bidirectional" else 1
     g = GATES[op]
-    x = rng.standard_normal((N, T, I) if layout else (T, N, I))
-    weights = {"W": rng.standard_normal((d, g * H, I)) * 0.7,
+    x = rng.standard_normal((N, T, N_IN) if layout else (T, N, N_IN))
+    weights = {"W": rng.standard_normal((d, g * H, N_IN)) * 0.7,
                "RR": rng.standard_normal((d, g * H, H)) * 0.7}
     names = ["X", "W", "RR", "", "", "", "", ""]
     if bias:
@@ -136,8 +138,9 @@ def _case(op, direction="forward", layout=0, bias=True, h0=False, lens=None, pee
     while not names[-1]:
         names.pop()
     outs = outputs or ["Yn", "Yh", "Yc"][:2 + (op == "LSTM")]
-    n = helper.make_node(op, names, outs, hidden_size=H, direction=direction, layout=layout,
-                         **attrs)
+    if layout:  # an attribute from opset 14 on
+        attrs["layout"] = layout
+    n = helper.make_node(op, names, outs, hidden_size=H, direction=direction, **attrs)
     return [n, *_flat_concat(outs)], weights, inputs
 
 
@@ -332,7 +335,7 @@ def test_torch_export_matches_autograd(op, make):
     rnn = make().double()
     module = _Outputs(rnn)
     x = torch.randn(4, 2, 2, dtype=torch.float64)
-    f = __import__("io").BytesIO()
+    f = io.BytesIO()
     torch.onnx.export(module, (x,), f, dynamo=False, input_names=["x"], opset_version=17,
                       dynamic_axes={"x": {0: "T", 1: "N"}})
     model = onnx.load_from_string(f.getvalue())
@@ -388,3 +391,39 @@ def test_sequence_lens_matches_packed_sequences(op):
                             {"x": x.detach().numpy(), "L": np.array(lens, np.int32)})
     assert_close(grads["x"], x.grad.numpy(), rtol=1e-6)
     _compare_parameters(rnn, op, [[grads["W"], grads["RR"], grads["B"]]])
+
+
+def test_float32_dynamic_shapes_in_onnxruntime():
+    """The float32 gradient graph of an export runs in onnxruntime for any T and batch."""
+    torch.manual_seed(0)
+    rnn = torch.nn.LSTM(2, 3, num_layers=2, bidirectional=True)
+    module = _Outputs(rnn)
+    f = io.BytesIO()
+    torch.onnx.export(module, (torch.randn(4, 2, 2),), f, dynamo=False, input_names=["x"],
+                      opset_version=17, dynamic_axes={"x": {0: "T", 1: "N"}})
+    model = onnx.load_from_string(f.getvalue())
+    g = model.graph
+    g.node.extend([helper.make_node("ReduceSum", [o.name], [f"s{k}"], keepdims=0)
+                   for k, o in enumerate(g.output)])
+    g.node.append(helper.make_node("Sum", [f"s{k}" for k in range(len(g.output))], ["loss"]))
+    del g.output[:]
+    g.output.append(helper.make_tensor_value_info("loss", TensorProto.FLOAT, []))
+    wrt = [i.name for i in g.initializer]
+    sess = session(build_gradient(model, wrt=wrt + ["x"]))
+    for shape in ((5, 3, 2), (1, 1, 2)):
+        rnn.zero_grad()
+        x = torch.randn(*shape, requires_grad=True)
+        sum(o.sum() for o in module(x)).backward()
+        res = dict(zip(["loss", *wrt, "x"], sess.run(None, {"x": x.detach().numpy()})))
+        np.testing.assert_allclose(res["x"], x.grad.numpy(), rtol=1e-4, atol=1e-5)
+        node0 = next(n for n in g.node if n.op_type == "LSTM")
+        dw = res[node0.input[1]]
+        np.testing.assert_allclose(_to_torch_order(dw[1], "LSTM"),
+                                   rnn.weight_ih_l0_reverse.grad.numpy(), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("opset", [13, 22])
+def test_opsets(opset):
+    nodes, weights, inputs = _case("LSTM", direction="bidirectional", lens=[2, 3], h0=True,
+                                   peep=True)
+    check_op(nodes, weights, inputs=inputs, wrt=[*weights, "X"], reference=True, opset=opset)
