@@ -329,14 +329,8 @@ class _Recurrence:
         return grads
 
 
-def _needs_any(ctx, node) -> bool:
-    return any(ctx.needs(n) for n in node.input if n)
-
-
 @register_gradient("RNN")
 def _rnn(ctx, node, grads):
-    if not _needs_any(ctx, node):
-        return []
     rec = _Recurrence(ctx, node)
     # H_t = f(pre_t) is the aligned Y itself on real steps.
     y_al = rec.align(rec.y)
@@ -360,8 +354,6 @@ def _rnn(ctx, node, grads):
 
 @register_gradient("GRU")
 def _gru(ctx, node, grads):
-    if not _needs_any(ctx, node):
-        return []
     rec = _Recurrence(ctx, node)
     b = rec.b
     lbr = attr(node, "linear_before_reset", 0)
@@ -425,8 +417,6 @@ def _gru(ctx, node, grads):
 
 @register_gradient("LSTM")
 def _lstm(ctx, node, grads):
-    if not _needs_any(ctx, node):
-        return []
     rec = _Recurrence(ctx, node)
     b = rec.b
     c0_in, peep = optional_input(node, 6), optional_input(node, 7)
