@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 from onnx import numpy_helper
 
@@ -85,15 +87,53 @@ def _one_hot_gather(ctx, node, grads):
     return grad
 
 
+#: What torch's dynamo exporter records of ``nn.Embedding`` on the Gather node
+#: (metadata ``pkg.torch.onnx.fx_node``): ``aten.embedding.default(args =
+#: (%weight, %indices[, padding_idx[, scale_grad_by_freq[, sparse]]]))``.
+_ATEN_EMBEDDING = re.compile(
+    r"aten\.embedding\.default\]\(args = \(%[^,()]+, %[^,()]+(?:, (-?\d+))?(?:, (True|False))?")
+
+#: Metadata key a caller sets on a Gather node (an integer as text) to give
+#: the row of the table that receives no gradient, as torch's padding_idx.
+PADDING_IDX_KEY = "ortlearn.padding_idx"
+
+
+def _padding_idx(node) -> int | None:
+    """The embedding row torch leaves without gradient, from the node's metadata."""
+    props = {p.key: p.value for p in node.metadata_props}
+    if PADDING_IDX_KEY in props:
+        return int(props[PADDING_IDX_KEY])
+    match = _ATEN_EMBEDDING.search(props.get("pkg.torch.onnx.fx_node", ""))
+    if match is None:
+        return None
+    if match.group(2) == "True":
+        raise NotImplementedError(
+            f"Gather node {node.name!r} is a torch nn.Embedding with scale_grad_by_freq=True, "
+            "whose gradient ortlearn does not scale. Export the model with "
+            "scale_grad_by_freq=False, or leave its table out of wrt.")
+    pad = int(match.group(1)) if match.group(1) is not None else -1
+    return pad if pad >= 0 else None  # aten writes -1 (or nothing) for no padding row
+
+
 @register_gradient("Gather", "GatherElements")
 def _gather(ctx, node, grads):
     x, indices = node.input
+    g = grads[0]
     if node.op_type == "GatherElements":
         one_hot = _one_hot_gather(ctx, node, grads)
         if one_hot is not None:
             return [one_hot, None]
+    elif attr(node, "axis", 0) == 0 and (pad := _padding_idx(node)) is not None:
+        # torch's nn.Embedding(padding_idx=p): row p gets no gradient; the
+        # lookups of p pass none.
+        b = ctx.b
+        hit = b.op("Equal", [indices, b.const(np.asarray(pad, dtype=onnx_to_np_dtype(
+            ctx.dtype(indices))))])
+        extra = ctx.rank(x, node) - 1  # the row's own axes
+        g = ctx.mask_where(b.op("Not", [b.unsqueeze(hit, list(range(-extra, 0)))
+                                        if extra else hit]), g, x)
     picked = ctx.b.op(node.op_type, [ctx.positions(x), indices], axis=attr(node, "axis", 0))
-    return [ctx.scatter_flat(x, picked, grads[0], accumulate=True), None]
+    return [ctx.scatter_flat(x, picked, g, accumulate=True), None]
 
 
 @register_gradient("Expand")
