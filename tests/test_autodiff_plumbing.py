@@ -305,3 +305,177 @@ def random_r(x):
 def test_reduce_prod_torch(dim):
     _torch_check([node("ReduceProd", ["X", "A"], keepdims=0)], {"X": _with_zeros()},
                  {"A": np.array([dim], dtype=I64)}, lambda X, A: torch.prod(X, dim))
+
+
+# ---------------------------------------------------------------- batched MatMul
+@pytest.mark.parametrize("sa, sb", [
+    ((2, 3, 4, 5), (2, 3, 5, 4)),  # q @ k^T per batch and head
+    ((2, 1, 4, 5), (1, 3, 5, 2)),  # broadcast batch and head
+    ((2, 3, 4, 5), (5, 2)),  # shared projection
+    ((3, 4, 5), (2, 1, 5, 4)),  # a rank-3 operand against a rank-4 one
+])
+def test_batched_matmul_torch(sa, sb):
+    _torch_check([node("MatMul", ["A", "B"])], {"A": randn(*sa), "B": randn(*sb)}, None,
+                 lambda A, B: A @ B)
+
+
+def test_batched_matmul_dynamic_batch():
+    _dynamic_check([node("MatMul", ["X", "W"])], {"W": randn(1, 2, 5, 3)},
+                   {"X": randn(3, 2, 4, 5)}, {"X": ["N", 2, "T", 5]}, lambda W, X: X @ W)
+
+
+# ---------------------------------------------------------------- torch exports
+def _export(module, args, dynamo, dynamic):
+    """ONNX model (float64) of ``module`` by one of torch's exporters."""
+    buf = io.BytesIO()
+    names = [f"in{k}" for k in range(len(args))]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if dynamo:
+            shapes = tuple({d: torch.export.Dim(f"d{k}_{d}") for d in dyn}
+                           for k, dyn in enumerate(dynamic))
+            prog = torch.onnx.export(module, args, dynamo=True, optimize=False,
+                                     input_names=names, output_names=["Y"],
+                                     dynamic_shapes=shapes, verbose=False)
+            return prog.model_proto
+        torch.onnx.export(module, args, buf, dynamo=False, input_names=names,
+                          output_names=["Y"], opset_version=18, do_constant_folding=False,
+                          dynamic_axes={n: list(d) for n, d in zip(names, dynamic)})
+    return onnx.load_from_string(buf.getvalue())
+
+
+def _grads_vs_torch(module, args, dynamo, dynamic, more_args=()):
+    """ortlearn's gradients of sum(Y * R) of the exported model vs torch autograd.
+
+    ``more_args``: other inputs of other shapes run on the same exported model
+    (dynamic axes).
+    """
+    module = module.double()
+    model = _export(module, args, dynamo, dynamic)
+    params = dict(module.named_parameters())
+    inits = {i.name for i in model.graph.initializer}
+    assert set(params) <= inits, (set(params), inits)
+    r_info = onnx.ValueInfoProto()
+    r_info.CopyFrom(model.graph.output[0])  # R has the (dynamic) shape of Y
+    r_info.name = "R"
+    model.graph.input.append(r_info)
+    model.graph.node.extend([helper.make_node("Mul", ["Y", "R"], ["YR"]),
+                             helper.make_node("ReduceSum", ["YR"], ["loss"], keepdims=0)])
+    del model.graph.output[:]
+    model.graph.output.append(helper.make_tensor_value_info("loss", TensorProto.DOUBLE, []))
+    grad_model = build_gradient(finalize_model(model, check=False), wrt=list(params))
+    sess = session(grad_model)
+    rng = np.random.default_rng(3)
+    for batch in (args,) + tuple(more_args):
+        y = module(*batch)
+        r = torch.tensor(rng.standard_normal(tuple(y.shape)))
+        module.zero_grad()
+        (y * r).sum().backward()
+        feeds = {f"in{k}": a.numpy() for k, a in enumerate(batch)}
+        feeds["R"] = r.numpy()
+        out = dict(zip([o.name for o in grad_model.graph.output], sess.run(None, feeds)))
+        for name, p in params.items():
+            np.testing.assert_allclose(out[f"{name}_grad"], p.grad.numpy(), rtol=1e-6,
+                                       atol=1e-9, err_msg=name)
+    return model
+
+
+class _Embed(torch.nn.Module):
+    def __init__(self, padding_idx):
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb = torch.nn.Embedding(7, 3, padding_idx=padding_idx)
+
+    def forward(self, ids):
+        return self.emb(ids)
+
+
+EMBED_IDS = torch.tensor([[0, 3, 3, 1], [3, 0, 6, 0]])  # repeated indices, padding rows
+
+
+def test_embedding_repeated_indices():
+    _grads_vs_torch(_Embed(None), (EMBED_IDS,), False, [(0, 1)],
+                    more_args=[(torch.tensor([[5, 5, 5]]),)])
+
+
+def test_embedding_padding_idx_dynamo():
+    """The dynamo exporter keeps padding_idx in the Gather node's metadata: row 0 gets
+    no gradient, as in torch (repeated indices add up)."""
+    model = _grads_vs_torch(_Embed(0), (EMBED_IDS,), True, [(0, 1)],
+                            more_args=[(torch.tensor([[5, 0, 5]]),)])
+    gather = next(n for n in model.graph.node if n.op_type == "Gather")
+    assert "aten.embedding" in {p.key: p.value for p in gather.metadata_props}.get(
+        "pkg.torch.onnx.fx_node", "")
+
+
+def test_embedding_padding_idx_torchscript_needs_the_caller():
+    """The TorchScript exporter writes a bare Gather: padding_idx is lost, the padding
+    row gets a gradient, unless the caller marks the node with ``ortlearn.padding_idx``."""
+    module = _Embed(0).double()
+    with pytest.raises(AssertionError, match="emb.weight"):
+        _grads_vs_torch(module, (EMBED_IDS,), False, [(0, 1)])
+    model = _export(module, (EMBED_IDS,), False, [(0, 1)])
+    gather = next(n for n in model.graph.node if n.op_type == "Gather")
+    assert not gather.metadata_props
+    from ortlearn.autodiff._rules_shape import PADDING_IDX_KEY
+    gather.metadata_props.add(key=PADDING_IDX_KEY, value="0")
+    model.graph.node.extend([helper.make_node("ReduceSum", ["Y"], ["loss"], keepdims=0)])
+    del model.graph.output[:]
+    model.graph.output.append(helper.make_tensor_value_info("loss", TensorProto.DOUBLE, []))
+    grad_model = build_gradient(model, wrt=["emb.weight"])
+    grad = session(grad_model).run(None, {"in0": EMBED_IDS.numpy()})[1]
+    module.zero_grad()
+    module.emb(EMBED_IDS).sum().backward()
+    np.testing.assert_allclose(grad, module.emb.weight.grad.numpy())
+    assert not grad[0].any() and grad[3].all()
+
+
+def test_embedding_scale_grad_by_freq_refused():
+    from gradcheck import loss_model
+    model, _ = loss_model([node("Gather", ["W", "I"])], {"W": randn(4, 2)},
+                          {"I": np.array([1, 1])})
+    gather = next(n for n in model.graph.node if n.op_type == "Gather")
+    gather.metadata_props.add(key="pkg.torch.onnx.fx_node", value=(
+        "%embedding : [num_users=1] = call_function[target=torch.ops.aten.embedding.default]"
+        "(args = (%p_emb_weight, %x, 1, True), kwargs = {})"))
+    with pytest.raises(NotImplementedError, match="scale_grad_by_freq"):
+        build_gradient(model, wrt=["W"])
+
+
+class _Heads(torch.nn.Module):
+    """``x.view(b, t, h, d)`` with b and t read from the input, as attention does."""
+
+    def __init__(self, heads=2, dim=4):
+        super().__init__()
+        torch.manual_seed(0)
+        self.heads = heads
+        self.q = torch.nn.Linear(heads * dim, heads * dim)
+        self.k = torch.nn.Linear(heads * dim, heads * dim)
+        self.v = torch.nn.Parameter(torch.randn(heads * dim, heads * dim))
+
+    def split(self, x):
+        b, t, c = x.shape
+        return x.view(b, t, self.heads, c // self.heads).transpose(1, 2)
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q, k, v = self.split(self.q(x)), self.split(self.k(x)), self.split(x @ self.v)
+        scores = q @ k.transpose(-1, -2)  # (b, h, t, t)
+        mask = torch.ones(t, t, dtype=torch.bool).triu(1)  # causal, from the sequence length
+        # (masked_fill exports a CastLike of the fill value like the scores, which has
+        # no gradient rule yet: an additive mask instead)
+        att = torch.softmax(scores - 1e9 * mask.to(x.dtype), dim=-1)
+        out = (att @ v).transpose(1, 2).reshape(b, t, c)
+        positions = torch.arange(t, dtype=x.dtype).unsqueeze(-1)  # Range from Shape
+        return torch.cat([out, out[:, : t // 2] * positions[: t // 2]], dim=1)
+
+
+@pytest.mark.parametrize("dynamo", [False, True])
+def test_dynamic_view_attention(dynamo):
+    """Reshape/Expand/Slice/Concat/Gather fed by Shape->Gather->Concat chains."""
+    x = torch.randn(2, 4, 8, dtype=torch.float64)
+    model = _grads_vs_torch(_Heads(), (x,), dynamo, [(0, 1)],
+                            more_args=[(torch.randn(3, 6, 8, dtype=torch.float64),),
+                                       (torch.randn(1, 3, 8, dtype=torch.float64),)])
+    ops = {n.op_type for n in model.graph.node}
+    assert {"Shape", "Reshape"} <= ops
