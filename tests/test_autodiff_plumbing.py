@@ -12,7 +12,7 @@ import onnx
 import pytest
 import torch
 from gradcheck import away, check_op, node, randn, session
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
 from ortlearn.autodiff import build_gradient
 from ortlearn.graph import finalize_model
@@ -120,12 +120,12 @@ def test_scatter_elements_torch(reduction):
     idx = np.array([[1, 0, 3], [0, 2, 1]])
     torch_reduce = {"none": None, "add": "sum", "mul": "prod"}[reduction]
 
-    def fn(D, U, I):
+    def fn(D, U, Ix):
         if torch_reduce is None:
-            return D.scatter(1, I, U)
-        return D.scatter_reduce(1, I, U, reduce=torch_reduce, include_self=True)
-    _torch_check([node("ScatterElements", ["D", "I", "U"], axis=1, reduction=reduction)],
-                 {"D": away(2, 4), "U": away(2, 3)}, {"I": idx}, fn)
+            return D.scatter(1, Ix, U)
+        return D.scatter_reduce(1, Ix, U, reduce=torch_reduce, include_self=True)
+    _torch_check([node("ScatterElements", ["D", "Ix", "U"], axis=1, reduction=reduction)],
+                 {"D": away(2, 4), "U": away(2, 3)}, {"Ix": idx}, fn)
 
 
 def test_scatter_elements_duplicates_add_opset_16():
@@ -153,10 +153,10 @@ def test_scatter_nd(reduction, idx, ushape):
 def test_scatter_nd_add_duplicates_torch():
     idx = np.array([[1], [1], [-1]])
 
-    def fn(D, U, I):
-        return D.index_put((I[:, 0] % 3,), U, accumulate=True)
-    _torch_check([node("ScatterND", ["D", "I", "U"], reduction="add")],
-                 {"D": randn(3, 4), "U": randn(3, 4)}, {"I": idx}, fn)
+    def fn(D, U, Ix):
+        return D.index_put((Ix[:, 0] % 3,), U, accumulate=True)
+    _torch_check([node("ScatterND", ["D", "Ix", "U"], reduction="add")],
+                 {"D": randn(3, 4), "U": randn(3, 4)}, {"Ix": idx}, fn)
 
 
 @pytest.mark.parametrize("op, reduction, idx", [
@@ -200,8 +200,8 @@ def test_gather_nd(batch_dims, dshape, idx, opset):
 
 def test_gather_nd_torch():
     idx = np.array([[1, 2], [1, 2], [0, 3]])
-    _torch_check([node("GatherND", ["D", "I"])], {"D": randn(3, 4)}, {"I": idx},
-                 lambda D, I: D[I[:, 0], I[:, 1]])
+    _torch_check([node("GatherND", ["D", "Ix"])], {"D": randn(3, 4)}, {"Ix": idx},
+                 lambda D, Ix: D[Ix[:, 0], Ix[:, 1]])
 
 
 # ---------------------------------------------------------------- CumSum, Trilu, TopK
@@ -398,16 +398,6 @@ def test_embedding_repeated_indices():
                     more_args=[(torch.tensor([[5, 5, 5]]),)])
 
 
-def test_embedding_padding_idx_dynamo():
-    """The dynamo exporter keeps padding_idx in the Gather node's metadata: row 0 gets
-    no gradient, as in torch (repeated indices add up)."""
-    model = _grads_vs_torch(_Embed(0), (EMBED_IDS,), True, [(0, 1)],
-                            more_args=[(torch.tensor([[5, 0, 5]]),)])
-    gather = next(n for n in model.graph.node if n.op_type == "Gather")
-    assert "aten.embedding" in {p.key: p.value for p in gather.metadata_props}.get(
-        "pkg.torch.onnx.fx_node", "")
-
-
 def test_embedding_padding_idx_torchscript_needs_the_caller():
     """The TorchScript exporter writes a bare Gather: padding_idx is lost, the padding
     row gets a gradient, unless the caller marks the node with ``ortlearn.padding_idx``."""
@@ -470,12 +460,41 @@ class _Heads(torch.nn.Module):
         return torch.cat([out, out[:, : t // 2] * positions[: t // 2]], dim=1)
 
 
-@pytest.mark.parametrize("dynamo", [False, True])
-def test_dynamic_view_attention(dynamo):
+class _Encoder(torch.nn.Module):
+    """Token embedding with a padding row, then the attention heads."""
+
+    def __init__(self, padding_idx=0):
+        super().__init__()
+        torch.manual_seed(1)
+        self.emb = torch.nn.Embedding(7, 8, padding_idx=padding_idx)
+        self.heads = _Heads()
+
+    def forward(self, ids):
+        return self.heads(self.emb(ids))
+
+
+def _check_views(model):
+    ops = {n.op_type for n in model.graph.node}
+    assert {"Shape", "Reshape", "Range"} <= ops
+
+
+def test_dynamic_view_attention_torchscript():
     """Reshape/Expand/Slice/Concat/Gather fed by Shape->Gather->Concat chains."""
     x = torch.randn(2, 4, 8, dtype=torch.float64)
-    model = _grads_vs_torch(_Heads(), (x,), dynamo, [(0, 1)],
-                            more_args=[(torch.randn(3, 6, 8, dtype=torch.float64),),
-                                       (torch.randn(1, 3, 8, dtype=torch.float64),)])
-    ops = {n.op_type for n in model.graph.node}
-    assert {"Shape", "Reshape"} <= ops
+    _check_views(_grads_vs_torch(
+        _Heads(), (x,), False, [(0, 1)],
+        more_args=[(torch.randn(3, 6, 8, dtype=torch.float64),),
+                   (torch.randn(1, 3, 8, dtype=torch.float64),)]))
+
+
+def test_dynamo_embedding_padding_idx_and_dynamic_views():
+    """One dynamo export (they are slow): the exporter keeps padding_idx in the Gather
+    node's metadata, so row 0 gets no gradient, as in torch (repeated indices add up);
+    the views read the batch and sequence lengths at run time."""
+    ids = torch.tensor([[0, 3, 3, 1], [3, 0, 6, 0]])
+    model = _grads_vs_torch(_Encoder(), (ids,), True, [(0, 1)],
+                            more_args=[(torch.tensor([[5, 0, 5, 2, 0, 1]]),)])
+    _check_views(model)
+    gather = next(n for n in model.graph.node if n.op_type == "Gather")
+    assert "aten.embedding" in {p.key: p.value for p in gather.metadata_props}.get(
+        "pkg.torch.onnx.fx_node", "")
