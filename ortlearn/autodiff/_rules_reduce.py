@@ -45,8 +45,12 @@ class _Reduction:
         axes = self.axes_input if self.axes is None else (self.axes or None)
         if axes is None:
             return self.ctx.b.reduce(op_type, value, None, keepdims=1)
-        return self.ctx.b.reduce(op_type, value, axes, keepdims=1,
-                                 noop_with_empty_axes=attr(self.node, "noop_with_empty_axes", 0))
+        # noop_with_empty_axes exists where axes is an input (ReduceSum from
+        # opset 13, the others from 18); axes are not empty here anyway.
+        noop = {}
+        if op_type == "ReduceSum" or self.ctx.opset >= 18:
+            noop["noop_with_empty_axes"] = attr(self.node, "noop_with_empty_axes", 0)
+        return self.ctx.b.reduce(op_type, value, axes, keepdims=1, **noop)
 
     def expand(self, value: str) -> str:
         """``value`` (the output's shape, dims kept) broadcast to the input's shape."""
@@ -123,3 +127,22 @@ def _extremum(ctx, red, g):
 
 _reduction("ReduceMax")(_extremum)
 _reduction("ReduceMin")(_extremum)
+
+
+@_reduction("ReduceProd")
+def _reduce_prod(ctx, red, g):
+    """d prod / d x_i = product of the other elements, exactly, zeros included.
+
+    Without a zero in the group it is ``prod / x_i``; with one zero, the
+    zero gets the product of the others and the rest 0; with more, all 0.
+    """
+    b, x = ctx.b, red.x
+    zero = b.op("Equal", [x, ctx.const(0, like=x)])
+    safe = b.op("Where", [zero, ctx.const(1, like=x), x])
+    rest = red.reduce_like("ReduceProd", safe)  # product of the nonzero elements
+    zeros = red.reduce_like("ReduceSum", b.cast(zero, ctx.dtype(x)))
+    none = b.op("Equal", [zeros, ctx.const(0, like=x)])
+    one = b.op("Equal", [zeros, ctx.const(1, like=x)])
+    at_zero = ctx.mask_where(one, rest, x)
+    elsewhere = ctx.mask_where(none, b.op("Div", [rest, safe]), x)
+    return b.op("Mul", [b.op("Where", [zero, at_zero, elsewhere]), g])

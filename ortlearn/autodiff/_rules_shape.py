@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-import numpy as np
+import re
 
-from ..graph import attr, optional_input
+import numpy as np
+from onnx import numpy_helper
+
+from ..graph import attr, onnx_to_np_dtype, optional_input
 from ._registry import register_gradient
 
 
@@ -84,21 +87,175 @@ def _one_hot_gather(ctx, node, grads):
     return grad
 
 
+#: What torch's dynamo exporter records of ``nn.Embedding`` on the Gather node
+#: (metadata ``pkg.torch.onnx.fx_node``): ``aten.embedding.default(args =
+#: (%weight, %indices[, padding_idx[, scale_grad_by_freq[, sparse]]]))``.
+_ATEN_EMBEDDING = re.compile(
+    r"aten\.embedding\.default\]\(args = \(%[^,()]+, %[^,()]+(?:, (-?\d+))?(?:, (True|False))?")
+
+#: Metadata key a caller sets on a Gather node (an integer as text) to give
+#: the row of the table that receives no gradient, as torch's padding_idx.
+PADDING_IDX_KEY = "ortlearn.padding_idx"
+
+
+def _padding_idx(node) -> int | None:
+    """The embedding row torch leaves without gradient, from the node's metadata."""
+    props = {p.key: p.value for p in node.metadata_props}
+    if PADDING_IDX_KEY in props:
+        return int(props[PADDING_IDX_KEY])
+    match = _ATEN_EMBEDDING.search(props.get("pkg.torch.onnx.fx_node", ""))
+    if match is None:
+        return None
+    if match.group(2) == "True":
+        raise NotImplementedError(
+            f"Gather node {node.name!r} is a torch nn.Embedding with scale_grad_by_freq=True, "
+            "whose gradient ortlearn does not scale. Export the model with "
+            "scale_grad_by_freq=False, or leave its table out of wrt.")
+    pad = int(match.group(1)) if match.group(1) is not None else -1
+    return pad if pad >= 0 else None  # aten writes -1 (or nothing) for no padding row
+
+
 @register_gradient("Gather", "GatherElements")
 def _gather(ctx, node, grads):
     x, indices = node.input
+    g = grads[0]
     if node.op_type == "GatherElements":
         one_hot = _one_hot_gather(ctx, node, grads)
         if one_hot is not None:
             return [one_hot, None]
+    elif attr(node, "axis", 0) == 0 and (pad := _padding_idx(node)) is not None:
+        # torch's nn.Embedding(padding_idx=p): row p gets no gradient; the
+        # lookups of p pass none.
+        b = ctx.b
+        hit = b.op("Equal", [indices, b.const(np.asarray(pad, dtype=onnx_to_np_dtype(
+            ctx.dtype(indices))))])
+        extra = ctx.rank(x, node) - 1  # the row's own axes
+        g = ctx.mask_where(b.op("Not", [b.unsqueeze(hit, list(range(-extra, 0)))
+                                        if extra else hit]), g, x)
     picked = ctx.b.op(node.op_type, [ctx.positions(x), indices], axis=attr(node, "axis", 0))
-    return [ctx.scatter_flat(x, picked, grads[0], accumulate=True), None]
+    return [ctx.scatter_flat(x, picked, g, accumulate=True), None]
 
 
 @register_gradient("Expand")
 def _expand(ctx, node, grads):
     x = node.input[0]
     return [ctx.sum_to(grads[0], x, ctx.shape(node.output[0])), None]
+
+
+def _filled(ctx, x, value):
+    """A tensor of ``x``'s shape and type filled with ``value``.
+
+    A ``ConstantOfShape`` even when the shape is static: unlike
+    ``ctx.fill_like`` it never stores a tensor of the data's size in the model.
+    """
+    shape = ctx.shape(x)
+    if shape is not None and all(isinstance(d, int) for d in shape):
+        dims = ctx.b.ints(shape, hint="shape")
+    else:
+        dims = ctx.shape_of(x)
+    return ctx.b.op("ConstantOfShape", [dims], value=numpy_helper.from_array(
+        np.array([value], dtype=onnx_to_np_dtype(ctx.dtype(x)))))
+
+
+def _unique_targets(ctx, node) -> bool:
+    """Whether the constant indices of a Scatter* node never hit one element twice."""
+    data, indices = node.input[:2]
+    idx, shape = ctx.constant_value(indices), ctx.shape(data)
+    if idx is None or shape is None or not all(isinstance(d, int) for d in shape):
+        return False
+    idx = np.asarray(idx, dtype=np.int64)
+    if node.op_type == "ScatterElements":
+        axis = attr(node, "axis", 0) % len(shape)
+        coords = list(np.indices(idx.shape))
+        coords[axis] = idx % shape[axis]
+        targets = np.stack([c.ravel() for c in coords], axis=1)
+    else:  # ScatterND: rows of the last axis address slices
+        k = idx.shape[-1]
+        targets = idx.reshape(-1, k) % np.asarray(shape[:k], dtype=np.int64)
+    return len(np.unique(targets, axis=0)) == len(targets)
+
+
+@register_gradient("ScatterElements", "ScatterND")
+def _scatter(ctx, node, grads):
+    """Gradients of data and updates of ScatterElements and ScatterND.
+
+    ``reduction='none'`` overwrites: data gets no gradient where it was
+    replaced (onnx forbids duplicate indices there). ``'add'`` passes the
+    gradient to both. ``'mul'`` multiplies data by the updates hitting each
+    element: exact for data; for updates, exact when the indices are a
+    constant without duplicates, refused otherwise. ``'max'``/``'min'`` are
+    refused.
+    """
+    data, indices, updates = node.input
+    g, b = grads[0], ctx.b
+    reduction = attr(node, "reduction", "none")
+    reduction = reduction.decode() if isinstance(reduction, bytes) else reduction
+    kwargs = {"axis": attr(node, "axis", 0)} if node.op_type == "ScatterElements" else {}
+    gather = "GatherElements" if node.op_type == "ScatterElements" else "GatherND"
+    if reduction not in ("none", "add", "mul"):
+        raise NotImplementedError(
+            f"No gradient for {node.op_type} node {node.name!r} with reduction={reduction!r}: "
+            "ties between data and updates make it ambiguous. Rewrite the model with "
+            "reduction='none' or 'add', or leave its inputs out of wrt.")
+    d_data = d_updates = None
+    if ctx.needs(data):
+        if reduction == "none":
+            d_data = b.op(node.op_type, [g, indices, _filled(ctx, updates, 0)], **kwargs)
+        elif reduction == "add":
+            d_data = g
+        else:
+            factor = b.op(node.op_type, [_filled(ctx, data, 1), indices, updates],
+                          reduction="mul", **kwargs)
+            d_data = b.op("Mul", [g, factor])
+    if ctx.needs(updates):
+        if reduction == "mul":
+            if not _unique_targets(ctx, node):
+                raise NotImplementedError(
+                    f"The gradient of {node.op_type} node {node.name!r} (reduction='mul') "
+                    f"w.r.t. its updates {updates!r} needs constant indices that hit each "
+                    "element at most once (the product of the other updates is not known "
+                    "otherwise). Make the indices a constant without duplicates, or leave "
+                    "the updates out of wrt.")
+            g = b.op("Mul", [g, data])  # out = data * update at each hit element
+        d_updates = b.op(gather, [g, indices], **kwargs)
+    return [d_data, None, d_updates]
+
+
+@register_gradient("GatherND")
+def _gather_nd(ctx, node, grads):
+    # The flat position of every gathered element, gathered alike, receives
+    # its gradient; repeated indices add up.
+    x, indices = node.input
+    picked = ctx.b.op("GatherND", [ctx.positions(x), indices],
+                      batch_dims=attr(node, "batch_dims", 0))
+    return [ctx.scatter_flat(x, picked, grads[0], accumulate=True), None]
+
+
+@register_gradient("CumSum")
+def _cumsum(ctx, node, grads):
+    # Each input element counts in the outputs after it (before it when
+    # reversed): the gradient is the cumulative sum the other way round.
+    return [ctx.b.op("CumSum", [grads[0], node.input[1]],
+                     exclusive=attr(node, "exclusive", 0),
+                     reverse=1 - attr(node, "reverse", 0)), None]
+
+
+@register_gradient("Trilu")
+def _trilu(ctx, node, grads):
+    # A mask, its own adjoint: the gradient is masked the same way.
+    return [ctx.b.op("Trilu", [grads[0]] + list(node.input[1:]),
+                     upper=attr(node, "upper", 1)), None]
+
+
+@register_gradient("TopK")
+def _topk(ctx, node, grads):
+    # Values are picked at Indices (distinct along the axis): scatter the
+    # gradient back there. Indices carry no gradient; K is an integer.
+    x = node.input[0]
+    if grads[0] is None:
+        return [None, None]
+    return [ctx.b.op("ScatterElements", [_filled(ctx, x, 0), node.output[1], grads[0]],
+                     axis=attr(node, "axis", -1)), None]
 
 
 @register_gradient("Tile")
