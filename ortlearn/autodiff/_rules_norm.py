@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from onnx import TensorProto
 
 from ..graph import attr, optional_input
+from ..graph.passes import batch_norm_in_training_mode
 from ._registry import register_gradient
 
 
@@ -198,23 +199,12 @@ def _instance_normalization(ctx, node, grads):
 
 
 # ------------------------------------------------------------------ BatchNormalization
-def batch_norm_training(node, opset: int) -> bool:
-    """Whether a BatchNormalization node normalises with the batch statistics.
-
-    From opset 14 the ``training_mode`` attribute says so; before, a node
-    with statistics outputs runs in training mode (onnxruntime's reading).
-    """
-    if opset >= 14:
-        return bool(attr(node, "training_mode", 0))
-    return any(node.output[1:])
-
-
 @register_gradient("BatchNormalization")
 def _batch_normalization(ctx, node, grads):
     x, scale, bias, mean, var = node.input[:5]
     rank = ctx.rank(x, node)
     _check_unused_outputs(node, grads, 1)
-    if batch_norm_training(node, ctx.opset):
+    if batch_norm_in_training_mode(node, ctx.opset):
         return _batch_norm_train(ctx, node, x, scale, rank, grads[0]) + [None, None]
     return _batch_norm_inference(ctx, node, rank, grads[0])
 
