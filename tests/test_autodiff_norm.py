@@ -1,25 +1,12 @@
 """Gradients of the normalisations against finite differences and torch autograd (float64)."""
 
+import gradcheck as gc
 import numpy as np
 import onnx
 import pytest
 import torch
 import torch.nn.functional as F
-from gradcheck import (
-    analytic_gradient,
-    assert_close,
-    cast_floats,
-    check_op,
-    const_node,
-    loss_model,
-    make_model,
-    node,
-    numeric_gradient,
-    positive,
-    randn,
-    random_weights_of,
-    session,
-)
+from gradcheck import analytic_gradient, assert_close, check_op, node, randn, random_weights_of
 from onnx import TensorProto, helper, numpy_helper
 
 from ortlearn.autodiff import append_backward, build_gradient
@@ -38,7 +25,7 @@ def torch_grads(fn, values, wrt, r):
 def check_torch(nodes, weights, inputs, fn, opset=18, reference=False, wrt=None, model=None):
     """Analytic float64 gradients of ``nodes`` equal torch's for the same function."""
     if model is None:
-        model, _ = loss_model(nodes, weights, inputs=inputs, opset=opset, reference=reference)
+        model, _ = gc.loss_model(nodes, weights, inputs=inputs, opset=opset, reference=reference)
     feeds = dict(inputs)
     wrt = list(weights) + list(inputs) if wrt is None else wrt
     grads, _ = analytic_gradient(model, feeds, wrt, reference=reference)
@@ -79,7 +66,7 @@ def test_layer_normalization_statistics_outputs_reaching_the_loss():
     nodes = [node("LayerNormalization", ["X", "S"], ["Y0", "M", "I"], axis=1),
              node("Mul", ["Y0", "I"], "Y1"), node("Add", ["Y1", "M"])]
     x, s = randn(2, 3, 4), randn(3, 4)
-    model, feeds = loss_model(nodes, {"X": x, "S": s}, dtype=np.float32, opset=18)
+    model, feeds = gc.loss_model(nodes, {"X": x, "S": s}, dtype=np.float32, opset=18)
     grads, grad_model = analytic_gradient(model, feeds, ["X", "S"])
 
     def fn(X, S):
@@ -96,17 +83,17 @@ def test_layer_normalization_statistics_outputs_reaching_the_loss():
 
 def test_layer_normalization_dynamic_batch():
     ln = node("LayerNormalization", ["X", "S", "B"], axis=-1)
-    model, feeds = loss_model([ln], {"S": randn(4), "B": randn(4)}, inputs={"X": randn(3, 4)},
+    model, feeds = gc.loss_model([ln], {"S": randn(4), "B": randn(4)}, inputs={"X": randn(3, 4)},
                               input_dims={"X": ["N", 4]}, opset=17)
     grads, _ = analytic_gradient(model, feeds, ["S", "B", "X"])
-    ref = numeric_gradient(model, feeds, ["S", "B", "X"])
+    ref = gc.numeric_gradient(model, feeds, ["S", "B", "X"])
     for name in ("S", "B", "X"):
         assert_close(grads[name], ref[name])
 
 
 def test_layer_normalization_float32_reuses_the_forward_statistics():
     ln = node("LayerNormalization", ["X", "S", "B"], axis=-1)
-    model, _ = loss_model([ln], {"X": randn(3, 4), "S": randn(4), "B": randn(4)},
+    model, _ = gc.loss_model([ln], {"X": randn(3, 4), "S": randn(4), "B": randn(4)},
                           dtype=np.float32, opset=17)
     grad_model = build_gradient(model, wrt=["X", "S"])
     ops = [n.op_type for n in grad_model.graph.node]
@@ -122,19 +109,19 @@ def typed_loss_model(nodes, weights, inputs, opset, dtype=np.float64):
 
     Returns (model, feeds) with the weights as initializers and ``inputs`` as graph inputs.
     """
-    weights = cast_floats(weights, dtype)
-    feeds = cast_floats(inputs, dtype)
+    weights = gc.cast_floats(weights, dtype)
+    feeds = gc.cast_floats(inputs, dtype)
     elem = np_dtype_to_onnx(np.dtype(dtype))
     graph_inputs = [helper.make_tensor_value_info(k, elem, v.shape) for k, v in feeds.items()]
     inits = [numpy_helper.from_array(v, k) for k, v in weights.items()]
     x = next(iter(feeds.values()))
-    fwd = make_model(nodes, graph_inputs, [helper.make_tensor_value_info("Y", elem, x.shape)],
+    fwd = gc.make_model(nodes, graph_inputs, [helper.make_tensor_value_info("Y", elem, x.shape)],
                      inits, opset)
-    y = session(fwd).run(None, feeds)[0]
+    y = gc.session(fwd).run(None, feeds)[0]
     r = np.random.default_rng(1).standard_normal(y.shape).astype(y.dtype)
     tail = [node("Mul", ["Y", "R"], "YR"), node("ReduceSum", ["YR"], "loss", keepdims=0)]
-    model = make_model(
-        [const_node("R", r), *nodes, *tail], graph_inputs,
+    model = gc.make_model(
+        [gc.const_node("R", r), *nodes, *tail], graph_inputs,
         [helper.make_tensor_value_info("loss", elem, [])], inits, opset)
     model.graph.value_info.append(helper.make_tensor_value_info("Y", elem, x.shape))
     return model, feeds
@@ -154,7 +141,7 @@ def unchecked_gradient(model, feeds, wrt):
         outputs.append(helper.make_empty_tensor_value_info(f"{name}_grad"))
     del model.graph.output[:]
     model.graph.output.extend(outputs)
-    res = session(finalize_model(model, check=False)).run(None, feeds)
+    res = gc.session(finalize_model(model, check=False)).run(None, feeds)
     return dict(zip(wrt, res[1:])), model
 
 
@@ -177,7 +164,7 @@ def test_group_normalization(shape, groups, opset):
     model32, feeds32 = typed_loss_model([gn(1)], weights, inputs, opset, np.float32)
     grads, _ = unchecked_gradient(model, feeds, wrt)
     grads32, _ = unchecked_gradient(model32, feeds32, wrt)
-    ref = numeric_gradient(model, feeds, wrt)
+    ref = gc.numeric_gradient(model, feeds, wrt)
 
     def fn(X, S, B):
         if opset < 21:  # one scale and bias per group
@@ -213,7 +200,7 @@ BN_SHAPES = [(4, 3), (3, 2, 4), (2, 3, 2, 2)]
 @pytest.mark.parametrize("opset,attrs", [(15, {}), (15, {"training_mode": 0}), (13, {})])
 def test_batch_normalization_inference(shape, opset, attrs):
     c = shape[1]
-    weights = {"S": randn(c), "B": randn(c), "mean": randn(c), "var": positive(c)}
+    weights = {"S": randn(c), "B": randn(c), "mean": randn(c), "var": gc.positive(c)}
     bn = node("BatchNormalization", ["X", "S", "B", "mean", "var"], epsilon=1e-2, **attrs)
     # Running statistics in inference mode are plain parameters of an affine map.
     check_op([bn], {"X": randn(*shape), **weights}, opset=opset)
@@ -233,7 +220,7 @@ def test_batch_normalization_inference(shape, opset, attrs):
 ])
 def test_batch_normalization_training(shape, opset, outputs, attrs):
     c = shape[1]
-    stats = {"mean": randn(c), "var": positive(c)}
+    stats = {"mean": randn(c), "var": gc.positive(c)}
     weights = {"S": randn(c), "B": randn(c)}
     bn = node("BatchNormalization", ["X", "S", "B", "mean", "var"], outputs, epsilon=1e-2,
               **attrs)
@@ -252,8 +239,8 @@ def test_batch_normalization_training_running_statistics_get_no_gradient():
     bn = node("BatchNormalization", ["X", "S", "B", "mean", "var"], ["Y", "rm", "rv"],
               training_mode=1)
     c = 3
-    model, feeds = loss_model([bn], {"S": randn(c), "B": randn(c), "mean": randn(c),
-                                     "var": positive(c)}, inputs={"X": randn(4, c)}, opset=15)
+    model, feeds = gc.loss_model([bn], {"S": randn(c), "B": randn(c), "mean": randn(c),
+                                     "var": gc.positive(c)}, inputs={"X": randn(4, c)}, opset=15)
     grads, _ = analytic_gradient(model, feeds, ["S", "mean", "var"])
     assert not grads["mean"].any() and not grads["var"].any()
 
@@ -263,8 +250,8 @@ def test_batch_normalization_statistics_output_reaching_the_loss_is_refused():
                   training_mode=1),
              node("Add", ["Y0", "rm"])]
     c = 3
-    model, _ = loss_model(nodes, {"S": randn(c), "B": randn(c), "mean": randn(c),
-                                  "var": positive(c)}, inputs={"X": randn(4, c)}, opset=15)
+    model, _ = gc.loss_model(nodes, {"S": randn(c), "B": randn(c), "mean": randn(c),
+                                  "var": gc.positive(c)}, inputs={"X": randn(4, c)}, opset=15)
     with pytest.raises(NotImplementedError, match="BatchNormalization.*only its output Y"):
         build_gradient(model, wrt=["S"])
 
@@ -273,11 +260,11 @@ def test_batch_normalization_training_dynamic_batch():
     bn = node("BatchNormalization", ["X", "S", "B", "mean", "var"], ["Y", "rm", "rv"],
               training_mode=1)
     c = 2
-    weights = {"S": randn(c), "B": randn(c), "mean": randn(c), "var": positive(c)}
+    weights = {"S": randn(c), "B": randn(c), "mean": randn(c), "var": gc.positive(c)}
     inputs = {"X": randn(5, c, 3)}
-    model, feeds = loss_model([bn], weights, inputs=inputs, input_dims={"X": ["N", c, "L"]},
+    model, feeds = gc.loss_model([bn], weights, inputs=inputs, input_dims={"X": ["N", c, "L"]},
                               opset=15)
     grads, _ = analytic_gradient(model, feeds, ["S", "B", "X"])
-    ref = numeric_gradient(model, feeds, ["S", "B", "X"])
+    ref = gc.numeric_gradient(model, feeds, ["S", "B", "X"])
     for name in ("S", "B", "X"):
         assert_close(grads[name], ref[name])
