@@ -26,7 +26,7 @@ from .graph import (
     prune_model,
     rename_value,
 )
-from .graph.passes import run_passes
+from .graph.passes import run_passes, running_statistics
 from .onnxblock import blocks
 from .onnxblock import loss as loss_blocks
 from .onnxblock import optim as optim_blocks
@@ -373,6 +373,8 @@ def _build(model, requires_grad, frozen_params, loss, optimizer, additional_outp
     frozen = _name_list(frozen_params, "frozen_params")
     base_model = load_model(model)
     if requires_grad is None:
+        # BatchNormalization's running statistics are training state, not weights.
+        frozen += [n for n in running_statistics(base_model) if n not in frozen]
         requires_grad = [i.name for i in base_model.graph.initializer
                          if i.data_type in FLOAT_TYPES and i.name not in frozen]
     trainable = _name_list(requires_grad, "requires_grad")

@@ -26,3 +26,8 @@ DEFAULT_LEARNING_RATE = 1e-3
 #: and ``p.<state>.updated`` are written.
 GRADIENT_SUFFIX = ".gradient"
 UPDATED_SUFFIX = ".updated"
+#: Key of the training metadata listing the frozen parameters each training step
+#: updates (BatchNormalization's running statistics); the training model
+#: writes the new value of each such ``p`` to its output ``p.updated``
+#: (:data:`UPDATED_SUFFIX`).
+UPDATED_FROZEN_KEY = "updated_frozen"

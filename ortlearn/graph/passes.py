@@ -27,6 +27,7 @@ from onnx import TensorProto, helper
 from .builder import GraphBuilder
 from .model import (
     FLOAT_TYPES,
+    attr,
     constant_values,
     elem_type_of,
     needed_nodes,
@@ -43,9 +44,11 @@ __all__ = [
     "column_sums_as_products",
     "common_factors",
     "expands_as_broadcasts",
+    "batch_norm_in_training_mode",
     "masks_as_products",
     "negations_folded",
     "run_passes",
+    "running_statistics",
     "set_inference_mode",
     "unused_nodes_removed",
 ]
@@ -433,6 +436,34 @@ def run_passes(model: onnx.ModelProto, nodes: Sequence[onnx.NodeProto], outputs,
     for rewrite in passes:
         nodes = rewrite.rewrite(nodes, GraphView(model, nodes, outputs))
     return nodes
+
+
+def batch_norm_in_training_mode(node: onnx.NodeProto, opset: int) -> bool:
+    """Whether a BatchNormalization node normalises with the batch statistics.
+
+    From opset 14 ``training_mode=1`` says so; before, a node with statistics
+    outputs runs in training mode (onnxruntime's reading of opsets 9 to 13).
+    """
+    if opset >= 14:
+        return bool(attr(node, "training_mode", 0))
+    return any(node.output[1:])
+
+
+def running_statistics(model: onnx.ModelProto) -> list[str]:
+    """Initializers holding the running mean and variance of training-mode BatchNormalization.
+
+    They are training state, not weights: each training step updates them
+    from the batch statistics, and the eval and inference models
+    (:func:`set_inference_mode`) normalise with them.
+    """
+    opset = opset_of(model)
+    inits = {i.name for i in model.graph.initializer}
+    names = []
+    for node in model.graph.node:
+        if node.op_type == "BatchNormalization" and node.domain in ("", "ai.onnx") \
+                and batch_norm_in_training_mode(node, opset):
+            names += [n for n in node.input[3:5] if n in inits and n not in names]
+    return names
 
 
 def set_inference_mode(model: onnx.ModelProto) -> None:

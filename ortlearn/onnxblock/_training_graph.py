@@ -9,22 +9,31 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
+import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
 from ..graph import (
     FLOAT_TYPES,
     GraphBuilder,
+    attr,
     finalize_model,
     initializer_map,
+    onnx_to_np_dtype,
+    opset_of,
     set_inference_mode,
+    shape_of,
+    value_info_map,
 )
 from ..graph.format import (
     GRAD_BUFFER_SUFFIX,
     GRAD_OUTPUT_SUFFIX,
     LAZY_RESET_GRAD,
     TRAINING_METADATA_KEY,
+    UPDATED_FROZEN_KEY,
+    UPDATED_SUFFIX,
 )
+from ..graph.passes import batch_norm_in_training_mode, running_statistics
 
 
 def split_parameters(model: onnx.ModelProto, requires_grad: Sequence[str],
@@ -80,9 +89,11 @@ def _parameters_to_inputs(model: onnx.ModelProto, params: list[TensorProto]) -> 
     return [i.name for i in user_inputs]
 
 
-def _set_metadata(model, user_inputs, user_outputs, trainable, frozen) -> None:
+def _set_metadata(model, user_inputs, user_outputs, trainable, frozen, updated=()) -> None:
     meta = {"user_inputs": list(user_inputs), "user_outputs": list(user_outputs),
             "trainable": list(trainable), "frozen": list(frozen)}
+    if updated:
+        meta[UPDATED_FROZEN_KEY] = list(updated)
     kept = [p for p in model.metadata_props if p.key != TRAINING_METADATA_KEY]
     del model.metadata_props[:]
     model.metadata_props.extend(kept)
@@ -106,6 +117,90 @@ def _add_gradient_accumulation(model: onnx.ModelProto, trainable: list[TensorPro
     b.add_to_graph(g)
 
 
+# ------------------------------------------------ BatchNormalization running statistics
+def _batch_norm_nodes_in_training_mode(model: onnx.ModelProto) -> list[onnx.NodeProto]:
+    opset = opset_of(model)
+    return [node for node in model.graph.node
+            if node.op_type == "BatchNormalization" and node.domain in ("", "ai.onnx")
+            and batch_norm_in_training_mode(node, opset)]
+
+
+def _check_not_trained(model: onnx.ModelProto, requires_grad: Sequence[str]) -> None:
+    trained = [n for n in running_statistics(model) if n in set(requires_grad)]
+    if trained:
+        raise ValueError(
+            f"{trained} are running statistics of BatchNormalization nodes in training mode: "
+            "each training step updates them from the batch statistics (as torch does), they "
+            "cannot also be trained. Move them from requires_grad to frozen_params.")
+
+
+def _add_running_statistics_updates(model: onnx.ModelProto, frozen: list[TensorProto]
+                                    ) -> list[str]:
+    """Outputs ``p.updated`` with the new running mean and variance, torch's update.
+
+    ``new = momentum * running + (1 - momentum) * batch_stat`` with ONNX's
+    ``momentum`` (1 - torch's momentum) and, for the variance, the unbiased
+    batch variance (n / (n - 1) times the biased one), as torch does; ONNX's
+    own running-variance output uses the biased variance. Return the frozen
+    parameters updated, in graph order.
+    """
+    g = model.graph
+    params = {p.name: p for p in frozen}
+    nodes = [n for n in _batch_norm_nodes_in_training_mode(model)
+             if any(name in params for name in n.input[3:5])]
+    if not nodes:
+        return []
+    infos = value_info_map(model)
+    b = GraphBuilder.for_model(model, prefix="running_stats_")
+    updated = []
+    for node in nodes:
+        x = node.input[0]
+        shape = shape_of(infos[x]) if x in infos else None
+        if shape is None:
+            raise ValueError(f"The rank of the input {x!r} of BatchNormalization node "
+                             f"{node.name!r} is unknown: its running statistics cannot be "
+                             "updated.")
+        like = params[next(n for n in node.input[3:5] if n in params)]
+        batch = _batch_statistics(b, x, len(shape), like)
+        momentum = attr(node, "momentum", 0.9)
+        for name, stat in zip(node.input[3:5], batch):
+            if name not in params:
+                continue
+            if name in updated:
+                raise ValueError(f"The running statistic {name!r} is shared by several "
+                                 "BatchNormalization nodes: which update wins is undefined.")
+            p = params[name]
+            dtype = onnx_to_np_dtype(p.data_type)
+            kept = b.op("Mul", [name, b.const(np.asarray(momentum, dtype=dtype))])
+            new = b.op("Mul", [stat, b.const(np.asarray(1 - momentum, dtype=dtype))])
+            out = b.reserve(name + UPDATED_SUFFIX)
+            b.op("Add", [kept, new], outputs=[out])
+            g.output.append(helper.make_tensor_value_info(out, p.data_type, list(p.dims)))
+            updated.append(name)
+    b.add_to_graph(g)
+    return updated
+
+
+def _batch_statistics(b: GraphBuilder, x: str, rank: int, like: TensorProto):
+    """Per-channel mean and unbiased variance of ``x`` (channels on axis 1), shape ``(C,)``.
+
+    Written as the gradient rule writes its statistics (same nodes, dims
+    kept), so that onnxruntime's common-subexpression elimination can share them.
+    """
+    dtype = onnx_to_np_dtype(like.data_type)
+    axes = [0, *range(2, rank)]
+    mean = b.reduce("ReduceMean", x, axes, keepdims=1)
+    centered = b.op("Sub", [x, mean])
+    var = b.reduce("ReduceMean", b.op("Mul", [centered, centered]), axes, keepdims=1)
+    flat = b.ints([-1], hint="flat")
+    mean, var = b.op("Reshape", [mean, flat]), b.op("Reshape", [var, flat])
+    # n values per channel: Size(x) / C
+    n = b.op("Div", [b.cast(b.op("Size", [x]), like.data_type),
+                     b.cast(b.op("Size", [mean]), like.data_type)])
+    correction = b.op("Div", [n, b.op("Sub", [n, b.const(np.asarray(1, dtype=dtype))])])
+    return mean, b.op("Mul", [var, correction])
+
+
 def build_training_and_eval(model: onnx.ModelProto, requires_grad: Sequence[str],
                             frozen: Sequence[str]):
     """Training and eval models of a forward+loss model whose first output is the loss.
@@ -119,6 +214,7 @@ def build_training_and_eval(model: onnx.ModelProto, requires_grad: Sequence[str]
     from ..autodiff import append_backward
 
     trainable, frozen_params = split_parameters(model, requires_grad, frozen)
+    _check_not_trained(model, requires_grad)
     user_outputs = [o.name for o in model.graph.output]
     forward = onnx.ModelProto()
     forward.CopyFrom(model)
@@ -133,5 +229,6 @@ def build_training_and_eval(model: onnx.ModelProto, requires_grad: Sequence[str]
     training = forward
     grads = append_backward(training, user_outputs[0], names[0])
     _add_gradient_accumulation(training, trainable, grads)
-    _set_metadata(training, user_inputs, user_outputs, *names)
+    updated = _add_running_statistics_updates(training, frozen_params)
+    _set_metadata(training, user_inputs, user_outputs, *names, updated)
     return finalize_model(training), finalize_model(eval_model), (trainable, frozen_params)

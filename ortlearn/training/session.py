@@ -28,7 +28,7 @@ import json
 import math
 import numbers
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
@@ -53,6 +53,7 @@ from ..graph.format import (
     OPTIMIZER_METADATA_KEY,
     STEP,
     TRAINING_METADATA_KEY,
+    UPDATED_FROZEN_KEY,
     UPDATED_SUFFIX,
 )
 from ..optim import LinearLR
@@ -72,6 +73,9 @@ class _Layout:
     user_outputs: list
     trainable: list
     frozen: list
+    #: frozen parameters a training step updates (BatchNormalization's running
+    #: statistics), each written to the output ``<name>.updated``
+    updated: list = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -105,13 +109,17 @@ def _read_layout(model: onnx.ModelProto, what: str) -> _Layout:
     if meta is not None:
         try:
             layout = _Layout(list(meta["user_inputs"]), list(meta["user_outputs"]),
-                             list(meta["trainable"]), list(meta["frozen"]))
+                             list(meta["trainable"]), list(meta["frozen"]),
+                             list(meta.get(UPDATED_FROZEN_KEY, [])))
         except KeyError as exc:
             raise ValueError(
                 f"The {what} model's metadata_props[{TRAINING_METADATA_KEY!r}] lacks {exc}."
             ) from None
         missing = [n for n in layout.user_inputs if n not in inputs]
         missing += [n for n in layout.user_outputs if n not in outputs]
+        missing += [f"{n}{UPDATED_SUFFIX}" for n in layout.updated
+                    if f"{n}{UPDATED_SUFFIX}" not in outputs]
+        missing += [n for n in layout.updated if n not in layout.frozen]
         if missing:
             raise ValueError(f"The {what} model's metadata names values the graph "
                              f"does not have: {missing}.")
@@ -265,7 +273,12 @@ class TrainingSession:
         # An optimizer step reads the live parameters and writes the spare ones.
         self._params = BufferPairs({n: v for n, v in values.items() if n in trainable},
                                    self._device)
-        self._frozen = {n: self._ortvalue(v) for n, v in values.items() if n not in trainable}
+        # Training state (running statistics): a training step reads the live
+        # half and writes the spare one, as an optimizer step does the parameters.
+        updated = self._train_layout.updated
+        self._state_pairs = BufferPairs({n: values[n] for n in updated}, self._device)
+        self._frozen = {n: self._ortvalue(v) for n, v in values.items()
+                        if n not in trainable and n not in updated}
         # Read before binding: once bound, the state asks the session for it.
         step = self._state.optimizer_step
         self._saved_optimizer = None if step is None else (
@@ -356,7 +369,7 @@ class TrainingSession:
         Built once per combination of the parities of the parameters and the
         gradients, and reused whenever the buffers are in that state again.
         """
-        key = (model, self._params.parity, self._grads.parity)
+        key = (model, self._params.parity, self._grads.parity, self._state_pairs.parity)
         binding = self._bindings.get(key)
         if binding is None:
             build = {"train": self._bind_train, "eval": self._bind_eval,
@@ -386,6 +399,8 @@ class TrainingSession:
         self._bind_outputs(binding, layout.user_outputs)
         for name in layout.trainable:
             binding.bind_ortvalue_output(f"{name}{GRAD_OUTPUT_SUFFIX}", self._grads.spare(name))
+        for name in layout.updated:
+            binding.bind_ortvalue_output(f"{name}{UPDATED_SUFFIX}", self._state_pairs.spare(name))
         return binding
 
     def _bind_eval(self) -> ort.IOBinding:
@@ -438,6 +453,10 @@ class TrainingSession:
     def train_step(self, *inputs, return_ortvalues=False) -> list:
         """Run the training model: user outputs, and gradients accumulated on the device.
 
+        Frozen parameters the training model updates (the running mean and
+        variance of BatchNormalization in training mode, listed in its
+        metadata) take their new values, as torch's ``model.train()`` does.
+
         Parameters
         ----------
         *inputs : numpy.ndarray or onnxruntime.OrtValue
@@ -467,6 +486,7 @@ class TrainingSession:
             self._reset_bound = self._reset_pending
         self._train_sess.run_with_iobinding(binding)
         self._grads.swap()
+        self._state_pairs.swap()
         self._reset_pending = False
         self._grad_computed = True
         return self._fetch(binding, len(layout.user_outputs), return_ortvalues)
@@ -650,6 +670,8 @@ class TrainingSession:
     def _live(self, name: str) -> ort.OrtValue:
         if name in self._params:
             return self._params.live(name)
+        if name in self._state_pairs:
+            return self._state_pairs.live(name)
         return self._frozen[name]
 
     def _buffer_dtype(self, names: list) -> np.dtype:
