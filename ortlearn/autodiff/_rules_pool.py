@@ -308,7 +308,12 @@ def _resize_matrix(node, n_in, n_out, scale, dtype):
 
 
 def _resize_scales(ctx, node, rank):
-    """Per-axis scales and output lengths of a Resize node (an int or a symbol per axis)."""
+    """Per-axis scales and output lengths of a Resize node, and the axes assumed kept.
+
+    Axes whose input length is dynamic and whose output length is given at run
+    time only are assumed unchanged (torch writes the sizes of the batch and
+    channel axes as ``Shape(x)[:2]``); the caller checks that at run time.
+    """
     x, y = node.input[0], node.output[0]
     scales_in, sizes_in = optional_input(node, 2), optional_input(node, 3)
     axes = attr(node, "axes")
@@ -322,7 +327,7 @@ def _resize_scales(ctx, node, rank):
             full[a] = float(s)
             if not isinstance(out_shape[a], int) and isinstance(in_shape[a], int):
                 out_shape[a] = int(np.floor(in_shape[a] * np.float32(s)))
-        return full, out_shape
+        return full, out_shape, []
     if scales_in is not None and sizes_in is None:
         raise ValueError(f"The gradient of Resize node {node.name!r} needs its scales as a "
                          "constant: export with a fixed scale factor.")
@@ -330,28 +335,34 @@ def _resize_scales(ctx, node, rank):
     # sizes computed at run time (torch writes Concat(Shape(x)[:2], sizes)): the
     # output shape that shape inference found tells them
     sizes = out_shape if sizes is None else dict(zip(axes, np.ravel(sizes).tolist()))
-    ratios = {}
+    ratios, kept = {}, []
     for a in axes:
         n, s = in_shape[a], sizes[a]
         if s is not None and s == n:
             ratios[a] = 1.0
         elif isinstance(n, int) and isinstance(s, int):
             ratios[a] = s / n
-        else:
+        elif isinstance(n, int):
             raise ValueError(
-                f"The gradient of Resize node {node.name!r} needs static input and output "
-                f"lengths along axis {a} (input {n}, output {s}): export with fixed sizes "
+                f"The gradient of Resize node {node.name!r} needs the static length of its "
+                f"output along axis {a} (input {n}, output {s}): export with fixed sizes "
                 "for the resized axes.")
+        else:
+            # A dynamic axis (the batch) is kept as it is; _resize checks it at run time.
+            ratios[a] = 1.0
+            kept.append(a)
     policy = attr(node, "keep_aspect_ratio_policy", "stretch")
     if policy != "stretch":
         ratio = (min if policy == "not_larger" else max)(ratios.values())
         ratios = dict.fromkeys(axes, ratio)
     for a in axes:
         full[a] = ratios[a]
-        if not isinstance(out_shape[a], int):
+        if ratios[a] == 1.0:
+            out_shape[a] = in_shape[a]
+        elif not isinstance(out_shape[a], int):
             out_shape[a] = (sizes[a] if policy == "stretch"
                             else int(np.round(ratios[a] * in_shape[a])))
-    return full, out_shape
+    return full, out_shape, kept
 
 
 @register_gradient("Resize")
@@ -368,8 +379,7 @@ def _resize(ctx, node, grads):
             f"Resize node {node.name!r}: no gradient for coordinate_transformation_mode="
             "'tf_crop_and_resize'; crop with Slice, then resize with another mode.")
     rank = ctx.rank(x, node)
-    scales, out_shape = _resize_scales(ctx, node, rank)
-    in_shape = ctx.shape(x)
+    scales, out_shape, kept = _resize_scales(ctx, node, rank)
     if attr(node, "antialias", 0) and mode == "linear" and any(s < 1 for s in scales):
         raise NotImplementedError(
             f"Resize node {node.name!r}: no gradient for antialias=1 when downsampling; "
@@ -377,14 +387,18 @@ def _resize(ctx, node, grads):
     dtype = onnx_to_np_dtype(ctx.dtype(x))
     mats = {}
     for axis in range(rank):
-        if scales[axis] == 1.0 and out_shape[axis] == in_shape[axis]:
+        if scales[axis] == 1.0:
             continue  # every coordinate transformation maps an axis onto itself at scale 1
         n_in, n_out = _static_lengths(ctx, node, x, [axis], "resized")[0], out_shape[axis]
         if not isinstance(n_out, int):
             raise ValueError(f"The gradient of Resize node {node.name!r} needs the static "
                              f"length of its output {y!r} along axis {axis}.")
         mats[axis] = _resize_matrix(node, n_in, n_out, scales[axis], dtype)
-    return [_apply_adjoint(ctx, grads[0], x, mats), None, None, None]
+    grad = _apply_adjoint(ctx, grads[0], x, mats)
+    if kept:
+        # Fails at run time (element count) if an axis assumed kept was resized.
+        grad = ctx.b.op("Reshape", [grad, ctx.shape_of(x)])
+    return [grad, None, None, None]
 
 
 # ---------------------------------------------------------------- DepthToSpace / SpaceToDepth
