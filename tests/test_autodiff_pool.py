@@ -1,6 +1,7 @@
 """Gradients of pooling and resampling: finite differences, and torch autograd in float64."""
 
 import io
+import warnings
 
 import numpy as np
 import onnx
@@ -62,8 +63,10 @@ def check_dynamic(nodes, x, dims, consts=None, opset=18, reference=False):
 def exported(module, x, opset=17):
     """The ONNX graph torch's TorchScript exporter writes for ``module`` (batch dynamic)."""
     f = io.BytesIO()
-    torch.onnx.export(module, torch.tensor(x), f, dynamo=False, opset_version=opset,
-                      input_names=["X"], output_names=["Y"], dynamic_axes={"X": {0: "N"}})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the TorchScript exporter is deprecated
+        torch.onnx.export(module, torch.tensor(x), f, dynamo=False, opset_version=opset,
+                          input_names=["X"], output_names=["Y"], dynamic_axes={"X": {0: "N"}})
     return onnx.load_from_string(f.getvalue())
 
 
@@ -117,6 +120,14 @@ def test_max_pool_storage_order(shape, kernel):
     # column-major Indices, exposed by the model: the gradient converts them
     check_op([node("MaxPool", ["X"], out=["Y", "I"], kernel_shape=kernel, storage_order=1)],
              {"X": randn(*shape)})
+
+
+@pytest.mark.parametrize("opset", [13, 22])
+@pytest.mark.parametrize("attrs", [dict(kernel_shape=[3, 2], strides=[1, 2], pads=[1, 0, 1, 1]),
+                                   dict(kernel_shape=[2, 2], strides=[2, 2])])
+def test_max_pool_opsets(opset, attrs):
+    # opset 13: repeated Indices (overlapping windows) add up without ScatterElements' reduction
+    check_op([node("MaxPool", ["X"], **attrs)], {"X": randn(1, 2, 5, 4)}, opset=opset)
 
 
 def test_max_pool_adds_indices_output():
@@ -423,3 +434,4 @@ def test_pixel_shuffle_torch():
     compare_torch([node("SpaceToDepth", ["X"], blocksize=2)],
                   lambda t: F.pixel_unshuffle(t, 2).reshape(2, 2, 4, 2, 3).transpose(1, 2)
                   .reshape(2, 8, 2, 3), y)
+
