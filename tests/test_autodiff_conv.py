@@ -1,0 +1,209 @@
+"""Gradients of Conv and ConvTranspose: finite differences, torch autograd, onnxruntime.
+
+onnxruntime has no float64 Conv or ConvTranspose: float64 runs in onnx's
+reference evaluator, whose ConvTranspose is wrong for ``group`` > 1 with
+more than one output channel per group and refuses ``output_shape`` with
+explicit pads; the tests give it a ConvTranspose computed by torch in float64
+with onnxruntime's padding rules (checked against onnxruntime in float32 below).
+"""
+
+import itertools
+
+import gradcheck
+import numpy as np
+import onnx
+import pytest
+import torch
+import torch.nn.functional as F
+from gradcheck import (
+    analytic_gradient,
+    assert_close,
+    check_op,
+    loss_model,
+    node,
+    randn,
+    random_weights_of,
+    session,
+)
+from onnx import TensorProto, helper
+from onnx.reference import ReferenceEvaluator
+from onnx.reference.op_run import OpRun
+
+from ortlearn.autodiff import build_gradient
+
+_CONV_T = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}
+_CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
+
+
+def convtranspose_pads(x_shape, w_shape, strides, dilations, out_pad, pads, auto_pad,
+                       output_shape):
+    """(begins, ends) of a ConvTranspose as onnxruntime computes them (ends may be < 0)."""
+    k = len(w_shape) - 2
+    full = [(n - 1) * s + (kk - 1) * d + 1 + op for n, s, kk, d, op in
+            zip(x_shape[2:], strides, w_shape[2:], dilations, out_pad)]
+    same = output_shape is None and auto_pad in ("SAME_UPPER", "SAME_LOWER")
+    if same:  # never longer than full
+        output_shape = [min(n * s, f) for n, s, f in zip(x_shape[2:], strides, full)]
+    if output_shape is None:
+        pads = pads or [0] * (2 * k)
+        return list(pads[:k]), list(pads[k:])
+    begins, ends = [], []
+    for f, out in zip(full, list(output_shape)[-k:]):
+        total = f - out
+        if total < 0:
+            begins.append(0)
+            ends.append(total)
+        elif auto_pad == "SAME_UPPER":
+            begins.append(total // 2)
+            ends.append(total - total // 2)
+        else:
+            begins.append(total - total // 2)
+            ends.append(total // 2)
+    return begins, ends
+
+
+def torch_conv_transpose(x, w, b=None, strides=None, dilations=None, group=1, out_pad=None,
+                         pads=None, auto_pad="NOTSET", output_shape=None):
+    """ConvTranspose with torch tensors and onnxruntime's padding rules."""
+    k = w.dim() - 2
+    strides = strides or [1] * k
+    dilations = dilations or [1] * k
+    out_pad = out_pad or [0] * k
+    begins, ends = convtranspose_pads(list(x.shape), list(w.shape), strides, dilations,
+                                      out_pad, pads, auto_pad, output_shape)
+    y = _CONV_T[k](x, w, b, stride=strides, dilation=dilations, groups=group)
+    # output_padding zeros (the bias too) at the end, then the pads cut
+    # (or, negative, extend with zeros) each side.
+    widths = []
+    for i in reversed(range(k)):
+        widths += [-begins[i], out_pad[i] - ends[i]]
+    y_nobias = F.pad(y if b is None else y - b.reshape(1, -1, *[1] * k), widths)
+    return y_nobias if b is None else y_nobias + b.reshape(1, -1, *[1] * k)
+
+
+class ConvTranspose(OpRun):
+    """onnx reference op computed by torch in float64 (see module docstring)."""
+
+    op_domain = ""
+
+    def _run(self, x, w, b=None, auto_pad=None, dilations=None, group=None,
+             kernel_shape=None, output_padding=None, output_shape=None, pads=None,
+             strides=None):
+        tb = None if b is None else torch.from_numpy(np.asarray(b))
+        y = torch_conv_transpose(torch.from_numpy(x), torch.from_numpy(w), tb, strides,
+                                 dilations, group or 1, output_padding, pads,
+                                 auto_pad or "NOTSET", output_shape)
+        return (y.numpy().astype(x.dtype),)
+
+
+class _FixedReference(gradcheck._Reference):
+    def __init__(self, model):
+        self._ev = ReferenceEvaluator(model, new_ops=[ConvTranspose])
+
+
+@pytest.fixture(autouse=True)
+def _fixed_reference(monkeypatch):
+    monkeypatch.setattr(gradcheck, "_Reference", _FixedReference)
+
+
+def _weights(x_shape, w_shape, bias_channels):
+    weights = {"X": randn(*x_shape), "W": randn(*w_shape)}
+    if bias_channels:
+        weights["B"] = randn(bias_channels)
+    return weights
+
+
+# ---------------------------------------------------------------- Conv: grid
+# (x shape, w shape, attributes): strides that do not divide, SAME padding
+# with odd totals, dilation with stride, asymmetric pads, groups.
+CONV_CASES = [
+    ((2, 2, 7), (3, 2, 3), {}),
+    ((2, 2, 7), (3, 2, 3), {"strides": [2], "pads": [1, 0]}),
+    ((1, 2, 8), (2, 2, 2), {"strides": [3], "pads": [0, 2]}),
+    ((2, 2, 9), (2, 1, 3), {"strides": [2], "dilations": [2], "group": 2}),
+    ((1, 3, 7), (3, 3, 2), {"auto_pad": "SAME_UPPER", "strides": [2]}),
+    ((1, 3, 7), (3, 3, 2), {"auto_pad": "SAME_LOWER", "strides": [2]}),
+    ((1, 2, 6), (4, 1, 3), {"auto_pad": "SAME_LOWER", "dilations": [2], "group": 2}),
+    ((1, 2, 8), (2, 2, 3), {"auto_pad": "VALID", "strides": [3]}),
+    ((2, 2, 5, 6), (2, 2, 3, 2), {"strides": [2, 1], "pads": [1, 0, 0, 1]}),
+    ((1, 4, 5, 6), (4, 2, 2, 2), {"strides": [2, 3], "dilations": [1, 2], "group": 2,
+                                  "pads": [1, 0, 0, 1]}),
+    ((1, 3, 5, 5), (3, 1, 3, 3), {"group": 3, "pads": [1, 1, 1, 1]}),  # depthwise
+    ((1, 2, 5, 4), (6, 1, 2, 2), {"group": 2, "strides": [2, 2]}),  # channel multiplier
+    ((1, 2, 5, 5), (2, 2, 2, 3), {"auto_pad": "SAME_UPPER", "strides": [2, 3],
+                                  "dilations": [2, 1]}),
+    ((1, 2, 6, 5), (2, 1, 3, 2), {"auto_pad": "SAME_LOWER", "strides": [2, 2], "group": 2}),
+    ((1, 2, 5, 4), (3, 2, 2, 2), {"auto_pad": "VALID", "strides": [2, 1]}),
+    ((1, 2, 4, 3, 5), (2, 2, 2, 2, 2), {"strides": [2, 1, 2], "pads": [1, 0, 0, 0, 1, 1]}),
+    ((1, 2, 4, 4, 3), (2, 1, 2, 1, 2), {"group": 2, "dilations": [2, 1, 1],
+                                        "auto_pad": "SAME_UPPER", "strides": [1, 2, 1]}),
+]
+
+
+def _id(case):
+    x_shape, _, attrs = case
+    return f"{len(x_shape) - 2}d-" + "-".join(f"{k}{v}" for k, v in attrs.items())
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("case", CONV_CASES, ids=_id)
+def test_conv_finite_differences(case, bias):
+    x_shape, w_shape, attrs = case
+    weights = _weights(x_shape, w_shape, w_shape[0] if bias else 0)
+    check_op([node("Conv", list(weights), **attrs)], weights, reference=True)
+
+
+# ---------------------------------------------------------------- ConvTranspose: grid
+CONV_T_CASES = [
+    ((2, 2, 4), (2, 3, 3), {}),
+    ((1, 2, 4), (2, 2, 3), {"strides": [2], "pads": [1, 2]}),
+    ((1, 2, 3), (2, 2, 2), {"strides": [3], "output_padding": [2], "pads": [0, 1]}),
+    ((1, 2, 4), (2, 1, 3), {"strides": [2], "dilations": [2], "group": 2,
+                            "output_padding": [1]}),
+    ((1, 2, 3), (2, 2, 2), {"strides": [2], "dilations": [3], "output_padding": [1]}),
+    ((1, 2, 4), (2, 2, 3), {"strides": [2], "auto_pad": "SAME_UPPER"}),
+    ((1, 2, 4), (2, 2, 2), {"strides": [3], "auto_pad": "SAME_LOWER", "output_padding": [1]}),
+    ((1, 2, 4), (2, 2, 3), {"strides": [2], "auto_pad": "VALID"}),
+    ((1, 2, 4), (2, 2, 3), {"strides": [2], "output_shape": [8]}),
+    ((1, 2, 4), (2, 2, 3), {"strides": [2], "output_shape": [7], "auto_pad": "SAME_UPPER"}),
+    ((1, 2, 4), (2, 2, 3), {"strides": [3], "output_shape": [14]}),  # past full: zeros
+    ((1, 2, 3, 4), (2, 2, 2, 3), {"strides": [2, 1], "pads": [1, 0, 0, 2],
+                                  "output_padding": [1, 0]}),
+    ((1, 4, 3, 3), (4, 2, 2, 2), {"strides": [2, 2], "dilations": [1, 2], "group": 2}),
+    ((1, 3, 3, 4), (3, 1, 3, 3), {"group": 3, "pads": [1, 1, 1, 1], "strides": [2, 1]}),
+    ((1, 2, 3, 3), (2, 2, 3, 2), {"strides": [2, 3], "auto_pad": "SAME_LOWER"}),
+    ((1, 2, 3, 3), (2, 2, 3, 2), {"strides": [2, 2], "output_shape": [6, 7],
+                                  "auto_pad": "SAME_UPPER"}),
+    ((1, 2, 2, 3, 2), (2, 2, 2, 2, 2), {"strides": [2, 1, 2], "pads": [1, 0, 0, 0, 1, 1],
+                                        "output_padding": [1, 0, 0]}),
+    ((1, 2, 2, 2, 3), (2, 1, 2, 1, 2), {"group": 2, "strides": [2, 1, 1],
+                                        "auto_pad": "SAME_UPPER"}),
+]
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("case", CONV_T_CASES, ids=_id)
+def test_conv_transpose_finite_differences(case, bias):
+    x_shape, w_shape, attrs = case
+    weights = _weights(x_shape, w_shape, w_shape[1] * attrs.get("group", 1) if bias else 0)
+    check_op([node("ConvTranspose", list(weights), **attrs)], weights, reference=True)
+
+
+def _run(op, attrs, feeds, reference=False):
+    nodes = [node(op, list(feeds), **attrs)]
+    elem = TensorProto.DOUBLE if reference else TensorProto.FLOAT
+    inputs = [helper.make_tensor_value_info(k, elem, v.shape) for k, v in feeds.items()]
+    model = gradcheck.make_model(nodes, inputs, [helper.make_tensor_value_info(
+        "Y", elem, None)])
+    return session(model, reference).run(None, feeds)[0]
+
+
+@pytest.mark.parametrize("case", CONV_T_CASES, ids=_id)
+def test_torch_conv_transpose_follows_onnxruntime(case):
+    """The float64 ConvTranspose the tests use computes what onnxruntime does."""
+    x_shape, w_shape, attrs = case
+    feeds = _weights(x_shape, w_shape, w_shape[1] * attrs.get("group", 1))
+    expected = _run("ConvTranspose", attrs, {k: v.astype(np.float32) for k, v in feeds.items()})
+    got = _run("ConvTranspose", attrs, feeds, reference=True)
+    assert got.shape == expected.shape
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
