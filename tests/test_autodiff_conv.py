@@ -150,7 +150,11 @@ def _id(case):
 def test_conv_finite_differences(case, bias):
     x_shape, w_shape, attrs = case
     weights = _weights(x_shape, w_shape, w_shape[0] if bias else 0)
-    check_op([node("Conv", list(weights), **attrs)], weights, reference=True)
+    # onnxruntime refuses SAME padding with dilations: float64 only there.
+    ort_runs = not (attrs.get("auto_pad", "").startswith("SAME")
+                    and max(attrs.get("dilations", [1])) > 1)
+    check_op([node("Conv", list(weights), **attrs)], weights, reference=True,
+             float32=ort_runs)
 
 
 # ---------------------------------------------------------------- ConvTranspose: grid

@@ -65,9 +65,12 @@ def _need_spatial(ctx, node, x, why):
 
 
 def _split_total(total, auto_pad):
-    """(begin, end) pads for a total padding, the odd one at the end but for SAME_LOWER."""
+    """(begin, end) pads for a total padding: the odd one at the end for SAME_UPPER only.
+
+    (A ConvTranspose with ``output_shape`` and no SAME auto_pad splits as SAME_LOWER.)
+    """
     small = total // 2
-    return (total - small, small) if auto_pad == "SAME_LOWER" else (small, total - small)
+    return (small, total - small) if auto_pad == "SAME_UPPER" else (total - small, small)
 
 
 def _conv_pads(ctx, node, x, kernel, strides, dilations):
