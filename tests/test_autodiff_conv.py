@@ -211,3 +211,154 @@ def test_torch_conv_transpose_follows_onnxruntime(case):
     got = _run("ConvTranspose", attrs, feeds, reference=True)
     assert got.shape == expected.shape
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+
+
+# ---------------------------------------------------------------- torch autograd
+def _torch_grads(fn, weights, r):
+    tensors = {k: torch.tensor(v, dtype=torch.float64, requires_grad=True)
+               for k, v in weights.items()}
+    loss = (fn(tensors) * torch.from_numpy(r)).sum()
+    loss.backward()
+    return {k: t.grad.numpy() for k, t in tensors.items()}
+
+
+def _compare_with_torch(op, attrs, weights, fn):
+    model, feeds = loss_model([node(op, list(weights), **attrs)], weights, reference=True)
+    grads, _ = analytic_gradient(model, feeds, list(weights), reference=True)
+    expected = _torch_grads(fn, weights, random_weights_of(model))
+    for name in weights:
+        assert_close(grads[name], expected[name])
+
+
+def _torch_pad(x, begins, ends):
+    widths = []
+    for b, e in zip(reversed(begins), reversed(ends)):
+        widths += [b, e]
+    return F.pad(x, widths)
+
+
+TORCH_CONV_CASES = [
+    ((2, 3, 9), (4, 3, 3), [2], [1], [1, 2], 1),
+    ((2, 4, 8), (4, 1, 3), [3], [2], [2, 0], 4),  # depthwise
+    ((2, 4, 6, 7), (6, 2, 3, 2), [2, 1], [1, 2], [1, 0, 2, 1], 2),
+    ((1, 3, 7, 6), (6, 1, 3, 3), [2, 2], [1, 1], [1, 1, 1, 1], 3),  # channel multiplier
+    ((1, 2, 5, 4, 6), (4, 2, 2, 3, 2), [2, 1, 3], [1, 2, 1], [0, 1, 1, 1, 0, 0], 1),
+]
+
+
+@pytest.mark.parametrize("x_shape, w_shape, strides, dilations, pads, group",
+                         TORCH_CONV_CASES)
+def test_conv_matches_torch(x_shape, w_shape, strides, dilations, pads, group):
+    k = len(strides)
+    weights = _weights(x_shape, w_shape, w_shape[0])
+    attrs = {"strides": strides, "dilations": dilations, "pads": pads, "group": group}
+
+    def fn(t):
+        x = _torch_pad(t["X"], pads[:k], pads[k:])
+        return _CONV[k](x, t["W"], t["B"], stride=strides, dilation=dilations, groups=group)
+
+    _compare_with_torch("Conv", attrs, weights, fn)
+
+
+def test_conv_same_upper_matches_torch_same():
+    """torch's padding='same' (stride 1) puts the odd pad at the end: SAME_UPPER."""
+    weights = _weights((2, 2, 6, 5), (3, 2, 2, 3), 3)
+    attrs = {"auto_pad": "SAME_UPPER", "dilations": [3, 1]}
+    _compare_with_torch("Conv", attrs, weights, lambda t: F.conv2d(
+        t["X"], t["W"], t["B"], padding="same", dilation=(3, 1)))
+
+
+TORCH_CONV_T_CASES = [
+    ((2, 3, 4), (3, 2, 3), [2], [1], [1], [1], 1),
+    ((2, 4, 3, 4), (4, 3, 3, 2), [2, 3], [1, 2], [1, 0], [1, 2], 2),
+    ((1, 3, 3, 3), (3, 1, 3, 3), [2, 2], [1, 1], [1, 1], [1, 0], 3),  # depthwise
+    ((1, 2, 2, 3, 2), (2, 2, 2, 2, 3), [2, 1, 2], [1, 2, 1], [0, 1, 1], [1, 0, 1], 1),
+]
+
+
+@pytest.mark.parametrize("x_shape, w_shape, strides, dilations, padding, out_pad, group",
+                         TORCH_CONV_T_CASES)
+def test_conv_transpose_matches_torch(x_shape, w_shape, strides, dilations, padding, out_pad,
+                                      group):
+    k = len(strides)
+    weights = _weights(x_shape, w_shape, w_shape[1] * group)
+    attrs = {"strides": strides, "dilations": dilations, "pads": padding * 2,
+             "output_padding": out_pad, "group": group}
+    _compare_with_torch("ConvTranspose", attrs, weights, lambda t: _CONV_T[k](
+        t["X"], t["W"], t["B"], stride=strides, padding=padding, output_padding=out_pad,
+        groups=group, dilation=dilations))
+
+
+# ---------------------------------------------------------------- symbolic dimensions
+def _square_loss_model(op, attrs, x_dims, weights):
+    """``loss = ReduceSum(Y * Y) / 2`` of one node, X a float32 input of ``x_dims``."""
+    nodes = [node(op, ["X"] + list(weights), **attrs), node("Mul", ["Y", "Y"], "YY"),
+             node("ReduceSum", ["YY"], "S", keepdims=0),
+             helper.make_node("Constant", [], ["half"], value=onnx.numpy_helper.from_array(
+                 np.array(0.5, dtype=np.float32))),
+             node("Mul", ["S", "half"], "loss")]
+    inits = [onnx.numpy_helper.from_array(v.astype(np.float32), k) for k, v in weights.items()]
+    return gradcheck.make_model(
+        nodes, [helper.make_tensor_value_info("X", TensorProto.FLOAT, x_dims)],
+        [helper.make_tensor_value_info("loss", TensorProto.FLOAT, [])], inits)
+
+
+SYMBOLIC_CASES = [
+    ("Conv", {"strides": [2, 2], "pads": [1, 0, 1, 1], "group": 2, "dilations": [1, 2]},
+     (4, 2, 3, 2), ["N", 4, 7, 6], [(2, 4, 7, 6), (3, 4, 7, 6)]),
+    ("Conv", {"auto_pad": "SAME_LOWER", "strides": [2, 3], "group": 4},
+     (8, 1, 2, 3), ["N", 4, 5, 7], [(1, 4, 5, 7), (3, 4, 5, 7)]),
+    # Dynamic spatial dimensions: which rows the last window leaves out is
+    # only known at run time.
+    ("Conv", {"strides": [3, 2], "pads": [1, 2, 0, 1], "dilations": [2, 1], "group": 2},
+     (4, 2, 2, 3), ["N", 4, "H", "W"], [(2, 4, 7, 6), (3, 4, 9, 5), (1, 4, 8, 8)]),
+    ("ConvTranspose", {"strides": [2, 3], "pads": [1, 0, 0, 2], "output_padding": [1, 2],
+                       "group": 2}, (4, 3, 3, 2), ["N", 4, "H", "W"],
+     [(2, 4, 3, 4), (3, 4, 4, 2)]),
+    ("ConvTranspose", {"strides": [2, 2], "output_shape": [9, 8], "group": 2},
+     (4, 1, 3, 2), ["N", 4, 4, 4], [(2, 4, 4, 4), (1, 4, 4, 4)]),
+]
+
+
+@pytest.mark.parametrize("op, attrs, w_shape, x_dims, x_shapes", SYMBOLIC_CASES)
+def test_symbolic_dimensions_in_onnxruntime(op, attrs, w_shape, x_dims, x_shapes):
+    """One float32 gradient model, several batch (and spatial) sizes, against torch."""
+    group = attrs.get("group", 1)
+    out_channels = w_shape[0] if op == "Conv" else w_shape[1] * group
+    weights = {"W": randn(*w_shape), "B": randn(out_channels)}
+    grad_model = build_gradient(_square_loss_model(op, attrs, x_dims, weights),
+                                wrt=["W", "B", "X"])
+    onnx.checker.check_model(grad_model, full_check=True)
+    sess = session(grad_model)
+    k = len(w_shape) - 2
+    for x_shape in x_shapes:
+        x = randn(*x_shape)
+        got = sess.run(None, {"X": x.astype(np.float32)})
+
+        def fn(t, x_shape=x_shape):
+            if op == "ConvTranspose":
+                return torch_conv_transpose(
+                    t["X"], t["W"], t["B"], attrs.get("strides"), None, group,
+                    attrs.get("output_padding"), attrs.get("pads"), "NOTSET",
+                    attrs.get("output_shape"))
+            pads = attrs.get("pads")
+            if pads is None:  # SAME_LOWER: the odd pad first
+                pads = [0] * (2 * k)
+                for i, (n, s, kk) in enumerate(zip(x_shape[2:], attrs["strides"],
+                                                   w_shape[2:])):
+                    total = max(0, (-(-n // s) - 1) * s + kk - n)
+                    pads[i], pads[i + k] = total - total // 2, total // 2
+            return _CONV[k](_torch_pad(t["X"], pads[:k], pads[k:]), t["W"], t["B"],
+                            stride=attrs["strides"], dilation=attrs.get("dilations", 1),
+                            groups=group)
+
+        tensors = {"X": x, **weights}
+        tw = {k_: torch.tensor(v, requires_grad=True) for k_, v in tensors.items()}
+        y = fn(tw)
+        loss = (y * y).sum() / 2
+        loss.backward()
+        np.testing.assert_allclose(got[0], loss.item(), rtol=1e-4)
+        for name, grad in zip(["W", "B", "X"], got[1:]):
+            assert grad.shape == tensors[name].shape
+            expected = tw[name].grad.numpy()
+            assert_close(grad, expected, rtol=1e-4)
