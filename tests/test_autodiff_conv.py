@@ -7,7 +7,6 @@ explicit pads; the tests give it a ConvTranspose computed by torch in float64
 with onnxruntime's padding rules (checked against onnxruntime in float32 below).
 """
 
-import itertools
 
 import gradcheck
 import numpy as np

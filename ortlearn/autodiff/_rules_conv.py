@@ -11,14 +11,16 @@ onnxruntime runs fast (in float32 only, as the forward):
   data so that one grouped Conv correlates each group with its own slice;
 - the gradient of a bias sums the output gradient over all but the channel axis.
 
-Every padding mode is first turned into explicit pads (onnxruntime's rules,
-which are the ONNX specification's but for a ConvTranspose whose output
-would exceed the full output: with ``output_shape``, onnxruntime extends the
-output with zeros at the end; with ``auto_pad`` SAME, it keeps the full
-output). A pad that would be negative becomes a Slice.
+Every padding mode is first turned into explicit pads, by onnxruntime's
+rules. They are the ONNX specification's but for a ConvTranspose whose output
+would be longer than its full output: with ``output_shape``, onnxruntime
+extends the output with zeros at the end (a negative end pad here); with
+``auto_pad`` SAME, it keeps the full output. A negative pad becomes a Slice.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import numpy as np
 
@@ -28,8 +30,25 @@ from ._registry import register_gradient
 _INT64_MAX = np.iinfo(np.int64).max
 
 
-def _geometry(ctx, node, w):
-    """``(kernel, strides, dilations)`` of a Conv or ConvTranspose node (static ints)."""
+class _Geometry(NamedTuple):
+    """Static attributes of one Conv or ConvTranspose node, one entry per spatial axis."""
+
+    kernel: list
+    strides: list
+    dilations: list
+    group: int
+
+    @property
+    def reach(self) -> list:
+        """Span of one window: ``(kernel - 1) * dilation + 1``."""
+        return [(k - 1) * d + 1 for k, d in zip(self.kernel, self.dilations)]
+
+    def conv_attrs(self, begins, ends) -> dict:
+        return {"group": self.group, "strides": self.strides, "dilations": self.dilations,
+                "pads": list(begins) + list(ends)}
+
+
+def _geometry(ctx, node, w) -> _Geometry:
     shape = ctx.shape(w)
     kernel = attr(node, "kernel_shape")
     if shape is not None and all(isinstance(d, int) for d in shape[2:]):
@@ -40,9 +59,8 @@ def _geometry(ctx, node, w):
             f"the spatial dimensions of the weight {w!r} are unknown and the node has no "
             "kernel_shape attribute. Give the weight a static shape.")
     k = len(kernel)
-    strides = list(attr(node, "strides", None) or [1] * k)
-    dilations = list(attr(node, "dilations", None) or [1] * k)
-    return list(kernel), strides, dilations
+    return _Geometry(list(kernel), list(attr(node, "strides", None) or [1] * k),
+                     list(attr(node, "dilations", None) or [1] * k), attr(node, "group", 1))
 
 
 def _static_spatial(ctx, x):
@@ -64,6 +82,17 @@ def _need_spatial(ctx, node, x, why):
     return sizes
 
 
+def _channels_per_group(ctx, node, w):
+    """Axis 1 of the weight: channels per group of a Conv input or ConvTranspose output."""
+    shape = ctx.shape(w)
+    if shape is None or not isinstance(shape[1], int):
+        raise ValueError(
+            f"The gradient of {node.op_type} node {node.name!r} with group > 1 needs the "
+            f"number of channels per group, axis 1 of the weight {w!r}, which is not static. "
+            "Give the weight a static shape.")
+    return shape[1]
+
+
 def _split_total(total, auto_pad):
     """(begin, end) pads for a total padding: the odd one at the end for SAME_UPPER only.
 
@@ -73,21 +102,10 @@ def _split_total(total, auto_pad):
     return (small, total - small) if auto_pad == "SAME_UPPER" else (total - small, small)
 
 
-def _conv_pads(ctx, node, x, kernel, strides, dilations):
-    """Explicit ``(begins, ends)`` pads of a Conv, whatever its ``auto_pad``."""
-    k = len(kernel)
+def _explicit_pads(node, k):
     auto_pad = attr(node, "auto_pad", "NOTSET")
     if auto_pad == "VALID":
         return [0] * k, [0] * k
-    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
-        sizes = _need_spatial(ctx, node, x, f"auto_pad={auto_pad!r}")
-        begins, ends = [], []
-        for n, kk, s, d in zip(sizes, kernel, strides, dilations):
-            out = -(-n // s)
-            b, e = _split_total(max(0, (out - 1) * s + (kk - 1) * d + 1 - n), auto_pad)
-            begins.append(b)
-            ends.append(e)
-        return begins, ends
     if auto_pad != "NOTSET":
         raise ValueError(f"{node.op_type} node {node.name!r} has an unknown auto_pad "
                          f"{auto_pad!r}.")
@@ -95,35 +113,43 @@ def _conv_pads(ctx, node, x, kernel, strides, dilations):
     return pads[:k], pads[k:]
 
 
-def _conv_transpose_pads(ctx, node, x, kernel, strides, dilations, out_pad):
-    """Explicit ``(begins, ends)`` pads of a ConvTranspose (ends may be negative).
+def _conv_pads(ctx, node, x, geo):
+    """Explicit ``(begins, ends)`` pads of a Conv, whatever its ``auto_pad``."""
+    auto_pad = attr(node, "auto_pad", "NOTSET")
+    if auto_pad not in ("SAME_UPPER", "SAME_LOWER"):
+        return _explicit_pads(node, len(geo.kernel))
+    sizes = _need_spatial(ctx, node, x, f"auto_pad={auto_pad!r}")
+    begins, ends = [], []
+    for n, s, reach in zip(sizes, geo.strides, geo.reach):
+        out = -(-n // s)
+        b, e = _split_total(max(0, (out - 1) * s + reach - n), auto_pad)
+        begins.append(b)
+        ends.append(e)
+    return begins, ends
+
+
+def _conv_transpose_pads(ctx, node, x, geo, out_pad):
+    """Explicit ``(begins, ends)`` pads of a ConvTranspose (an end may be negative).
 
     The output is ``full[begin : len(full) - end]`` where ``full`` is the
-    output without padding, ``output_padding`` zeros included; a negative end
-    extends it with zeros, as onnxruntime does when ``output_shape`` exceeds
-    ``full`` by less than a stride.
+    output without pads, ``output_padding`` zeros included; a negative end
+    appends zeros.
     """
-    k = len(kernel)
+    k = len(geo.kernel)
     auto_pad = attr(node, "auto_pad", "NOTSET")
     output_shape = attr(node, "output_shape")
-    if output_shape is None and auto_pad not in ("SAME_UPPER", "SAME_LOWER"):
-        if auto_pad == "VALID":
-            return [0] * k, [0] * k
-        if auto_pad != "NOTSET":
-            raise ValueError(f"{node.op_type} node {node.name!r} has an unknown auto_pad "
-                             f"{auto_pad!r}.")
-        pads = list(attr(node, "pads", None) or [0] * (2 * k))
-        return pads[:k], pads[k:]
-    why = "output_shape" if output_shape is not None else f"auto_pad={auto_pad!r}"
-    sizes = _need_spatial(ctx, node, x, why)
-    same = output_shape is None
-    if same:
-        output_shape = [n * s for n, s in zip(sizes, strides)]
-    output_shape = list(output_shape)[-k:]  # it may hold N and C too
+    same = auto_pad in ("SAME_UPPER", "SAME_LOWER")
+    if output_shape is None and not same:
+        return _explicit_pads(node, k)
+    sizes = _need_spatial(ctx, node, x,
+                          "output_shape" if output_shape is not None else f"auto_pad={auto_pad!r}")
+    if output_shape is None:
+        output_shape = [n * s for n, s in zip(sizes, geo.strides)]
     begins, ends = [], []
-    for n, kk, s, d, op, out in zip(sizes, kernel, strides, dilations, out_pad, output_shape):
-        total = (n - 1) * s + (kk - 1) * d + 1 + op - out
-        if same:  # onnxruntime never pads SAME with zeros
+    for n, s, reach, op, out in zip(sizes, geo.strides, geo.reach, out_pad,
+                                    list(output_shape)[-k:]):  # it may hold N and C too
+        total = (n - 1) * s + reach + op - out
+        if attr(node, "output_shape") is None:  # SAME alone never appends zeros
             total = max(total, 0)
         b, e = _split_total(total, auto_pad) if total >= 0 else (0, total)
         begins.append(b)
@@ -132,29 +158,28 @@ def _conv_transpose_pads(ctx, node, x, kernel, strides, dilations, out_pad):
 
 
 def _crop(ctx, x, begins, ends):
-    """``x`` without ``-begin``/``-end`` elements on its spatial axes where those are negative.
+    """``x`` less ``-pad`` elements on the spatial axes where a pad is negative.
 
-    Returns the (maybe sliced) value and the pads left, all non-negative.
+    Returns the value (sliced if needed) and the pads left, all non-negative.
     """
     k = len(begins)
-    if all(b >= 0 for b in begins) and all(e >= 0 for e in ends):
+    if min(begins) >= 0 and min(ends) >= 0:
         return x, list(begins), list(ends)
-    starts = [max(-b, 0) for b in begins]
-    stops = [e if e < 0 else _INT64_MAX for e in ends]
     bld = ctx.b
-    cropped = bld.op("Slice", [x, bld.ints(starts, hint="starts"), bld.ints(stops, hint="ends"),
-                               bld.ints(range(2, k + 2))])
+    starts = bld.ints([max(-b, 0) for b in begins], hint="starts")
+    stops = bld.ints([e if e < 0 else _INT64_MAX for e in ends], hint="ends")
+    cropped = bld.op("Slice", [x, starts, stops, bld.ints(range(2, k + 2))])
     return cropped, [max(b, 0) for b in begins], [max(e, 0) for e in ends]
 
 
 def _shape_input(ctx, lead, x, sizes):
-    """An int64 shape: the ints ``lead`` then the spatial dimensions ``sizes`` of ``x``.
+    """An int64 shape: the ints ``lead``, then the spatial dimensions ``sizes`` of ``x``.
 
     ``sizes`` None: read them from ``x`` at run time.
     """
-    if sizes is not None:
-        return ctx.b.ints(list(lead) + list(sizes), hint="shape")
     bld = ctx.b
+    if sizes is not None:
+        return bld.ints(list(lead) + list(sizes), hint="shape")
     spatial = bld.op("Slice", [bld.op("Shape", [x]), bld.ints([2]), bld.ints([_INT64_MAX])])
     return bld.op("Concat", [bld.ints(lead, hint="shape"), spatial], axis=0)
 
@@ -163,85 +188,84 @@ def _swap01(ctx, x, rank):
     return ctx.b.op("Transpose", [x], perm=[1, 0] + list(range(2, rank)))
 
 
-def _weight_grad(ctx, data, sizes, source, group, group_channels, begins, ends, strides,
-                 dilations, kernel):
-    """Correlation of ``data`` (N, g*Cg, S) with ``source`` (N, Co, O): (Co, Cg, K).
+def _correlate(ctx, data, sizes, source, geo, group_channels, begins, ends):
+    """Weight gradient: correlation of ``data`` (N, g*Cg, S) with ``source`` (N, Co, O).
 
-    ``data`` is the input of a Conv with ``begins``/``ends`` pads,
-    ``strides`` and ``dilations`` whose output gradient is ``source``;
-    ``sizes`` its static spatial dimensions, None when not all are known (the
-    result is then sliced to the kernel's taps; otherwise the pads are such
-    that no input row lies past the last window). Batch and channel axes swap
-    so that the sum over the batch becomes the sum over a Conv's input
-    channels; strides and dilations swap because the output positions are now
-    the kernel's taps. For ``group`` > 1 the data channels are regrouped as
-    (Cg, g*N) so that output channel ``m`` of group ``j`` correlates only
-    with the channels of group ``j``.
+    ``data`` is the input of a convolution with ``begins``/``ends`` pads
+    and ``geo``'s strides and dilations, ``source`` the gradient of its
+    output; the result has the weight's shape (Co, Cg, K). ``sizes``: the
+    static spatial dimensions of ``data``, with pads such that no data row
+    lies past the last window; None when unknown, the result is then sliced to
+    the kernel's taps.
+
+    Batch and channel axes swap, so that the sum over the batch becomes a
+    Conv's sum over input channels; strides and dilations trade places,
+    because the output positions are now the kernel's taps. With groups, the
+    data channels are regrouped as (Cg, g*N): in one grouped Conv, output
+    channel ``m`` of group ``j`` then reads the channels of group ``j`` only.
     """
     bld = ctx.b
-    rank = len(kernel) + 2
-    if group == 1:
+    rank = len(geo.kernel) + 2
+    if geo.group == 1:
         data_t = _swap01(ctx, data, rank)
     else:
-        split = bld.op("Reshape", [data, _shape_input(ctx, [-1, group, group_channels], data,
-                                                      sizes)])
+        split = bld.op("Reshape", [data, _shape_input(ctx, [-1, geo.group, group_channels],
+                                                      data, sizes)])
         moved = bld.op("Transpose", [split], perm=[2, 1, 0] + list(range(3, rank + 1)))
         data_t = bld.op("Reshape", [moved, _shape_input(ctx, [group_channels, -1], data,
                                                         sizes)])
-    grad = bld.op("Conv", [data_t, _swap01(ctx, source, rank)], group=group,
-                  strides=dilations, dilations=strides, pads=list(begins) + list(ends))
+    grad = bld.op("Conv", [data_t, _swap01(ctx, source, rank)], group=geo.group,
+                  strides=geo.dilations, dilations=geo.strides, pads=list(begins) + list(ends))
     if sizes is None:
         # Rows past the last window (a stride that does not divide a length
         # known only at run time) lengthen the result: keep the kernel's taps.
-        grad = bld.op("Slice", [grad, bld.ints([0] * len(kernel), hint="starts"),
-                                bld.ints(kernel, hint="ends"), bld.ints(range(2, rank))])
+        grad = bld.op("Slice", [grad, bld.ints([0] * len(geo.kernel), hint="starts"),
+                                bld.ints(geo.kernel, hint="ends"), bld.ints(range(2, rank))])
     return _swap01(ctx, grad, rank)
-
-
-def _channels_per_group(ctx, node, w):
-    """Channels per group of the weight's axis 1 (Conv input, ConvTranspose output)."""
-    shape = ctx.shape(w)
-    if shape is None or not isinstance(shape[1], int):
-        raise ValueError(
-            f"The gradient of {node.op_type} node {node.name!r} needs the number of channels "
-            f"per group, axis 1 of the weight {w!r}, which is not static. Give the weight a "
-            "static shape.")
-    return shape[1]
 
 
 def _bias_grad(ctx, grad, rank):
     return ctx.b.reduce("ReduceSum", grad, [0] + list(range(2, rank)), keepdims=0)
 
 
-def _conv_input_grad(ctx, grad, w, x, begins, ends, strides, dilations, kernel, group):
+def _conv_input_grad(ctx, grad, x, w, geo, begins, ends):
     """Gradient of a Conv input: a ConvTranspose of the output gradient with the same weight.
 
-    ``output_padding`` restores the trailing input rows that the last
-    window does not reach (a stride that does not divide the padded length).
+    ``output_padding`` restores the trailing input rows that the last window
+    does not reach (a stride that does not divide the padded length).
     """
     bld = ctx.b
     sizes = _static_spatial(ctx, x)
     if sizes is not None:
-        out_pad = []
-        for n, b, e, kk, s, d in zip(sizes, begins, ends, kernel, strides, dilations):
-            reach = (kk - 1) * d + 1
-            out_pad.append((n + b + e - reach) % s)
-        return bld.op("ConvTranspose", [grad, w], group=group, strides=strides,
-                      dilations=dilations, pads=list(begins) + list(ends),
-                      output_padding=out_pad)
-    # Dynamic spatial dimensions: the input rows left over are not known
-    # before running. Transpose without end pads, then cut or zero-pad the
-    # end to the input's length.
-    k = len(kernel)
-    full = bld.op("ConvTranspose", [grad, w], group=group, strides=strides,
-                  dilations=dilations, pads=list(begins) + [0] * k)
+        out_pad = [(n + b + e - reach) % s for n, b, e, reach, s in
+                   zip(sizes, begins, ends, geo.reach, geo.strides)]
+        extra = {"output_padding": out_pad} if any(out_pad) else {}
+        return bld.op("ConvTranspose", [grad, w], **geo.conv_attrs(begins, ends), **extra)
+    # Spatial dimensions known at run time only: transpose without end pads,
+    # then cut or zero-pad the end to the input's length.
+    k = len(geo.kernel)
+    full = bld.op("ConvTranspose", [grad, w], **geo.conv_attrs(begins, [0] * k))
     spatial = bld.op("Slice", [ctx.shape_of(x), bld.ints([2]), bld.ints([k + 2])])
     cut = bld.op("Slice", [full, bld.ints([0] * k, hint="starts"), spatial,
                            bld.ints(range(2, k + 2))])
-    short = bld.op("Sub", [spatial, bld.op("Slice", [bld.op("Shape", [cut]), bld.ints([2]),
-                                                     bld.ints([k + 2])])])
-    pads = bld.op("Concat", [bld.ints([0] * (k + 4), hint="pads"), short], axis=0)
+    cut_spatial = bld.op("Slice", [bld.op("Shape", [cut]), bld.ints([2]), bld.ints([k + 2])])
+    missing = bld.op("Sub", [spatial, cut_spatial])
+    pads = bld.op("Concat", [bld.ints([0] * (k + 4), hint="pads"), missing], axis=0)
     return bld.op("Pad", [cut, pads])
+
+
+def _conv_weight_grad(ctx, node, grad, x, w, geo, begins, ends):
+    sizes = _static_spatial(ctx, x)
+    data = x
+    if sizes is not None:
+        # End pads less the rows past the last window (negative: input rows
+        # cut): the correlation then has exactly the kernel's taps.
+        ends = [e - (n + b + e - reach) % s for n, b, e, reach, s in
+                zip(sizes, begins, ends, geo.reach, geo.strides)]
+        sizes = [n + min(e, 0) for n, e in zip(sizes, ends)]
+        data, begins, ends = _crop(ctx, x, begins, ends)
+    group_channels = _channels_per_group(ctx, node, w) if geo.group > 1 else None
+    return _correlate(ctx, data, sizes, grad, geo, group_channels, begins, ends)
 
 
 @register_gradient("Conv")
@@ -249,28 +273,15 @@ def _conv(ctx, node, grads):
     x, w = node.input[:2]
     bias = optional_input(node, 2)
     g = grads[0]
-    kernel, strides, dilations = _geometry(ctx, node, w)
-    group = attr(node, "group", 1)
-    begins, ends = _conv_pads(ctx, node, x, kernel, strides, dilations)
+    geo = _geometry(ctx, node, w)
+    begins, ends = _conv_pads(ctx, node, x, geo)
     result = [None, None, None]
     if ctx.needs(x):
-        result[0] = _conv_input_grad(ctx, g, w, x, begins, ends, strides, dilations, kernel,
-                                     group)
+        result[0] = _conv_input_grad(ctx, g, x, w, geo, begins, ends)
     if ctx.needs(w):
-        sizes = _static_spatial(ctx, x)
-        data = x
-        if sizes is not None:
-            # Drop the pad (or the input rows) past the last window: the
-            # correlation then has exactly the kernel's taps.
-            ends = [e - (n + b + e - (kk - 1) * d - 1) % s for n, b, e, kk, s, d in
-                    zip(sizes, begins, ends, kernel, strides, dilations)]
-            data, begins, ends_left = _crop(ctx, x, begins, ends)
-            sizes = [n + min(e, 0) for n, e in zip(sizes, ends)]
-            ends = ends_left
-        result[1] = _weight_grad(ctx, data, sizes, g, group, _channels_per_group(ctx, node, w),
-                                 begins, ends, strides, dilations, kernel)
+        result[1] = _conv_weight_grad(ctx, node, g, x, w, geo, begins, ends)
     if ctx.needs(bias):
-        result[2] = _bias_grad(ctx, g, len(kernel) + 2)
+        result[2] = _bias_grad(ctx, g, len(geo.kernel) + 2)
     return result
 
 
@@ -279,26 +290,24 @@ def _conv_transpose(ctx, node, grads):
     x, w = node.input[:2]
     bias = optional_input(node, 2)
     g = grads[0]
-    kernel, strides, dilations = _geometry(ctx, node, w)
-    k = len(kernel)
-    group = attr(node, "group", 1)
+    geo = _geometry(ctx, node, w)
+    k = len(geo.kernel)
     out_pad = list(attr(node, "output_padding", None) or [0] * k)[-k:]
-    begins, ends = _conv_transpose_pads(ctx, node, x, kernel, strides, dilations, out_pad)
-    # The output is full[begin : len(full) - end], and the last
-    # output_padding rows of full receive nothing from the input: the output
-    # gradient with those pads (negative ones cut) is what a Conv reads.
+    begins, ends = _conv_transpose_pads(ctx, node, x, geo, out_pad)
+    # The last output_padding rows of the full output receive nothing from
+    # the input: the output gradient with the pads less those rows (a
+    # negative pad cut) is the input of the Conv that a ConvTranspose transposes.
     core, begins, ends = _crop(ctx, g, begins, [e - op for e, op in zip(ends, out_pad)])
     result = [None, None, None]
     if ctx.needs(x):
-        result[0] = ctx.b.op("Conv", [core, w], group=group, strides=strides,
-                             dilations=dilations, pads=begins + ends)
+        result[0] = ctx.b.op("Conv", [core, w], **geo.conv_attrs(begins, ends))
     if ctx.needs(w):
         sizes = _static_spatial(ctx, x)
-        if sizes is not None:  # core + pads spans exactly what the input reaches
-            sizes = [(n - 1) * s + (kk - 1) * d + 1 - b - e for n, s, kk, d, b, e in
-                     zip(sizes, strides, kernel, dilations, begins, ends)]
-        result[1] = _weight_grad(ctx, core, sizes, x, group, _channels_per_group(ctx, node, w),
-                                 begins, ends, strides, dilations, kernel)
+        if sizes is not None:  # core and pads span exactly the input's reach
+            sizes = [(n - 1) * s + reach - b - e for n, s, reach, b, e in
+                     zip(sizes, geo.strides, geo.reach, begins, ends)]
+        group_channels = _channels_per_group(ctx, node, w) if geo.group > 1 else None
+        result[1] = _correlate(ctx, core, sizes, x, geo, group_channels, begins, ends)
     if ctx.needs(bias):
         result[2] = _bias_grad(ctx, g, k + 2)
     return result
