@@ -361,3 +361,38 @@ def test_symbolic_dimensions_in_onnxruntime(op, attrs, w_shape, x_dims, x_shapes
             assert grad.shape == tensors[name].shape
             expected = tw[name].grad.numpy()
             assert_close(grad, expected, rtol=1e-4)
+
+
+# ---------------------------------------------------------------- refusals, needs, opsets
+@pytest.mark.parametrize("op, attrs, word", [
+    ("Conv", {"auto_pad": "SAME_UPPER"}, "auto_pad='SAME_UPPER'"),
+    ("ConvTranspose", {"auto_pad": "SAME_LOWER", "strides": [2, 2]}, "auto_pad='SAME_LOWER'"),
+    ("ConvTranspose", {"output_shape": [9, 9], "strides": [2, 2]}, "output_shape"),
+])
+def test_padding_that_needs_spatial_dimensions_is_refused_when_they_are_dynamic(op, attrs,
+                                                                                word):
+    model = _square_loss_model(op, attrs, ["N", 2, "H", "W"], {"W": randn(2, 2, 3, 3)})
+    model.graph.node[0].name = "conv7"
+    with pytest.raises(ValueError, match=rf"{op} node 'conv7'.*{word}.*static spatial"):
+        build_gradient(model, wrt=["W"])
+
+
+@pytest.mark.parametrize("op, wrt, convs, transposes", [
+    ("Conv", ["W"], 1, 0), ("Conv", ["X"], 0, 1), ("Conv", ["B"], 0, 0),
+    ("ConvTranspose", ["W"], 1, 0), ("ConvTranspose", ["X"], 1, 0),
+    ("ConvTranspose", ["B"], 0, 0),
+])
+def test_only_the_gradients_needed_are_built(op, wrt, convs, transposes):
+    weights = {"W": randn(2, 2, 3, 3), "B": randn(2)}
+    grad_model = build_gradient(_square_loss_model(op, {"strides": [2, 2]}, ["N", 2, 5, 5],
+                                                   weights), wrt=wrt)
+    backward = [n.op_type for n in grad_model.graph.node[5:]]
+    assert (backward.count("Conv"), backward.count("ConvTranspose")) == (convs, transposes)
+
+
+@pytest.mark.parametrize("opset", [13, 22])
+@pytest.mark.parametrize("op", ["Conv", "ConvTranspose"])
+def test_opsets(op, opset):
+    attrs = {"strides": [2], "pads": [1, 0], "group": 2}
+    weights = _weights((1, 4, 5), (4, 2, 3), 4)
+    check_op([node(op, list(weights), **attrs)], weights, reference=True, opset=opset)
