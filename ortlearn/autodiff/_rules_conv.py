@@ -63,6 +63,12 @@ def _geometry(ctx, node, w) -> _Geometry:
                      list(attr(node, "dilations", None) or [1] * k), attr(node, "group", 1))
 
 
+def _operands(ctx, node):
+    """``(x, w, bias or None, geometry)`` of a Conv or ConvTranspose node."""
+    x, w = node.input[:2]
+    return x, w, optional_input(node, 2), _geometry(ctx, node, w)
+
+
 def _static_spatial(ctx, x):
     """Static spatial dimensions of ``x`` (axes 2 and up), None when one is unknown."""
     shape = ctx.shape(x)
@@ -270,10 +276,8 @@ def _conv_weight_grad(ctx, node, grad, x, w, geo, begins, ends):
 
 @register_gradient("Conv")
 def _conv(ctx, node, grads):
-    x, w = node.input[:2]
-    bias = optional_input(node, 2)
+    x, w, bias, geo = _operands(ctx, node)
     g = grads[0]
-    geo = _geometry(ctx, node, w)
     begins, ends = _conv_pads(ctx, node, x, geo)
     result = [None, None, None]
     if ctx.needs(x):
@@ -287,10 +291,8 @@ def _conv(ctx, node, grads):
 
 @register_gradient("ConvTranspose")
 def _conv_transpose(ctx, node, grads):
-    x, w = node.input[:2]
-    bias = optional_input(node, 2)
+    x, w, bias, geo = _operands(ctx, node)
     g = grads[0]
-    geo = _geometry(ctx, node, w)
     k = len(geo.kernel)
     out_pad = list(attr(node, "output_padding", None) or [0] * k)[-k:]
     begins, ends = _conv_transpose_pads(ctx, node, x, geo, out_pad)
