@@ -182,15 +182,20 @@ def _log(ctx, node, x, y, g):
     return ctx.b.op("Div", [g, x])
 
 
-@_unary("Abs")
-def _abs(ctx, node, x, y, g):
-    # sign(0) = 0: no gradient at 0, as torch's abs backward (grad * sgn(x)).
-    return ctx.b.op("Mul", [g, ctx.b.op("Sign", [x])])
+#: One-input operators whose slope is another operator of the input:
+#: dx = g * slope(x). Abs: sign(0) = 0, no gradient at 0, as torch's abs
+#: backward (grad * sgn(x)); Sign has float32 and float64 kernels.
+_SLOPES = {"Abs": "Sign", "Sin": "Cos", "Sinh": "Cosh", "Cosh": "Sinh"}
 
 
-@_unary("Sin")
-def _sin(ctx, node, x, y, g):
-    return ctx.b.op("Mul", [g, ctx.b.op("Cos", [x])])
+def _times_slope(slope_op):
+    def rule(ctx, node, x, y, g):
+        return ctx.b.op("Mul", [g, ctx.b.op(slope_op, [x])])
+    return rule
+
+
+for _op, _slope_op in _SLOPES.items():
+    _unary(_op)(_times_slope(_slope_op))
 
 
 @_unary("Cos")
@@ -202,16 +207,6 @@ def _cos(ctx, node, x, y, g):
 def _tan(ctx, node, x, y, g):
     # 1 + tan(x)^2 from the output, as torch
     return ctx.b.op("Mul", [g, ctx.b.op("Add", [ctx.const(1, like=y), ctx.b.op("Mul", [y, y])])])
-
-
-@_unary("Sinh")
-def _sinh(ctx, node, x, y, g):
-    return ctx.b.op("Mul", [g, ctx.b.op("Cosh", [x])])
-
-
-@_unary("Cosh")
-def _cosh(ctx, node, x, y, g):
-    return ctx.b.op("Mul", [g, ctx.b.op("Sinh", [x])])
 
 
 def _one_and_square(ctx, x, op):
