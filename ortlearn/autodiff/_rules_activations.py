@@ -1,4 +1,9 @@
-"""Gradients of the activation functions (written with float64-capable kernels)."""
+"""Gradients of the activation functions.
+
+Written with operators onnxruntime has float64 kernels for wherever the forward
+operator has one (Relu, Sigmoid, Tanh...); Gelu and Mish, which onnxruntime
+cannot run in float64 anyway, use Erf and Softplus.
+"""
 
 from __future__ import annotations
 
@@ -101,8 +106,9 @@ def _hard_sigmoid(ctx, node, x, y, g):
 @_activation("HardSwish")
 def _hard_swish(ctx, node, x, y, g):
     # y = x * HardSigmoid(x; 1/6, 1/2): slope x/3 + 1/2 for -3 < x < 3, 0 for
-    # x <= -3, 1 for x >= 3 -- torch's hardswish backward, bounds included
-    # (the slope is discontinuous at both kinks: -1/2 | 0 and 3/2 | 1).
+    # x <= -3, 1 for x >= 3. The slope jumps at both kinks (-1/2 | 0 and
+    # 3/2 | 1): at x = -3 it is 0 and at x = 3 it is 1, as torch's hardswish
+    # backward has it.
     b = ctx.b
     inner = b.op("Add", [b.op("Div", [x, ctx.const(3, like=x)]), ctx.const(0.5, like=x)])
     upper = b.op("Where", [b.op("Less", [x, ctx.const(3, like=x)]),
