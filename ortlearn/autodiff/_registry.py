@@ -54,6 +54,7 @@ def register_gradient(*op_types: str, domain: str = ""):
     Examples
     --------
     >>> from ortlearn.autodiff import register_gradient
+
     A rule for a custom operator ``Square`` (``y = x * x``) of a domain
     ``my.ops``:
 
