@@ -20,6 +20,8 @@ from gradcheck import (
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
+from onnx.reference.op_run import OpRun
 
 from ortlearn.autodiff import (
     GRADIENT_RULES,
@@ -351,32 +353,70 @@ def test_broadcast_decided_at_run_time():
             assert_close(grads[name], ref[name])
 
 
+class Square(OpRun):
+    """my.ops.Square, ``y = x * x``, for onnx's reference evaluator (no rule differentiates it)."""
+
+    op_domain = "my.ops"
+
+    def _run(self, x):
+        return (x * x,)
+
+
+def _square_model(nodes, weights, consts=()):
+    """``loss = ReduceSum(Y * R)`` in float64 around nodes that may use my.ops.Square."""
+    inits = [numpy_helper.from_array(v, k) for k, v in {**weights, **dict(consts)}.items()]
+    r = RNG.standard_normal(3)
+    nodes = list(nodes) + [node("Mul", ["Y", "R"], "YR"),
+                           node("ReduceSum", ["YR"], "loss", keepdims=0)]
+    inits.append(numpy_helper.from_array(r, "R"))
+    graph = helper.make_graph(
+        nodes, "g", [], [helper.make_tensor_value_info("loss", D, [])], inits,
+        value_info=[helper.make_tensor_value_info("T", D, [3])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18),
+                                                    helper.make_opsetid("my.ops", 1)],
+                              ir_version=10)
+    return model, r
+
+
+def _gradient_with_square(model, wrt):
+    """The gradient of ``loss`` w.r.t. ``wrt``, run by onnx's reference evaluator.
+
+    append_backward rather than build_gradient: build_gradient's finalize_model
+    cannot set the IR version of a model with a custom domain yet.
+    """
+    grad = append_backward(model, "loss", [wrt])[wrt]
+    model.graph.output.append(helper.make_tensor_value_info(grad, D, None))
+    return ReferenceEvaluator(model, new_ops=[Square]).run([grad], {})[0]
+
+
 def test_missing_rule_names_operator_and_node():
-    nodes = [node("Atan", ["X"], "T"), helper.make_node("Mul", ["T", "X"], ["Y"], name="m")]
-    nodes[0].name = "my_atan"
-    # (float32: onnxruntime has no float64 Atan kernel)
-    model, _ = loss_model(nodes, {"X": randn(3)}, dtype=np.float32)
-    with pytest.raises(NoGradientRuleError, match="'Atan'.*'my_atan'"):
+    x, k = randn(3), randn(3)
+    nodes = [helper.make_node("Square", ["X"], ["T"], name="my_square", domain="my.ops"),
+             helper.make_node("Mul", ["T", "X"], ["Y"], name="m")]
+    model, _ = _square_model(nodes, {"X": x})
+    with pytest.raises(NoGradientRuleError, match="'my.ops.Square'.*'my_square'"):
         build_gradient(model, wrt=["X"])
-    # Atan on a path that does not depend on the weights needs no rule.
-    check_op([node("Atan", ["K"], "T"), node("Mul", ["T", "X"])], {"X": randn(3)},
-             consts={"K": randn(3)}, dtype=np.float32)
+    # An operator on a path that does not depend on the weights needs no rule.
+    nodes[0].input[0] = "K"
+    model, r = _square_model(nodes, {"X": x}, {"K": k})
+    np.testing.assert_allclose(_gradient_with_square(model, "X"), r * k * k, rtol=1e-12)
 
 
 def test_register_gradient():
-    @register_gradient("Atan")
-    def atan_grad(ctx, node, grads):
+    @register_gradient("Square", domain="my.ops")
+    def square_grad(ctx, node, grads):
         x = node.input[0]
-        denom = ctx.b.op("Add", [ctx.const(1, like=x), ctx.b.op("Mul", [x, x])])
-        return [ctx.b.op("Div", [grads[0], denom])]
+        return [ctx.b.op("Mul", [grads[0], ctx.b.op("Add", [x, x])])]
     try:
-        x = randn(2, 3)
-        model, feeds = loss_model([node("Atan", ["X"])], {"X": x}, dtype=np.float32)
-        grads, _ = analytic_gradient(model, feeds, ["X"])
-        np.testing.assert_allclose(grads["X"], random_weights_of(model) / (1 + x ** 2),
-                                   rtol=1e-5, atol=1e-6)
+        x = randn(3)
+        nodes = [helper.make_node("Square", ["X"], ["T"], domain="my.ops"), node("Mul", ["T", "X"])]
+        model, r = _square_model(nodes, {"X": x})
+        np.testing.assert_allclose(_gradient_with_square(model, "X"), 3 * r * x * x,
+                                   rtol=1e-12)
     finally:
-        del GRADIENT_RULES["", "Atan"]
+        del GRADIENT_RULES["my.ops", "Square"]
+    with pytest.raises(NoGradientRuleError, match="my.ops.Square"):
+        build_gradient(model, wrt=["X"])
 
 
 def test_unused_weight_gets_zero_gradient():

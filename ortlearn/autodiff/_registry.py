@@ -54,13 +54,17 @@ def register_gradient(*op_types: str, domain: str = ""):
     Examples
     --------
     >>> from ortlearn.autodiff import register_gradient
-    >>> @register_gradient("Atan")
-    ... def atan_grad(ctx, node, grads):
+
+    A rule for a custom operator ``Square`` (``y = x * x``) of a domain
+    ``my.ops``:
+
+    >>> @register_gradient("Square", domain="my.ops")
+    ... def square_grad(ctx, node, grads):
     ...     x = node.input[0]
-    ...     one = ctx.const(1.0, like=x)
-    ...     denom = ctx.b.op("Add", [one, ctx.b.op("Mul", [x, x])])
-    ...     return [ctx.b.op("Div", [grads[0], denom])]
-    >>> _ = GRADIENT_RULES.pop(("", "Atan"))  # keep this example without effect
+    ...     return [ctx.b.op("Mul", [grads[0], ctx.b.op("Add", [x, x])])]
+    >>> ("my.ops", "Square") in GRADIENT_RULES
+    True
+    >>> _ = GRADIENT_RULES.pop(("my.ops", "Square"))  # keep this example without effect
     """
     if not op_types:
         raise ValueError("register_gradient needs at least one operator type.")

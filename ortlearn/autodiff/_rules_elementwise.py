@@ -110,13 +110,22 @@ def _clip(ctx, node, grads):
     x, g = node.input[0], grads[0]
     lo, hi = optional_input(node, 1), optional_input(node, 2)
     b = ctx.b
-    # x receives the gradient where lo <= x <= hi; a bound where it clips.
+    # torch exports clamp and hardtanh (nn.ReLU6, nn.Hardtanh) alike, as Clip,
+    # but differentiates them differently at the bounds: clamp passes the
+    # gradient to x where lo <= x <= hi, hardtanh only where lo < x < hi. A Clip
+    # with two bounds, neither trained, follows hardtanh (ReLU6 is what
+    # networks hold; clamp(x, lo, hi) differs from torch at x == lo or hi only);
+    # any other follows clamp (clamp_min and clamp_max have one bound, and
+    # hardtanh has no tensor bounds).
+    strict = lo is not None and hi is not None and not ctx.needs(lo) and not ctx.needs(hi)
     inside = None
-    for bound, cmp in ((lo, "GreaterOrEqual"), (hi, "LessOrEqual")):
+    for bound, cmp in ((lo, "Greater" if strict else "GreaterOrEqual"),
+                       (hi, "Less" if strict else "LessOrEqual")):
         if bound is not None:
             ok = b.op(cmp, [x, bound])
             inside = ok if inside is None else b.op("And", [inside, ok])
     result = [grads[0] if inside is None else ctx.mask_where(inside, g, x)]
+    # A trained bound gets the gradient where it clips, strictly (torch's clamp).
     for bound, cmp in ((lo, "Less"), (hi, "Greater")):
         if ctx.needs(bound):
             clipped = ctx.mask_where(b.op(cmp, [x, bound]), g, x)
@@ -173,19 +182,71 @@ def _log(ctx, node, x, y, g):
     return ctx.b.op("Div", [g, x])
 
 
-@_unary("Abs")
-def _abs(ctx, node, x, y, g):
-    return ctx.b.op("Mul", [g, ctx.b.op("Sign", [x])])
+#: One-input operators whose slope is another operator of the input:
+#: dx = g * slope(x). Abs: sign(0) = 0, no gradient at 0, as torch's abs
+#: backward (grad * sgn(x)); Sign has float32 and float64 kernels.
+_SLOPES = {"Abs": "Sign", "Sin": "Cos", "Sinh": "Cosh", "Cosh": "Sinh"}
 
 
-@_unary("Sin")
-def _sin(ctx, node, x, y, g):
-    return ctx.b.op("Mul", [g, ctx.b.op("Cos", [x])])
+def _times_slope(slope_op):
+    def rule(ctx, node, x, y, g):
+        return ctx.b.op("Mul", [g, ctx.b.op(slope_op, [x])])
+    return rule
+
+
+for _op, _slope_op in _SLOPES.items():
+    _unary(_op)(_times_slope(_slope_op))
 
 
 @_unary("Cos")
 def _cos(ctx, node, x, y, g):
     return ctx.b.op("Neg", [ctx.b.op("Mul", [g, ctx.b.op("Sin", [x])])])
+
+
+@_unary("Tan")
+def _tan(ctx, node, x, y, g):
+    # 1 + tan(x)^2 from the output, as torch
+    return ctx.b.op("Mul", [g, ctx.b.op("Add", [ctx.const(1, like=y), ctx.b.op("Mul", [y, y])])])
+
+
+def _one_and_square(ctx, x, op):
+    """``1 + x^2`` (``op='Add'``) or ``1 - x^2`` (``op='Sub'``)."""
+    return ctx.b.op(op, [ctx.const(1, like=x), ctx.b.op("Mul", [x, x])])
+
+
+def _over_root(ctx, g, radicand):
+    return ctx.b.op("Div", [g, ctx.b.op("Sqrt", [radicand])])
+
+
+@_unary("Asin")
+def _asin(ctx, node, x, y, g):
+    return _over_root(ctx, g, _one_and_square(ctx, x, "Sub"))
+
+
+@_unary("Acos")
+def _acos(ctx, node, x, y, g):
+    return ctx.b.op("Neg", [_over_root(ctx, g, _one_and_square(ctx, x, "Sub"))])
+
+
+@_unary("Asinh")
+def _asinh(ctx, node, x, y, g):
+    return _over_root(ctx, g, _one_and_square(ctx, x, "Add"))
+
+
+@_unary("Acosh")
+def _acosh(ctx, node, x, y, g):
+    square = ctx.b.op("Mul", [x, x])
+    return _over_root(ctx, g, ctx.b.op("Sub", [square, ctx.const(1, like=x)]))
+
+
+@_unary("Atan")
+def _atan(ctx, node, x, y, g):
+    return ctx.b.op("Div", [g, _one_and_square(ctx, x, "Add")])
+
+
+@_unary("Atanh")
+def _atanh(ctx, node, x, y, g):
+    return ctx.b.op("Div", [g, _one_and_square(ctx, x, "Sub")])
 
 
 @_unary("Erf")
