@@ -134,7 +134,7 @@ def torch_trainer(torch, module):
         loss = loss_fn(module(torch.from_numpy(x)), torch.from_numpy(y))
         loss.backward()
         optimizer.step()
-        return float(loss)
+        return loss.item()
 
     return step
 
