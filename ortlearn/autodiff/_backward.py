@@ -8,6 +8,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
+from ..exceptions import NoGradientRuleError
 from ..graph import (
     GraphBuilder,
     attr,
@@ -24,7 +25,6 @@ from ..graph import (
     shape_of,
     value_info_map,
 )
-from ..exceptions import NoGradientRuleError
 from ._context import GradientContext
 from ._registry import get_rule, is_non_differentiable
 

@@ -191,7 +191,7 @@ def select_trainable(model: onnx.ModelProto, requires_grad: Sequence[str] | None
         warnings.warn(
             f"{name!r} is not trained: it only feeds inputs that carry no gradient "
             f"({constants[name]}). It is kept constant among the frozen parameters.",
-            UserWarning, stacklevel=3)
+            UserWarning, stacklevel=4)
         if name not in frozen:
             frozen.append(name)
     return kept, frozen
@@ -300,7 +300,13 @@ def inline_functions(model: onnx.ModelProto) -> onnx.ModelProto:
     defaults = _function_defaults(model)
     _propagate_defaults(model, defaults)
     _fill_defaults(model, defaults)
-    return onnx.inliner.inline_local_functions(model, convert_version=True)
+    inlined = onnx.inliner.inline_local_functions(model, convert_version=True)
+    # The functions' domains go with them (no IR version is known for them).
+    used = {n.domain for n in _all_nodes(inlined.graph.node)} | {"", "ai.onnx"}
+    kept = [o for o in inlined.opset_import if o.domain in used]
+    del inlined.opset_import[:]
+    inlined.opset_import.extend(kept)
+    return inlined
 
 
 # -- If nodes with a known condition --------------------------------------------------------
