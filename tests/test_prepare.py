@@ -339,9 +339,11 @@ def test_dropout_ratio_is_never_trained():
     trainable = [i.name for i in training.graph.output if i.name.endswith("_grad.accumulation.out")]
     assert not any(ratio in name for name in trainable)
     before = state.parameters["0.weight"].data
-    optim_model = artifacts.build_artifacts(  # default requires_grad: the ratio stays constant
-        model, loss=artifacts.LossType.MSELoss, optimizer=artifacts.OptimType.AdamW)[2]
-    assert optim_model is not None
+    # by default (requires_grad=None) the ratio stays a constant of the models (it was
+    # trained, and moved from 0.3 to 0.29991 in these 30 steps, to 0.25 in longer runs)
+    default_state = artifacts.build_artifacts(
+        model, loss=artifacts.LossType.MSELoss, optimizer=artifacts.OptimType.AdamW)[3]
+    assert [name for name, _ in default_state.parameters] == ["0.weight", "0.bias"]
     api.set_seed(1)
     module, losses = _train(training, eval_model, optim, state, 30,
                             x.numpy(), np.zeros((8, 3), np.float32))
