@@ -102,7 +102,7 @@ def append_backward(model: onnx.ModelProto, loss_output: str, wrt: Sequence[str]
     model : onnx.ModelProto
         Forward model, modified in place: its local functions are inlined
         and its Ifs with a constant condition folded
-        (:func:`~ortlearn.graph.prepare_for_gradient`), then the backward
+        (:func:`~ortlearn.graph.prepare.prepare_for_gradient`), then the backward
         nodes are appended to its graph (its inputs, outputs and
         initializers are left unchanged; a training-mode Dropout without
         mask output gets one).
