@@ -21,9 +21,10 @@ from gradcheck import (
 from onnx import AttributeProto, TensorProto, helper, numpy_helper
 
 from ortlearn import api, artifacts
-from ortlearn.autodiff import build_gradient
+from ortlearn.autodiff import append_backward, build_gradient
 from ortlearn.exceptions import NoGradientRuleError
 from ortlearn.graph import (
+    GraphBuilder,
     constant_initializers,
     get_train_initializer,
     prepare_for_gradient,
@@ -116,6 +117,19 @@ def test_gradient_through_inlined_functions_matches_finite_differences():
     grads32, _ = analytic_gradient(model32, feeds32, wrt)
     for name in wrt:
         assert_close(grads32[name], grads[name], rtol=2e-3)
+
+
+def test_append_backward_with_a_builder_claims_the_inlined_names():
+    model, feeds, wrt = _function_model()
+    expected, _ = analytic_gradient(model, feeds, wrt)
+    builder = GraphBuilder.for_model(model, prefix="")
+    grads = append_backward(model, "loss", wrt, builder=builder)
+    del model.graph.output[:]
+    model.graph.output.extend(helper.make_tensor_value_info(grads[w], TensorProto.DOUBLE,
+                                                            expected[w].shape) for w in wrt)
+    onnx.checker.check_model(model, full_check=True)
+    for name, value in zip(wrt, session(model).run(None, feeds)):
+        np.testing.assert_array_equal(value, expected[name])
 
 
 def test_torchscript_modules_as_functions_gradient_equals_torch():

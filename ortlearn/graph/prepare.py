@@ -500,6 +500,11 @@ def prepare_for_gradient(model: onnx.ModelProto, wrt: Sequence[str] = ()) -> boo
     """
     changed = False
     if model.functions:
-        model.CopyFrom(inline_functions(model))
+        inlined = inline_functions(model)
+        # in place, field by field: callers may hold ``model.graph``
+        model.graph.CopyFrom(inlined.graph)
+        del model.functions[:]
+        del model.opset_import[:]
+        model.opset_import.extend(inlined.opset_import)
         changed = True
     return fold_constant_ifs(model, wrt) > 0 or changed
