@@ -19,13 +19,48 @@ onnxruntime-training runs after changing its import::
 
 from __future__ import annotations
 
+import numpy as np
 import onnxruntime as ort
 
 from .training.checkpoint import CheckpointState
 from .training.device import parse_device
 from .training.session import TrainingSession
 
-__all__ = ["CheckpointState", "LinearLRScheduler", "Module", "Optimizer"]
+__all__ = ["CheckpointState", "LinearLRScheduler", "Module", "Optimizer", "set_seed"]
+
+
+def set_seed(seed: int) -> None:
+    """Seed the random numbers of training: the masks of Dropout, reproducibly.
+
+    onnxruntime-training's ``Ort::SetSeed`` (C++) and
+    ``TrainingUtils.SetSeed`` (C#); its Python users called
+    ``onnxruntime.set_seed``, which this calls. A Dropout node without a
+    ``seed`` attribute draws its masks from onnxruntime's process-wide
+    generator, which this resets: sessions created and run after the same
+    seed draw the same masks, a fresh one at every training step. (A node
+    with a ``seed`` attribute draws from its own generator, seeded by it
+    when the session is created.)
+
+    Parameters
+    ----------
+    seed : int
+        Non-negative.
+
+    Raises
+    ------
+    TypeError, ValueError
+        For a seed that is not a non-negative integer.
+
+    Examples
+    --------
+    >>> from ortlearn import api
+    >>> api.set_seed(0)
+    """
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        raise TypeError(f"seed must be an integer, got {type(seed).__name__}.")
+    if seed < 0:
+        raise ValueError(f"seed must be non-negative, got {seed}.")
+    ort.set_seed(int(seed))
 
 
 class Module:

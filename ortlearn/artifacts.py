@@ -19,12 +19,12 @@ from onnx import numpy_helper
 
 from .fileio import atomic_write
 from .graph import (
-    FLOAT_TYPES,
     finalize_model,
     invalid_model_errors,
     load_model,
     prune_model,
     rename_value,
+    select_trainable,
 )
 from .graph.passes import run_passes, running_statistics
 from .onnxblock import blocks
@@ -253,7 +253,10 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None, loss=None,
     model : onnx.ModelProto or path
         Forward model (a path loads external data too, for models over 2 GB).
     requires_grad : list of str, default=None
-        Initializers to train. None: every float initializer not in ``frozen_params``.
+        Initializers to train. None: every float initializer not in ``frozen_params``
+        that is a weight. A constant (an initializer feeding only inputs that carry
+        no gradient: a Dropout ratio, a shape) is never trained: named here, it
+        joins the frozen parameters with a ``UserWarning``.
     frozen_params : list of str, default=None
         Initializers kept constant but stored in the checkpoint.
     loss : LossType or onnxblock.Block, default=None
@@ -375,9 +378,10 @@ def _build(model, requires_grad, frozen_params, loss, optimizer, additional_outp
     if requires_grad is None:
         # BatchNormalization's running statistics are training state, not weights.
         frozen += [n for n in running_statistics(base_model) if n not in frozen]
-        requires_grad = [i.name for i in base_model.graph.initializer
-                         if i.data_type in FLOAT_TYPES and i.name not in frozen]
-    trainable = _name_list(requires_grad, "requires_grad")
+    # constants (a Dropout ratio, a shape) are never trained: see select_trainable
+    trainable, frozen = select_trainable(
+        base_model, None if requires_grad is None else _name_list(requires_grad, "requires_grad"),
+        frozen)
     if not trainable:
         raise ValueError("Nothing to train: requires_grad is empty and the model has no float "
                          "initializer outside frozen_params.")

@@ -2,6 +2,7 @@
 
 import copy
 import io
+import json
 
 import numpy as np
 import onnx
@@ -149,13 +150,19 @@ def test_conv2d_batchnorm2d_all_trainable(tmp_path):
     check_against_torch("cnn", batches((2, 4, 4)), tmp_path / "art", tmp_path)
 
 
-def test_running_statistics_in_requires_grad_is_an_error(tmp_path):
+def test_running_statistics_in_requires_grad_become_state(tmp_path):
+    """Never trained, whatever requires_grad says: frozen, and updated as torch does."""
     data = batches((6,))
     model = export_for_training(mlp(), data[0][0])
-    with pytest.raises(ValueError, match=r"1\.running_var.*frozen_params"):
+    with pytest.warns(UserWarning, match=r"'1\.running_var' is not trained"):
         artifacts.generate_artifacts(
             model, requires_grad=["0.weight", "1.running_var"], loss=artifacts.LossType.MSELoss,
             optimizer=artifacts.OptimType.SGD, artifact_directory=tmp_path)
+    training = onnx.load(str(tmp_path / "training_model.onnx"))
+    meta = json.loads(next(p.value for p in training.metadata_props
+                           if p.key == TRAINING_METADATA_KEY))
+    assert meta["trainable"] == ["0.weight"] and "1.running_var" in meta["frozen"]
+    assert "1.running_var" + UPDATED_SUFFIX in {o.name for o in training.graph.output}
 
 
 def test_running_statistics_left_as_initializers_stay_constant(tmp_path):

@@ -8,6 +8,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
+from ..exceptions import NoGradientRuleError
 from ..graph import (
     GraphBuilder,
     attr,
@@ -15,9 +16,11 @@ from ..graph import (
     elem_type_of,
     finalize_model,
     get_train_initializer,
+    graph_names,
     invalid_model_errors,
     load_model,
     node_reads,
+    prepare_for_gradient,
     refine_shapes,
     shape_of,
     value_info_map,
@@ -44,6 +47,25 @@ def _differentiable_values(graph: onnx.GraphProto, wrt: Sequence[str], infos: di
             continue
         diff.update(o for o in node.output if o and _is_float_output(node, o, infos))
     return diff
+
+
+def _rule(node: onnx.NodeProto):
+    """The rule of ``node``; for control flow, an error that says what ortlearn cannot do."""
+    try:
+        return get_rule(node)
+    except NoGradientRuleError:
+        if node.op_type not in ("If", "Loop", "Scan") or node.domain not in ("", "ai.onnx"):
+            raise
+        what = ("whose condition is only known when the graph runs"
+                if node.op_type == "If" else "(a loop)")
+        raise NoGradientRuleError(
+            f"Cannot differentiate through the {node.op_type} node {node.name!r} "
+            f"{what}: a differentiable value reaches it. Differentiating through "
+            "data-dependent control flow is out of ortlearn's scope; only If nodes whose "
+            "condition is a constant (or computed from constants and static shapes) are "
+            "folded before differentiation. Export the model with that branch fixed "
+            "(static shapes, no data-dependent Python `if`), or leave the weights it "
+            "depends on out of wrt.") from None
 
 
 def _check_names(graph: onnx.GraphProto, loss_output: str, wrt: Sequence[str], infos: dict):
@@ -78,9 +100,12 @@ def append_backward(model: onnx.ModelProto, loss_output: str, wrt: Sequence[str]
     Parameters
     ----------
     model : onnx.ModelProto
-        Forward model, modified in place: the backward nodes are appended to
-        its graph (its inputs, outputs and initializers are left unchanged; a
-        training-mode Dropout without mask output gets one).
+        Forward model, modified in place: its local functions are inlined
+        and its Ifs with a constant condition folded
+        (:func:`~ortlearn.graph.prepare.prepare_for_gradient`), then the backward
+        nodes are appended to its graph (its inputs, outputs and
+        initializers are left unchanged; a training-mode Dropout without
+        mask output gets one).
     loss_output : str
         Name of the scalar (or one-element) float value to differentiate.
     wrt : sequence of str
@@ -99,7 +124,8 @@ def append_backward(model: onnx.ModelProto, loss_output: str, wrt: Sequence[str]
     Raises
     ------
     NoGradientRuleError
-        When a value depending on ``wrt`` reaches an operator without a rule.
+        When a value depending on ``wrt`` reaches an operator without a rule,
+        or an If whose condition is not known before running.
     ValueError, TypeError
         For an unknown loss or weight name, a non-float weight, a loss with
         more than one element.
@@ -119,9 +145,15 @@ def append_backward(model: onnx.ModelProto, loss_output: str, wrt: Sequence[str]
     >>> list(grads)
     ['W']
     """
+    wrt = list(wrt)
+    before = graph_names(model.graph) if builder is not None else None
+    if prepare_for_gradient(model, wrt) and builder is not None:
+        # The builder was made for the graph before inlining: claim the new names.
+        for name in graph_names(model.graph) - before:
+            builder.reserve(name)
     if builder is None:
         builder = GraphBuilder.for_model(model, prefix="grad_")
-    return _append_backward(model, loss_output, list(wrt), builder, value_info_map(model))
+    return _append_backward(model, loss_output, wrt, builder, value_info_map(model))
 
 
 def _append_backward(model, loss_output, wrt, builder, infos):
@@ -140,7 +172,7 @@ def _append_backward(model, loss_output, wrt, builder, infos):
             continue
         out_grads = [ctx.accumulate(pending.pop(o)) if o in pending else None
                      for o in node.output]
-        in_grads = get_rule(node)(ctx, node, out_grads)
+        in_grads = _rule(node)(ctx, node, out_grads)
         for name, grad in zip(node.input, in_grads):
             if grad is not None and ctx.needs(name):
                 pending.setdefault(name, []).append(grad)
@@ -216,6 +248,7 @@ def _build_gradient(model, wrt, loss_output: str) -> onnx.ModelProto:
     if not wrt:
         raise ValueError("Nothing to differentiate: wrt is empty and the model has no "
                          "trainable (float) initializer.")
+    prepare_for_gradient(model, wrt)
     builder = GraphBuilder.for_model(model, prefix="grad_")
     infos = value_info_map(model)
     grad_names = [builder.reserve(f"{name}_grad") for name in wrt]

@@ -8,6 +8,9 @@
 - :mod:`~ortlearn.graph.passes`: the rewrites that keep a graph's values and
   cost onnxruntime less, each a named pass.
 - :mod:`~ortlearn.graph.format`: the names of the training artifacts.
+- :mod:`~ortlearn.graph.prepare`: local functions inlined and constant Ifs
+  folded before differentiation; the inputs that carry no gradient, and the
+  initializers that are constants, not weights.
 
 Nothing here imports another ortlearn package.
 """
@@ -42,6 +45,13 @@ from .model import (
     value_info_map,
 )
 from .passes import set_inference_mode
+from .prepare import (
+    NON_DIFFERENTIABLE_INPUTS,
+    constant_initializers,
+    graph_names,
+    prepare_for_gradient,
+    select_trainable,
+)
 from .shapes import refine_shapes
 
 __all__ = [
@@ -49,13 +59,16 @@ __all__ = [
     "DEFAULT_OPSET",
     "FLOAT_TYPES",
     "MIN_OPSET",
+    "NON_DIFFERENTIABLE_INPUTS",
     "TRAINABLE_TYPES",
     "GraphBuilder",
     "attr",
+    "constant_initializers",
     "constant_values",
     "elem_type_of",
     "finalize_model",
     "get_train_initializer",
+    "graph_names",
     "initializer_map",
     "initializers_to_inputs",
     "invalid_model_errors",
@@ -66,10 +79,12 @@ __all__ = [
     "np_dtype_to_onnx",
     "onnx_to_np_dtype",
     "opset_of",
+    "prepare_for_gradient",
     "optional_input",
     "prune_model",
     "refine_shapes",
     "rename_value",
+    "select_trainable",
     "set_inference_mode",
     "shape_matches",
     "shape_of",

@@ -148,8 +148,12 @@ def get_train_initializer(onx) -> list[str]:
 
     An initializer can be trained when its element type is a float type
     (float16, float32, float64); integer tensors (shapes, axes, class labels)
-    are not weights. Constants written as ``Constant`` nodes are never listed:
-    that is how ortlearn freezes a value.
+    are not weights. Nor is a float initializer that every node reads
+    through an input carrying no gradient (a Dropout ratio, a shape, axes,
+    BatchNormalization's running statistics:
+    :func:`~ortlearn.graph.prepare.constant_initializers`). Constants written
+    as ``Constant`` nodes are never listed: that is how ortlearn freezes a
+    value.
 
     Parameters
     ----------
@@ -172,8 +176,13 @@ def get_train_initializer(onx) -> list[str]:
     >>> get_train_initializer(onx)
     ['coef', 'intercept']
     """
+    # prepare.py builds on this module: imported here, when both are loaded
+    from .prepare import constant_initializers
+
     model = onx if isinstance(onx, onnx.ModelProto) else load_model(onx)
-    return [init.name for init in model.graph.initializer if init.data_type in TRAINABLE_TYPES]
+    constants = constant_initializers(model)
+    return [init.name for init in model.graph.initializer
+            if init.data_type in TRAINABLE_TYPES and init.name not in constants]
 
 
 def initializer_map(graph: onnx.GraphProto) -> dict[str, TensorProto]:
