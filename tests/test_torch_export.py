@@ -41,7 +41,7 @@ from ortlearn.onnxblock.export_checks import check_exported_model
 TOL = {torch.float64: 1e-6, torch.float32: 1e-4}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _mlp_export(exporter, activation, dtype, p=0.0, train=True):
     """(model, inputs, target, onnx) of an MLP; cached: a dynamo export takes seconds."""
     model, inputs, target = mlp(activation=activation, p=p)
