@@ -255,6 +255,7 @@ def test_inference_batchnorm_warns(requires_grad, frozen, what):
                                          + what) as record:
         _build_until_rules(_bn_graph(), requires_grad=requires_grad, frozen_params=frozen)
     message = str(record[0].message)
+    assert record[0].filename == __file__  # points at the caller of build_artifacts
     assert "TrainingMode.TRAINING" in message and "train mode" not in message.split(":")[0]
 
 

@@ -113,7 +113,7 @@ def _warn_fused_weights(model, requires_grad) -> None:
                 f"onnxscript's optimizer folded into it (rule {rule}): the trained {fused} "
                 "are the fused values, not the torch parameters of that name, and the "
                 "BatchNorm trains neither its scale and bias nor its statistics; "
-                f"{RECIPE}.", UserWarning, stacklevel=6)
+                f"{RECIPE}.", UserWarning, stacklevel=5)
 
 
 def _is_training_mode(node: onnx.NodeProto) -> bool:
@@ -168,16 +168,19 @@ def _warn_inference_batchnorm(model, requires_grad, frozen) -> None:
             "torch uses in train mode. To train with batch statistics, export the module in "
             "train mode with the TorchScript exporter (torch.onnx.export(model.train(), args, "
             "f, dynamo=False, training=torch.onnx.TrainingMode.TRAINING, "
-            "do_constant_folding=False)), which writes training_mode=1; to keep the "
-            "statistics frozen on purpose, ignore this warning.", UserWarning, stacklevel=6)
+            "do_constant_folding=False)), which writes training_mode=1, or set "
+            "training_mode=1 on this node (with its two running-statistics outputs); to keep "
+            "the statistics frozen on purpose, ignore this warning.", UserWarning,
+            stacklevel=5)
 
 
 def check_exported_model(model: onnx.ModelProto, requires_grad: Sequence[str],
                          frozen: Sequence[str] = ()) -> None:
     """Refuse or warn about a forward model that cannot train as its torch module would.
 
-    Called by :func:`ortlearn.artifacts.generate_artifacts` before the
-    training graph is built.
+    Called by :func:`ortlearn.artifacts.generate_artifacts` (through
+    ``_build``) before the training graph is built; the warnings point at the
+    caller of ``generate_artifacts``/``build_artifacts``.
 
     Parameters
     ----------
