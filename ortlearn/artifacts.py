@@ -31,6 +31,7 @@ from .onnxblock import blocks
 from .onnxblock import loss as loss_blocks
 from .onnxblock import optim as optim_blocks
 from .onnxblock.blocks import Block
+from .onnxblock.export_checks import check_exported_model
 from .onnxblock.model_accessor import base, empty_base
 from .onnxblock.onnxblock import TrainingBlock
 from .optim import Optimizer
@@ -388,6 +389,8 @@ def _build(model, requires_grad, frozen_params, loss, optimizer, additional_outp
     both = [n for n in trainable if n in frozen]
     if both:
         raise ValueError(f"Parameters both in requires_grad and frozen_params: {both}.")
+    # torch exports that cannot train as their module would: refuse or warn, with the recipe
+    check_exported_model(base_model, trainable, frozen)
     additional = _name_list(additional_output_names, "additional_output_names")
     unknown = [n for n in additional if n not in _all_names(base_model)]
     if unknown:
