@@ -29,6 +29,8 @@ import torch.nn.functional as F
 from onnx import helper, numpy_helper
 from torch import nn
 
+from ortlearn.training.device import make_session
+
 EXPORTERS = ("torchscript", "dynamo")
 #: Opset of the TorchScript exports (the dynamo exporter writes opset 20 or more).
 TORCHSCRIPT_OPSET = 18
@@ -487,20 +489,12 @@ def ortlearn_gradients(onx, inputs, target, loss="cross_entropy", *, model=None,
     return loss_value, out
 
 
-#: onnxruntime 1.32's ``ConstantSharing`` merges equal initializers: a fresh BatchNorm's
-#: scale (ones) with its running variance, its bias (zeros) with its running mean; the
-#: training-mode BatchNormalization kernel then writes the running statistics into the
-#: shared buffer, so the scale drifts from run to run (measured: output std 1.52, 2.00,
-#: 2.42 over three runs instead of 1.0). Disabled until onnxruntime is fixed.
-DISABLED_OPTIMIZERS = ["ConstantSharing"]
 
 
 def session(model_bytes) -> ort.InferenceSession:
-    """A CPU session without the optimizer that breaks training-mode BatchNorm."""
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    return ort.InferenceSession(model_bytes, so, providers=["CPUExecutionProvider"],
-                                disabled_optimizers=DISABLED_OPTIMIZERS)
+    """A CPU session as ortlearn opens them (without the optimizer that breaks
+    training-mode BatchNorm: ``ortlearn.training.device.DISABLED_OPTIMIZERS``)."""
+    return make_session(model_bytes)
 
 
 def _autodiff_gradients(onx, feeds, target, loss, requires_grad):

@@ -146,17 +146,14 @@ def _warn_inference_batchnorm(model, requires_grad, frozen) -> None:
         if _is_training_mode(node):
             continue
         params, stats = list(node.input[1:3]), list(node.input[3:5])
+        # (running statistics are never trained: graph.prepare.select_trainable freezes them)
         trained_params = [n for n in params if n in trained]
-        trained_stats = [n for n in stats if n in trained]
         frozen_stats = [n for n in stats if n in kept]
-        if not (trained_params or trained_stats or frozen_stats):
+        if not (trained_params or frozen_stats):
             continue
         what = []
         if trained_params:
             what.append(f"its scale/bias {trained_params} are trained")
-        if trained_stats:
-            what.append(f"its running statistics {trained_stats} are in requires_grad "
-                        "(gradient descent would move them as weights)")
         if frozen_stats:
             what.append(f"its running statistics {frozen_stats} are kept in the checkpoint")
         evidence = _train_mode_evidence(model, node)

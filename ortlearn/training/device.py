@@ -161,17 +161,29 @@ def make_session_options(intra_op_num_threads: int | None = None, *,
     return so
 
 
+#: Graph optimizers every ortlearn session turns off. onnxruntime 1.32's
+#: ``ConstantSharing`` merges equal initializers: a fresh BatchNorm's scale
+#: (ones) with its running variance, its bias (zeros) with its running mean;
+#: a training-mode BatchNormalization kernel then writes the running
+#: statistics into the shared buffer and the scale drifts from run to run
+#: (``tests/test_torch_export.py`` shows it on a plain session).
+DISABLED_OPTIMIZERS = ("ConstantSharing",)
+
+
 def make_session(model, device="cpu", session_options: ort.SessionOptions | None = None
                  ) -> ort.InferenceSession:
-    """Open an ``InferenceSession`` on ``device`` for a ModelProto, bytes or a path."""
+    """Open an ``InferenceSession`` on ``device`` for a ModelProto, bytes or a path.
+
+    Without the optimizers of :data:`DISABLED_OPTIMIZERS`.
+    """
     device = parse_device(device)
     if isinstance(model, onnx.ModelProto):
         model = model.SerializeToString()
     elif hasattr(model, "__fspath__"):
         model = str(model)
     return ort.InferenceSession(
-        model, sess_options=session_options or make_session_options(), providers=device.providers()
-    )
+        model, sess_options=session_options or make_session_options(), providers=device.providers(),
+        disabled_optimizers=list(DISABLED_OPTIMIZERS))
 
 
 #: With ``epoch_loop='auto'`` on a GPU, an epoch is one ONNX ``Loop`` call when
