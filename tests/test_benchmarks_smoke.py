@@ -18,7 +18,7 @@ from benchmarks.run import main, parse_args
 
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 HAS_MPL = importlib.util.find_spec("matplotlib") is not None
-TIMED = {"W1": "s/epoch", "W3": "s/epoch", "W5": "us/step"}
+TIMED = {"W1": "s/epoch", "W3": "s/epoch", "W5": "us/step", "W6": "ms/step", "W7": "ms/step"}
 
 
 def _finite(value):
@@ -29,7 +29,7 @@ def _finite(value):
 def smoke(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
     status = main(["--scale", "0.01", "--reps", "1", "--epochs", "2", "--pause", "0",
-                   "--workloads", "W1,W3,W5", "--out", str(out), "--memory"])
+                   "--workloads", "W1,W3,W5,W6,W7", "--out", str(out), "--memory"])
     with open(out / "results.json") as f:
         return status, json.load(f), out
 
@@ -60,7 +60,7 @@ def test_meta(smoke):
 
 def test_workloads_numbers(smoke):
     _, result, _ = smoke
-    assert list(result["workloads"]) == ["W1", "W3", "W5"]
+    assert list(result["workloads"]) == ["W1", "W3", "W5", "W6", "W7"]
     for key, wl in result["workloads"].items():
         assert wl["unit"] == TIMED[key]
         names = set(wl["contenders"])
@@ -71,7 +71,7 @@ def test_workloads_numbers(smoke):
             assert _finite(c["median"]["time"]) and c["median"]["time"] > 0, (key, name)
             if c["library"] != "onnxruntime":
                 assert _finite(c["median"][wl["quality"]]), (key, name)
-            ref = c["ratio_to_sklearn"] if key != "W5" else c["ratio_to_torch"]
+            ref = c["ratio_to_sklearn"] if wl["sklearn_ref"] else c["ratio_to_torch"]
             assert ref is None or _finite(ref)
         if HAS_TORCH:
             assert wl["contenders"][wl["torch_ref"]]["ratio_to_torch"] == pytest.approx(1.0)
@@ -79,6 +79,15 @@ def test_workloads_numbers(smoke):
         if wl["sklearn_ref"]:
             assert wl["contenders"][wl["sklearn_ref"]]["ratio_to_sklearn"] == pytest.approx(1.0)
             assert wl["contenders"][wl["sklearn_ref"]]["paired_to_sklearn"] == pytest.approx(1.0)
+
+
+def test_network_step_memory(smoke):
+    """--memory measures the peak memory of W6/W7 training steps for both libraries."""
+    _, result, _ = smoke
+    for key in ("W6", "W7"):
+        memory = result["workloads"][key]["step_memory"]
+        assert memory["ortlearn_bytes"] >= 0 and memory["torch_bytes"] > 0
+        assert _finite(memory["ratio"])
 
 
 def test_paired_ratio_is_the_median_of_the_ratios_of_each_repetition():
