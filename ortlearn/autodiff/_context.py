@@ -10,6 +10,10 @@ from onnx import numpy_helper
 
 from ..graph import GraphBuilder, elem_type_of, onnx_to_np_dtype, shape_of
 
+#: Largest number of elements :meth:`GradientContext.fill_like` stores as a
+#: constant tensor; above it, a ``ConstantOfShape`` builds the tensor at run time.
+MAX_STORED_FILL = 16
+
 
 class GradientContext:
     """State shared by the gradient rules during one backward pass.
@@ -84,16 +88,42 @@ class GradientContext:
         return self.b.cast(self.b.op("Size", [name]), self.dtype(like))
 
     def fill_like(self, name: str, value: float, dtype_of: str | None = None) -> str:
-        """A tensor of ``name``'s shape filled with ``value``."""
+        """A tensor of ``name``'s shape filled with ``value``.
+
+        A static shape of at most :data:`MAX_STORED_FILL` elements gives a
+        stored constant (no node runs); a larger one a ``ConstantOfShape`` of
+        the static shape, so that the model never stores a tensor of the
+        data's size; an unknown shape a ``ConstantOfShape`` of its ``Shape``.
+        """
         np_dtype = onnx_to_np_dtype(self.dtype(dtype_of or name))
         shape = self.shape(name)
         if shape is not None and all(isinstance(d, int) for d in shape):
-            return self.b.const(np.full(shape, value, dtype=np_dtype))
-        return self.b.op("ConstantOfShape", [self.shape_of(name)],
+            if int(np.prod(shape)) <= MAX_STORED_FILL:
+                return self.b.const(np.full(shape, value, dtype=np_dtype))
+            dims = self.b.ints(shape, hint="shape")
+        else:
+            dims = self.shape_of(name)
+        return self.b.op("ConstantOfShape", [dims],
                          value=numpy_helper.from_array(np.array([value], dtype=np_dtype)))
 
     def zeros_like(self, name: str) -> str:
         return self.fill_like(name, 0)
+
+    def expose_output(self, node: onnx.NodeProto, index: int, hint: str) -> str:
+        """Name of the optional output ``index`` of the forward ``node``, exposed if need be.
+
+        A rule that needs what the forward pass computed anyway (Dropout's
+        mask, MaxPool's Indices, LSTM's Y, LayerNormalization's Mean and
+        InvStdDev) reads that optional output: when the model leaves it out
+        (missing or ``''``), a fresh name (from ``hint``) is given to it on
+        the forward node, in place. Outputs before ``index`` that are
+        missing become ``''`` (omitted).
+        """
+        while len(node.output) <= index:
+            node.output.append("")
+        if not node.output[index]:
+            node.output[index] = self.b.unique_name(hint)
+        return node.output[index]
 
     def static_shape_input(self, name: str) -> str | None:
         """A constant shape operand reshaping a tensor of ``name``'s size to its shape.
