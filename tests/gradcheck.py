@@ -5,7 +5,8 @@
 :func:`ortlearn.autodiff.build_gradient` and compares with central finite
 differences. Float64 runs in onnxruntime, or, for operators onnxruntime's CPU
 provider has no float64 kernel for (Conv, LSTM, Gelu, Erf, ...), in onnx's
-reference evaluator (``reference=True``); float32 always runs in onnxruntime,
+reference evaluator (``reference=True``, with the float64 stand-ins of
+``reference_ops`` where onnx's are wrong or partial); float32 always runs in onnxruntime,
 against the float64 gradient.
 """
 
@@ -13,17 +14,21 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 from onnx import helper, numpy_helper
-from onnx.reference import ReferenceEvaluator
+from reference_ops import Float64Reference
 
 from ortlearn.autodiff import build_gradient
 from ortlearn.graph import finalize_model, np_dtype_to_onnx, value_info_map
 
 
 class _Reference:
-    """onnx's ReferenceEvaluator behind InferenceSession's ``run``."""
+    """onnx's ReferenceEvaluator behind InferenceSession's ``run``.
+
+    Always with the float64 stand-ins of :mod:`reference_ops` (Erf,
+    ConvTranspose, LSTM/GRU/RNN), where onnx's own are wrong or partial.
+    """
 
     def __init__(self, model):
-        self._ev = ReferenceEvaluator(model)
+        self._ev = Float64Reference(model)
 
     def run(self, names, feeds):
         return self._ev.run(names, feeds)
