@@ -17,7 +17,7 @@ from onnx import helper, numpy_helper
 from reference_ops import Float64Reference
 
 from ortlearn.autodiff import build_gradient
-from ortlearn.graph import finalize_model, np_dtype_to_onnx, value_info_map
+from ortlearn.graph import check_model, finalize_model, np_dtype_to_onnx, value_info_map
 
 
 class _Reference:
@@ -85,7 +85,7 @@ def loss_model(nodes, weights, consts=None, inputs=None, dtype=np.float64, opset
             helper.make_node("ReduceSum", ["YR"], ["loss"], keepdims=0)]
     model = make_model(const_nodes + list(nodes) + tail, graph_inputs,
                        [helper.make_tensor_value_info("loss", y_type, [])], inits, opset)
-    onnx.checker.check_model(model)
+    check_model(model)
     return model, feeds
 
 
@@ -123,7 +123,7 @@ def numeric_gradient(model, feeds, wrt, eps=1e-6, reference=False):
 
 def analytic_gradient(model, feeds, wrt, reference=False):
     grad_model = build_gradient(model, wrt=wrt)
-    onnx.checker.check_model(grad_model, full_check=True)
+    check_model(grad_model, full_check=True)
     assert [o.name for o in grad_model.graph.output] == ["loss"] + [f"{w}_grad" for w in wrt]
     res = session(grad_model, reference).run(None, feeds)
     for name, grad in zip(wrt, res[1:]):
