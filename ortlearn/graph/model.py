@@ -98,24 +98,18 @@ def check_model(model: onnx.ModelProto, full_check: bool = False) -> None:
     their names and wiring, not their schema). Any other error raises, as
     does a deprecation of another operator.
     """
-    try:
-        onnx.checker.check_model(model, full_check=full_check)
-        return
-    except onnx.checker.ValidationError as exc:
-        first = exc
-    tolerated = set()
+    tolerated: set[str] = set()
     while True:
-        match = _DEPRECATED.search(str(first))
-        if match is None or ("", match.group(1)) not in TOLERATED_DEPRECATED_OPS \
-                or match.group(1) in tolerated:
-            raise first
-        tolerated.add(match.group(1))
-        copy = _with_unchecked_ops(model, tolerated)
         try:
-            onnx.checker.check_model(copy, full_check=full_check)
+            onnx.checker.check_model(_with_unchecked_ops(model, tolerated) if tolerated
+                                     else model, full_check=full_check)
             return
         except onnx.checker.ValidationError as exc:
-            first = exc
+            match = _DEPRECATED.search(str(exc))
+            op = match.group(1) if match else None
+            if ("", op) not in TOLERATED_DEPRECATED_OPS or op in tolerated:
+                raise
+            tolerated.add(op)
 
 
 def _with_unchecked_ops(model: onnx.ModelProto, op_types: set[str]) -> onnx.ModelProto:
