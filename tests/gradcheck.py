@@ -5,7 +5,8 @@
 :func:`ortlearn.autodiff.build_gradient` and compares with central finite
 differences. Float64 runs in onnxruntime, or, for operators onnxruntime's CPU
 provider has no float64 kernel for (Conv, LSTM, Gelu, Erf, ...), in onnx's
-reference evaluator (``reference=True``); float32 always runs in onnxruntime,
+reference evaluator (``reference=True``, with the float64 stand-ins of
+``reference_ops`` where onnx's are wrong or partial); float32 always runs in onnxruntime,
 against the float64 gradient.
 """
 
@@ -13,17 +14,21 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 from onnx import helper, numpy_helper
-from onnx.reference import ReferenceEvaluator
+from reference_ops import Float64Reference
 
 from ortlearn.autodiff import build_gradient
-from ortlearn.graph import finalize_model, np_dtype_to_onnx, value_info_map
+from ortlearn.graph import check_model, finalize_model, np_dtype_to_onnx, value_info_map
 
 
 class _Reference:
-    """onnx's ReferenceEvaluator behind InferenceSession's ``run``."""
+    """onnx's ReferenceEvaluator behind InferenceSession's ``run``.
+
+    Always with the float64 stand-ins of :mod:`reference_ops` (Erf,
+    ConvTranspose, LSTM/GRU/RNN), where onnx's own are wrong or partial.
+    """
 
     def __init__(self, model):
-        self._ev = ReferenceEvaluator(model)
+        self._ev = Float64Reference(model)
 
     def run(self, names, feeds):
         return self._ev.run(names, feeds)
@@ -80,7 +85,7 @@ def loss_model(nodes, weights, consts=None, inputs=None, dtype=np.float64, opset
             helper.make_node("ReduceSum", ["YR"], ["loss"], keepdims=0)]
     model = make_model(const_nodes + list(nodes) + tail, graph_inputs,
                        [helper.make_tensor_value_info("loss", y_type, [])], inits, opset)
-    onnx.checker.check_model(model)
+    check_model(model)
     return model, feeds
 
 
@@ -118,7 +123,7 @@ def numeric_gradient(model, feeds, wrt, eps=1e-6, reference=False):
 
 def analytic_gradient(model, feeds, wrt, reference=False):
     grad_model = build_gradient(model, wrt=wrt)
-    onnx.checker.check_model(grad_model, full_check=True)
+    check_model(grad_model, full_check=True)
     assert [o.name for o in grad_model.graph.output] == ["loss"] + [f"{w}_grad" for w in wrt]
     res = session(grad_model, reference).run(None, feeds)
     for name, grad in zip(wrt, res[1:]):

@@ -379,14 +379,11 @@ def _square_model(nodes, weights, consts=()):
 
 
 def _gradient_with_square(model, wrt):
-    """The gradient of ``loss`` w.r.t. ``wrt``, run by onnx's reference evaluator.
-
-    append_backward rather than build_gradient: build_gradient's finalize_model
-    cannot set the IR version of a model with a custom domain yet.
-    """
-    grad = append_backward(model, "loss", [wrt])[wrt]
-    model.graph.output.append(helper.make_tensor_value_info(grad, D, None))
-    return ReferenceEvaluator(model, new_ops=[Square]).run([grad], {})[0]
+    """The gradient of ``loss`` w.r.t. ``wrt`` by build_gradient, run by onnx's reference
+    evaluator (a custom domain: finalize_model sets the IR version ai.onnx needs)."""
+    grad_model = build_gradient(model, wrt=[wrt])
+    assert grad_model.ir_version == 8  # ai.onnx 18's, whatever the model said
+    return ReferenceEvaluator(grad_model, new_ops=[Square]).run([f"{wrt}_grad"], {})[0]
 
 
 def test_missing_rule_names_operator_and_node():

@@ -7,8 +7,10 @@ graphs torch's exporters write for GELU, Softplus and PReLU.
 """
 
 import io
+import math
 import warnings
 
+import gradcheck
 import numpy as np
 import onnx
 import pytest
@@ -27,20 +29,10 @@ from gradcheck import (
     session,
 )
 from onnx import TensorProto, helper, numpy_helper
-from onnx.reference.ops.op_erf import Erf
-from scipy.special import erf
 
 from ortlearn.autodiff import build_gradient
 
 ONE_SIXTH = float(np.float32(1 / 6))  # the alpha torch exports for nn.Hardsigmoid
-
-
-@pytest.fixture(autouse=True)
-def float64_erf(monkeypatch):
-    """onnx's reference Erf computes in float32 whatever its input (onnx 1.23): Gelu
-    and Erf in float64 would then be precise to 1e-7 only, and finite differences
-    meaningless. Every test of this file runs with a float64 Erf."""
-    monkeypatch.setattr(Erf, "_run", lambda self, x: (erf(x).astype(x.dtype),))
 
 
 def uniform(lo, hi, kinks=()):
@@ -86,6 +78,24 @@ def test_unary_finite_differences(op, data, attrs, opset, shape):
     # float64 in onnx's reference evaluator: onnxruntime has no float64 kernel
     # for these (nor for Erf, Softplus, Cosh, Sinh in their gradients).
     check_op([node(op, ["X"], **attrs)], {"X": data(*shape)}, opset=opset, reference=True)
+
+
+@pytest.mark.parametrize("op, opset", [("Erf", 13), ("Gelu", 20)])
+def test_float64_erf_is_onnxruntime(op, opset):
+    """reference_ops.Erf (also inside Gelu's function body) agrees with onnxruntime in
+    float32 and is float64-exact, where onnx's own reference Erf rounds to float32."""
+    x = np.linspace(-3, 3, 13)
+    models = {dt: gradcheck.make_model(
+        [node(op, ["X"])], [helper.make_tensor_value_info("X", elem, [13])],
+        [helper.make_tensor_value_info("Y", elem, [13])], opset=opset)
+        for dt, elem in ((np.float32, TensorProto.FLOAT), (np.float64, TensorProto.DOUBLE))}
+    got = session(models[np.float64], reference=True).run(None, {"X": x})[0]
+    expected = session(models[np.float32]).run(None, {"X": x.astype(np.float32)})[0]
+    assert got.dtype == np.float64
+    np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6)
+    exact = np.array([math.erf(v) for v in x]) if op == "Erf" else np.array(
+        [v * (1 + math.erf(v / math.sqrt(2))) / 2 for v in x])
+    np.testing.assert_allclose(got, exact, rtol=1e-14, atol=1e-15)
 
 
 PRELU_SLOPES = [

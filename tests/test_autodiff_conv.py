@@ -3,8 +3,9 @@
 onnxruntime has no float64 Conv or ConvTranspose: float64 runs in onnx's
 reference evaluator, whose ConvTranspose is wrong for ``group`` > 1 with
 more than one output channel per group and refuses ``output_shape`` with
-explicit pads; the tests give it a ConvTranspose computed by torch in float64
-with onnxruntime's padding rules (checked against onnxruntime in float32 below).
+explicit pads; ``gradcheck`` gives it ``reference_ops.ConvTranspose``, computed
+by torch in float64 with onnxruntime's padding rules (checked against
+onnxruntime in float32 below).
 """
 
 
@@ -25,84 +26,12 @@ from gradcheck import (
     session,
 )
 from onnx import TensorProto, helper
-from onnx.reference import ReferenceEvaluator
-from onnx.reference.op_run import OpRun
+from reference_ops import torch_conv_transpose
 
 from ortlearn.autodiff import build_gradient
 
 _CONV_T = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}
 _CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
-
-
-def convtranspose_pads(x_shape, w_shape, strides, dilations, out_pad, pads, auto_pad,
-                       output_shape):
-    """(begins, ends) of a ConvTranspose as onnxruntime computes them (ends may be < 0)."""
-    k = len(w_shape) - 2
-    full = [(n - 1) * s + (kk - 1) * d + 1 + op for n, s, kk, d, op in
-            zip(x_shape[2:], strides, w_shape[2:], dilations, out_pad)]
-    same = output_shape is None and auto_pad in ("SAME_UPPER", "SAME_LOWER")
-    if same:  # never longer than full
-        output_shape = [min(n * s, f) for n, s, f in zip(x_shape[2:], strides, full)]
-    if output_shape is None:
-        pads = pads or [0] * (2 * k)
-        return list(pads[:k]), list(pads[k:])
-    begins, ends = [], []
-    for f, out in zip(full, list(output_shape)[-k:]):
-        total = f - out
-        if total < 0:
-            begins.append(0)
-            ends.append(total)
-        elif auto_pad == "SAME_UPPER":
-            begins.append(total // 2)
-            ends.append(total - total // 2)
-        else:
-            begins.append(total - total // 2)
-            ends.append(total // 2)
-    return begins, ends
-
-
-def torch_conv_transpose(x, w, b=None, strides=None, dilations=None, group=1, out_pad=None,
-                         pads=None, auto_pad="NOTSET", output_shape=None):
-    """ConvTranspose with torch tensors and onnxruntime's padding rules."""
-    k = w.dim() - 2
-    strides = strides or [1] * k
-    dilations = dilations or [1] * k
-    out_pad = out_pad or [0] * k
-    begins, ends = convtranspose_pads(list(x.shape), list(w.shape), strides, dilations,
-                                      out_pad, pads, auto_pad, output_shape)
-    y = _CONV_T[k](x, w, b, stride=strides, dilation=dilations, groups=group)
-    # output_padding zeros (the bias too) at the end, then the pads cut
-    # (or, negative, extend with zeros) each side.
-    widths = []
-    for i in reversed(range(k)):
-        widths += [-begins[i], out_pad[i] - ends[i]]
-    y_nobias = F.pad(y if b is None else y - b.reshape(1, -1, *[1] * k), widths)
-    return y_nobias if b is None else y_nobias + b.reshape(1, -1, *[1] * k)
-
-
-class ConvTranspose(OpRun):
-    """onnx reference op computed by torch in float64 (see module docstring)."""
-
-    op_domain = ""
-
-    def _run(self, x, w, b=None, auto_pad=None, dilations=None, group=None,
-             kernel_shape=None, output_padding=None, output_shape=None, pads=None,
-             strides=None):
-        tb = None if b is None else torch.from_numpy(np.asarray(b))
-        y = torch_conv_transpose(torch.from_numpy(x), torch.from_numpy(w), tb, strides,
-                                 dilations, group or 1, output_padding, pads,
-                                 auto_pad or "NOTSET", output_shape)
-        return (y.numpy().astype(x.dtype),)
-
-
-class _FixedReference(gradcheck._Reference):
-    def __init__(self, model):
-        self._ev = ReferenceEvaluator(model, new_ops=[ConvTranspose])
-
-
-@pytest.fixture(autouse=True)
-def _fixed_reference(monkeypatch):
-    monkeypatch.setattr(gradcheck, "_Reference", _FixedReference)
 
 
 def _weights(x_shape, w_shape, bias_channels):

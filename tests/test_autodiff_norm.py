@@ -7,10 +7,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 from gradcheck import analytic_gradient, assert_close, check_op, node, randn, random_weights_of
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
-from ortlearn.autodiff import append_backward, build_gradient
-from ortlearn.graph import finalize_model, np_dtype_to_onnx
+from ortlearn import api, artifacts
+from ortlearn.autodiff import build_gradient
+from ortlearn.graph import check_model, value_info_map
 
 
 def torch_grads(fn, values, wrt, r):
@@ -104,47 +105,6 @@ def test_layer_normalization_float32_reuses_the_forward_statistics():
 GN_CASES = [((2, 4, 3), 2), ((2, 6, 2, 2), 3), ((1, 4, 5), 4), ((2, 3, 4), 1)]
 
 
-def typed_loss_model(nodes, weights, inputs, opset, dtype=np.float64):
-    """``loss_model`` for ops onnx's shape inference gives no output type (GroupNormalization).
-
-    Returns (model, feeds) with the weights as initializers and ``inputs`` as graph inputs.
-    """
-    weights = gc.cast_floats(weights, dtype)
-    feeds = gc.cast_floats(inputs, dtype)
-    elem = np_dtype_to_onnx(np.dtype(dtype))
-    graph_inputs = [helper.make_tensor_value_info(k, elem, v.shape) for k, v in feeds.items()]
-    inits = [numpy_helper.from_array(v, k) for k, v in weights.items()]
-    x = next(iter(feeds.values()))
-    fwd = gc.make_model(nodes, graph_inputs, [helper.make_tensor_value_info("Y", elem, x.shape)],
-                     inits, opset)
-    y = gc.session(fwd).run(None, feeds)[0]
-    r = np.random.default_rng(1).standard_normal(y.shape).astype(y.dtype)
-    tail = [node("Mul", ["Y", "R"], "YR"), node("ReduceSum", ["YR"], "loss", keepdims=0)]
-    model = gc.make_model(
-        [gc.const_node("R", r), *nodes, *tail], graph_inputs,
-        [helper.make_tensor_value_info("loss", elem, [])], inits, opset)
-    model.graph.value_info.append(helper.make_tensor_value_info("Y", elem, x.shape))
-    return model, feeds
-
-
-def unchecked_gradient(model, feeds, wrt):
-    """``analytic_gradient`` without onnx's checker, which refuses GroupNormalization-18.
-
-    onnx 1.23 marks GroupNormalization-18 deprecated (its scale is per group)
-    and its checker rejects any model using it; onnxruntime still runs it.
-    """
-    model = onnx.ModelProto.FromString(model.SerializeToString())
-    grads = append_backward(model, "loss", wrt)
-    outputs = [helper.make_empty_tensor_value_info("loss")]
-    for name in wrt:
-        model.graph.node.append(node("Identity", [grads[name]], f"{name}_grad"))
-        outputs.append(helper.make_empty_tensor_value_info(f"{name}_grad"))
-    del model.graph.output[:]
-    model.graph.output.extend(outputs)
-    res = gc.session(finalize_model(model, check=False)).run(None, feeds)
-    return dict(zip(wrt, res[1:])), model
-
-
 @pytest.mark.parametrize("shape,groups", GN_CASES)
 @pytest.mark.parametrize("opset", [18, 21])
 def test_group_normalization(shape, groups, opset):
@@ -160,10 +120,13 @@ def test_group_normalization(shape, groups, opset):
         return node("GroupNormalization", ["X", "S", "B"], num_groups=groups, epsilon=1e-3,
                     **extra)
 
-    model, feeds = typed_loss_model([gn(11)], weights, inputs, opset)
-    model32, feeds32 = typed_loss_model([gn(1)], weights, inputs, opset, np.float32)
-    grads, _ = unchecked_gradient(model, feeds, wrt)
-    grads32, _ = unchecked_gradient(model32, feeds32, wrt)
+    # onnx's checker and shape inference are short of GroupNormalization (deprecated
+    # version 18, no output type): ortlearn.graph's check_model and value_info_map make up.
+    model, feeds = gc.loss_model([gn(11)], weights, inputs=inputs, opset=opset)
+    model32, feeds32 = gc.loss_model([gn(1)], weights, inputs=inputs, opset=opset,
+                                     dtype=np.float32)
+    grads, _ = analytic_gradient(model, feeds, wrt)
+    grads32, _ = analytic_gradient(model32, feeds32, wrt)
     ref = gc.numeric_gradient(model, feeds, wrt)
 
     def fn(X, S, B):
@@ -268,3 +231,82 @@ def test_batch_normalization_training_dynamic_batch():
     ref = gc.numeric_gradient(model, feeds, ["S", "B", "X"])
     for name in ("S", "B", "X"):
         assert_close(grads[name], ref[name])
+
+
+def _group_norm18_model(seed=0):
+    """X (N, 4, 3) -> GroupNormalization-18 (2 groups) -> Relu -> Y, float32."""
+    rng = np.random.default_rng(seed)
+    graph = helper.make_graph(
+        [node("GroupNormalization", ["X", "S", "B"], "G", num_groups=2, epsilon=1e-3),
+         node("Relu", ["G"], "Y")], "g",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", 4, 3])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["N", 4, 3])],
+        [onnx.numpy_helper.from_array(rng.uniform(0.5, 1.5, 2).astype(np.float32), "S"),
+         onnx.numpy_helper.from_array(rng.uniform(0.5, 1.5, 2).astype(np.float32), "B")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+def test_group_normalization18_passes_the_checker_through_build_gradient():
+    """onnx's checker refuses the deprecated GroupNormalization-18 that onnxruntime runs:
+    finalize_model tolerates that deprecation only, and GroupNormalization's output gets
+    X's type (onnx infers none) for the rules downstream (Relu's needs it)."""
+    model = _group_norm18_model()
+    with pytest.raises(onnx.checker.ValidationError, match="deprecated"):
+        onnx.checker.check_model(model)
+    model.graph.node.extend([node("ReduceSumSquare", ["Y"], "loss", keepdims=0)])
+    del model.graph.output[:]
+    model.graph.output.append(helper.make_tensor_value_info("loss", TensorProto.FLOAT, []))
+    infos = value_info_map(model)
+    assert infos["G"].type.tensor_type.elem_type == TensorProto.FLOAT
+    grad_model = build_gradient(model, wrt=["S", "B"])
+    x = randn(2, 4, 3)
+    loss, ds, db = gc.session(grad_model).run(None, {"X": x.astype(np.float32)})
+    s, b = (torch.tensor(onnx.numpy_helper.to_array(i).astype(np.float64), requires_grad=True)
+            for i in model.graph.initializer)
+    y = F.relu(F.group_norm(torch.tensor(x), 2, s.repeat_interleave(2), b.repeat_interleave(2),
+                            eps=1e-3))
+    (y * y).sum().backward()
+    assert_close(loss, (y * y).sum().item(), rtol=1e-5)
+    assert_close(ds, s.grad.numpy(), rtol=1e-4)
+    assert_close(db, b.grad.numpy(), rtol=1e-4)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_group_normalization18_generate_artifacts(tmp_path, seed):
+    """The artifacts of a GroupNormalization-18 model train: Relu(GN(X)) pulled to 0."""
+    model = _group_norm18_model(seed)
+    artifacts.generate_artifacts(model, requires_grad=["S", "B"],
+                                 loss=artifacts.LossType.MSELoss,
+                                 optimizer=artifacts.OptimType.AdamW, artifact_directory=tmp_path)
+    state = api.CheckpointState.load_checkpoint(str(tmp_path / "checkpoint"))
+    module = api.Module(str(tmp_path / "training_model.onnx"), state,
+                        str(tmp_path / "eval_model.onnx"))
+    optimizer = api.Optimizer(str(tmp_path / "optimizer_model.onnx"), module)
+    optimizer.set_learning_rate(0.05)
+    x = np.random.default_rng(seed).standard_normal((3, 4, 3)).astype(np.float32)
+    target = np.zeros((3, 4, 3), np.float32)
+    losses = []
+    for _ in range(5):
+        losses.append(float(np.asarray(module(x, target))))
+        optimizer.step()
+        module.lazy_reset_grad()
+    assert all(later < before for before, later in zip(losses, losses[1:])), losses
+
+
+def test_check_model_tolerates_only_that_deprecation():
+    """A deprecated operator not listed in TOLERATED_DEPRECATED_OPS still fails the check,
+    and so does any other error of a model with a GroupNormalization-18."""
+    up = helper.make_graph(
+        [node("Upsample", ["X", "s"])], "g",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [1, 2, 3]),
+         helper.make_tensor_value_info("s", TensorProto.FLOAT, [3])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [1, 2, 3])])
+    with pytest.raises(onnx.checker.ValidationError, match="Upsample is deprecated"):
+        check_model(helper.make_model(up, opset_imports=[helper.make_opsetid("", 13)],
+                                      ir_version=8))
+    model = _group_norm18_model()
+    model.ir_version = 8
+    check_model(model)
+    model.graph.node[1].input[0] = "missing"
+    with pytest.raises(onnx.checker.ValidationError, match="missing"):
+        check_model(model)

@@ -2,13 +2,13 @@
 
 onnxruntime has no float64 kernel for the recurrent operators and onnx's
 reference evaluator ignores ``sequence_lens`` and ``activations``: the float64
-checks run the forward node in a numpy implementation (checked against
-onnxruntime's float32 outputs first) registered in the reference evaluator.
+checks run the forward node in the numpy implementation that ``gradcheck``
+registers in the reference evaluator (``reference_ops.LSTM``/``GRU``/``RNN``,
+checked against onnxruntime's float32 outputs here).
 """
 
 import io
 
-import gradcheck
 import numpy as np
 import onnx
 import pytest
@@ -16,96 +16,11 @@ import torch
 from gradcheck import assert_close, check_op, session
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
-from onnx.reference.op_run import OpRun
+from reference_ops import DEFAULT_ACTIVATIONS, GATES
 
 from ortlearn.autodiff import build_gradient
 
 T, N, N_IN, H = 3, 2, 2, 2
-GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
-DEFAULTS = {"LSTM": ["Sigmoid", "Tanh", "Tanh"], "GRU": ["Sigmoid", "Tanh"], "RNN": ["Tanh"]}
-ACTS = {"Sigmoid": lambda x: 1 / (1 + np.exp(-x)), "Tanh": np.tanh,
-        "Relu": lambda x: np.maximum(x, 0)}
-
-
-def _cell(op, x, h, c, w, r, bias, p, acts, lbr):
-    """One step of one sequence; returns (h, c)."""
-    n, H = GATES[op], r.shape[-1]  # noqa: N806
-    wb, rb = bias[:n * H], bias[n * H:]
-    if op == "RNN":
-        return ACTS[acts[0]](w @ x + r @ h + wb + rb), c
-    if op == "GRU":
-        f, g = ACTS[acts[0]], ACTS[acts[1]]
-        xw = w @ x + wb
-        z = f(xw[:H] + r[:H] @ h + rb[:H])
-        rr = f(xw[H:2 * H] + r[H:2 * H] @ h + rb[H:2 * H])
-        if lbr:
-            cand = g(xw[2 * H:] + rr * (r[2 * H:] @ h + rb[2 * H:]))
-        else:
-            cand = g(xw[2 * H:] + r[2 * H:] @ (rr * h) + rb[2 * H:])
-        return (1 - z) * cand + z * h, c
-    f, g, hh = (ACTS[a] for a in acts)
-    pre = w @ x + r @ h + wb + rb
-    i = f(pre[:H] + p[:H] * c)
-    fg = f(pre[2 * H:3 * H] + p[2 * H:] * c)
-    c = fg * c + i * g(pre[3 * H:])
-    o = f(pre[H:2 * H] + p[H:2 * H] * c)
-    return o * hh(c), c
-
-
-def run_recurrent(op, inputs, direction="forward", layout=0, activations=None, lbr=0):
-    """numpy LSTM/GRU/RNN with onnxruntime's semantics (sequence_lens included)."""
-    x, w, r, bias, lens, h0, c0, p = (list(inputs) + [None] * 8)[:8]
-    if layout:
-        x = x.swapaxes(0, 1)
-        h0 = None if h0 is None else h0.swapaxes(0, 1)
-        c0 = None if c0 is None else c0.swapaxes(0, 1)
-    n_t, n_b = x.shape[:2]
-    n_d, hid = w.shape[0], r.shape[-1]
-    acts = activations or DEFAULTS[op] * n_d
-    k = len(DEFAULTS[op])
-    y = np.zeros((n_t, n_d, n_b, hid), x.dtype)
-    yh, yc = np.zeros((2, n_d, n_b, hid), x.dtype)
-    for d in range(n_d):
-        rev = direction == "reverse" or d == 1
-        bd = np.zeros(2 * GATES[op] * hid) if bias is None else bias[d]
-        pd = np.zeros(3 * hid) if p is None else p[d]
-        for b in range(n_b):
-            length = n_t if lens is None else int(lens[b])
-            h = np.zeros(hid) if h0 is None else h0[d, b]
-            c = np.zeros(hid) if c0 is None else c0[d, b]
-            for t in (range(length - 1, -1, -1) if rev else range(length)):
-                h, c = _cell(op, x[t, b], h, c, w[d], r[d], bd, pd, acts[d * k:(d + 1) * k], lbr)
-                y[t, d, b] = h
-            if length:
-                yh[d, b], yc[d, b] = h, c
-    if layout:
-        y, yh, yc = y.transpose(2, 0, 1, 3), yh.swapaxes(0, 1), yc.swapaxes(0, 1)
-    return y, yh, yc
-
-
-def _ref_op(op):
-    class Ref(OpRun):
-        op_domain = ""
-
-        def _run(self, *inputs, **kwargs):
-            acts = getattr(self, "activations", None)
-            out = run_recurrent(op, inputs, getattr(self, "direction", None) or "forward",
-                                getattr(self, "layout", None) or 0,
-                                [a.decode() if isinstance(a, bytes) else a for a in acts]
-                                if acts else None, getattr(self, "linear_before_reset", 0))
-            return out[:len(self.onnx_node.output)]
-    Ref.__name__ = op
-    return Ref
-
-
-REF_OPS = [_ref_op(op) for op in GATES]
-
-
-@pytest.fixture(autouse=True)
-def _full_reference(monkeypatch):
-    """The reference evaluator with the numpy recurrent ops above."""
-    monkeypatch.setattr(gradcheck, "ReferenceEvaluator",
-                        lambda model: ReferenceEvaluator(model, new_ops=REF_OPS))
 
 
 def _case(op, direction="forward", layout=0, bias=True, h0=False, lens=None, peep=False,
@@ -190,7 +105,7 @@ FORWARD_CASES = [
 @pytest.mark.parametrize(("op", "direction", "layout", "extra"), FORWARD_CASES)
 def test_numpy_reference_is_onnxruntime(op, direction, layout, extra):
     """The float64 stand-in agrees with onnxruntime's float32 kernels (zero length too)."""
-    attrs = {"activations": ["Sigmoid", "Relu", "Tanh"][:len(DEFAULTS[op])] * (
+    attrs = {"activations": ["Sigmoid", "Relu", "Tanh"][:len(DEFAULT_ACTIVATIONS[op])] * (
         2 if direction == "bidirectional" else 1)} if op != "RNN" else {}
     peep = op == "LSTM"
     nodes, weights, inputs = _case(op, direction=direction, layout=layout, peep=peep,
@@ -198,7 +113,7 @@ def test_numpy_reference_is_onnxruntime(op, direction, layout, extra):
     model, feeds = _forward_model(nodes, weights, inputs, np.float32)
     got = session(model).run(None, feeds)[0]
     model64, feeds64 = _forward_model(nodes, weights, inputs, np.float64)
-    ref = ReferenceEvaluator(model64, new_ops=REF_OPS).run(None, feeds64)[0]
+    ref = session(model64, reference=True).run(None, feeds64)[0]
     np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
 
 
@@ -207,7 +122,7 @@ def test_numpy_reference_layout_is_onnx_reference(op):
     """layout=1 (which onnxruntime refuses) as onnx's own reference evaluator runs it."""
     nodes, weights, inputs = _case(op, direction="bidirectional", layout=1, h0=True)
     model, feeds = _forward_model(nodes, weights, inputs, np.float64)
-    got = ReferenceEvaluator(model, new_ops=REF_OPS).run(None, feeds)[0]
+    got = session(model, reference=True).run(None, feeds)[0]
     np.testing.assert_allclose(got, ReferenceEvaluator(model).run(None, feeds)[0], rtol=1e-12)
 
 
@@ -306,7 +221,7 @@ def _add_loss(model, weights):
 def _onnx_gradients(model, wrt, feeds):
     grad_model = build_gradient(model, wrt=wrt)
     onnx.checker.check_model(grad_model)
-    res = ReferenceEvaluator(grad_model, new_ops=REF_OPS).run(None, feeds)
+    res = session(grad_model, reference=True).run(None, feeds)
     return dict(zip(wrt, res[1:]))
 
 

@@ -6,9 +6,13 @@ from collections.abc import Sequence
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
+from onnx import TensorProto, numpy_helper
 
 from ..graph import GraphBuilder, elem_type_of, onnx_to_np_dtype, shape_of
+
+#: Largest number of elements :meth:`GradientContext.fill_like` stores as a
+#: constant tensor; above it, a ``ConstantOfShape`` builds the tensor at run time.
+MAX_STORED_FILL = 16
 
 
 class GradientContext:
@@ -84,16 +88,42 @@ class GradientContext:
         return self.b.cast(self.b.op("Size", [name]), self.dtype(like))
 
     def fill_like(self, name: str, value: float, dtype_of: str | None = None) -> str:
-        """A tensor of ``name``'s shape filled with ``value``."""
+        """A tensor of ``name``'s shape filled with ``value``.
+
+        A static shape of at most :data:`MAX_STORED_FILL` elements gives a
+        stored constant (no node runs); a larger one a ``ConstantOfShape`` of
+        the static shape, so that the model never stores a tensor of the
+        data's size; an unknown shape a ``ConstantOfShape`` of its ``Shape``.
+        """
         np_dtype = onnx_to_np_dtype(self.dtype(dtype_of or name))
         shape = self.shape(name)
         if shape is not None and all(isinstance(d, int) for d in shape):
-            return self.b.const(np.full(shape, value, dtype=np_dtype))
-        return self.b.op("ConstantOfShape", [self.shape_of(name)],
+            if int(np.prod(shape)) <= MAX_STORED_FILL:
+                return self.b.const(np.full(shape, value, dtype=np_dtype))
+            dims = self.b.ints(shape, hint="shape")
+        else:
+            dims = self.shape_of(name)
+        return self.b.op("ConstantOfShape", [dims],
                          value=numpy_helper.from_array(np.array([value], dtype=np_dtype)))
 
     def zeros_like(self, name: str) -> str:
         return self.fill_like(name, 0)
+
+    def expose_output(self, node: onnx.NodeProto, index: int, hint: str) -> str:
+        """Name of the optional output ``index`` of the forward ``node``, exposed if need be.
+
+        A rule that needs what the forward pass computed anyway (Dropout's
+        mask, MaxPool's Indices, LSTM's Y, LayerNormalization's Mean and
+        InvStdDev) reads that optional output: when the model leaves it out
+        (missing or ``''``), a fresh name (from ``hint``) is given to it on
+        the forward node, in place. Outputs before ``index`` that are
+        missing become ``''`` (omitted).
+        """
+        while len(node.output) <= index:
+            node.output.append("")
+        if not node.output[index]:
+            node.output[index] = self.b.unique_name(hint)
+        return node.output[index]
 
     def static_shape_input(self, name: str) -> str | None:
         """A constant shape operand reshaping a tensor of ``name``'s size to its shape.
@@ -221,19 +251,53 @@ class GradientContext:
         flat_pos = b.op("Reshape", [positions, b.ints([-1], hint="flat")])
         flat_g = b.op("Reshape", [grad, b.ints([-1], hint="flat")])
         size = b.op("Size", [x])
+        kwargs = {}
         if accumulate and self.opset < 16:
-            # ScatterElements adds duplicates from opset 16 on: use a one-hot product.
-            every = b.op("Range", [b.const(np.int64(0)), size, b.const(np.int64(1))])
-            hits = b.op("Equal", [b.unsqueeze(flat_pos, [1]), every])
-            onehot = b.cast(hits, self.dtype(x))
-            flat = b.op("MatMul", [b.unsqueeze(flat_g, [0]), onehot])
-        else:
-            zeros = b.op("ConstantOfShape", [b.unsqueeze(size, [0])],
-                         value=numpy_helper.from_array(
-                             np.array([0], dtype=onnx_to_np_dtype(self.dtype(x)))))
-            kwargs = {"reduction": "add"} if accumulate else {}
-            flat = b.op("ScatterElements", [zeros, flat_pos, flat_g], axis=0, **kwargs)
+            flat_pos, flat_g = self._segment_sums(flat_pos, flat_g, x)
+        elif accumulate:
+            kwargs = {"reduction": "add"}
+        zeros = b.op("ConstantOfShape", [b.unsqueeze(size, [0])],
+                     value=numpy_helper.from_array(
+                         np.array([0], dtype=onnx_to_np_dtype(self.dtype(x)))))
+        flat = b.op("ScatterElements", [zeros, flat_pos, flat_g], axis=0, **kwargs)
         return self.reshape_like(flat, x)
+
+    def _segment_sums(self, flat_pos: str, flat_g: str, x: str) -> tuple[str, str]:
+        """``(unique positions, sum of flat_g at each)``: what ScatterElements-16 adds up.
+
+        Below opset 16 ScatterElements has no ``reduction``, and a one-hot
+        product (positions x elements) grows with the square of the tensor
+        (a MaxPool with overlapping windows, a Gather on a real embedding
+        table). Instead: sort the positions (TopK), take prefix sums of the
+        gradient in that order, and difference them at the last element of
+        each run of equal positions: O(M log M) time and O(M) memory for M
+        contributions. The prefix sums run in float64 so that the
+        differences keep float32's precision whatever the length of the
+        tensor (for a float64 gradient, the error is a few ulps of the
+        largest prefix sum, not of each sum).
+        """
+        b = self.b
+        sorted_pos, order = b.op("TopK", [flat_pos, b.op("Shape", [flat_pos])], n_outputs=2,
+                                 axis=0, largest=0, sorted=1)
+        dtype = self.dtype(x)
+        g = b.op("Gather", [flat_g, order], axis=0)
+        if dtype != TensorProto.DOUBLE:
+            g = b.cast(g, TensorProto.DOUBLE)
+        prefix = b.op("CumSum", [g, b.const(np.int64(0))])
+        # A run of equal positions ends where the next position differs (or at the end).
+        following = b.op("Concat", [
+            b.op("Slice", [sorted_pos, b.ints([1], hint="one"),
+                           b.ints([np.iinfo(np.int64).max], hint="end")]),
+            b.ints([-1], hint="flat")], axis=0)
+        ends = b.squeeze(b.op("NonZero", [b.op("Not", [b.op("Equal", [sorted_pos, following])])]),
+                         [0])
+        at_ends = b.op("Gather", [prefix, ends], axis=0)
+        before = b.op("Concat", [b.const(np.zeros(1)), b.op("Slice", [
+            at_ends, b.ints([0], hint="zero"), b.ints([-1], hint="flat")])], axis=0)
+        sums = b.op("Sub", [at_ends, before])
+        if dtype != TensorProto.DOUBLE:
+            sums = b.cast(sums, dtype)
+        return b.op("Gather", [sorted_pos, ends], axis=0), sums
 
     def positions(self, x: str) -> str:
         """Int64 tensor of ``x``'s shape holding each element's flat index."""

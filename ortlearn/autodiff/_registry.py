@@ -7,6 +7,7 @@ from collections.abc import Callable
 import onnx
 
 from ..exceptions import NoGradientRuleError
+from ..graph import NON_DIFFERENTIABLE_INPUTS
 
 #: ``(domain, op_type) -> rule``. A rule is called as ``rule(ctx, node, grads)``
 #: where ``ctx`` is a :class:`~ortlearn.autodiff.GradientContext`, ``node`` the
@@ -18,16 +19,12 @@ from ..exceptions import NoGradientRuleError
 GRADIENT_RULES: dict[tuple[str, str], Callable] = {}
 
 #: Operators whose outputs are piecewise constant or not numbers: their
-#: outputs never carry a gradient (a zero gradient, not an error). Add to this
-#: set to declare more.
+#: outputs never carry a gradient (a zero gradient, not an error). Made of the
+#: operators of :data:`ortlearn.graph.NON_DIFFERENTIABLE_INPUTS` none of whose
+#: inputs carries a gradient (one table for both: which initializers are
+#: weights, which values are differentiated). Add to this set to declare more.
 NON_DIFFERENTIABLE_OPS: set[tuple[str, str]] = {
-    ("", op) for op in (
-        "Shape", "Size", "Constant", "ConstantOfShape", "ArgMax", "ArgMin",
-        "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual",
-        "Not", "And", "Or", "Xor", "Sign", "Floor", "Ceil", "Round", "IsNaN", "IsInf",
-        "NonZero", "EyeLike", "OneHot", "Range", "RandomNormalLike", "RandomUniformLike",
-        "Bernoulli", "Multinomial", "Hardmax",
-    )
+    ("", op) for op, inputs in NON_DIFFERENTIABLE_INPUTS.items() if inputs is None
 }
 
 

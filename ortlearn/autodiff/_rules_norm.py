@@ -85,12 +85,8 @@ def _stash_outputs(ctx, node, x: str) -> tuple[str | None, str | None]:
     """
     if attr(node, "stash_type", 1) != ctx.dtype(x) or ctx.dtype(x) != TensorProto.FLOAT:
         return None, None
-    while len(node.output) < 3:
-        node.output.append("")
-    for i, hint in ((1, "layernorm_mean"), (2, "layernorm_invstd")):
-        if not node.output[i]:
-            node.output[i] = ctx.b.unique_name(hint)
-    return node.output[1], node.output[2]
+    return (ctx.expose_output(node, 1, "layernorm_mean"),
+            ctx.expose_output(node, 2, "layernorm_invstd"))
 
 
 def _stat_output_grads(ctx, node, stats: _Stats, grads) -> list[str]:

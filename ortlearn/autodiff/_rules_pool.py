@@ -113,24 +113,12 @@ def _windows_overlap(node, spatial):
     return any(s < (k - 1) * d + 1 for k, s, d in zip(kernel, strides, dilations))
 
 
-def _expose_indices(ctx, node):
-    """Name of MaxPool's Indices output, added to the forward node when the model omits it.
-
-    The gradient needs the position of each maximum; the forward pass knows it.
-    """
-    outputs = list(node.output) + [""] * (2 - len(node.output))
-    if not outputs[1]:
-        outputs[1] = ctx.b.unique_name("maxpool_indices")
-        del node.output[:]
-        node.output.extend(outputs)
-    return outputs[1]
-
-
 @register_gradient("MaxPool")
 def _max_pool(ctx, node, grads):
     x = node.input[0]
     spatial = _spatial_rank(ctx, node)
-    indices = _expose_indices(ctx, node)
+    # The position of each maximum: the forward pass knows it.
+    indices = ctx.expose_output(node, 1, "maxpool_indices")
     if attr(node, "storage_order", 0):
         indices = _row_major_indices(ctx, node, indices)
     # onnxruntime picks the first maximum of a window in scan order, as torch

@@ -107,14 +107,9 @@ class _Recurrence:
         self.one = ctx.const(1, like=x)
         self.zero = ctx.const(0, like=x)
         # Y holds every hidden state: expose it when the model does not.
-        if not node.output or not node.output[0]:
-            y = b.unique_name(f"{op.lower()}_Y")
-            if node.output:
-                node.output[0] = y
-            else:
-                node.output.append(y)
+        y = ctx.expose_output(node, 0, f"{op.lower()}_Y")
         self.x = b.op("Transpose", [x], perm=[1, 0, 2]) if self.layout else x
-        self.y = self._time_major_y(node.output[0])
+        self.y = self._time_major_y(y)
         time, batch = self.dim(0), self.dim(1)
         self.state_shape = b.op("Concat", [b.ints([self.n_dirs], hint="dirs"), batch,
                                            b.ints([self.hidden], hint="hidden")], axis=0)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 
 import numpy as np
-from onnx import numpy_helper
 
 from ..graph import attr, onnx_to_np_dtype, optional_input
 from ._registry import register_gradient
@@ -142,21 +141,6 @@ def _expand(ctx, node, grads):
     return [ctx.sum_to(grads[0], x, ctx.shape(node.output[0])), None]
 
 
-def _filled(ctx, x, value):
-    """A tensor of ``x``'s shape and type filled with ``value``.
-
-    A ``ConstantOfShape`` even when the shape is static: unlike
-    ``ctx.fill_like`` it never stores a tensor of the data's size in the model.
-    """
-    shape = ctx.shape(x)
-    if shape is not None and all(isinstance(d, int) for d in shape):
-        dims = ctx.b.ints(shape, hint="shape")
-    else:
-        dims = ctx.shape_of(x)
-    return ctx.b.op("ConstantOfShape", [dims], value=numpy_helper.from_array(
-        np.array([value], dtype=onnx_to_np_dtype(ctx.dtype(x)))))
-
-
 def _unique_targets(ctx, node) -> bool:
     """Whether the constant indices of a Scatter* node never hit one element twice."""
     data, indices = node.input[:2]
@@ -200,11 +184,11 @@ def _scatter(ctx, node, grads):
     d_data = d_updates = None
     if ctx.needs(data):
         if reduction == "none":
-            d_data = b.op(node.op_type, [g, indices, _filled(ctx, updates, 0)], **kwargs)
+            d_data = b.op(node.op_type, [g, indices, ctx.zeros_like(updates)], **kwargs)
         elif reduction == "add":
             d_data = g
         else:
-            factor = b.op(node.op_type, [_filled(ctx, data, 1), indices, updates],
+            factor = b.op(node.op_type, [ctx.fill_like(data, 1), indices, updates],
                           reduction="mul", **kwargs)
             d_data = b.op("Mul", [g, factor])
     if ctx.needs(updates):
@@ -254,7 +238,7 @@ def _topk(ctx, node, grads):
     x = node.input[0]
     if grads[0] is None:
         return [None, None]
-    return [ctx.b.op("ScatterElements", [_filled(ctx, x, 0), node.output[1], grads[0]],
+    return [ctx.b.op("ScatterElements", [ctx.zeros_like(x), node.output[1], grads[0]],
                      axis=attr(node, "axis", -1)), None]
 
 
@@ -276,13 +260,8 @@ def _dropout(ctx, node, grads):
     flag = ctx.constant_value(training)
     if training is None or (flag is not None and not bool(flag)):
         return [g]  # inference mode: the identity
-    if len(node.output) < 2 or not node.output[1]:
-        # The gradient needs the mask drawn by the forward pass: expose it.
-        mask = ctx.b.unique_name("dropout_mask")
-        if len(node.output) < 2:
-            node.output.append(mask)
-        else:
-            node.output[1] = mask
+    # The gradient needs the mask drawn by the forward pass.
+    mask = ctx.expose_output(node, 1, "dropout_mask")
     b = ctx.b
     if ratio is None:
         keep = ctx.const(0.5, like=x)
@@ -292,4 +271,4 @@ def _dropout(ctx, node, grads):
     scale = b.op("Reciprocal", [keep])
     if flag is None:  # training mode decided at run time
         scale = b.op("Where", [training, scale, ctx.const(1, like=x)])
-    return [b.op("Mul", [ctx.mask_where(node.output[1], g, x), scale])]
+    return [b.op("Mul", [ctx.mask_where(mask, g, x), scale])]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import re
 from collections.abc import Sequence
 
 import numpy as np
@@ -67,12 +68,66 @@ def finalize_model(model: onnx.ModelProto, check: bool = True) -> onnx.ModelProt
     """Set the smallest IR version the opsets need, then check the model.
 
     onnx >= 1.23 writes IR 14 by default, which onnxruntime 1.31 refuses;
-    every model ortlearn writes goes through here.
+    every model ortlearn writes goes through here. Domains onnx does not
+    know (a custom operator's) do not raise the IR version.
     """
-    model.ir_version = max(helper.find_min_ir_version_for(list(model.opset_import)), 7)
+    model.ir_version = max(helper.find_min_ir_version_for(
+        list(model.opset_import), ignore_unknown=True), 7)
     if check:
-        onnx.checker.check_model(model)
+        check_model(model)
     return model
+
+
+#: ``(domain, op_type)`` of operator versions onnx's checker rejects as
+#: deprecated but onnxruntime runs: :func:`check_model` lets them pass.
+#: onnx 1.23 deprecates GroupNormalization-18 (scale and bias per group) for
+#: GroupNormalization-21 (per channel); torch and older models write it.
+TOLERATED_DEPRECATED_OPS = frozenset({("", "GroupNormalization")})
+
+_DEPRECATED = re.compile(r"Op registered for (\w+) is deprecated in domain_version of \d+")
+#: Domain the tolerated nodes move to in the copy the checker reads instead.
+_UNCHECKED_DOMAIN = "ortlearn.deprecated_unchecked"
+
+
+def check_model(model: onnx.ModelProto, full_check: bool = False) -> None:
+    """:func:`onnx.checker.check_model`, but for :data:`TOLERATED_DEPRECATED_OPS`.
+
+    When the checker rejects only an operator version listed there as
+    deprecated, the rest of the model is checked again, on a copy where
+    those nodes belong to a domain the checker does not know (it checks
+    their names and wiring, not their schema). Any other error raises, as
+    does a deprecation of another operator.
+    """
+    tolerated: set[str] = set()
+    while True:
+        try:
+            onnx.checker.check_model(_with_unchecked_ops(model, tolerated) if tolerated
+                                     else model, full_check=full_check)
+            return
+        except onnx.checker.ValidationError as exc:
+            match = _DEPRECATED.search(str(exc))
+            op = match.group(1) if match else None
+            if ("", op) not in TOLERATED_DEPRECATED_OPS or op in tolerated:
+                raise
+            tolerated.add(op)
+
+
+def _with_unchecked_ops(model: onnx.ModelProto, op_types: set[str]) -> onnx.ModelProto:
+    """A copy of ``model`` where the ai.onnx nodes ``op_types`` move to an unknown domain."""
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    graphs = [copy.graph, *copy.functions]
+    while graphs:
+        graph = graphs.pop()
+        for node in graph.node:
+            if node.domain in ("", "ai.onnx") and node.op_type in op_types:
+                node.domain = _UNCHECKED_DOMAIN
+            graphs.extend(a.g for a in node.attribute if a.HasField("g"))
+            graphs.extend(sub for a in node.attribute for sub in a.graphs)
+    for owner in (copy, *copy.functions):
+        if not any(o.domain == _UNCHECKED_DOMAIN for o in owner.opset_import):
+            owner.opset_import.append(helper.make_opsetid(_UNCHECKED_DOMAIN, 1))
+    return copy
 
 
 def make_model(graph: onnx.GraphProto, opset_imports: Sequence, **kwargs) -> onnx.ModelProto:
@@ -133,7 +188,7 @@ def invalid_model_errors(model, what: str = "The model"):
         raise
     except Exception as exc:
         try:
-            onnx.checker.check_model(load_model(model))
+            check_model(load_model(model))
         except Exception as invalid:
             raise ValueError(f"{what} is not a valid ONNX model: {invalid}") from exc
         raise
@@ -209,15 +264,79 @@ def initializers_to_inputs(model: onnx.ModelProto, names: Sequence[str]) -> dict
     return {name: values[name] for name in names if name in values}
 
 
-def value_info_map(model: onnx.ModelProto, infer: bool = True) -> dict[str, onnx.ValueInfoProto]:
-    """Type and shape of every named value (inputs, outputs, intermediates, initializers)."""
-    if infer:
+#: ai.onnx operators whose first output has the element type and shape of their
+#: first input. :func:`value_info_map` gives them to it where onnx's shape
+#: inference does not (onnx 1.23: none for GroupNormalization, no shape for
+#: MeanVarianceNormalization), and :func:`~ortlearn.graph.refine_shapes`
+#: propagates the shape.
+OUTPUT_LIKE_INPUT0 = frozenset((
+    "Abs", "Acos", "Asin", "Atan", "BatchNormalization", "Ceil", "Celu", "Clip", "Cos",
+    "Cosh", "Dropout", "Elu", "Erf", "Exp", "Floor", "Gelu", "GroupNormalization",
+    "HardSigmoid", "HardSwish", "Identity", "InstanceNormalization", "LayerNormalization",
+    "LeakyRelu", "Log", "LogSoftmax", "LpNormalization", "MeanVarianceNormalization",
+    "Mish", "Neg", "Not", "Reciprocal", "Relu", "Round", "Selu", "Sigmoid", "Sign", "Sin",
+    "Sinh", "Softmax", "Softplus", "Softsign", "Sqrt", "Tan", "Tanh", "ThresholdedRelu",
+))
+
+
+def _typed(info: onnx.ValueInfoProto | None) -> bool:
+    """Whether ``info`` gives an element type and a rank."""
+    return info is not None and bool(elem_type_of(info)) and shape_of(info) is not None
+
+
+def _infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
+    """onnx's shape inference, completed with :data:`OUTPUT_LIKE_INPUT0`.
+
+    An output of those operators inference leaves without a type (or
+    rank) gets its input's; inference then runs again from there, so that
+    the nodes downstream get theirs.
+    """
+    for _ in range(len(model.graph.node) + 1):
         try:
             model = onnx.shape_inference.infer_shapes(model, data_prop=True)
         except Exception:  # shape inference is best effort; types come from declarations
-            pass
-    g = model.graph
-    infos = {v.name: v for v in itertools.chain(g.value_info, g.input, g.output)}
+            return model
+        g = model.graph
+        infos = _info_table(g)
+        added = []
+        for node in g.node:
+            if (node.domain in ("", "ai.onnx") and node.op_type in OUTPUT_LIKE_INPUT0
+                    and node.input and node.output and node.output[0]
+                    and not _typed(infos.get(node.output[0]))
+                    and _typed(infos.get(node.input[0]))):
+                info = onnx.ValueInfoProto()
+                info.CopyFrom(infos[node.input[0]])
+                info.name = node.output[0]
+                infos[info.name] = info
+                added.append(info)
+        if not added:
+            return model
+        names = {i.name for i in added}
+        kept = [v for v in g.value_info if v.name not in names]
+        del g.value_info[:]
+        g.value_info.extend(kept + added)
+    return model
+
+
+def value_info_map(model: onnx.ModelProto, infer: bool = True) -> dict[str, onnx.ValueInfoProto]:
+    """Type and shape of every named value (inputs, outputs, intermediates, initializers).
+
+    With ``infer``, onnx's shape inference completes the model's
+    declarations, and outputs of :data:`OUTPUT_LIKE_INPUT0` operators it
+    leaves untyped get their first input's type and shape.
+    """
+    if infer:
+        model = _infer_shapes(model)
+    return _info_table(model.graph)
+
+
+def _info_table(g: onnx.GraphProto) -> dict[str, onnx.ValueInfoProto]:
+    """``{name: value info}``: the declared inputs and outputs over ``value_info``, but
+    an untyped declaration (an output declared without type) never hides a typed one."""
+    infos = {}
+    for v in itertools.chain(g.value_info, g.input, g.output):
+        if v.name not in infos or elem_type_of(v):
+            infos[v.name] = v
     for init in g.initializer:
         if init.name not in infos:
             infos[init.name] = helper.make_tensor_value_info(

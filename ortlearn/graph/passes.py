@@ -49,6 +49,7 @@ __all__ = [
     "negations_folded",
     "run_passes",
     "running_statistics",
+    "training_batch_norms",
     "set_inference_mode",
     "unused_nodes_removed",
 ]
@@ -456,14 +457,19 @@ def running_statistics(model: onnx.ModelProto) -> list[str]:
     from the batch statistics, and the eval and inference models
     (:func:`set_inference_mode`) normalise with them.
     """
-    opset = opset_of(model)
     inits = {i.name for i in model.graph.initializer}
     names = []
-    for node in model.graph.node:
-        if node.op_type == "BatchNormalization" and node.domain in ("", "ai.onnx") \
-                and batch_norm_in_training_mode(node, opset):
-            names += [n for n in node.input[3:5] if n in inits and n not in names]
+    for node in training_batch_norms(model):
+        names += [n for n in node.input[3:5] if n in inits and n not in names]
     return names
+
+
+def training_batch_norms(model: onnx.ModelProto) -> list[onnx.NodeProto]:
+    """The BatchNormalization nodes of ``model.graph`` in training mode, in graph order."""
+    opset = opset_of(model)
+    return [node for node in model.graph.node
+            if node.op_type == "BatchNormalization" and node.domain in ("", "ai.onnx")
+            and batch_norm_in_training_mode(node, opset)]
 
 
 def set_inference_mode(model: onnx.ModelProto) -> None:

@@ -70,11 +70,12 @@ NON_DIFFERENTIABLE_INPUTS: dict[str, tuple[int, ...] | None] = {
     **dict.fromkeys(("ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd",
                      "ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp",
                      "ReduceSumSquare"), (1,)),
-    **dict.fromkeys(("Shape", "Size", "ConstantOfShape", "Range", "EyeLike", "OneHot",
-                     "ArgMax", "ArgMin", "Hardmax", "NonZero", "Equal", "Less", "Greater",
-                     "LessOrEqual", "GreaterOrEqual", "Sign", "Floor", "Ceil", "Round",
-                     "IsNaN", "IsInf", "RandomNormalLike", "RandomUniformLike", "Bernoulli",
-                     "Multinomial"), None),
+    # No input carries a gradient: ortlearn.autodiff.NON_DIFFERENTIABLE_OPS is built from these.
+    **dict.fromkeys(("Shape", "Size", "Constant", "ConstantOfShape", "Range", "EyeLike",
+                     "OneHot", "ArgMax", "ArgMin", "Hardmax", "NonZero", "Equal", "Less",
+                     "Greater", "LessOrEqual", "GreaterOrEqual", "Not", "And", "Or", "Xor",
+                     "Sign", "Floor", "Ceil", "Round", "IsNaN", "IsInf", "RandomNormalLike",
+                     "RandomUniformLike", "Bernoulli", "Multinomial"), None),
 }
 
 

@@ -17,13 +17,9 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
-from .model import attr, optional_input, shape_of
+from .model import OUTPUT_LIKE_INPUT0, attr, optional_input, shape_of
 
-_SAME_SHAPE = frozenset((
-    "Abs", "Cast", "Ceil", "Clip", "Dropout", "Elu", "Erf", "Exp", "Floor", "HardSigmoid",
-    "Identity", "IsNaN", "LeakyRelu", "Log", "LogSoftmax", "Neg", "Not", "Reciprocal",
-    "Relu", "Selu", "Sigmoid", "Sign", "Softmax", "Softplus", "Softsign", "Sqrt", "Tanh",
-))
+_SAME_SHAPE = OUTPUT_LIKE_INPUT0 | {"Cast", "IsInf", "IsNaN"}
 _BROADCAST = frozenset((
     "Add", "And", "Div", "Equal", "Greater", "GreaterOrEqual", "Less", "LessOrEqual", "Max",
     "Mean", "Min", "Mod", "Mul", "Or", "Pow", "PRelu", "Sub", "Sum", "Where", "Xor",

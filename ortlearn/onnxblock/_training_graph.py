@@ -20,7 +20,6 @@ from ..graph import (
     finalize_model,
     initializer_map,
     onnx_to_np_dtype,
-    opset_of,
     set_inference_mode,
     shape_of,
     value_info_map,
@@ -33,7 +32,7 @@ from ..graph.format import (
     UPDATED_FROZEN_KEY,
     UPDATED_SUFFIX,
 )
-from ..graph.passes import batch_norm_in_training_mode, running_statistics
+from ..graph.passes import running_statistics, training_batch_norms
 
 
 def split_parameters(model: onnx.ModelProto, requires_grad: Sequence[str],
@@ -118,13 +117,6 @@ def _add_gradient_accumulation(model: onnx.ModelProto, trainable: list[TensorPro
 
 
 # ------------------------------------------------ BatchNormalization running statistics
-def _batch_norm_nodes_in_training_mode(model: onnx.ModelProto) -> list[onnx.NodeProto]:
-    opset = opset_of(model)
-    return [node for node in model.graph.node
-            if node.op_type == "BatchNormalization" and node.domain in ("", "ai.onnx")
-            and batch_norm_in_training_mode(node, opset)]
-
-
 def _check_not_trained(model: onnx.ModelProto, requires_grad: Sequence[str]) -> None:
     trained = [n for n in running_statistics(model) if n in set(requires_grad)]
     if trained:
@@ -146,7 +138,7 @@ def _add_running_statistics_updates(model: onnx.ModelProto, frozen: list[TensorP
     """
     g = model.graph
     params = {p.name: p for p in frozen}
-    nodes = [n for n in _batch_norm_nodes_in_training_mode(model)
+    nodes = [n for n in training_batch_norms(model)
              if any(name in params for name in n.input[3:5])]
     if not nodes:
         return []
