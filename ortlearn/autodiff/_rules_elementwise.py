@@ -262,3 +262,11 @@ def _cast(ctx, node, grads):
     if not ctx.needs(x):
         return [None]
     return [ctx.b.cast(grads[0], ctx.dtype(x))]
+
+
+@register_gradient("CastLike")
+def _cast_like(ctx, node, grads):
+    """``CastLike(x, like)``: the gradient cast back to ``x``'s type; ``like`` gives only
+    a type (the dynamo exporter writes it for the constants of ``hardswish``, ``mean``...)."""
+    x = node.input[0]
+    return [ctx.b.cast(grads[0], ctx.dtype(x)) if ctx.needs(x) else None, None]
