@@ -240,3 +240,119 @@ def test_adamw_follows_torch(name, exporter, tmp_path):
     assert _falls(got)
     checked = _assert_state_equals_torch(state, model, onx, rtol=1e-4)
     assert sorted(checked) == sorted(trainable + frozen + stats)
+
+
+# ----------------------------------------------------------------- 3. dropout on, inference
+
+
+@pytest.mark.parametrize("name,exporter", [*((n, "torchscript") for n in CNNS),
+                                           ("lenet", "dynamo")])
+def test_dropout_on_trains_and_inference_model_matches_torch_eval(name, exporter, tmp_path):
+    has_dropout = name == "lenet"  # the others have no Dropout
+    model, inputs, target, onx = _fresh(name, exporter, dropout=has_dropout)
+    if has_dropout:
+        assert [n for n in onx.graph.node if n.op_type == "Dropout"]
+    api.set_seed(0)
+    data = _batches(name, inputs, target)
+    trainable = [k for k, _ in model.named_parameters()]
+    losses, state, module = _train_ortlearn(onx, data, ZOO[name][1], tmp_path,
+                                            requires_grad=trainable,
+                                            frozen_params=_running_statistics(model))
+    assert _falls(losses), losses
+    module.export_model_for_inferencing(str(tmp_path / "inference.onnx"), ["output"])
+    inference = onnx.load(str(tmp_path / "inference.onnx"))
+    for node in inference.graph.node:  # Dropout, if kept, is in inference mode
+        assert node.op_type != "Dropout" or node.input[2] == "eval_training_mode"
+    # the trained weights and statistics into the torch module, through parameter_map
+    values = {}
+    for init, (key, transposed) in parameter_map(onx, model).items():
+        if init in state.parameters:
+            value = state.parameters[init].data
+            values[key] = torch.from_numpy((value.T if transposed else value).copy())
+    model.load_state_dict(values, strict=False)
+    assert sorted(values) == sorted(trainable + _running_statistics(model))
+    model.eval()
+    plain = ort.InferenceSession(str(tmp_path / "inference.onnx"),
+                                 providers=["CPUExecutionProvider"])
+    x = data[0][0]
+    with torch.no_grad():
+        expected = model(torch.from_numpy(x)).numpy()
+    got = plain.run(None, {plain.get_inputs()[0].name: x})[0]
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4 * np.abs(expected).max())
+
+
+# ----------------------------------------------------------------- 4. frozen backbone
+
+
+CLASSIFIER = ["fc2.weight", "fc2.bias"]
+#: gradient nodes of a Conv, BatchNorm or MaxPool: none when only the classifier trains
+BACKWARD_OPS = {"ConvTranspose", "ReduceSum", "Where", "GatherElements", "ScatterElements",
+                "Pad", "Equal"}
+
+
+def _op_counts(model):
+    counts = {}
+    for node in model.graph.node:
+        counts[node.op_type] = counts.get(node.op_type, 0) + 1
+    return counts
+
+
+@pytest.mark.parametrize("exporter", EXPORTERS)
+def test_frozen_backbone_builds_no_gradient_for_it(exporter):
+    model, _, _, onx = _export("lenet", exporter)
+    stats = _running_statistics(model)
+    params = [k for k, _ in model.named_parameters()]
+    backbone = [k for k in params if k not in CLASSIFIER]
+    full, eval_model, _, _ = artifacts.build_artifacts(
+        onx, requires_grad=params, frozen_params=stats, loss=artifacts.LossType.CrossEntropyLoss)
+    head, _, _, _ = artifacts.build_artifacts(
+        onx, requires_grad=CLASSIFIER, frozen_params=backbone + stats,
+        loss=artifacts.LossType.CrossEntropyLoss)
+    full_ops, head_ops, eval_ops = _op_counts(full), _op_counts(head), _op_counts(eval_model)
+    # the full model differentiates the convolutions (ConvTranspose, or Conv for the
+    # weights) and the pooling; the head-only model has the forward's Convs only
+    assert full_ops.get("Conv", 0) + full_ops.get("ConvTranspose", 0) > eval_ops["Conv"]
+    assert head_ops.get("Conv", 0) == eval_ops["Conv"] == 2
+    assert "ConvTranspose" not in head_ops
+    # what the head adds to the forward: the loss, fc2's Gemm gradient, the accumulation
+    # and the running statistics; the full model adds the backbone's backward too
+    forward = sum(eval_ops.values())
+    added_head, added_full = len(head.graph.node) - forward, len(full.graph.node) - forward
+    assert added_full > 2 * added_head, (added_head, added_full)
+    outputs = [o.name for o in head.graph.output]
+    assert [o for o in outputs if o.endswith("_grad.accumulation.out")] == [
+        f"{k}_grad.accumulation.out" for k in CLASSIFIER]
+
+
+@pytest.mark.parametrize("exporter", EXPORTERS)
+def test_frozen_backbone_batchnorm_statistics_follow_torch(exporter, tmp_path):
+    """The documented rule (doc/torch_models.rst, "Frozen backbones"): statistics listed
+    in frozen_params are updated by each train step as torch's train mode does, also when
+    the BatchNorm's scale and bias are frozen (torch: requires_grad=False); left in neither
+    list they are constants (torch: momentum=0)."""
+    _, inputs, target, onx = _export("lenet", exporter)
+    data = _batches("lenet", inputs, target, steps=10)
+    model = _fresh("lenet", exporter)[0]
+    stats = _running_statistics(model)
+    backbone = [k for k, _ in model.named_parameters() if k not in CLASSIFIER]
+    got, state, _ = _train_ortlearn(onx, data, "cross_entropy", tmp_path / "state",
+                                    requires_grad=CLASSIFIER, frozen_params=backbone + stats)
+    expected = _train_torch(model, data, "cross_entropy", CLASSIFIER)
+    np.testing.assert_allclose(got, expected, rtol=1e-4)
+    checked = _assert_state_equals_torch(state, model, onx, rtol=1e-4)
+    assert sorted(checked) == sorted(CLASSIFIER + backbone + stats)
+    initial = _fresh("lenet", exporter)[0]
+    assert _rel(model.bn1.running_var, initial.bn1.running_var) > 0.1  # they moved
+
+    # running statistics in neither list: constants, as torch with momentum=0
+    constant = _fresh("lenet", exporter)[0]
+    for bn in (constant.bn1, constant.bn2):
+        bn.momentum = 0.0
+    got, state, _ = _train_ortlearn(onx, data, "cross_entropy", tmp_path / "const",
+                                    requires_grad=CLASSIFIER, frozen_params=backbone)
+    expected = _train_torch(constant, data, "cross_entropy", CLASSIFIER)
+    np.testing.assert_allclose(got, expected, rtol=1e-4)
+    assert not set(stats) & set(state.parameters)
+    _assert_state_equals_torch(state, constant, onx, rtol=1e-4)
+    np.testing.assert_array_equal(constant.bn1.running_var.numpy(),
+                                  initial.bn1.running_var.numpy())
