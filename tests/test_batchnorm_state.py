@@ -180,3 +180,27 @@ def test_running_statistics_left_as_initializers_stay_constant(tmp_path):
     assert "1.running_mean" not in state.parameters
     stats = {i.name: onnx.numpy_helper.to_array(i) for i in training.graph.initializer}
     np.testing.assert_array_equal(stats["1.running_var"], np.ones(5, np.float32))
+
+
+def test_onnxruntime_updates_batchnorm_statistics_inputs_in_place():
+    """Why the training model reads the new statistics from BatchNormalization's outputs:
+    onnxruntime 1.32's training-mode kernel writes them into its running-statistic inputs
+    (the fed array changes), so a node reading those inputs may see them already updated
+    (LeNet's running statistics were updated twice per step). When this test fails,
+    onnxruntime no longer does it."""
+    from onnx import TensorProto, helper
+
+    bn = helper.make_node("BatchNormalization", ["X", "s", "b", "mean", "var"],
+                          ["Y", "rm", "rv"], training_mode=1, momentum=0.9)
+    graph = helper.make_graph(
+        [bn], "g", [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in
+                    [("X", [4, 2]), ("s", [2]), ("b", [2]), ("mean", [2]), ("var", [2])]],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [4, 2])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 9
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    x = np.arange(8, dtype=np.float32).reshape(4, 2)
+    mean = np.zeros(2, np.float32)
+    sess.run(None, {"X": x, "s": np.ones(2, np.float32), "b": np.zeros(2, np.float32),
+                    "mean": mean, "var": np.ones(2, np.float32)})
+    np.testing.assert_allclose(mean, 0.1 * x.mean(0), rtol=1e-6)

@@ -266,7 +266,7 @@ def _cast(ctx, node, grads):
 
 @register_gradient("CastLike")
 def _cast_like(ctx, node, grads):
-    # torch's dynamo exporter writes masked_fill as Where(mask, CastLike(fill,
-    # scores), scores). The values of ``like`` do not matter, only its type:
-    # it gets no gradient.
+    # The dynamo exporter writes CastLike for masked_fill (Where(mask, CastLike(fill,
+    # scores), scores)) and the constants of hardswish, mean...: ``like`` gives only a
+    # type and gets no gradient.
     return [*_cast(ctx, node, grads), None]

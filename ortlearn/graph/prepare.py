@@ -482,7 +482,8 @@ def fold_constant_ifs(model: onnx.ModelProto, wrt: Sequence[str] = ()) -> int:
 
 
 def prepare_for_gradient(model: onnx.ModelProto, wrt: Sequence[str] = ()) -> bool:
-    """Inline the local functions of ``model`` and fold its constant Ifs, in place.
+    """Inline the local functions of ``model``, fold its constant Ifs and the operands
+    rules need as constants (:func:`fold_static_operands`), in place.
 
     What the reverse pass of :mod:`ortlearn.autodiff` runs first: the
     gradient rules see only plain operators. Ops of other domains without a
@@ -510,4 +511,48 @@ def prepare_for_gradient(model: onnx.ModelProto, wrt: Sequence[str] = ()) -> boo
         del model.opset_import[:]
         model.opset_import.extend(inlined.opset_import)
         changed = True
-    return fold_constant_ifs(model, wrt) > 0 or changed
+    changed = fold_constant_ifs(model, wrt) > 0 or changed
+    return fold_static_operands(model, wrt) > 0 or changed
+
+
+#: Inputs that gradient rules need known before running, by operator: they are
+#: replaced by Constant nodes when computable from constants and static shapes.
+STATIC_OPERANDS = {"Resize": (1, 2, 3)}
+
+
+def fold_static_operands(model: onnx.ModelProto, wrt: Sequence[str] = ()) -> int:
+    """Replace each input of :data:`STATIC_OPERANDS` computed from constants by a Constant.
+
+    The TorchScript exporter writes ``nn.Upsample(scale_factor=2)``'s scales as
+    ``Concat(Constant, Constant)``; the Resize gradient needs their values.
+    The producing nodes stay (pruned later if nothing else reads them).
+
+    Returns
+    -------
+    int
+        The number of inputs replaced.
+    """
+    nodes = list(model.graph.node)
+    if not any(n.op_type in STATIC_OPERANDS for n in nodes):
+        return 0
+    constants = _Constants(model, nodes, wrt)
+    b = GraphBuilder(opset_of(model) or 18, used_names=graph_names(model.graph))
+    folded, out = 0, []
+    for node in nodes:
+        indices = STATIC_OPERANDS.get(node.op_type, ()) if node.domain in ("", "ai.onnx") else ()
+        for i in indices:
+            if i >= len(node.input) or not node.input[i] or node.input[i] in constants.values:
+                continue
+            value = constants.get(node.input[i])
+            if value is None:
+                continue
+            name = b.unique_name(f"{node.input[i]}_static")
+            out.append(helper.make_node("Constant", [], [name],
+                                        value=numpy_helper.from_array(np.asarray(value), name)))
+            node.input[i] = name
+            folded += 1
+        out.append(node)
+    if folded:
+        del model.graph.node[:]
+        model.graph.node.extend(out)
+    return folded

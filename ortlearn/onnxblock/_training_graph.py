@@ -153,20 +153,31 @@ def _add_running_statistics_updates(model: onnx.ModelProto, frozen: list[TensorP
                              f"{node.name!r} is unknown: its running statistics cannot be "
                              "updated.")
         like = params[next(n for n in node.input[3:5] if n in params)]
-        batch = _batch_statistics(b, x, len(shape), like)
+        dtype = onnx_to_np_dtype(like.data_type)
         momentum = attr(node, "momentum", 0.9)
-        for name, stat in zip(node.input[3:5], batch):
+        # onnxruntime 1.32's CPU kernel writes the new statistics into its running-statistic
+        # INPUTS, so a node reading them after it sees them already updated (measured: a
+        # double update per step). Read the node's outputs only: ONNX's new mean is torch's;
+        # its new variance uses the biased batch variance, torch's the unbiased one:
+        # torch's = ONNX's + (1 - momentum) * biased / (n - 1).
+        while len(node.output) < 3:
+            node.output.append("")
+        for i in (1, 2):
+            if not node.output[i]:
+                node.output[i] = b.unique_name(f"{node.input[i + 2]}_onnx_update")
+        biased, n = _batch_statistics(b, x, len(shape), like)
+        unbias = b.op("Div", [b.const(np.asarray(1 - momentum, dtype=dtype)),
+                              b.op("Sub", [n, b.const(np.asarray(1, dtype=dtype))])])
+        stats = [node.output[1], b.op("Add", [node.output[2], b.op("Mul", [biased, unbias])])]
+        for name, stat in zip(node.input[3:5], stats):
             if name not in params:
                 continue
             if name in updated:
                 raise ValueError(f"The running statistic {name!r} is shared by several "
                                  "BatchNormalization nodes: which update wins is undefined.")
             p = params[name]
-            dtype = onnx_to_np_dtype(p.data_type)
-            kept = b.op("Mul", [name, b.const(np.asarray(momentum, dtype=dtype))])
-            new = b.op("Mul", [stat, b.const(np.asarray(1 - momentum, dtype=dtype))])
             out = b.reserve(name + UPDATED_SUFFIX)
-            b.op("Add", [kept, new], outputs=[out])
+            b.op("Identity", [stat], outputs=[out])
             g.output.append(helper.make_tensor_value_info(out, p.data_type, list(p.dims)))
             updated.append(name)
     b.add_to_graph(g)
@@ -174,23 +185,21 @@ def _add_running_statistics_updates(model: onnx.ModelProto, frozen: list[TensorP
 
 
 def _batch_statistics(b: GraphBuilder, x: str, rank: int, like: TensorProto):
-    """Per-channel mean and unbiased variance of ``x`` (channels on axis 1), shape ``(C,)``.
+    """Per-channel biased variance of ``x`` (channels on axis 1), shape ``(C,)``, and the
+    number ``n`` of values per channel (a scalar of ``like``'s type).
 
     Written as the gradient rule writes its statistics (same nodes, dims
     kept), so that onnxruntime's common-subexpression elimination can share them.
     """
-    dtype = onnx_to_np_dtype(like.data_type)
     axes = [0, *range(2, rank)]
     mean = b.reduce("ReduceMean", x, axes, keepdims=1)
     centered = b.op("Sub", [x, mean])
     var = b.reduce("ReduceMean", b.op("Mul", [centered, centered]), axes, keepdims=1)
-    flat = b.ints([-1], hint="flat")
-    mean, var = b.op("Reshape", [mean, flat]), b.op("Reshape", [var, flat])
+    var = b.op("Reshape", [var, b.ints([-1], hint="flat")])
     # n values per channel: Size(x) / C
     n = b.op("Div", [b.cast(b.op("Size", [x]), like.data_type),
-                     b.cast(b.op("Size", [mean]), like.data_type)])
-    correction = b.op("Div", [n, b.op("Sub", [n, b.const(np.asarray(1, dtype=dtype))])])
-    return mean, b.op("Mul", [var, correction])
+                     b.cast(b.op("Size", [var]), like.data_type)])
+    return var, n
 
 
 def build_training_and_eval(model: onnx.ModelProto, requires_grad: Sequence[str],
