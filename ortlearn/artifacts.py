@@ -376,9 +376,10 @@ def _build(model, requires_grad, frozen_params, loss, optimizer, additional_outp
     optim_block = _optimizer_block(optimizer)
     frozen = _name_list(frozen_params, "frozen_params")
     base_model = load_model(model)
-    if requires_grad is None:
-        # BatchNormalization's running statistics are training state, not weights.
-        frozen += [n for n in running_statistics(base_model) if n not in frozen]
+    # The running statistics of a training-mode BatchNormalization are training state,
+    # updated by every step as torch's train mode does, whatever the lists say (torch
+    # freezes them only with the layer in eval mode: export it so).
+    frozen += [n for n in running_statistics(base_model) if n not in frozen]
     # constants (a Dropout ratio, a shape) are never trained: see select_trainable
     trainable, frozen = select_trainable(
         base_model, None if requires_grad is None else _name_list(requires_grad, "requires_grad"),
