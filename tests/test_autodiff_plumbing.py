@@ -497,3 +497,50 @@ def test_dynamo_embedding_padding_idx_and_dynamic_views():
     gather = next(n for n in model.graph.node if n.op_type == "Gather")
     assert "aten.embedding" in {p.key: p.value for p in gather.metadata_props}.get(
         "pkg.torch.onnx.fx_node", "")
+
+
+# ---------------------------------------------------------------- CastLike (masked_fill)
+def test_cast_like_finite_differences():
+    """CastLike(x, like): x gets the gradient, like none (only its type counts)."""
+    nodes = [node("CastLike", ["X", "L"], "C"), node("Mul", ["C", "L"])]
+    check_op(nodes, {"X": randn(2, 3), "L": randn(2, 3)}, opset=15)
+
+
+@pytest.mark.parametrize("opset", [15, 21])
+def test_cast_like_gradient_has_the_input_type(opset):
+    """A float32 X cast like a float64 value gets a float32 gradient: R, cast back."""
+    from gradcheck import make_model
+    r = randn(2, 3)
+    nodes = [node("Constant", [], "D", value=helper.make_tensor("D", TensorProto.DOUBLE, [], [0.])),
+             node("CastLike", ["X", "D"], "C"), node("Constant", [], "R", value=helper.make_tensor(
+                 "R", TensorProto.DOUBLE, [2, 3], r.ravel())),
+             node("Mul", ["C", "R"], "CR"), node("ReduceSum", ["CR"], "loss", keepdims=0)]
+    model = make_model(nodes, [], [helper.make_tensor_value_info("loss", TensorProto.DOUBLE, [])],
+                       [onnx.numpy_helper.from_array(randn(2, 3).astype(np.float32), "X")],
+                       opset=opset)
+    grad = session(build_gradient(model, wrt=["X"])).run(None, {})[1]
+    assert grad.dtype == np.float32
+    np.testing.assert_array_equal(grad, r.astype(np.float32))
+
+
+class _MaskedScores(torch.nn.Module):
+    """Causal attention scores with ``masked_fill``, as transformers write them."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(2)
+        self.q = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        t = x.shape[1]
+        scores = self.q(x) @ x.transpose(-1, -2)
+        mask = torch.ones(t, t, dtype=torch.bool).triu(1)
+        return torch.softmax(scores.masked_fill(mask, -1e9), dim=-1)
+
+
+def test_dynamo_masked_fill_matches_autograd():
+    """The dynamo exporter writes masked_fill's value as CastLike(fill, scores)."""
+    model = _grads_vs_torch(_MaskedScores(), (torch.randn(2, 3, 4, dtype=torch.float64),),
+                            True, [(0, 1)],
+                            more_args=[(torch.randn(1, 5, 4, dtype=torch.float64),)])
+    assert "CastLike" in {n.op_type for n in model.graph.node}

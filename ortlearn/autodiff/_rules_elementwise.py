@@ -262,3 +262,11 @@ def _cast(ctx, node, grads):
     if not ctx.needs(x):
         return [None]
     return [ctx.b.cast(grads[0], ctx.dtype(x))]
+
+
+@register_gradient("CastLike")
+def _cast_like(ctx, node, grads):
+    # torch's dynamo exporter writes masked_fill as Where(mask, CastLike(fill,
+    # scores), scores). The values of ``like`` do not matter, only its type:
+    # it gets no gradient.
+    return [*_cast(ctx, node, grads), None]
