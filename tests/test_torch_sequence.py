@@ -36,12 +36,15 @@ from test_autodiff_recurrent import REF_OPS
 from torch_models import (
     EXPORTERS,
     ZOO,
+    TransformerClassifier,
     assert_gradients_close,
     dropout_off,
     export,
+    ort_forward,
     ortlearn_gradients,
     parameter_map,
     torch_gradients,
+    transformer,
 )
 
 from ortlearn import api, artifacts, onnxblock
@@ -55,6 +58,40 @@ TABLE = "embedding.weight"
 LR = 0.01
 #: (batch, sequence length) of the training steps, alternately: one set of artifacts
 BATCHES = ((3, 5), (4, 7))
+#: The TorchScript exporter bakes the example's sequence length (5) into the Reshapes
+#: of nn.MultiheadAttention (``tgt_len`` is a Python int when traced): only the batch
+#: size of its transformer varies (test_torchscript_attention_has_a_static_length).
+STATIC_LENGTH = {("transformer", "torchscript"): ((3, 5), (4, 5)),
+                 ("attended_padding", "torchscript"): ((3, 5), (4, 5))}
+
+
+def shapes(name, exporter):
+    return STATIC_LENGTH.get((name, exporter), BATCHES)
+
+
+#: Where the gradient is zero in exact arithmetic (softmax ignores the key bias) and
+#: float32 leaves rounding noise (1e-9 in torch) that Adam's normalisation turns into
+#: steps of either sign: compared as gradients (both ~0), not as trained weights.
+NOISE_ONLY = {"encoder.self_attn.in_proj_bias": slice(8, 16)}
+
+
+class AttendedPadding(TransformerClassifier):
+    """The zoo's transformer without its padding mask: the padding tokens are attended
+    and averaged, so their embedding row matters and torch's padding_idx shows (the zoo's
+    model masks them: its padding row's gradient is zero with or without padding_idx)."""
+
+    def forward(self, tokens):
+        return self.head(self.encoder(self.embedding(tokens)).mean(1))
+
+
+def attended_padding(batch=3, seq=5, seed=0):
+    model, inputs, target = transformer(batch, seq, seed)
+    torch.manual_seed(seed)
+    return AttendedPadding(), inputs, target
+
+
+BUILDERS = {**{name: build for name, (build, _) in ZOO.items()},
+            "attended_padding": attended_padding}
 
 
 class Erf(OpRunUnaryNum):
@@ -104,7 +141,7 @@ def _as_float64(onx):
 
 def build(name, dtype=torch.float32, dropout=False, **kwargs):
     """(model, inputs, target) of the zoo, in ``dtype``, dropout off unless ``dropout``."""
-    model, inputs, target = ZOO[name][0](**kwargs)
+    model, inputs, target = BUILDERS[name](**kwargs)
     if not dropout:
         dropout_off(model)
     inputs = tuple(x.to(dtype) if x.is_floating_point() else x for x in inputs)
@@ -116,7 +153,7 @@ def _export(name, exporter, dtype, dropout=False):
     """The export of ``build(name, dtype, dropout)``; cached: a dynamo export takes 10-20 s.
     A TorchScript transformer has its padding row marked (the recipe of the user guide)."""
     model, inputs, _ = build(name, dtype, dropout)
-    if exporter == "torchscript" and name == "transformer" and dtype == torch.float64:
+    if exporter == "torchscript" and name != "recurrent" and dtype == torch.float64:
         model32, inputs32, _ = build(name, torch.float32, dropout)
         onx = _as_float64(export(model32, inputs32, exporter, dynamic_axes=SEQUENCE))
         state = model.state_dict()
@@ -125,8 +162,16 @@ def _export(name, exporter, dtype, dropout=False):
                 init.CopyFrom(numpy_helper.from_array(state[init.name].numpy(), init.name))
     else:
         onx = export(model, inputs, exporter, dynamic_axes=SEQUENCE)
-    if exporter == "torchscript" and name == "transformer":
+    if exporter == "torchscript" and name != "recurrent":
         mark_padding_idx(onx, TABLE, model.embedding.padding_idx)
+    if exporter == "dynamo" and name == "recurrent":
+        # torch.export specializes the sequence length of nn.LSTM ("You marked T as
+        # dynamic but your code specialized it to be a constant (4)"); torch.onnx.export
+        # then writes that length in the value_info of the LSTM's outputs, while the
+        # graph's inputs and operators keep it symbolic: drop the stale shapes
+        assert [d.dim_value for v in onx.graph.value_info if v.name == "getitem"
+                for d in v.type.tensor_type.shape.dim][1] == 4
+        del onx.graph.value_info[:]
     return onx
 
 
@@ -151,7 +196,8 @@ def test_gradients_match_torch(name, exporter, dtype, via):
     dims = [d.dim_param for d in onx.graph.input[0].type.tensor_type.shape.dim[:2]]
     assert dims == ["N", "T"]
     # another batch size and sequence length than the export's
-    _, inputs, target = build(name, dtype, batch=4, seq=6, seed=3)
+    batch, seq = shapes(name, exporter)[1]
+    _, inputs, target = build(name, dtype, batch=batch, seq=seq, seed=3)
     loss, expected = torch_gradients(model, inputs, target)
     got_loss, got = ortlearn_gradients(
         onx, inputs, target, model=model, via=via,
@@ -167,9 +213,9 @@ def test_gradients_match_torch(name, exporter, dtype, via):
 
 
 def test_torchscript_loses_padding_idx_and_the_mark_restores_it():
-    """TorchScript writes a bare Gather: unmarked, the padding row gets a gradient; the
-    dynamo exporter keeps padding_idx in the node's metadata."""
-    model, inputs, target = build("transformer")
+    """TorchScript writes a bare Gather: unmarked, the padding row gets a gradient;
+    :func:`mark_padding_idx` gives torch's (the dynamo exporter records padding_idx)."""
+    model, inputs, target = build("attended_padding")
     onx = export(model, inputs, "torchscript")
     (gather,) = [n for n in onx.graph.node if n.op_type == "Gather" and n.input[0] == TABLE]
     assert not gather.metadata_props
@@ -189,12 +235,12 @@ def test_torchscript_loses_padding_idx_and_the_mark_restores_it():
 # ----------------------------------------------------------------- 3, 5. AdamW vs torch
 
 
-def _batches(name, steps, dtype=torch.float32):
-    """``steps`` batches of ``BATCHES`` shapes alternately, each from its own seed."""
+def _batches(name, steps, sizes=BATCHES):
+    """``steps`` batches of the two ``sizes`` alternately, each from its own seed."""
     out = []
     for step in range(steps):
-        batch, seq = BATCHES[step % 2]
-        _, inputs, target = build(name, dtype, batch=batch, seq=seq, seed=100 + step)
+        batch, seq = sizes[step % 2]
+        _, inputs, target = build(name, batch=batch, seq=seq, seed=100 + step)
         out.append((inputs, target))
     return out
 
@@ -251,31 +297,44 @@ def test_adamw_follows_torch(name, exporter, tmp_path):
     assert (hyper["betas"], hyper["eps"], hyper["weight_decay"]) == (
         list(defaults["betas"]), defaults["eps"], defaults["weight_decay"])
     assert hyper["bias_correction"] and not defaults["amsgrad"] and not hyper["clip_grad"]
-    batches = _batches(name, 30)
-    assert {x.shape[:2] for inputs, _ in batches for x in inputs[:1]} == set(BATCHES[:2])
+    batches = _batches(name, 30, shapes(name, exporter))
+    assert {inputs[0].shape[:2] for inputs, _ in batches} == set(shapes(name, exporter))
     got = _train_ortlearn(module, optimizer, batches)
     expected = _train_torch(model, batches)
     np.testing.assert_allclose(got, expected, rtol=1e-4)
-    assert expected[-2:] < expected[:2]  # it learned something: the comparison means something
+    # it learned something (the comparison means something): the loss fell
+    assert np.mean(expected[-6:]) < np.mean(expected[:6])
     weights = _trained_weights(state, model)
     initial = build(name)[0].state_dict()
     for key, value in model.named_parameters():
-        ref = value.detach().numpy()
+        ref, got_w = value.detach().numpy(), weights[key]
         assert np.abs(ref - initial[key].numpy()).max() > 1e-3, key  # every weight moved
-        err = np.abs(weights[key] - ref).max()
+        if key in NOISE_ONLY:
+            noise = NOISE_ONLY[key]
+            for grads in (ortlearn_gradients(onx, *batches[0], model=build(name)[0])[1],
+                          torch_gradients(build(name)[0], *batches[0])[1]):
+                assert np.abs(grads[key][noise]).max() < 1e-6 * np.abs(grads[key]).max()
+            keep = np.ones(ref.shape, bool)
+            keep[noise] = False
+            ref, got_w = ref[keep], got_w[keep]
+        err = np.abs(got_w - ref).max()
         assert err <= 1e-4 * np.abs(ref).max(), f"{key}: {err:.3g}"
 
 
 @pytest.mark.parametrize("exporter", EXPORTERS)
 def test_padding_row_stays_untouched(exporter, tmp_path):
-    """30 AdamW steps without weight decay: the padding row is bit-for-bit the initial one
-    in torch and in ortlearn (with weight decay both decay it alike:
-    test_adamw_follows_torch)."""
-    model, _, _, onx = exported("transformer", exporter)
+    """30 AdamW steps without weight decay, padding tokens attended: the padding row gets
+    no gradient and is bit-for-bit the initial one, in torch and in ortlearn (with weight
+    decay both decay it alike: test_adamw_follows_torch)."""
+    model, inputs, target, onx = exported("attended_padding", exporter)
+    _, expected = torch_gradients(model, inputs, target)
+    _, got = ortlearn_gradients(onx, inputs, target, model=model)
+    assert_gradients_close(got, expected, rtol=1e-4)
+    assert not got[TABLE][0].any() and not expected[TABLE][0].any()
     initial = model.embedding.weight.detach().numpy().copy()
     state, module, optimizer = _artifacts(onx, model, tmp_path,
                                           optimizer=onnxblock.optim.AdamW(weight_decay=0.0))
-    batches = _batches("transformer", 30)
+    batches = _batches("attended_padding", 30, shapes("attended_padding", exporter))
     assert all((inputs[0] == 0).any() for inputs, _ in batches)  # padding in every batch
     got = _train_ortlearn(module, optimizer, batches)
     expected = _train_torch(model, batches, weight_decay=0.0)
@@ -294,9 +353,9 @@ def test_dropout_on_trains_and_exports_for_inference(tmp_path):
     the loss falls over 30 steps; the inference model ortlearn exports runs in plain
     onnxruntime, has no Dropout, and agrees with torch's eval mode on the trained weights."""
     model, _, _, onx = exported("transformer", "torchscript", dropout=True)
-    assert sum(n.op_type == "Dropout" for n in onx.graph.node) == 3
+    assert sum(n.op_type == "Dropout" for n in onx.graph.node) == 4  # attention's, 3 more
     _, module, optimizer = _artifacts(onx, model, tmp_path)
-    _, inputs, target = build("transformer", batch=8, seq=6, seed=7)
+    _, inputs, target = build("transformer", batch=8, seq=5, seed=7)
     losses = _train_ortlearn(module, optimizer, [(inputs, target)] * 30)
     assert np.mean(losses[-5:]) < 0.7 * np.mean(losses[:5]), losses
     path = str(tmp_path / "inference.onnx")
@@ -310,9 +369,20 @@ def test_dropout_on_trains_and_exports_for_inference(tmp_path):
                            for key, _ in [names[init.name]]}, strict=False)
     model.eval()
     session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
-    for batch, seq in BATCHES:
+    for batch, seq in shapes("transformer", "torchscript"):
         _, (tokens,), _ = build("transformer", batch=batch, seq=seq, seed=11)
         with torch.no_grad():
             expected = model(tokens).numpy()
         predicted = session.run(None, {"input": tokens.numpy()})[0]
         np.testing.assert_allclose(predicted, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.xfail(strict=True, raises=ort.capi.onnxruntime_pybind11_state.Fail,
+                   reason="torch's TorchScript exporter traces nn.MultiheadAttention's "
+                   "sequence length as a constant (Reshape to (5, N*heads, head_dim)): "
+                   "export attention for several lengths with the dynamo exporter")
+def test_torchscript_attention_has_a_static_length():
+    model, _, _, onx = exported("transformer", "torchscript")
+    _, inputs, _ = build("transformer", batch=3, seq=7)
+    np.testing.assert_allclose(ort_forward(onx, inputs), model(*inputs).detach().numpy(),
+                               rtol=1e-5, atol=1e-6)
