@@ -43,15 +43,17 @@ def mark_padding_idx(model: onnx.ModelProto, table: str, padding_idx: int) -> li
     Examples
     --------
     >>> import numpy as np
-    >>> from onnx import TensorProto, helper, numpy_helper
+    >>> from onnx import TensorProto as T, helper as h, numpy_helper
     >>> from ortlearn.autodiff import mark_padding_idx
-    >>> graph = helper.make_graph(
-    ...     [helper.make_node("Gather", ["emb", "ids"], ["y"], name="lookup")], "g",
-    ...     [helper.make_tensor_value_info("ids", TensorProto.INT64, ["N"])],
-    ...     [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 2])],
-    ...     [numpy_helper.from_array(np.zeros((5, 2), np.float32), "emb")])
-    >>> mark_padding_idx(helper.make_model(graph), "emb", 0)
+    >>> lookup = h.make_node("Gather", ["emb", "ids"], ["y"], name="lookup")
+    >>> table = numpy_helper.from_array(np.zeros((5, 2), np.float32), "emb")
+    >>> ids = h.make_tensor_value_info("ids", T.INT64, ["N"])
+    >>> y = h.make_tensor_value_info("y", T.FLOAT, ["N", 2])
+    >>> model = h.make_model(h.make_graph([lookup], "g", [ids], [y], [table]))
+    >>> mark_padding_idx(model, "emb", -5)
     ['lookup']
+    >>> model.graph.node[0].metadata_props[0].value
+    '0'
     """
     rows = next((int(i.dims[0]) for i in model.graph.initializer
                  if i.name == table and i.dims), None)
