@@ -14,7 +14,7 @@ import torch
 from gradcheck import away, check_op, node, randn, session
 from onnx import TensorProto, helper
 
-from ortlearn.autodiff import build_gradient
+from ortlearn.autodiff import build_gradient, mark_padding_idx
 from ortlearn.graph import finalize_model
 
 I64 = np.int64
@@ -400,15 +400,14 @@ def test_embedding_repeated_indices():
 
 def test_embedding_padding_idx_torchscript_needs_the_caller():
     """The TorchScript exporter writes a bare Gather: padding_idx is lost, the padding
-    row gets a gradient, unless the caller marks the node with ``ortlearn.padding_idx``."""
+    row gets a gradient, unless the caller marks the node (``mark_padding_idx``)."""
     module = _Embed(0).double()
     with pytest.raises(AssertionError, match="emb.weight"):
         _grads_vs_torch(module, (EMBED_IDS,), False, [(0, 1)])
     model = _export(module, (EMBED_IDS,), False, [(0, 1)])
     gather = next(n for n in model.graph.node if n.op_type == "Gather")
     assert not gather.metadata_props
-    from ortlearn.autodiff._rules_shape import PADDING_IDX_KEY
-    gather.metadata_props.add(key=PADDING_IDX_KEY, value="0")
+    assert mark_padding_idx(model, gather.input[0], 0) == [gather.name or gather.output[0]]
     model.graph.node.extend([helper.make_node("ReduceSum", ["Y"], ["loss"], keepdims=0)])
     del model.graph.output[:]
     model.graph.output.append(helper.make_tensor_value_info("loss", TensorProto.DOUBLE, []))

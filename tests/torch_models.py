@@ -296,7 +296,7 @@ def batchnorm_training_mode(onx: onnx.ModelProto) -> list[str]:
 
 
 def export(model, example_inputs, exporter="torchscript", train=True, *, opset=None,
-           dynamic_batch=True, batchnorm_training=True) -> onnx.ModelProto:
+           dynamic_batch=True, dynamic_axes=None, batchnorm_training=True) -> onnx.ModelProto:
     """``model`` exported for training by ``exporter`` (the recipe of ``doc/torch_models.rst``).
 
     - ``'torchscript'``: ``dynamo=False``, ``training=TrainingMode.TRAINING`` (or ``EVAL``),
@@ -308,13 +308,17 @@ def export(model, example_inputs, exporter="torchscript", train=True, *, opset=N
       (:func:`batchnorm_training_mode`) unless ``batchnorm_training=False``.
 
     The inputs are named ``input`` (``input0``, ``input1``... for several) with a
-    symbolic batch dimension ``N`` when ``dynamic_batch``; the output is ``output``;
-    the initializers carry the torch ``state_dict`` names.
+    symbolic batch dimension ``N`` when ``dynamic_batch``, and the other symbolic
+    dimensions ``dynamic_axes`` gives (``{axis: name}``, on every input: ``{1: "T"}``
+    for a sequence length); the output is ``output``; the initializers carry the
+    torch ``state_dict`` names.
     """
     if exporter not in EXPORTERS:
         raise ValueError(f"exporter must be one of {EXPORTERS}, got {exporter!r}")
     args = tuple(example_inputs)
     names = _input_names(len(args))
+    axes = {0: "N"} if dynamic_batch else {}
+    axes.update(dynamic_axes or {})
     # TorchScript traces with a real forward: in train mode it steps every BatchNorm's
     # running statistics (and writes the stepped values); keep the module's own
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
@@ -328,13 +332,14 @@ def export(model, example_inputs, exporter="torchscript", train=True, *, opset=N
                 export_params=True, keep_initializers_as_inputs=False,
                 opset_version=opset or TORCHSCRIPT_OPSET, input_names=names,
                 output_names=["output"],
-                dynamic_axes={n: {0: "N"} for n in [*names, "output"]} if dynamic_batch else None)
+                dynamic_axes={**{n: axes for n in names},
+                              **({"output": {0: "N"}} if dynamic_batch else {})} or None)
             onx = onnx.load_from_string(f.getvalue())
         else:
             dims = None
-            if dynamic_batch:
-                batch = torch.export.Dim("N")
-                dims = tuple({0: batch} for _ in args)
+            if axes:
+                symbols = {axis: torch.export.Dim(name) for axis, name in axes.items()}
+                dims = tuple(dict(symbols) for _ in args)
             program = torch.onnx.export(model, args, dynamo=True, optimize=False,
                                         opset_version=opset, dynamic_shapes=dims)
             onx = program.model_proto
@@ -445,7 +450,7 @@ def _loss_graph(onx: onnx.ModelProto, loss: str, target_type) -> onnx.ModelProto
 
 
 def ortlearn_gradients(onx, inputs, target, loss="cross_entropy", *, model=None,
-                       requires_grad=None, via="autodiff"):
+                       requires_grad=None, via="autodiff", evaluator=None):
     """``(loss, {state_dict name: gradient})`` computed by ortlearn in onnxruntime.
 
     Parameters
@@ -467,6 +472,13 @@ def ortlearn_gradients(onx, inputs, target, loss="cross_entropy", *, model=None,
         plus the loss; ``'api'``: :func:`ortlearn.artifacts.generate_artifacts`
         with ``LossType.CrossEntropyLoss``/``MSELoss`` and one
         :class:`ortlearn.api.Module` training step.
+    evaluator : callable, default=None
+        ``evaluator(model_proto)`` returns an object with ``run(names, feeds)``
+        (onnx's reference evaluator, for float64 graphs onnxruntime has no
+        kernel for); it then runs the gradient model (``'autodiff'``) or the
+        training model ``generate_artifacts`` writes, fed the checkpoint's
+        parameters (``'api'``). None: onnxruntime (:func:`session`,
+        :class:`ortlearn.TrainingSession`).
     """
     names = parameter_map(onx, model) if model is not None else {}
     params = {k for k, _ in model.named_parameters()} if model is not None else None
@@ -477,9 +489,10 @@ def ortlearn_gradients(onx, inputs, target, loss="cross_entropy", *, model=None,
     target = _to_numpy(target)
     feeds = _feeds(onx, inputs)
     if via == "autodiff":
-        loss_value, grads = _autodiff_gradients(onx, feeds, target, loss, requires_grad)
+        loss_value, grads = _autodiff_gradients(onx, feeds, target, loss, requires_grad,
+                                                evaluator)
     elif via == "api":
-        loss_value, grads = _api_gradients(onx, feeds, target, loss, requires_grad)
+        loss_value, grads = _api_gradients(onx, feeds, target, loss, requires_grad, evaluator)
     else:
         raise ValueError(f"via must be 'autodiff' or 'api', got {via!r}")
     out = {}
@@ -497,19 +510,21 @@ def session(model_bytes) -> ort.InferenceSession:
     return make_session(model_bytes)
 
 
-def _autodiff_gradients(onx, feeds, target, loss, requires_grad):
+def _autodiff_gradients(onx, feeds, target, loss, requires_grad, evaluator=None):
     from ortlearn.autodiff import build_gradient
 
     target_type = onnx.helper.np_dtype_to_tensor_dtype(target.dtype)
     grad_model = build_gradient(_loss_graph(onx, loss, target_type), wrt=list(requires_grad))
-    outputs = session(grad_model.SerializeToString()).run(None, {**feeds, "target": target})
+    runner = evaluator(grad_model) if evaluator else session(grad_model.SerializeToString())
+    outputs = runner.run(None, {**feeds, "target": target})
     return float(outputs[0]), dict(zip(requires_grad, outputs[1:]))
 
 
-def _api_gradients(onx, feeds, target, loss, requires_grad):
+def _api_gradients(onx, feeds, target, loss, requires_grad, evaluator=None):
     """generate_artifacts, then one training step of the session ``api.Module`` wraps
     (``api.Module`` has no gradient getter; ``TrainingSession.get_gradient`` reads the
-    accumulation buffer the step wrote)."""
+    accumulation buffer the step wrote); with ``evaluator``, one run of the training
+    model on the checkpoint's parameters, accumulation buffers reset."""
     import tempfile
 
     from ortlearn import CheckpointState, TrainingSession, artifacts
@@ -520,12 +535,33 @@ def _api_gradients(onx, feeds, target, loss, requires_grad):
         artifacts.generate_artifacts(onx, requires_grad=list(requires_grad), loss=loss_type,
                                      artifact_directory=tmp)
         state = CheckpointState.load_checkpoint(f"{tmp}/checkpoint")
+        if evaluator is not None:
+            return _run_training_model(evaluator, onnx.load(f"{tmp}/training_model.onnx"),
+                                       state, {**feeds, "target": target}, requires_grad)
         session = TrainingSession(state, f"{tmp}/training_model.onnx",
                                   f"{tmp}/eval_model.onnx")
         outputs = session.train_step(*feeds.values(), target)
         grads = {name: session.get_gradient(name) for name in requires_grad}
         session.close()
     return float(np.asarray(outputs[0]).reshape(-1)[0]), grads
+
+
+def _run_training_model(evaluator, train_model, state, feeds, requires_grad):
+    from ortlearn.graph.format import GRAD_BUFFER_SUFFIX, GRAD_OUTPUT_SUFFIX, LAZY_RESET_GRAD
+
+    values = dict(feeds)
+    for graph_input in train_model.graph.input:
+        name = graph_input.name
+        if name.endswith(GRAD_BUFFER_SUFFIX):
+            values[name] = np.zeros_like(state.parameters[name[:-len(GRAD_BUFFER_SUFFIX)]].data)
+        elif name == LAZY_RESET_GRAD:
+            values[name] = np.array(True)
+        elif name not in values:
+            values[name] = state.parameters[name].data
+    outputs = dict(zip([o.name for o in train_model.graph.output],
+                       evaluator(train_model).run(None, values)))
+    grads = {name: outputs[name + GRAD_OUTPUT_SUFFIX] for name in requires_grad}
+    return float(np.asarray(outputs["loss"]).reshape(-1)[0]), grads
 
 
 def ort_forward(onx, inputs) -> np.ndarray:

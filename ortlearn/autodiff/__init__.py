@@ -10,6 +10,9 @@ Operators in :data:`NON_DIFFERENTIABLE_OPS`, and every node whose outputs are
 integer or boolean, carry no gradient (it is zero, not an error); a value that
 depends on the weights and reaches any other operator without a rule raises
 :class:`~ortlearn.exceptions.NoGradientRuleError`.
+
+:func:`mark_padding_idx` marks an embedding's padding row (torch's
+``padding_idx``) where the exporter did not record it.
 """
 
 from . import (  # noqa: F401  (registers the rules)
@@ -26,6 +29,7 @@ from . import (  # noqa: F401  (registers the rules)
 )
 from ._backward import append_backward, build_gradient
 from ._context import GradientContext
+from ._marks import mark_padding_idx
 from ._registry import GRADIENT_RULES, NON_DIFFERENTIABLE_OPS, register_gradient
 
 __all__ = [
@@ -34,5 +38,6 @@ __all__ = [
     "GradientContext",
     "append_backward",
     "build_gradient",
+    "mark_padding_idx",
     "register_gradient",
 ]

@@ -7,6 +7,7 @@ import re
 import numpy as np
 
 from ..graph import attr, onnx_to_np_dtype, optional_input
+from ..graph.format import PADDING_IDX_KEY
 from ._registry import register_gradient
 
 
@@ -92,9 +93,6 @@ def _one_hot_gather(ctx, node, grads):
 _ATEN_EMBEDDING = re.compile(
     r"aten\.embedding\.default\]\(args = \(%[^,()]+, %[^,()]+(?:, (-?\d+))?(?:, (True|False))?")
 
-#: Metadata key a caller sets on a Gather node (an integer as text) to give
-#: the row of the table that receives no gradient, as torch's padding_idx.
-PADDING_IDX_KEY = "ortlearn.padding_idx"
 
 
 def _padding_idx(node) -> int | None:

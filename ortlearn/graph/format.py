@@ -31,3 +31,8 @@ UPDATED_SUFFIX = ".updated"
 #: writes the new value of each such ``p`` to its output ``p.updated``
 #: (:data:`UPDATED_SUFFIX`).
 UPDATED_FROZEN_KEY = "updated_frozen"
+#: ``metadata_props`` key of a ``Gather`` node on an embedding table: the row
+#: (an integer as text) that receives no gradient, as torch's
+#: ``nn.Embedding(padding_idx=...)``. Set it with
+#: :func:`ortlearn.autodiff.mark_padding_idx`.
+PADDING_IDX_KEY = "ortlearn.padding_idx"
