@@ -21,20 +21,23 @@ import json
 import subprocess
 import sys
 
-_CHILD = r"""
-import json, sys, warnings
-import numpy as np
-import onnx
-from onnx import TensorProto, helper
-import ortlearn
-from ortlearn.training.device import make_session
-
+#: Source of ``status(key)`` for the child processes: a line of /proc/self/status in bytes.
+STATUS_SOURCE = '''
 def status(key):
     with open("/proc/self/status") as f:
         for line in f:
             if line.startswith(key + ":"):
                 return int(line.split()[1]) * 1024
     raise KeyError(key)
+'''
+
+_CHILD = STATUS_SOURCE + r"""
+import json, sys, warnings
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+import ortlearn
+from ortlearn.training.device import make_session
 
 rows, epochs, warm = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "warm"
 graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g",

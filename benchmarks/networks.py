@@ -16,9 +16,9 @@ loss of the last ten steps.
   Linear head on mean-pooled tokens, batch 32 of 32 tokens.
 
 :func:`step_memory` measures the peak resident memory that training steps add
-to a process that has already run one (so sessions, kernels and torch's
-allocator caches are in the baseline), for ortlearn and torch, each in a
-fresh child process.
+to a process holding the model (and, for ortlearn, its opened sessions) and
+the data: activations, gradients, optimizer state and allocator arenas, for
+ortlearn and torch, each in a fresh child process.
 """
 
 from __future__ import annotations
@@ -191,13 +191,8 @@ _MEMORY_CHILD = r"""
 import json, sys, tempfile
 import torch
 from benchmarks import networks
-
-def status(key):
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) * 1024
-    raise KeyError(key)
+from benchmarks.memory import STATUS_SOURCE
+exec(STATUS_SOURCE)
 
 key, library, threads = sys.argv[1], sys.argv[2], int(sys.argv[3])
 torch.set_num_threads(threads)
@@ -212,11 +207,12 @@ with tempfile.TemporaryDirectory() as directory:
         step = networks.ortlearn_trainer(torch, make(torch), data[0][0], directory)
     else:
         step = networks.torch_trainer(torch, make(torch))
-    step(*data[0])  # sessions, kernels and allocator caches are part of the baseline
+    # the model, its sessions (ortlearn) and the data are the baseline; what the steps
+    # allocate (activations, gradients, optimizer state, arenas) is the measure
     before = status("VmRSS")
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # reset VmHWM
-    for x, y in data[1:]:
+    for x, y in data:
         step(x, y)
     print(json.dumps({"step_peak_bytes": status("VmHWM") - before}))
 """
