@@ -196,7 +196,6 @@ def dropout_bn_model(batchnorm):
 @pytest.mark.parametrize("batchnorm", [False, True])
 def test_eval_model_runs_dropout_and_batchnorm_in_inference_mode(tmp_path, rng, batchnorm):
     model = dropout_bn_model(batchnorm)
-    # autodiff has no BatchNormalization rule: nothing trainable upstream of it then.
     requires_grad = ["weight3"] if batchnorm else ["weight1"]
     training, evaluation = generate(tmp_path, model, requires_grad=requires_grad,
                                     frozen_params=["bias1"], loss=artifacts.LossType.MSELoss)
@@ -207,13 +206,15 @@ def test_eval_model_runs_dropout_and_batchnorm_in_inference_mode(tmp_path, rng, 
     if batchnorm:
         h2 = 2.0 * (h2 - 0.3) / np.sqrt(4.0 + 1e-5) + 0.1
     out = np.maximum(h2, 0) @ params["weight3"] + params["bias3"]
-    feeds = {"x": x, "target": t, **{k: params[k] for k in [*requires_grad, "bias1"]}}
+    # a training-mode BatchNorm's running statistics are frozen parameters: inputs
+    stats = ["bn_mean", "bn_var"] if batchnorm else []
+    feeds = {"x": x, "target": t, **{k: params[k] for k in [*requires_grad, "bias1", *stats]}}
     got = run_onnx(evaluation, feeds)
     np.testing.assert_allclose(got[0], np.mean((out - t) ** 2), rtol=1e-12)
     # the training model keeps the training mode: dropout changes the loss
     train_loss = run_onnx(training, training_feeds(training, {"x": x, "target": t},
                                                    {k: params[k] for k in requires_grad})
-                          | {"bias1": params["bias1"]})[0]
+                          | {k: params[k] for k in ["bias1", *stats]})[0]
     assert not np.isclose(train_loss, got[0])
 
 
