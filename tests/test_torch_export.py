@@ -156,9 +156,15 @@ def test_zoo_exports_torchscript(name, train):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(ZOO))
+@pytest.mark.parametrize("name", sorted(set(ZOO) - {"recurrent"}))
 def test_zoo_exports_dynamo(name):
-    """Train mode only: a dynamo export takes 3 to 15 s; eval mode is the TorchScript test's."""
+    """Train mode only: a dynamo export takes 3 to 15 s; eval mode is the TorchScript test's.
+
+    Not the recurrent model: torch 2.13 specialises the sequence length of every dynamo
+    export of nn.LSTM after the first in a process (torch.compiler.reset() does not
+    help), and tests/test_torch_sequence.py needs its export with a symbolic length; it
+    checks that export's forward and gradients against torch.
+    """
     _check_zoo_export(name, "dynamo", True)
 
 

@@ -137,15 +137,18 @@ def _export(name, exporter, dtype, dropout=False):
     """The export of ``build(name, dtype, dropout)``; cached: a dynamo export takes 10-20 s.
     A TorchScript transformer has its padding row marked (the recipe of the user guide)."""
     model, inputs, _ = build(name, dtype, dropout)
-    if exporter == "torchscript" and name != "recurrent" and dtype == torch.float64:
-        model32, inputs32, _ = build(name, torch.float32, dropout)
-        onx = _as_float64(export(model32, inputs32, exporter, dynamic_axes=SEQUENCE))
+    # float64 from the float32 export: TorchScript cannot export a float64 attention mask,
+    # and torch 2.13 specialises the length of a second dynamo export of nn.LSTM in a
+    # process (doc/torch_models.rst)
+    from_float32 = (exporter == "torchscript") != (name == "recurrent")
+    if dtype == torch.float64 and from_float32:
+        onx = _as_float64(_export(name, exporter, torch.float32, dropout))
         state = model.state_dict()
         for init in onx.graph.initializer:
             if init.name in state:
                 init.CopyFrom(numpy_helper.from_array(state[init.name].numpy(), init.name))
-    else:
-        onx = export(model, inputs, exporter, dynamic_axes=SEQUENCE)
+        return onx
+    onx = export(model, inputs, exporter, dynamic_axes=SEQUENCE)
     if exporter == "torchscript" and name != "recurrent":
         mark_padding_idx(onx, TABLE, model.embedding.padding_idx)
     if exporter == "dynamo" and name == "recurrent":
