@@ -225,6 +225,40 @@ def test_gather(opset, axis, indices):
              consts={"I": np.array(indices, dtype=np.int64)}, opset=opset)
 
 
+@pytest.mark.parametrize("opset", [13, 18])
+@pytest.mark.parametrize("axis, index, shape", [
+    (0, 1, (3, 4)), (1, -1, (2, 3, 4)), (2, 0, (2, 3, 2)), (0, 0, (1, 3))])
+def test_gather_of_one_constant_position_is_a_pad(opset, axis, index, shape):
+    """``qkv[1]`` (torch's split of a fused projection): the gradient is one Pad."""
+    nodes = [node("Gather", ["X", "I"], axis=axis)]
+    consts = {"I": np.array(index, dtype=np.int64)}
+    check_op(nodes, {"X": randn(*shape)}, consts=consts, opset=opset)
+    model, feeds = loss_model(nodes, {"X": randn(*shape)}, consts=consts, opset=opset)
+    ops = [n.op_type for n in analytic_gradient(model, feeds, ["X"])[1].graph.node]
+    assert "Pad" in ops and "ScatterElements" not in ops
+
+
+@pytest.mark.parametrize("unknown_rank", [False, True])
+@pytest.mark.parametrize("axis, index", [(1, 2), (0, 0), (0, -1), (0, 1)])
+def test_gather_of_one_position_with_symbolic_lengths(axis, index, unknown_rank):
+    """The gathered axis may be symbolic, the rank unknown (torch's Reshape chains)."""
+    # Squeeze with axes given at run time: shape inference cannot tell the rank
+    nodes = [node("Squeeze", ["X", "A"], "S"), node("Gather", ["S", "I"], axis=axis)]
+    consts = {"I": np.array(index, dtype=np.int64)}
+    for rows in (2, 4):
+        inputs = {"X": randn(rows, 1, 3, 2), "A": np.array([1], dtype=np.int64)}
+        dims = {"X": ["N", 1, 3, 2]}
+        if not unknown_rank:
+            nodes[0] = node("Squeeze", ["X", "A1"], "S")
+            consts["A1"] = np.array([1], dtype=np.int64)
+        model, feeds = loss_model(nodes, {}, consts=consts, inputs=inputs, input_dims=dims)
+        grads, grad_model = analytic_gradient(model, feeds, ["X"])
+        expected = np.zeros((rows, 3, 2))
+        np.moveaxis(expected, axis, 0)[index] = random_weights_of(model)
+        np.testing.assert_array_equal(grads["X"], expected[:, None])
+        assert "ScatterElements" not in {n.op_type for n in grad_model.graph.node}
+
+
 def test_gather_elements():
     idx = np.array([[0, 2, 2], [1, 1, 0]], dtype=np.int64)
     check_op([node("GatherElements", ["X", "I"], axis=1)], {"X": randn(2, 4)}, consts={"I": idx})

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 import numpy as np
+from onnx import numpy_helper
 
 from ..graph import attr, onnx_to_np_dtype, optional_input
 from ..graph.format import PADDING_IDX_KEY
@@ -112,6 +113,44 @@ def _padding_idx(node) -> int | None:
     return pad if pad >= 0 else None  # aten writes -1 (or nothing) for no padding row
 
 
+def _constant_index_gather(ctx, node, g):
+    """Gradient of a Gather of one constant position (``qkv[1]``), as a Pad of zeros.
+
+    torch exports the split of a fused query/key/value projection so; the
+    gradient is the slice put back among zeros: one Pad instead of a
+    ScatterElements into zeros and its flat positions. None unless the index
+    is a constant scalar, and the axis is counted from the start or the rank
+    of the data is known.
+    """
+    x, indices = node.input
+    index, rank, axis = ctx.constant_value(indices), ctx.rank(x), attr(node, "axis", 0)
+    if index is None or np.ndim(index) != 0 or _padding_idx(node) is not None:
+        return None
+    if rank is not None:
+        axis %= rank
+    elif axis < 0:
+        return None
+    b = ctx.b
+    i = int(index)
+    # Gather counts a negative index from the end: the zeros before it are n + i
+    last = b.op("Sub", [_dim(ctx, x, axis), b.ints([1], hint="one")])
+    before = b.ints([i], hint="index") if i >= 0 else b.op("Add", [last, b.ints([i + 1])])
+    after = b.op("Sub", [last, b.ints([i])]) if i >= 0 else b.ints([-i - 1], hint="index")
+    if rank is not None:
+        tail = b.ints([0] * (rank - 1 - axis), hint="zeros") if rank - 1 - axis else None
+    else:  # the axes after the gathered one, counted at run time (torch's reshape chains)
+        count = b.op("Sub", [b.op("Size", [ctx.shape_of(x)]), b.const(np.int64(axis + 1))])
+        tail = b.op("ConstantOfShape", [b.op("Reshape", [count, b.ints([1], hint="one")])],
+                    value=numpy_helper.from_array(np.zeros(1, np.int64)))
+    # pads: the begins of every axis, then the ends; 0 but on the gathered axis
+    pieces = []
+    for value in (before, after):
+        pieces += ([b.ints([0] * axis, hint="zeros")] if axis else []) + [value]
+        pieces += [tail] if tail is not None else []
+    pads = b.op("Concat", pieces, axis=0)
+    return b.op("Pad", [b.unsqueeze(g, [axis]), pads])
+
+
 @register_gradient("Gather", "GatherElements")
 def _gather(ctx, node, grads):
     x, indices = node.input
@@ -120,6 +159,8 @@ def _gather(ctx, node, grads):
         one_hot = _one_hot_gather(ctx, node, grads)
         if one_hot is not None:
             return [one_hot, None]
+    elif (one_slice := _constant_index_gather(ctx, node, g)) is not None:
+        return [one_slice, None]
     elif attr(node, "axis", 0) == 0 and (pad := _padding_idx(node)) is not None:
         # torch's nn.Embedding(padding_idx=p): row p gets no gradient; the
         # lookups of p pass none.
