@@ -24,11 +24,11 @@ import onnxruntime as ort
 import pytest
 import torch
 import torch_models
-from gradcheck import session as reference_session
 from reference_ops import Float64Reference
 from sklearn.datasets import load_digits
 from torch_models import (
     EXPORTERS,
+    LOSS_TYPES,
     ZOO,
     assert_gradients_close,
     dropout_off,
@@ -80,29 +80,6 @@ def _assert_close_to_torch(got, expected, rtol):
     assert_gradients_close(got, expected, rtol=rtol, atol=rtol * 0.01 * largest)
 
 
-def _training_model_gradients(onx, inputs, target, loss, model):
-    """float64: generate_artifacts' training model (build_artifacts writes the same) run in
-    onnx's reference evaluator, the accumulation buffers reset (``lazy_reset_grad``)."""
-    names = parameter_map(onx, model)
-    params = {k for k, _ in model.named_parameters()}
-    requires_grad = [i for i, (k, _) in names.items() if k in params]
-    loss_type = {"cross_entropy": artifacts.LossType.CrossEntropyLoss,
-                 "mse": artifacts.LossType.MSELoss}[loss]
-    training, _, _, state = artifacts.build_artifacts(onx, requires_grad=requires_grad,
-                                                      loss=loss_type)
-    values = {k: p.data for k, p in state.parameters.items()}
-    user = [i.name for i in training.graph.input][:len(inputs) + 1]
-    feeds = dict(zip(user, [x.numpy() for x in inputs] + [target.numpy()]))
-    feeds.update({i.name: values[i.name] for i in training.graph.input if i.name in values})
-    feeds.update({f"{k}_grad.accumulation.buffer": np.zeros_like(values[k])
-                  for k in requires_grad})
-    feeds["lazy_reset_grad"] = np.array(True)
-    outputs = reference_session(training, reference=True).run(None, feeds)
-    out = dict(zip([o.name for o in training.graph.output], outputs))
-    return float(out[training.graph.output[0].name]), {
-        names[k][0]: out[f"{k}_grad.accumulation.out"] for k in requires_grad}
-
-
 # ----------------------------------------------------------------- 1. gradients vs torch
 
 
@@ -114,13 +91,11 @@ def test_gradients_match_torch(name, exporter, dtype, via):
     model, inputs, target, onx = _export(name, exporter, dtype)
     loss = ZOO[name][1]
     expected_loss, expected = torch_gradients(model, inputs, target, loss)
-    if dtype == torch.float32:  # onnxruntime: build_gradient, or a TrainingSession step
-        got_loss, got = ortlearn_gradients(onx, inputs, target, loss, model=model, via=via)
-    elif via == "autodiff":  # build_gradient's graph in onnx's reference evaluator
-        got_loss, got = ortlearn_gradients(onx, inputs, target, loss, model=model,
-                                           evaluator=Float64Reference)
-    else:
-        got_loss, got = _training_model_gradients(onx, inputs, target, loss, model)
+    # float32 in onnxruntime (build_gradient's graph, or a TrainingSession step); float64
+    # in onnx's reference evaluator (onnxruntime has no float64 Conv)
+    got_loss, got = ortlearn_gradients(
+        onx, inputs, target, loss, model=model, via=via,
+        evaluator=Float64Reference if dtype == torch.float64 else None)
     assert sorted(got) == sorted(k for k, _ in model.named_parameters())
     assert got_loss == pytest.approx(expected_loss, rel=TOL[dtype])
     _assert_close_to_torch(got, expected, TOL[dtype])
@@ -175,8 +150,7 @@ def _train_torch(model, data, loss, trainable=None):
 
 
 def _train_ortlearn(onx, data, loss, directory, **kwargs):
-    loss_type = {"cross_entropy": artifacts.LossType.CrossEntropyLoss,
-                 "mse": artifacts.LossType.MSELoss}[loss]
+    loss_type = LOSS_TYPES[loss]
     artifacts.generate_artifacts(onx, loss=loss_type, optimizer=artifacts.OptimType.AdamW,
                                  artifact_directory=directory, **kwargs)
     state = api.CheckpointState.load_checkpoint(str(directory / "checkpoint"))

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from onnx import helper, numpy_helper
 from torch import nn
 
+from ortlearn import artifacts
 from ortlearn.training.device import make_session
 
 EXPORTERS = ("torchscript", "dynamo")
@@ -520,6 +521,11 @@ def _autodiff_gradients(onx, feeds, target, loss, requires_grad, evaluator=None)
     return float(outputs[0]), dict(zip(requires_grad, outputs[1:]))
 
 
+#: The artifacts' loss for each loss name of the harness.
+LOSS_TYPES = {"cross_entropy": artifacts.LossType.CrossEntropyLoss,
+              "mse": artifacts.LossType.MSELoss}
+
+
 def _api_gradients(onx, feeds, target, loss, requires_grad, evaluator=None):
     """generate_artifacts, then one training step of the session ``api.Module`` wraps
     (``api.Module`` has no gradient getter; ``TrainingSession.get_gradient`` reads the
@@ -527,10 +533,9 @@ def _api_gradients(onx, feeds, target, loss, requires_grad, evaluator=None):
     model on the checkpoint's parameters, accumulation buffers reset."""
     import tempfile
 
-    from ortlearn import CheckpointState, TrainingSession, artifacts
+    from ortlearn import CheckpointState, TrainingSession
 
-    loss_type = {"cross_entropy": artifacts.LossType.CrossEntropyLoss,
-                 "mse": artifacts.LossType.MSELoss}[loss]
+    loss_type = LOSS_TYPES[loss]
     with tempfile.TemporaryDirectory() as tmp:
         artifacts.generate_artifacts(onx, requires_grad=list(requires_grad), loss=loss_type,
                                      artifact_directory=tmp)
