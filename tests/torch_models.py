@@ -30,6 +30,7 @@ from onnx import helper, numpy_helper
 from torch import nn
 
 from ortlearn import artifacts
+from ortlearn.torch import batchnorm_training_mode
 from ortlearn.training.device import make_session
 
 EXPORTERS = ("torchscript", "dynamo")
@@ -274,26 +275,6 @@ def _quiet():
 
 def _input_names(n):
     return [f"input{i}" if n > 1 else "input" for i in range(n)]
-
-
-def batchnorm_training_mode(onx: onnx.ModelProto) -> list[str]:
-    """Set ``training_mode=1`` on the BatchNormalization nodes the dynamo exporter recorded
-    as train-mode torch calls (onnxscript 0.7 writes them in inference mode); returns
-    their names. The one graph edit the dynamo recipe needs (``doc/torch_models.rst``)."""
-    changed = []
-    for node in onx.graph.node:
-        if node.op_type != "BatchNormalization":
-            continue
-        fx = {p.key: p.value for p in node.metadata_props}.get("pkg.torch.onnx.fx_node", "")
-        if "batch_norm" in fx and "no_training" not in fx:
-            kept = [a for a in node.attribute if a.name != "training_mode"]
-            del node.attribute[:]
-            node.attribute.extend([*kept, helper.make_attribute("training_mode", 1)])
-            # onnxruntime wants the running statistics as outputs in training mode
-            while len(node.output) < 3:
-                node.output.append(f"{node.name}_running_{('mean', 'var')[len(node.output) - 1]}")
-            changed.append(node.name)
-    return changed
 
 
 def export(model, example_inputs, exporter="torchscript", train=True, *, opset=None,

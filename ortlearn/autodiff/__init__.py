@@ -11,6 +11,10 @@ integer or boolean, carry no gradient (it is zero, not an error); a value that
 depends on the weights and reaches any other operator without a rule raises
 :class:`~ortlearn.exceptions.NoGradientRuleError`.
 
+:func:`build_forward_backward` splits the same computation into a forward
+graph that also returns what the backward needs and a backward graph from the
+outputs' gradients (what ``ortlearn.torch.ORTModule`` runs).
+
 :func:`mark_padding_idx` marks an embedding's padding row (torch's
 ``padding_idx``) where the exporter did not record it.
 """
@@ -31,12 +35,15 @@ from ._backward import append_backward, build_gradient
 from ._context import GradientContext
 from ._marks import mark_padding_idx
 from ._registry import GRADIENT_RULES, NON_DIFFERENTIABLE_OPS, register_gradient
+from ._vjp import ForwardBackward, build_forward_backward
 
 __all__ = [
+    "ForwardBackward",
     "GRADIENT_RULES",
     "NON_DIFFERENTIABLE_OPS",
     "GradientContext",
     "append_backward",
+    "build_forward_backward",
     "build_gradient",
     "mark_padding_idx",
     "register_gradient",

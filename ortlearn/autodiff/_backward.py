@@ -39,7 +39,7 @@ def _is_float_output(node: onnx.NodeProto, name: str, infos: dict) -> bool:
     return not elem or elem in _DIFF_TYPES
 
 
-def _differentiable_values(graph: onnx.GraphProto, wrt: Sequence[str], infos: dict) -> set[str]:
+def differentiable_values(graph: onnx.GraphProto, wrt: Sequence[str], infos: dict) -> set[str]:
     """Values that depend on ``wrt`` through differentiable float paths."""
     diff = set(wrt)
     for node in graph.node:
@@ -73,6 +73,16 @@ def _check_names(graph: onnx.GraphProto, loss_output: str, wrt: Sequence[str], i
     sources = {i.name for i in graph.input} | {i.name for i in graph.initializer}
     if loss_output not in produced | sources:
         raise ValueError(f"The graph has no value named {loss_output!r} (loss_output).")
+    check_wrt(graph, wrt, infos)
+    loss_shape = shape_of(infos[loss_output]) if loss_output in infos else None
+    if loss_shape and all(isinstance(d, int) for d in loss_shape) and np.prod(loss_shape) != 1:
+        raise ValueError(f"The loss {loss_output!r} must be a scalar or hold one element; "
+                         f"its shape is {loss_shape}.")
+
+
+def check_wrt(graph: onnx.GraphProto, wrt: Sequence[str], infos: dict) -> None:
+    """Raise unless ``wrt`` names distinct float inputs or initializers of ``graph``."""
+    sources = {i.name for i in graph.input} | {i.name for i in graph.initializer}
     for name in wrt:
         if name not in sources:
             raise ValueError(
@@ -84,10 +94,6 @@ def _check_names(graph: onnx.GraphProto, loss_output: str, wrt: Sequence[str], i
                             "not a float type.")
     if len(set(wrt)) != len(wrt):
         raise ValueError(f"wrt holds duplicate names: {list(wrt)}.")
-    loss_shape = shape_of(infos[loss_output]) if loss_output in infos else None
-    if loss_shape and all(isinstance(d, int) for d in loss_shape) and np.prod(loss_shape) != 1:
-        raise ValueError(f"The loss {loss_output!r} must be a scalar or hold one element; "
-                         f"its shape is {loss_shape}.")
 
 
 def append_backward(model: onnx.ModelProto, loss_output: str, wrt: Sequence[str],
@@ -157,16 +163,30 @@ def append_backward(model: onnx.ModelProto, loss_output: str, wrt: Sequence[str]
 
 
 def _append_backward(model, loss_output, wrt, builder, infos):
+    _check_names(model.graph, loss_output, wrt, infos)
+    return reverse_pass(model, {loss_output: None}, wrt, builder, infos)
+
+
+def reverse_pass(model: onnx.ModelProto, seeds: dict, wrt: Sequence[str],
+                 builder: GraphBuilder, infos: dict) -> dict[str, str]:
+    """Append the nodes propagating ``seeds`` back to ``wrt``; ``{weight: gradient}``.
+
+    ``seeds`` maps values of the graph to their incoming gradient (the name
+    of a value of the same shape, or None for a one-element value seeded
+    with 1: a loss). A seed on a value that does not depend on ``wrt`` is
+    ignored. The graph must be prepared (:func:`prepare_for_gradient`).
+    """
     graph = model.graph
-    _check_names(graph, loss_output, wrt, infos)
-    differentiable = _differentiable_values(graph, wrt, infos)
+    differentiable = differentiable_values(graph, wrt, infos)
     constants = constant_values(graph, wrt)
     ctx = GradientContext(builder, infos, constants, differentiable,
                           refine_shapes(graph, infos, constants))
 
     pending: dict[str, list[str]] = {}
-    if loss_output in differentiable:
-        pending[loss_output] = [ctx.fill_like(loss_output, 1)]
+    for value, seed in seeds.items():
+        if value in differentiable:
+            pending.setdefault(value, []).append(
+                ctx.fill_like(value, 1) if seed is None else seed)
     for node in reversed(graph.node):
         if not any(o in pending for o in node.output):
             continue

@@ -481,12 +481,13 @@ def prune_model(model: onnx.ModelProto, outputs: Sequence[str],
 
 
 def rename_value(model: onnx.ModelProto, old: str, new: str) -> None:
-    """Rename a value produced by a node (producer, consumers and graph outputs)."""
+    """Rename a value: its producer or graph input, its readers, graph outputs, value infos."""
     for node in model.graph.node:
         for seq in (node.input, node.output):
             for i, name in enumerate(seq):
                 if name == old:
                     seq[i] = new
-    for info in itertools.chain(model.graph.output, model.graph.value_info):
+    for info in itertools.chain(model.graph.input, model.graph.output,
+                                model.graph.value_info):
         if info.name == old:
             info.name = new

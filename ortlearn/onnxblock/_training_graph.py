@@ -9,20 +9,15 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
 from ..graph import (
     FLOAT_TYPES,
     GraphBuilder,
-    attr,
     finalize_model,
     initializer_map,
-    onnx_to_np_dtype,
     set_inference_mode,
-    shape_of,
-    value_info_map,
 )
 from ..graph.format import (
     GRAD_BUFFER_SUFFIX,
@@ -30,9 +25,8 @@ from ..graph.format import (
     LAZY_RESET_GRAD,
     TRAINING_METADATA_KEY,
     UPDATED_FROZEN_KEY,
-    UPDATED_SUFFIX,
 )
-from ..graph.passes import running_statistics, training_batch_norms
+from ..graph.passes import add_running_statistics_updates, running_statistics
 
 
 def split_parameters(model: onnx.ModelProto, requires_grad: Sequence[str],
@@ -126,82 +120,6 @@ def _check_not_trained(model: onnx.ModelProto, requires_grad: Sequence[str]) -> 
             "cannot also be trained. Move them from requires_grad to frozen_params.")
 
 
-def _add_running_statistics_updates(model: onnx.ModelProto, frozen: list[TensorProto]
-                                    ) -> list[str]:
-    """Outputs ``p.updated`` with the new running mean and variance, torch's update.
-
-    ``new = momentum * running + (1 - momentum) * batch_stat`` with ONNX's
-    ``momentum`` (1 - torch's momentum) and, for the variance, the unbiased
-    batch variance (n / (n - 1) times the biased one), as torch does; ONNX's
-    own running-variance output uses the biased variance. Return the frozen
-    parameters updated, in graph order.
-    """
-    g = model.graph
-    params = {p.name: p for p in frozen}
-    nodes = [n for n in training_batch_norms(model)
-             if any(name in params for name in n.input[3:5])]
-    if not nodes:
-        return []
-    infos = value_info_map(model)
-    b = GraphBuilder.for_model(model, prefix="running_stats_")
-    updated = []
-    for node in nodes:
-        x = node.input[0]
-        shape = shape_of(infos[x]) if x in infos else None
-        if shape is None:
-            raise ValueError(f"The rank of the input {x!r} of BatchNormalization node "
-                             f"{node.name!r} is unknown: its running statistics cannot be "
-                             "updated.")
-        like = params[next(n for n in node.input[3:5] if n in params)]
-        dtype = onnx_to_np_dtype(like.data_type)
-        momentum = attr(node, "momentum", 0.9)
-        # onnxruntime 1.32's CPU kernel writes the new statistics into its running-statistic
-        # INPUTS, so a node reading them after it sees them already updated (measured: a
-        # double update per step). Read the node's outputs only: ONNX's new mean is torch's;
-        # its new variance uses the biased batch variance, torch's the unbiased one:
-        # torch's = ONNX's + (1 - momentum) * biased / (n - 1).
-        while len(node.output) < 3:
-            node.output.append("")
-        for i in (1, 2):
-            if not node.output[i]:
-                node.output[i] = b.unique_name(f"{node.input[i + 2]}_onnx_update")
-        biased, n = _batch_statistics(b, x, len(shape), like)
-        unbias = b.op("Div", [b.const(np.asarray(1 - momentum, dtype=dtype)),
-                              b.op("Sub", [n, b.const(np.asarray(1, dtype=dtype))])])
-        stats = [node.output[1], b.op("Add", [node.output[2], b.op("Mul", [biased, unbias])])]
-        for name, stat in zip(node.input[3:5], stats):
-            if name not in params:
-                continue
-            if name in updated:
-                raise ValueError(f"The running statistic {name!r} is shared by several "
-                                 "BatchNormalization nodes: which update wins is undefined.")
-            p = params[name]
-            out = b.reserve(name + UPDATED_SUFFIX)
-            b.op("Identity", [stat], outputs=[out])
-            g.output.append(helper.make_tensor_value_info(out, p.data_type, list(p.dims)))
-            updated.append(name)
-    b.add_to_graph(g)
-    return updated
-
-
-def _batch_statistics(b: GraphBuilder, x: str, rank: int, like: TensorProto):
-    """Per-channel biased variance of ``x`` (channels on axis 1), shape ``(C,)``, and the
-    number ``n`` of values per channel (a scalar of ``like``'s type).
-
-    Written as the gradient rule writes its statistics (same nodes, dims
-    kept), so that onnxruntime's common-subexpression elimination can share them.
-    """
-    axes = [0, *range(2, rank)]
-    mean = b.reduce("ReduceMean", x, axes, keepdims=1)
-    centered = b.op("Sub", [x, mean])
-    var = b.reduce("ReduceMean", b.op("Mul", [centered, centered]), axes, keepdims=1)
-    var = b.op("Reshape", [var, b.ints([-1], hint="flat")])
-    # n values per channel: Size(x) / C
-    n = b.op("Div", [b.cast(b.op("Size", [x]), like.data_type),
-                     b.cast(b.op("Size", [var]), like.data_type)])
-    return var, n
-
-
 def build_training_and_eval(model: onnx.ModelProto, requires_grad: Sequence[str],
                             frozen: Sequence[str]):
     """Training and eval models of a forward+loss model whose first output is the loss.
@@ -230,6 +148,6 @@ def build_training_and_eval(model: onnx.ModelProto, requires_grad: Sequence[str]
     training = forward
     grads = append_backward(training, user_outputs[0], names[0])
     _add_gradient_accumulation(training, trainable, grads)
-    updated = _add_running_statistics_updates(training, frozen_params)
+    updated = add_running_statistics_updates(training, [p.name for p in frozen_params])
     _set_metadata(training, user_inputs, user_outputs, *names, updated)
     return finalize_model(training), finalize_model(eval_model), (trainable, frozen_params)

@@ -1,0 +1,291 @@
+"""A torch module's call exported to ONNX, ready to be differentiated.
+
+The call ``module(*args, **kwargs)`` is exported through a wrapper taking the
+tensors of ``args`` and ``kwargs`` as flat positional inputs (``input_<i>``)
+and returning the tensors of the output as flat outputs (``output_<i>``); the
+other leaves (numbers, strings, None) are part of the call's schema and are
+baked into the graph. Every dimension of every input is symbolic where the
+exporter can keep it so. Parameters and buffers become graph inputs named by
+their ``state_dict`` names: the torch tensors stay the only copy of the weights.
+
+Both torch exporters are supported: the dynamo one (``torch.export``, the
+default of torch 2.9 and later, ``optimize=False`` so that no parameter is
+folded into a constant) and the TorchScript one (``dynamo=False``,
+``do_constant_folding=False``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+import torch
+from onnx import helper, numpy_helper
+
+from ..autodiff import mark_padding_idx
+from ..graph import initializers_to_inputs, rename_value, shape_matches, shape_of
+
+__all__ = ["EXPORTERS", "Exported", "TreeSpec", "batchnorm_training_mode", "export_call",
+           "flatten", "unflatten"]
+
+EXPORTERS = ("dynamo", "torchscript")
+#: Opset of the TorchScript exports (the dynamo exporter writes opset 18 or more).
+TORCHSCRIPT_OPSET = 18
+_PREFIX = "module."
+
+
+# --------------------------------------------------------------------------- trees
+
+
+@dataclass(frozen=True)
+class TreeSpec:
+    """The structure of nested tuples, lists and dicts; ``None`` marks a tensor leaf,
+    anything else is a constant leaf kept as is."""
+
+    kind: str  # "tensor", "const", "tuple", "list", "dict"
+    children: tuple = ()
+    keys: tuple = ()
+    value: object = None
+
+
+_TENSOR = TreeSpec("tensor")
+
+
+def flatten(tree) -> tuple[list, TreeSpec]:
+    """The tensors of ``tree`` in depth-first order, and its structure."""
+    tensors: list = []
+    return tensors, _flatten(tree, tensors)
+
+
+def _flatten(tree, tensors: list) -> TreeSpec:
+    if isinstance(tree, torch.Tensor):
+        tensors.append(tree)
+        return _TENSOR
+    if isinstance(tree, (tuple, list)) and type(tree) in (tuple, list):
+        return TreeSpec(type(tree).__name__, tuple(_flatten(t, tensors) for t in tree))
+    if isinstance(tree, dict):
+        keys = tuple(tree)
+        return TreeSpec("dict", tuple(_flatten(tree[k], tensors) for k in keys), keys)
+    return TreeSpec("const", value=tree)
+
+
+def unflatten(spec: TreeSpec, tensors: Sequence):
+    """The tree of ``spec`` holding ``tensors`` (inverse of :func:`flatten`)."""
+    it = iter(tensors)
+    return _unflatten(spec, it)
+
+
+def _unflatten(spec: TreeSpec, it):
+    if spec.kind == "tensor":
+        return next(it)
+    if spec.kind == "const":
+        return spec.value
+    children = [_unflatten(c, it) for c in spec.children]
+    if spec.kind == "dict":
+        return dict(zip(spec.keys, children))
+    return tuple(children) if spec.kind == "tuple" else children
+
+
+def schema_key(spec: TreeSpec):
+    """A hashable stand-in for the constant leaves of ``spec`` (their values)."""
+    if spec.kind == "const":
+        try:
+            hash(spec.value)
+            return ("const", type(spec.value).__name__, spec.value)
+        except TypeError:
+            return ("const", type(spec.value).__name__, repr(spec.value))
+    if spec.kind == "tensor":
+        return "tensor"
+    return (spec.kind, spec.keys, tuple(schema_key(c) for c in spec.children))
+
+
+# --------------------------------------------------------------------------- export
+
+
+class _FlatCall(torch.nn.Module):
+    """``module(*args, **kwargs)`` with flat tensors in and out (what the exporters take)."""
+
+    def __init__(self, module: torch.nn.Module, call_spec: TreeSpec):
+        super().__init__()
+        self.module = module
+        self._call_spec = call_spec
+
+    def forward(self, *tensors):
+        args, kwargs = unflatten(self._call_spec, tensors)
+        out, _ = flatten(self.module(*args, **kwargs))
+        return tuple(out)
+
+
+@dataclass
+class Exported:
+    """An exported call.
+
+    Attributes
+    ----------
+    model : onnx.ModelProto
+        Inputs ``input_<i>`` (the call's tensors), then the parameters and
+        buffers it reads (``state_dict`` names); outputs ``output_<i>``.
+    inputs : list of str
+        The graph inputs of the call's tensors, in order.
+    weights : list of str
+        The graph inputs of the parameters and buffers, ``state_dict`` names.
+    exporter : str
+    """
+
+    model: onnx.ModelProto
+    inputs: list
+    weights: list
+    exporter: str
+
+    def accepts(self, tensors: Sequence[torch.Tensor]) -> bool:
+        """Whether the graph's input shapes allow these tensors (an exporter may keep
+        some dimensions static)."""
+        declared = {i.name: shape_of(i) for i in self.model.graph.input}
+        symbols: dict = {}
+        return all(shape_matches(declared[name], tuple(t.shape), symbols)
+                   for name, t in zip(self.inputs, tensors))
+
+
+@contextlib.contextmanager
+def _quiet():
+    """The exporters' progress lines and deprecation notices off the user's console."""
+    logger = logging.getLogger("torch.onnx")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        logger.setLevel(level)
+
+
+def export_call(module: torch.nn.Module, tensors: Sequence[torch.Tensor], call_spec: TreeSpec,
+                n_outputs: int, *, train: bool, exporter: str) -> Exported:
+    """Export ``module`` called on the tree ``call_spec`` holding ``tensors``.
+
+    ``module``'s state (parameters, buffers) is left as it was: the
+    TorchScript exporter runs a real forward, which steps BatchNorm's
+    running statistics in train mode.
+    """
+    if exporter not in EXPORTERS:
+        raise ValueError(f"exporter must be one of {EXPORTERS}, got {exporter!r}.")
+    wrapper = _FlatCall(module, call_spec)
+    names = [f"input_{i}" for i in range(len(tensors))]
+    outputs = [f"output_{i}" for i in range(n_outputs)]
+    state = {k: v.detach().clone() for k, v in module.state_dict(keep_vars=True).items()}
+    was_training = module.training
+    module.train(train)
+    try:
+        with _quiet():
+            onx = (_dynamo(wrapper, tensors) if exporter == "dynamo"
+                   else _torchscript(wrapper, tensors, names, outputs, train))
+    finally:
+        module.train(was_training)
+        with torch.no_grad():
+            for key, value in module.state_dict(keep_vars=True).items():
+                if key in state and value is not state[key]:
+                    value.copy_(state[key])
+    for graph_input, name in zip(onx.graph.input, names):
+        rename_value(onx, graph_input.name, name)
+    for graph_output, name in zip(list(onx.graph.output), outputs):
+        rename_value(onx, graph_output.name, name)
+    if train and exporter == "dynamo":
+        batchnorm_training_mode(onx)
+    weights = _weights_to_inputs(onx, module)
+    return Exported(onx, names, weights, exporter)
+
+
+def _dynamo(wrapper, tensors) -> onnx.ModelProto:
+    auto = torch.export.Dim.AUTO
+    shapes = (tuple({axis: auto for axis in range(t.dim())} for t in tensors),)
+    program = torch.onnx.export(wrapper, tuple(tensors), dynamo=True, optimize=False,
+                                dynamic_shapes=shapes, verbose=False)
+    return program.model_proto
+
+
+def _torchscript(wrapper, tensors, names, outputs, train) -> onnx.ModelProto:
+    f = io.BytesIO()
+    mode = torch.onnx.TrainingMode.TRAINING if train else torch.onnx.TrainingMode.EVAL
+    axes = {name: list(range(t.dim())) for name, t in zip(names, tensors)}
+    torch.onnx.export(wrapper, tuple(tensors), f, dynamo=False, training=mode,
+                      do_constant_folding=False, export_params=True,
+                      keep_initializers_as_inputs=False, opset_version=TORCHSCRIPT_OPSET,
+                      input_names=names, output_names=outputs, dynamic_axes=axes)
+    return onnx.load_from_string(f.getvalue())
+
+
+def _weights_to_inputs(onx: onnx.ModelProto, module: torch.nn.Module) -> list[str]:
+    """Turn the initializers holding ``module``'s parameters and buffers into graph inputs
+    named by their ``state_dict`` names; raise if the exporter folded a parameter."""
+    tensors = dict(module.named_parameters(remove_duplicate=False))
+    tensors.update(module.named_buffers(remove_duplicate=False))
+    found = {}
+    for init in onx.graph.initializer:
+        name = init.name[len(_PREFIX):] if init.name.startswith(_PREFIX) else init.name
+        if name in tensors and init.name not in found:
+            found[init.name] = name
+    for old, new in found.items():
+        if old != new:
+            for init in onx.graph.initializer:
+                if init.name == old:
+                    init.name = new
+            rename_value(onx, old, new)
+    _check_nothing_folded(onx, module, set(found.values()))
+    _mark_padding_rows(onx, module)
+    initializers_to_inputs(onx, list(found.values()))
+    return list(found.values())
+
+
+def _mark_padding_rows(onx: onnx.ModelProto, module: torch.nn.Module) -> None:
+    """torch gives an embedding's ``padding_idx`` row no gradient; the TorchScript export
+    loses that (:func:`~ortlearn.autodiff.mark_padding_idx`)."""
+    for name, sub in module.named_modules():
+        if isinstance(sub, torch.nn.Embedding) and sub.padding_idx is not None:
+            try:
+                mark_padding_idx(onx, f"{name}.weight" if name else "weight", sub.padding_idx)
+            except ValueError:  # no Gather reads it: nothing to mark
+                pass
+
+
+def _check_nothing_folded(onx, module, mapped: set) -> None:
+    """A parameter missing from the graph while a constant holds its value (or its
+    transpose) means the exporter baked it in: training would not change it."""
+    missing = {n: p.detach().cpu().numpy() for n, p in module.named_parameters()
+               if n not in mapped and p.numel() > 1}
+    if not missing:
+        return
+    for init in onx.graph.initializer:
+        value = numpy_helper.to_array(init)
+        for name, ref in missing.items():
+            if (ref.shape == value.shape and np.array_equal(ref, value)) or (
+                    ref.ndim == 2 and ref.T.shape == value.shape and np.array_equal(ref.T, value)):
+                raise ValueError(
+                    f"The exporter baked the parameter {name!r} into the constant "
+                    f"{init.name!r}: training through ONNX would not update it.")
+
+
+def batchnorm_training_mode(onx: onnx.ModelProto) -> list[str]:
+    """Set ``training_mode=1`` on the BatchNormalization nodes the dynamo exporter recorded
+    from train-mode torch calls (onnxscript writes them in inference mode and drops the
+    running-statistics updates); returns their names."""
+    changed = []
+    for node in onx.graph.node:
+        if node.op_type != "BatchNormalization":
+            continue
+        fx = {p.key: p.value for p in node.metadata_props}.get("pkg.torch.onnx.fx_node", "")
+        if "batch_norm" in fx and "no_training" not in fx:
+            kept = [a for a in node.attribute if a.name != "training_mode"]
+            del node.attribute[:]
+            node.attribute.extend([*kept, helper.make_attribute("training_mode", 1)])
+            # onnxruntime wants the running statistics as outputs in training mode
+            while len(node.output) < 3:
+                node.output.append(f"{node.name}_running_{('mean', 'var')[len(node.output) - 1]}")
+            changed.append(node.name)
+    return changed

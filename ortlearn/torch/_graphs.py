@@ -1,0 +1,136 @@
+"""The forward and backward sessions of one exported call, and how tensors cross into them.
+
+Tensors cross without copies: an input is bound by its data pointer
+(``IOBinding.bind_input``), an output is allocated by onnxruntime and handed
+to torch by DLPack, on the CPU and on CUDA alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import torch
+
+from ..autodiff import build_forward_backward
+from ..graph.passes import add_running_statistics_updates
+from ..training.device import make_session, make_session_options
+from ._export import Exported, TreeSpec
+
+__all__ = ["Graphs", "build_graphs", "run_session"]
+
+_NUMPY_DTYPES = {
+    torch.float32: np.float32, torch.float64: np.float64, torch.float16: np.float16,
+    torch.int64: np.int64, torch.int32: np.int32, torch.int16: np.int16, torch.int8: np.int8,
+    torch.uint8: np.uint8, torch.bool: np.bool_,
+}
+
+
+@dataclass
+class Graphs:
+    """The sessions of one exported call in one mode, and the names that connect them.
+
+    ``forward`` reads :attr:`inputs` (the call's tensors, then the weights)
+    and returns the call's outputs, the new running statistics
+    (:attr:`updated`), then the values the backward needs (:attr:`saved`).
+    ``backward`` (None when nothing requires a gradient) reads the
+    cotangents, the saved values and :attr:`reused` inputs, and returns the
+    gradients of :attr:`gradients`.
+    """
+
+    exported: Exported
+    output_spec: TreeSpec
+    forward: ort.InferenceSession
+    backward: ort.InferenceSession | None
+    inputs: list
+    outputs: list
+    updated: dict = field(default_factory=dict)
+    saved: list = field(default_factory=list)
+    cotangents: dict = field(default_factory=dict)
+    reused: list = field(default_factory=list)
+    gradients: dict = field(default_factory=dict)
+    #: Whether a forward run succeeded (the first one may still fall back to torch).
+    checked: bool = False
+
+    @property
+    def forward_outputs(self) -> list:
+        return list(dict.fromkeys([*self.outputs, *self.updated.values(), *self.saved]))
+
+    def differentiable(self, index: int) -> bool:
+        """Whether output ``index`` has a gradient (a cotangent goes back for it)."""
+        return self.outputs[index] in self.cotangents
+
+
+def build_graphs(exported: Exported, output_spec: TreeSpec, wrt: Sequence[str], *,
+                 train: bool, device: str, log_level: int, save_prefix: str | None = None
+                 ) -> Graphs:
+    """Forward and backward sessions of ``exported``, differentiated w.r.t. ``wrt`` (graph
+    input names: the call's tensors and weights that require a gradient).
+
+    In train mode the running statistics of the BatchNormalization nodes are
+    extra outputs (``<buffer>.updated``, torch's update rule).
+    """
+    model = onnx.ModelProto()
+    model.CopyFrom(exported.model)
+    outputs = [o.name for o in model.graph.output]
+    updated = add_running_statistics_updates(model, exported.weights) if train else []
+    updated = {name: o.name for name, o in zip(updated, model.graph.output[len(outputs):])}
+    mode = "training" if train else "inference"
+    _save(save_prefix, f"torch_exported_{mode}", exported.model)
+    options = make_session_options()
+    options.log_severity_level = int(log_level)
+    inputs = [*exported.inputs, *exported.weights]
+    if not wrt:
+        _save(save_prefix, f"forward_{mode}", model)
+        return Graphs(exported, output_spec, make_session(model, device, options), None,
+                      inputs, outputs, updated)
+    fb = build_forward_backward(model, list(wrt), differentiable_outputs=outputs)
+    _save(save_prefix, f"forward_{mode}", fb.forward)
+    _save(save_prefix, f"backward_{mode}", fb.backward)
+    return Graphs(exported, output_spec, make_session(fb.forward, device, options),
+                  make_session(fb.backward, device, options), inputs, outputs, updated,
+                  fb.saved, fb.cotangents, fb.reused_inputs, fb.gradients)
+
+
+def _save(prefix: str | None, what: str, model: onnx.ModelProto) -> None:
+    if prefix is not None:
+        onnx.save(model, f"{prefix}_{what}.onnx")
+
+
+def run_session(session: ort.InferenceSession, feeds: Sequence[tuple[str, torch.Tensor]],
+                outputs: Sequence[str]) -> list[torch.Tensor]:
+    """Run ``session`` on torch tensors; its outputs as torch tensors (no copies).
+
+    ``feeds`` hold ``(input name, tensor)`` pairs on the session's device.
+    """
+    binding = session.io_binding()
+    kept = []
+    for name, tensor in feeds:
+        tensor = tensor.detach()
+        if not tensor.is_contiguous():
+            tensor = tensor.contiguous()
+        kept.append(tensor)
+        device = tensor.device
+        binding.bind_input(name, device.type, device.index or 0, _numpy_dtype(tensor),
+                           tuple(tensor.shape), tensor.data_ptr())
+    device_type, index = ("cuda", kept[0].device.index or 0) if kept and kept[0].is_cuda \
+        else ("cpu", 0)
+    for name in outputs:
+        binding.bind_output(name, device_type, index)
+    if device_type == "cuda":
+        # onnxruntime runs on its own stream: torch's pending work on the inputs first.
+        torch.cuda.current_stream(kept[0].device).synchronize()
+    session.run_with_iobinding(binding)
+    values = binding.get_outputs_as_ortvaluevector()
+    return [torch.from_dlpack(values.dlpack_at(i)) for i in range(len(outputs))]
+
+
+def _numpy_dtype(tensor: torch.Tensor):
+    try:
+        return _NUMPY_DTYPES[tensor.dtype]
+    except KeyError:
+        raise TypeError(f"ORTModule cannot pass a tensor of dtype {tensor.dtype} to ONNX "
+                        f"Runtime; supported: {sorted(map(str, _NUMPY_DTYPES))}.") from None

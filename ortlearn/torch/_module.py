@@ -1,0 +1,421 @@
+"""``ORTModule``: a ``torch.nn.Module`` whose forward and backward run in ONNX Runtime."""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import torch
+from torch.autograd.function import once_differentiable
+
+from ._export import EXPORTERS, Exported, export_call, flatten, schema_key, unflatten
+from ._graphs import Graphs, build_graphs, run_session
+from ._options import DebugOptions, ORTModuleTorchModelException
+
+__all__ = ["ORTModule"]
+
+logger = logging.getLogger("ortlearn.torch")
+
+
+class _RunGraphs(torch.autograd.Function):
+    """One call of the forward session; its backward runs the backward session.
+
+    ``tensors`` are the graph inputs in order (the call's tensors, then the
+    weights): torch autograd routes the gradients to them, accumulating into
+    ``param.grad`` as for any torch operation.
+    """
+
+    @staticmethod
+    def forward(ctx, graphs: Graphs, *tensors):
+        feeds = list(zip(graphs.inputs, tensors))
+        names = graphs.forward_outputs
+        values = dict(zip(names, run_session(graphs.forward, feeds, names)))
+        outputs = [values[name] for name in graphs.outputs]
+        for name, output in graphs.updated.items():
+            tensors[graphs.inputs.index(name)].copy_(values[output])
+        ctx.graphs = graphs
+        ctx.saved = [values[name] for name in graphs.saved]
+        positions = {name: i for i, name in enumerate(graphs.inputs)}
+        ctx.reused = [positions[name] for name in graphs.reused]
+        ctx.save_for_backward(*(tensors[i] for i in ctx.reused))
+        ctx.mark_non_differentiable(*(o for i, o in enumerate(outputs)
+                                      if not graphs.differentiable(i)))
+        return tuple(outputs)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, *grad_outputs):
+        graphs: Graphs = ctx.graphs
+        if graphs.backward is None:
+            return (None,) * (1 + len(graphs.inputs))
+        by_output = dict(zip(graphs.outputs, grad_outputs))
+        feeds = [(cot, by_output[out]) for out, cot in graphs.cotangents.items()]
+        feeds += list(zip(graphs.saved, ctx.saved))
+        feeds += list(zip(graphs.reused, ctx.saved_tensors))
+        grads = run_session(graphs.backward, feeds, list(graphs.gradients.values()))
+        by_input = dict(zip(graphs.gradients, grads))
+        return (None, *(by_input.get(name) for name in graphs.inputs))
+
+
+@dataclass
+class _Schema:
+    """The graphs exported for one call schema in one mode (a list: the exporter may keep
+    some dimensions static, and another size then needs another export)."""
+
+    exports: list = field(default_factory=list)  # (Exported, output spec)
+    graphs: dict = field(default_factory=dict)  # (export index, wrt) -> Graphs
+
+
+class ORTModule(torch.nn.Module):
+    """Wrap a ``torch.nn.Module`` so that its forward and backward run in ONNX Runtime.
+
+    The rest of a PyTorch training script stays as it is: optimizers,
+    schedulers, gradient clipping, data loaders. A script written for
+    onnxruntime-training changes one import
+    (``from onnxruntime.training import ORTModule`` becomes
+    ``from ortlearn.torch import ORTModule``).
+
+    The first call exports the module (torch's dynamo exporter, the
+    TorchScript one if it fails), builds with :mod:`ortlearn.autodiff` a
+    forward graph that also returns what the backward needs and a backward
+    graph, and opens their sessions; later calls reuse them. The module is
+    exported again only when the call's schema changes: the number, dtypes
+    and ranks of the tensors, the other arguments, train or eval mode (each
+    mode has its graphs). The parameters stay the torch tensors: they are
+    inputs of the graphs, and the gradients land in ``param.grad``
+    (accumulating, as torch does). BatchNorm's running statistics are
+    written back to the module's buffers.
+
+    When the module cannot run in ONNX Runtime (the export fails, an
+    operator has no gradient rule, a custom ``torch.autograd.Function`` with
+    its own backward) it runs in torch, with one warning saying why, unless
+    ``debug_options.strict`` (or ``ORTLEARN_ORTMODULE_STRICT=1``) asks to raise.
+
+    Parameters
+    ----------
+    module : torch.nn.Module
+        The module to train (not copied: its parameters are trained).
+    debug_options : DebugOptions, optional
+    exporter : {'auto', 'dynamo', 'torchscript'}, default='auto'
+        ``'auto'``: the dynamo exporter, then the TorchScript one if it fails.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from ortlearn.torch import ORTModule
+    >>> torch.manual_seed(0)  # doctest: +ELLIPSIS
+    <torch._C.Generator object at ...>
+    >>> model = ORTModule(torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(),
+    ...                                       torch.nn.Linear(8, 1)))
+    >>> optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    >>> x, y = torch.randn(16, 4), torch.randn(16, 1)
+    >>> for _ in range(3):
+    ...     optimizer.zero_grad()
+    ...     loss = torch.nn.functional.mse_loss(model(x), y)
+    ...     loss.backward()
+    ...     optimizer.step()
+    >>> model.export_count
+    1
+    """
+
+    def __init__(self, module: torch.nn.Module, debug_options: DebugOptions | None = None,
+                 *, exporter: str = "auto"):
+        if not isinstance(module, torch.nn.Module):
+            raise TypeError(f"ORTModule wraps a torch.nn.Module, got {type(module).__name__}.")
+        if isinstance(module, ORTModule):
+            raise TypeError("The module is already an ORTModule.")
+        if debug_options is not None and not isinstance(debug_options, DebugOptions):
+            raise TypeError(f"debug_options must be a DebugOptions, got {debug_options!r}.")
+        if exporter not in ("auto", *EXPORTERS):
+            raise ValueError(f"exporter must be 'auto', 'dynamo' or 'torchscript', "
+                             f"got {exporter!r}.")
+        super().__init__()
+        # nn.Module.__setattr__ registers the child without calling add_module.
+        self._original_module = module
+        self._debug_options = debug_options or DebugOptions()
+        self._exporters = EXPORTERS if exporter == "auto" else (exporter,)
+        self._schemas: dict = {}
+        self._fallback_reason: str | None = None
+        self.export_count = 0
+        logger.setLevel(self._debug_options.log_level.logging_level)
+
+    # ------------------------------------------------------------------ the call
+
+    def forward(self, *inputs, **kwargs):
+        """Run the module's forward in ONNX Runtime (the first call exports it).
+
+        Returns what the module's forward returns: tensors, or nested
+        tuples, lists and dicts of tensors.
+        """
+        if self._fallback_reason is not None:
+            return self._original_module(*inputs, **kwargs)
+        tensors, call_spec = flatten((inputs, kwargs))
+        device = self._check_devices(tensors)
+        try:
+            graphs = self._graphs(tensors, call_spec, device)
+        except _Unsupported as exc:
+            return self._fall_back(str(exc), exc.__cause__, inputs, kwargs)
+        weights = self._weights(graphs.exported.weights)
+        if graphs.checked:
+            outputs = _RunGraphs.apply(graphs, *tensors, *weights)
+        else:
+            try:
+                outputs = self._first_run(graphs, tensors, weights)
+            except _Unsupported as exc:
+                return self._fall_back(str(exc), exc.__cause__, inputs, kwargs)
+        if graphs.updated:
+            self._count_batches(graphs)
+        return unflatten(graphs.output_spec, outputs)
+
+    def _first_run(self, graphs: Graphs, tensors, weights):
+        """The first run of new graphs: a kernel onnxruntime lacks may fail only now
+        (LSTM in float64), and the buffers it wrote are restored then."""
+        buffers = {n: b.detach().clone() for n, b in self._original_module.named_buffers()}
+        try:
+            outputs = _RunGraphs.apply(graphs, *tensors, *weights)
+        except Exception as exc:  # noqa: BLE001 - any failure of a first run means fallback
+            with torch.no_grad():
+                for name, value in buffers.items():
+                    self._original_module.get_buffer(name).copy_(value)
+            raise _Unsupported(f"{type(exc).__name__}: {exc}") from exc
+        graphs.checked = True
+        return outputs
+
+    def _check_devices(self, tensors) -> torch.device:
+        params = [*self._original_module.parameters(), *self._original_module.buffers()]
+        device = params[0].device if params else (tensors[0].device if tensors
+                                                   else torch.device("cpu"))
+        for i, t in enumerate(tensors):
+            if t.device != device:
+                raise ValueError(f"Input tensor {i} is on {t.device}, the module on {device}: "
+                                 "move them to the same device.")
+        if device.type not in ("cpu", "cuda"):
+            raise ValueError(f"ORTModule runs on cpu or cuda, not on {device}.")
+        return device
+
+    def _weights(self, names) -> list:
+        module = self._original_module
+        return [module.get_parameter(n) if n in self._parameter_names else module.get_buffer(n)
+                for n in names]
+
+    @property
+    def _parameter_names(self) -> set:
+        return {n for n, _ in self._original_module.named_parameters(remove_duplicate=False)}
+
+    def _count_batches(self, graphs: Graphs) -> None:
+        """torch counts the batches each train-mode BatchNorm saw (``num_batches_tracked``)."""
+        with torch.no_grad():
+            for name in graphs.updated:
+                if name.endswith("running_mean"):
+                    counter = name[: -len("running_mean")] + "num_batches_tracked"
+                    try:
+                        self._original_module.get_buffer(counter).add_(1)
+                    except AttributeError:
+                        pass
+
+    def _fall_back(self, reason: str, cause, inputs, kwargs):
+        message = (f"ORTModule runs {type(self._original_module).__name__} in torch, not in "
+                   f"ONNX Runtime: {reason}")
+        if self._debug_options.fallback_disabled:
+            raise ORTModuleTorchModelException(message) from cause
+        self._fallback_reason = reason
+        warnings.warn(message, UserWarning, stacklevel=3)
+        logger.warning(message)
+        return self._original_module(*inputs, **kwargs)
+
+    # ------------------------------------------------------------------ graphs
+
+    def _graphs(self, tensors, call_spec, device) -> Graphs:
+        module = self._original_module
+        train = module.training
+        key = (train, str(device), schema_key(call_spec),
+               tuple((t.dtype, t.dim()) for t in tensors))
+        schema = self._schemas.setdefault(key, _Schema())
+        index = next((i for i, (exported, _) in enumerate(schema.exports)
+                      if exported.accepts(tensors)), None)
+        if index is None:
+            schema.exports.append(self._export(tensors, call_spec, train))
+            index = len(schema.exports) - 1
+        exported, output_spec = schema.exports[index]
+        grad = torch.is_grad_enabled()
+        params = dict(module.named_parameters(remove_duplicate=False))
+        wrt = tuple(
+            [name for name, t in zip(exported.inputs, tensors) if grad and t.requires_grad]
+            + [n for n in exported.weights if grad and n in params and params[n].requires_grad])
+        graphs = schema.graphs.get((index, wrt))
+        if graphs is None:
+            graphs = self._build(exported, output_spec, wrt, train, device)
+            schema.graphs[(index, wrt)] = graphs
+        return graphs
+
+    def _export(self, tensors, call_spec, train: bool):
+        module = self._original_module
+        output_spec, n_outputs = _probe(module, tensors, call_spec)
+        errors = []
+        for exporter in self._exporters:
+            try:
+                exported = export_call(module, tensors, call_spec, n_outputs, train=train,
+                                       exporter=exporter)
+            except Exception as exc:  # noqa: BLE001 - any exporter failure means fallback
+                errors.append(exc)
+                logger.info("The %s exporter failed: %s", exporter, exc)
+                continue
+            self.export_count += 1
+            logger.info("Exported %s (%s mode) with the %s exporter.",
+                        type(module).__name__, "train" if train else "eval", exporter)
+            return exported, output_spec
+        first = str(errors[0]).strip().splitlines()
+        raise _Unsupported(f"torch.onnx.export failed ({first[0] if first else ''})"
+                           ) from errors[0]
+
+    def _build(self, exported: Exported, output_spec, wrt, train: bool, device) -> Graphs:
+        options = self._debug_options
+        prefix = (os.path.join(options.save_path, options.onnx_prefix)
+                  if options.save_onnx else None)
+        try:
+            return build_graphs(exported, output_spec, wrt, train=train,
+                                device=_device_name(device), log_level=options.log_level,
+                                save_prefix=prefix)
+        except Exception as exc:  # noqa: BLE001 - any failure here means fallback
+            raise _Unsupported(f"{type(exc).__name__}: {exc}") from exc
+
+    # ------------------------------------------------------------------ nn.Module API
+
+    @property
+    def module(self) -> torch.nn.Module:
+        """The wrapped ``torch.nn.Module``."""
+        return self._original_module
+
+    def add_module(self, name: str, module: torch.nn.Module | None) -> None:
+        """Raise :class:`ORTModuleTorchModelException`: an ORTModule takes no new module."""
+        raise ORTModuleTorchModelException(
+            "ORTModule does not support adding modules to it; add it to the wrapped module "
+            "before wrapping it.")
+
+    def train(self, mode: bool = True):
+        self.training = mode
+        self._original_module.train(mode)
+        return self
+
+    def state_dict(self, *args, destination=None, prefix="", keep_vars=False):
+        """The wrapped module's ``state_dict`` (same keys, no wrapper prefix)."""
+        return self._original_module.state_dict(*args, destination=destination,
+                                                prefix=prefix, keep_vars=keep_vars)
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        """Load into the wrapped module; the graphs read the parameters at each call."""
+        if assign:
+            raise ValueError("load_state_dict(assign=True) would replace the parameters the "
+                             "optimizer holds; load values in place (assign=False).")
+        return self._original_module.load_state_dict(state_dict, strict=strict)
+
+    def named_parameters(self, prefix: str = "", recurse: bool = True,
+                         remove_duplicate: bool = True):
+        yield from self._original_module.named_parameters(
+            prefix=prefix, recurse=recurse, remove_duplicate=remove_duplicate)
+
+    def parameters(self, recurse: bool = True):
+        yield from self._original_module.parameters(recurse=recurse)
+
+    def named_buffers(self, prefix: str = "", recurse: bool = True,
+                      remove_duplicate: bool = True):
+        yield from self._original_module.named_buffers(
+            prefix=prefix, recurse=recurse, remove_duplicate=remove_duplicate)
+
+    def buffers(self, recurse: bool = True):
+        yield from self._original_module.buffers(recurse=recurse)
+
+    def named_children(self):
+        yield from self._original_module.named_children()
+
+    def named_modules(self, *args, **kwargs):
+        yield from self._original_module.named_modules(*args, **kwargs)
+
+    def get_submodule(self, target: str) -> torch.nn.Module:
+        return self._original_module.get_submodule(target)
+
+    def get_parameter(self, target: str) -> torch.nn.Parameter:
+        return self._original_module.get_parameter(target)
+
+    def get_buffer(self, target: str) -> torch.Tensor:
+        return self._original_module.get_buffer(target)
+
+    def register_state_dict_pre_hook(self, hook):
+        return self._original_module.register_state_dict_pre_hook(hook)
+
+    def register_state_dict_post_hook(self, hook):
+        return self._original_module.register_state_dict_post_hook(hook)
+
+    def register_load_state_dict_pre_hook(self, hook):
+        return self._original_module.register_load_state_dict_pre_hook(hook)
+
+    def register_load_state_dict_post_hook(self, hook):
+        return self._original_module.register_load_state_dict_post_hook(hook)
+
+    def _apply(self, fn, recurse=True):
+        # .to(), .cuda(), .double(): the graphs of the old device or dtype stay cached by
+        # their key; the tensors are read again at each call.
+        self._original_module._apply(fn, recurse)
+        return self
+
+    def _replicate_for_data_parallel(self):
+        raise NotImplementedError("ORTModule does not support torch.nn.DataParallel; use "
+                                  "one ORTModule per process (DistributedDataParallel).")
+
+
+_BATCH_NORMS = (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d, torch.nn.BatchNorm3d,
+                torch.nn.SyncBatchNorm)
+
+
+class _Unsupported(Exception):
+    """The call cannot run in ONNX Runtime; the message says why (for the warning)."""
+
+
+def _device_name(device: torch.device) -> str:
+    return "cpu" if device.type == "cpu" else f"cuda:{device.index or 0}"
+
+
+def _probe(module: torch.nn.Module, tensors, call_spec):
+    """Run ``module`` once in torch: the structure of its output and its number of tensors;
+    :class:`_Unsupported` if its autograd graph holds a custom ``autograd.Function`` (the
+    export would keep its forward and drop its backward) or a BatchNorm with
+    ``momentum=None`` (a cumulative average the graph does not reproduce)."""
+    for name, sub in module.named_modules():
+        if (isinstance(sub, _BATCH_NORMS) and sub.training
+                and sub.track_running_stats and sub.momentum is None):
+            raise _Unsupported(f"the BatchNorm {name!r} has momentum=None (a cumulative "
+                               "average of the batch statistics), which ORTModule does not "
+                               "reproduce; give it a momentum")
+    state = OrderedDict((k, v.detach().clone()) for k, v in module.state_dict().items())
+    args, kwargs = unflatten(call_spec, [t.detach().requires_grad_(t.requires_grad)
+                                         for t in tensors])
+    with torch.enable_grad():
+        out = module(*args, **kwargs)
+    module.load_state_dict(state)
+    flat, output_spec = flatten(out)
+    custom = _custom_functions(flat)
+    if custom:
+        raise _Unsupported(
+            f"it calls the custom torch.autograd.Function {', '.join(custom)}: the ONNX export "
+            "keeps its forward and drops its backward, so the gradients would differ")
+    return output_spec, len(flat)
+
+
+def _custom_functions(outputs) -> list[str]:
+    """Names of the custom ``torch.autograd.Function`` classes in the autograd graph."""
+    seen, found = set(), []
+    stack = [t.grad_fn for t in outputs if t.grad_fn is not None]
+    while stack:
+        fn = stack.pop()
+        if fn is None or id(fn) in seen:
+            continue
+        seen.add(id(fn))
+        if isinstance(fn, torch.autograd.function.BackwardCFunction):
+            name = type(fn).__name__.removesuffix("Backward")
+            if name not in found:
+                found.append(name)
+        stack.extend(next_fn for next_fn, _ in fn.next_functions)
+    return found
