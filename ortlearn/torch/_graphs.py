@@ -52,6 +52,9 @@ class Graphs:
     cotangents: dict = field(default_factory=dict)
     reused: list = field(default_factory=list)
     gradients: dict = field(default_factory=dict)
+    #: The ``num_batches_tracked`` buffers to step after each run (train-mode BatchNorm:
+    #: the exporters drop that update).
+    counters: list = field(default_factory=list)
     #: Whether a forward run succeeded (the first one may still fall back to torch).
     checked: bool = False
 

@@ -138,6 +138,7 @@ class ORTModule(torch.nn.Module):
         self._debug_options = debug_options or DebugOptions()
         self._exporters = EXPORTERS if exporter == "auto" else (exporter,)
         self._schemas: dict = {}
+        self._weight_table = _WeightTable(module)
         self._fallback_reason: str | None = None
         self.export_count = 0
         logger.setLevel(self._debug_options.log_level.logging_level)
@@ -155,10 +156,9 @@ class ORTModule(torch.nn.Module):
         tensors, call_spec = flatten((inputs, kwargs))
         device = self._check_devices(tensors)
         try:
-            graphs = self._graphs(tensors, call_spec, device)
+            graphs, weights = self._graphs(tensors, call_spec, device)
         except _Unsupported as exc:
             return self._fall_back(str(exc), exc.__cause__, inputs, kwargs)
-        weights = self._weights(graphs.exported.weights)
         if graphs.checked:
             outputs = _RunGraphs.apply(graphs, *tensors, *weights)
         else:
@@ -166,8 +166,10 @@ class ORTModule(torch.nn.Module):
                 outputs = self._first_run(graphs, tensors, weights)
             except _Unsupported as exc:
                 return self._fall_back(str(exc), exc.__cause__, inputs, kwargs)
-        if graphs.updated:
-            self._count_batches(graphs)
+        if graphs.counters:
+            with torch.no_grad():
+                for counter in self._weight_table.tensors(graphs.counters):
+                    counter.add_(1)
         return unflatten(graphs.output_spec, outputs)
 
     def _first_run(self, graphs: Graphs, tensors, weights):
@@ -185,9 +187,12 @@ class ORTModule(torch.nn.Module):
         return outputs
 
     def _check_devices(self, tensors) -> torch.device:
-        params = [*self._original_module.parameters(), *self._original_module.buffers()]
-        device = params[0].device if params else (tensors[0].device if tensors
-                                                   else torch.device("cpu"))
+        module = self._original_module
+        first = next(module.parameters(), None)
+        if first is None:
+            first = next(module.buffers(), None)
+        device = first.device if first is not None else (
+            tensors[0].device if tensors else torch.device("cpu"))
         for i, t in enumerate(tensors):
             if t.device != device:
                 raise ValueError(f"Input tensor {i} is on {t.device}, the module on {device}: "
@@ -195,26 +200,6 @@ class ORTModule(torch.nn.Module):
         if device.type not in ("cpu", "cuda"):
             raise ValueError(f"ORTModule runs on cpu or cuda, not on {device}.")
         return device
-
-    def _weights(self, names) -> list:
-        module = self._original_module
-        return [module.get_parameter(n) if n in self._parameter_names else module.get_buffer(n)
-                for n in names]
-
-    @property
-    def _parameter_names(self) -> set:
-        return {n for n, _ in self._original_module.named_parameters(remove_duplicate=False)}
-
-    def _count_batches(self, graphs: Graphs) -> None:
-        """torch counts the batches each train-mode BatchNorm saw (``num_batches_tracked``)."""
-        with torch.no_grad():
-            for name in graphs.updated:
-                if name.endswith("running_mean"):
-                    counter = name[: -len("running_mean")] + "num_batches_tracked"
-                    try:
-                        self._original_module.get_buffer(counter).add_(1)
-                    except AttributeError:
-                        pass
 
     def _fall_back(self, reason: str, cause, inputs, kwargs):
         message = (f"ORTModule runs {type(self._original_module).__name__} in torch, not in "
@@ -228,28 +213,31 @@ class ORTModule(torch.nn.Module):
 
     # ------------------------------------------------------------------ graphs
 
-    def _graphs(self, tensors, call_spec, device) -> Graphs:
-        module = self._original_module
-        train = module.training
-        key = (train, str(device), schema_key(call_spec),
-               tuple((t.dtype, t.dim()) for t in tensors))
-        schema = self._schemas.setdefault(key, _Schema())
+    def _graphs(self, tensors, call_spec, device):
+        """The graphs of this call and the weight tensors they read (exported and built on
+        the first call of a schema)."""
+        train = self._original_module.training
+        key = (train, device, schema_key(call_spec), tuple((t.dtype, t.dim()) for t in tensors))
+        schema = self._schemas.get(key)
+        if schema is None:
+            schema = self._schemas[key] = _Schema()
         index = next((i for i, (exported, _) in enumerate(schema.exports)
                       if exported.accepts(tensors)), None)
         if index is None:
             schema.exports.append(self._export(tensors, call_spec, train))
             index = len(schema.exports) - 1
         exported, output_spec = schema.exports[index]
-        grad = torch.is_grad_enabled()
-        params = dict(module.named_parameters(remove_duplicate=False))
-        wrt = tuple(
-            [name for name, t in zip(exported.inputs, tensors) if grad and t.requires_grad]
-            + [n for n in exported.weights if grad and n in params and params[n].requires_grad])
+        weights = self._weight_table.tensors(exported.weights)
+        if torch.is_grad_enabled():
+            wrt = tuple(name for name, t in zip(exported.inputs + exported.weights,
+                                                [*tensors, *weights]) if t.requires_grad)
+        else:
+            wrt = ()
         graphs = schema.graphs.get((index, wrt))
         if graphs is None:
             graphs = self._build(exported, output_spec, wrt, train, device)
             schema.graphs[(index, wrt)] = graphs
-        return graphs
+        return graphs, weights
 
     def _export(self, tensors, call_spec, train: bool):
         module = self._original_module
@@ -364,6 +352,31 @@ class ORTModule(torch.nn.Module):
     def _replicate_for_data_parallel(self):
         raise NotImplementedError("ORTModule does not support torch.nn.DataParallel; use "
                                   "one ORTModule per process (DistributedDataParallel).")
+
+
+class _WeightTable:
+    """The parameters and buffers of a module by ``state_dict`` name, read at each call
+    (``.to()`` and attribute assignments replace tensors; the owning modules stay)."""
+
+    def __init__(self, module: torch.nn.Module):
+        self._module = module
+        self._owners: dict = {}
+
+    def tensors(self, names) -> list:
+        try:
+            return [getattr(*self._owners[n]) for n in names]
+        except (KeyError, AttributeError):
+            self._owners = self._find(self._module)
+            return [getattr(*self._owners[n]) for n in names]
+
+    @staticmethod
+    def _find(module: torch.nn.Module) -> dict:
+        owners = {}
+        for prefix, sub in module.named_modules(remove_duplicate=False):
+            for name, _ in [*sub.named_parameters(recurse=False),
+                            *sub.named_buffers(recurse=False)]:
+                owners[f"{prefix}.{name}" if prefix else name] = (sub, name)
+        return owners
 
 
 _BATCH_NORMS = (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d, torch.nn.BatchNorm3d,
