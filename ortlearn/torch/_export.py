@@ -17,6 +17,7 @@ folded into a constant) and the TorchScript one (``dynamo=False``,
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import logging
 import warnings
@@ -32,7 +33,7 @@ from ..autodiff import mark_padding_idx
 from ..graph import initializers_to_inputs, rename_value, shape_matches, shape_of
 
 __all__ = ["EXPORTERS", "Exported", "TreeSpec", "batchnorm_training_mode", "export_call",
-           "flatten", "unflatten"]
+           "flatten", "flatten_call", "unflatten"]
 
 EXPORTERS = ("dynamo", "torchscript")
 #: Opset of the TorchScript exports (the dynamo exporter writes opset 18 or more).
@@ -63,6 +64,18 @@ def flatten(tree) -> tuple[list, TreeSpec]:
     return tensors, _flatten(tree, tensors)
 
 
+def flatten_call(args: tuple, kwargs: dict) -> tuple[list, TreeSpec]:
+    """:func:`flatten` of ``(args, kwargs)``, quick for the common call on tensors only."""
+    if not kwargs and all(isinstance(a, torch.Tensor) for a in args):
+        return list(args), _positional_spec(len(args))
+    return flatten((args, kwargs))
+
+
+@functools.lru_cache(maxsize=16)
+def _positional_spec(n: int) -> TreeSpec:
+    return TreeSpec("tuple", (TreeSpec("tuple", (_TENSOR,) * n), TreeSpec("dict")))
+
+
 def _flatten(tree, tensors: list) -> TreeSpec:
     if isinstance(tree, torch.Tensor):
         tensors.append(tree)
@@ -77,8 +90,9 @@ def _flatten(tree, tensors: list) -> TreeSpec:
 
 def unflatten(spec: TreeSpec, tensors: Sequence):
     """The tree of ``spec`` holding ``tensors`` (inverse of :func:`flatten`)."""
-    it = iter(tensors)
-    return _unflatten(spec, it)
+    if spec.kind == "tensor":
+        return tensors[0]
+    return _unflatten(spec, iter(tensors))
 
 
 def _unflatten(spec: TreeSpec, it):
@@ -93,7 +107,15 @@ def _unflatten(spec: TreeSpec, it):
 
 
 def schema_key(spec: TreeSpec):
-    """A hashable stand-in for the constant leaves of ``spec`` (their values)."""
+    """``spec`` where it is hashable, else a hashable stand-in (constant leaves by ``repr``)."""
+    try:
+        hash(spec)
+        return spec
+    except TypeError:
+        return _hashable(spec)
+
+
+def _hashable(spec: TreeSpec):
     if spec.kind == "const":
         try:
             hash(spec.value)
@@ -102,7 +124,7 @@ def schema_key(spec: TreeSpec):
             return ("const", type(spec.value).__name__, repr(spec.value))
     if spec.kind == "tensor":
         return "tensor"
-    return (spec.kind, spec.keys, tuple(schema_key(c) for c in spec.children))
+    return (spec.kind, spec.keys, tuple(_hashable(c) for c in spec.children))
 
 
 # --------------------------------------------------------------------------- export
@@ -143,13 +165,18 @@ class Exported:
     weights: list
     exporter: str
 
+    @functools.cached_property
+    def input_shapes(self) -> list:
+        """The declared shapes of :attr:`inputs` (:func:`~ortlearn.graph.shape_of`)."""
+        declared = {i.name: shape_of(i) for i in self.model.graph.input}
+        return [declared[name] for name in self.inputs]
+
     def accepts(self, tensors: Sequence[torch.Tensor]) -> bool:
         """Whether the graph's input shapes allow these tensors (an exporter may keep
         some dimensions static)."""
-        declared = {i.name: shape_of(i) for i in self.model.graph.input}
         symbols: dict = {}
-        return all(shape_matches(declared[name], tuple(t.shape), symbols)
-                   for name, t in zip(self.inputs, tensors))
+        return all(shape_matches(shape, t.shape, symbols)
+                   for shape, t in zip(self.input_shapes, tensors))
 
 
 @contextlib.contextmanager

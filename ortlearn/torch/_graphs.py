@@ -105,30 +105,39 @@ def _save(prefix: str | None, what: str, model: onnx.ModelProto) -> None:
 
 def run_session(session: ort.InferenceSession, feeds: Sequence[tuple[str, torch.Tensor]],
                 outputs: Sequence[str]) -> list[torch.Tensor]:
-    """Run ``session`` on torch tensors; its outputs as torch tensors (no copies).
+    """Run ``session`` on torch tensors; its outputs as torch tensors, without copies.
 
-    ``feeds`` hold ``(input name, tensor)`` pairs on the session's device.
+    ``feeds`` hold ``(input name, tensor)`` pairs on the session's device. On
+    the CPU, onnxruntime reads numpy views of the tensors in place and its
+    outputs come back as numpy arrays over its own buffers, which torch
+    shares; on CUDA, inputs are bound by data pointer (``IOBinding``) and
+    outputs cross by DLPack.
     """
+    if not feeds or not feeds[0][1].is_cuda:
+        arrays = session.run(outputs, {name: _numpy(t) for name, t in feeds})
+        return [torch.from_numpy(a) for a in arrays]
     binding = session.io_binding()
     kept = []
     for name, tensor in feeds:
-        tensor = tensor.detach()
-        if not tensor.is_contiguous():
-            tensor = tensor.contiguous()
+        tensor = tensor.detach().contiguous()
         kept.append(tensor)
-        device = tensor.device
-        binding.bind_input(name, device.type, device.index or 0, _numpy_dtype(tensor),
+        binding.bind_input(name, "cuda", tensor.device.index or 0, _numpy_dtype(tensor),
                            tuple(tensor.shape), tensor.data_ptr())
-    device_type, index = ("cuda", kept[0].device.index or 0) if kept and kept[0].is_cuda \
-        else ("cpu", 0)
+    index = kept[0].device.index or 0
     for name in outputs:
-        binding.bind_output(name, device_type, index)
-    if device_type == "cuda":
-        # onnxruntime runs on its own stream: torch's pending work on the inputs first.
-        torch.cuda.current_stream(kept[0].device).synchronize()
+        binding.bind_output(name, "cuda", index)
+    # onnxruntime runs on its own stream: torch's pending work on the inputs first.
+    torch.cuda.current_stream(kept[0].device).synchronize()
     session.run_with_iobinding(binding)
+    binding.synchronize_outputs()
     values = binding.get_outputs_as_ortvaluevector()
     return [torch.from_dlpack(values.dlpack_at(i)) for i in range(len(outputs))]
+
+
+def _numpy(tensor: torch.Tensor) -> np.ndarray:
+    if tensor.dtype not in _NUMPY_DTYPES:
+        _numpy_dtype(tensor)
+    return tensor.detach().numpy()
 
 
 def _numpy_dtype(tensor: torch.Tensor):

@@ -11,7 +11,16 @@ from dataclasses import dataclass, field
 import torch
 from torch.autograd.function import once_differentiable
 
-from ._export import EXPORTERS, Exported, export_call, flatten, schema_key, unflatten
+from ..training.device import parse_device
+from ._export import (
+    EXPORTERS,
+    Exported,
+    export_call,
+    flatten,
+    flatten_call,
+    schema_key,
+    unflatten,
+)
 from ._graphs import Graphs, build_graphs, run_session
 from ._options import DebugOptions, ORTModuleTorchModelException
 
@@ -153,7 +162,7 @@ class ORTModule(torch.nn.Module):
         """
         if self._fallback_reason is not None:
             return self._original_module(*inputs, **kwargs)
-        tensors, call_spec = flatten((inputs, kwargs))
+        tensors, call_spec = flatten_call(inputs, kwargs)
         device = self._check_devices(tensors)
         try:
             graphs, weights = self._graphs(tensors, call_spec, device)
@@ -187,10 +196,7 @@ class ORTModule(torch.nn.Module):
         return outputs
 
     def _check_devices(self, tensors) -> torch.device:
-        module = self._original_module
-        first = next(module.parameters(), None)
-        if first is None:
-            first = next(module.buffers(), None)
+        first = self._weight_table.first()
         device = first.device if first is not None else (
             tensors[0].device if tensors else torch.device("cpu"))
         for i, t in enumerate(tensors):
@@ -220,6 +226,7 @@ class ORTModule(torch.nn.Module):
         key = (train, device, schema_key(call_spec), tuple((t.dtype, t.dim()) for t in tensors))
         schema = self._schemas.get(key)
         if schema is None:
+            parse_device(_device_name(device))  # a CUDA module needs the CUDA provider
             schema = self._schemas[key] = _Schema()
         index = next((i for i, (exported, _) in enumerate(schema.exports)
                       if exported.accepts(tensors)), None)
@@ -361,6 +368,14 @@ class _WeightTable:
     def __init__(self, module: torch.nn.Module):
         self._module = module
         self._owners: dict = {}
+
+    def first(self) -> torch.Tensor | None:
+        """The first parameter (or buffer): where the module lives."""
+        if not self._owners:
+            self._owners = self._find(self._module)
+        for owner in self._owners.values():
+            return getattr(*owner)
+        return None
 
     def tensors(self, names) -> list:
         try:
