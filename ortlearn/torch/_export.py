@@ -177,6 +177,9 @@ def export_call(module: torch.nn.Module, tensors: Sequence[torch.Tensor], call_s
     if exporter not in EXPORTERS:
         raise ValueError(f"exporter must be one of {EXPORTERS}, got {exporter!r}.")
     wrapper = _FlatCall(module, call_spec)
+    # Fresh leaves: torch.export's guards fail on a leaf whose .grad is set (an input
+    # that requires a gradient, after a first backward).
+    tensors = [t.detach().requires_grad_(t.requires_grad) for t in tensors]
     names = [f"input_{i}" for i in range(len(tensors))]
     outputs = [f"output_{i}" for i in range(n_outputs)]
     state = {k: v.detach().clone() for k, v in module.state_dict(keep_vars=True).items()}
