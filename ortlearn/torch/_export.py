@@ -195,6 +195,7 @@ def export_call(module: torch.nn.Module, tensors: Sequence[torch.Tensor], call_s
             for key, value in module.state_dict(keep_vars=True).items():
                 if key in state and value is not state[key]:
                     value.copy_(state[key])
+    _distinct_outputs(onx)
     for graph_input, name in zip(onx.graph.input, names):
         rename_value(onx, graph_input.name, name)
     for graph_output, name in zip(list(onx.graph.output), outputs):
@@ -203,6 +204,19 @@ def export_call(module: torch.nn.Module, tensors: Sequence[torch.Tensor], call_s
         batchnorm_training_mode(onx)
     weights = _weights_to_inputs(onx, module)
     return Exported(onx, names, weights, exporter)
+
+
+def _distinct_outputs(onx: onnx.ModelProto) -> None:
+    """Give each graph output a value of its own (an Identity): the dynamo exporter names an
+    input returned as is, or a tensor returned twice, by the same value, which renaming
+    the outputs ``output_<i>`` would break."""
+    taken = {i.name for i in onx.graph.input} | {i.name for i in onx.graph.initializer}
+    for i, output in enumerate(onx.graph.output):
+        if output.name in taken:
+            fresh = f"ortlearn_output_{i}"
+            onx.graph.node.append(helper.make_node("Identity", [output.name], [fresh]))
+            output.name = fresh
+        taken.add(output.name)
 
 
 def _dynamo(wrapper, tensors) -> onnx.ModelProto:
