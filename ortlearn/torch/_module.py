@@ -363,6 +363,13 @@ class ORTModule(torch.nn.Module):
         self._original_module._apply(fn, recurse)
         return self
 
+    def __getstate__(self):
+        # onnxruntime's sessions cannot be copied or pickled: a copy (copy.deepcopy, pickle)
+        # exports again on its first call.
+        state = dict(self.__dict__)
+        state["_schemas"] = {}
+        return state
+
     def _replicate_for_data_parallel(self):
         raise NotImplementedError("ORTModule does not support torch.nn.DataParallel; use "
                                   "one ORTModule per process (DistributedDataParallel).")
