@@ -274,8 +274,11 @@ def _mark_padding_rows(onx: onnx.ModelProto, module: torch.nn.Module) -> None:
 def _check_nothing_folded(onx, module, mapped: set) -> None:
     """A parameter missing from the graph while a constant holds its value (or its
     transpose) means the exporter baked it in: training would not change it."""
+    # A tied parameter is in the graph under any of its names.
+    aliases = dict(module.named_parameters(remove_duplicate=False))
+    present = {id(aliases[n]) for n in mapped if n in aliases}
     missing = {n: p.detach().cpu().numpy() for n, p in module.named_parameters()
-               if n not in mapped and p.numel() > 1}
+               if id(p) not in present and p.numel() > 1}
     if not missing:
         return
     for init in onx.graph.initializer:
