@@ -204,6 +204,9 @@ def export_call(module: torch.nn.Module, tensors: Sequence[torch.Tensor], call_s
     if exporter not in EXPORTERS:
         raise ValueError(f"exporter must be one of {EXPORTERS}, got {exporter!r}.")
     wrapper = _FlatCall(module, call_spec)
+    # Fresh leaves: torch.export's guards fail on a leaf whose .grad is set (an input
+    # that requires a gradient, after a first backward).
+    tensors = [t.detach().requires_grad_(t.requires_grad) for t in tensors]
     names = [f"input_{i}" for i in range(len(tensors))]
     outputs = [f"output_{i}" for i in range(n_outputs)]
     state = {k: v.detach().clone() for k, v in module.state_dict(keep_vars=True).items()}
@@ -219,6 +222,7 @@ def export_call(module: torch.nn.Module, tensors: Sequence[torch.Tensor], call_s
             for key, value in module.state_dict(keep_vars=True).items():
                 if key in state and value is not state[key]:
                     value.copy_(state[key])
+    _distinct_outputs(onx)
     for graph_input, name in zip(onx.graph.input, names):
         rename_value(onx, graph_input.name, name)
     for graph_output, name in zip(list(onx.graph.output), outputs):
@@ -227,6 +231,19 @@ def export_call(module: torch.nn.Module, tensors: Sequence[torch.Tensor], call_s
         batchnorm_training_mode(onx)
     weights = _weights_to_inputs(onx, module)
     return Exported(onx, names, weights, exporter)
+
+
+def _distinct_outputs(onx: onnx.ModelProto) -> None:
+    """Give each graph output a value of its own (an Identity): the dynamo exporter names an
+    input returned as is, or a tensor returned twice, by the same value, which renaming
+    the outputs ``output_<i>`` would break."""
+    taken = {i.name for i in onx.graph.input} | {i.name for i in onx.graph.initializer}
+    for i, output in enumerate(onx.graph.output):
+        if output.name in taken:
+            fresh = f"ortlearn_output_{i}"
+            onx.graph.node.append(helper.make_node("Identity", [output.name], [fresh]))
+            output.name = fresh
+        taken.add(output.name)
 
 
 def _dynamo(wrapper, tensors) -> onnx.ModelProto:
@@ -284,8 +301,11 @@ def _mark_padding_rows(onx: onnx.ModelProto, module: torch.nn.Module) -> None:
 def _check_nothing_folded(onx, module, mapped: set) -> None:
     """A parameter missing from the graph while a constant holds its value (or its
     transpose) means the exporter baked it in: training would not change it."""
+    # A tied parameter is in the graph under any of its names.
+    aliases = dict(module.named_parameters(remove_duplicate=False))
+    present = {id(aliases[n]) for n in mapped if n in aliases}
     missing = {n: p.detach().cpu().numpy() for n, p in module.named_parameters()
-               if n not in mapped and p.numel() > 1}
+               if id(p) not in present and p.numel() > 1}
     if not missing:
         return
     for init in onx.graph.initializer:

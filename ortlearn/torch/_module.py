@@ -46,10 +46,11 @@ class _RunGraphs(torch.autograd.Function):
         for name, output in graphs.updated.items():
             tensors[graphs.inputs.index(name)].copy_(values[output])
         ctx.graphs = graphs
-        ctx.saved = [values[name] for name in graphs.saved]
         positions = {name: i for i, name in enumerate(graphs.inputs)}
-        ctx.reused = [positions[name] for name in graphs.reused]
-        ctx.save_for_backward(*(tensors[i] for i in ctx.reused))
+        # Through save_for_backward, saved outputs too: an output changed in place before
+        # the backward then raises, as in torch, instead of giving a wrong gradient.
+        ctx.save_for_backward(*(tensors[positions[name]] for name in graphs.reused),
+                              *(values[name] for name in graphs.saved))
         ctx.mark_non_differentiable(*(o for i, o in enumerate(outputs)
                                       if not graphs.differentiable(i)))
         return tuple(outputs)
@@ -62,8 +63,9 @@ class _RunGraphs(torch.autograd.Function):
             return (None,) * (1 + len(graphs.inputs))
         by_output = dict(zip(graphs.outputs, grad_outputs))
         feeds = [(cot, by_output[out]) for out, cot in graphs.cotangents.items()]
-        feeds += list(zip(graphs.saved, ctx.saved))
-        feeds += list(zip(graphs.reused, ctx.saved_tensors))
+        saved = ctx.saved_tensors
+        feeds += list(zip(graphs.saved, saved[len(graphs.reused):]))
+        feeds += list(zip(graphs.reused, saved[:len(graphs.reused)]))
         grads = run_session(graphs.backward, feeds, list(graphs.gradients.values()))
         by_input = dict(zip(graphs.gradients, grads))
         return (None, *(by_input.get(name) for name in graphs.inputs))
@@ -355,6 +357,13 @@ class ORTModule(torch.nn.Module):
         # their key; the tensors are read again at each call.
         self._original_module._apply(fn, recurse)
         return self
+
+    def __getstate__(self):
+        # onnxruntime's sessions cannot be copied or pickled: a copy (copy.deepcopy, pickle)
+        # exports again on its first call.
+        state = dict(self.__dict__)
+        state["_schemas"] = {}
+        return state
 
     def _replicate_for_data_parallel(self):
         raise NotImplementedError("ORTModule does not support torch.nn.DataParallel; use "

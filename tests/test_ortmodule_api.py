@@ -1,0 +1,611 @@
+"""The API of ``ortlearn.torch.ORTModule`` (seed 004, onnxruntime-training's ``ORTModule``).
+
+The ``torch.nn.Module`` surface (state dicts, parameters, modes, hooks,
+``requires_grad_``, accumulation of gradients, ``.double()``), the call
+schema and when it is exported again (``export_count``), ``DebugOptions``,
+and the fallback to torch. Most modules are exported with the TorchScript
+exporter (well under a second each); the cases named ``dynamo`` use the
+default exporter, which takes seconds per export.
+"""
+
+import copy
+import os
+import pickle
+import re
+import warnings
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+from torch import nn
+
+from ortlearn.torch import DebugOptions, LogLevel, ORTModule, ORTModuleTorchModelException
+
+TS = "torchscript"
+
+
+def _mlp(seed=0, dtype=torch.float32):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 3)).to(dtype)
+
+
+def _x(*shape, seed=1, dtype=torch.float32):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
+
+
+def _grads(module):
+    return {n: None if p.grad is None else p.grad.clone() for n, p in module.named_parameters()}
+
+
+def _assert_grads_close(got, expected, rtol=1e-5, atol=1e-6):
+    assert list(got) == list(expected)
+    for name, value in expected.items():
+        if value is None:
+            assert got[name] is None, name
+        else:
+            torch.testing.assert_close(got[name], value, rtol=rtol, atol=atol, msg=name)
+
+
+def _torch_step(module, *args, **kwargs):
+    """Gradients of ``sum(module(...))`` in torch."""
+    module(*args, **kwargs).sum().backward()
+    return _grads(module)
+
+
+def _torch_grad_of_input(module, x):
+    x = x.clone().requires_grad_()
+    module(x).sum().backward()
+    return x.grad
+
+
+def _recorded(fn):
+    """Call ``fn``; its result and the UserWarnings it raised."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = fn()
+    return result, [w for w in caught if issubclass(w.category, UserWarning)]
+
+
+# --------------------------------------------------------------------------- construction
+
+
+def test_wraps_only_a_module():
+    with pytest.raises(TypeError, match="torch.nn.Module"):
+        ORTModule(lambda x: x)
+    with pytest.raises(TypeError, match="already an ORTModule"):
+        ORTModule(ORTModule(_mlp()))
+    with pytest.raises(TypeError, match="DebugOptions"):
+        ORTModule(_mlp(), debug_options={"save_onnx": True})
+    with pytest.raises(ValueError, match="exporter"):
+        ORTModule(_mlp(), exporter="jit")
+
+
+def test_debug_options_validation():
+    with pytest.raises(ValueError, match="onnx_prefix"):
+        DebugOptions(save_onnx=True)
+    with pytest.raises(TypeError, match="LogLevel"):
+        DebugOptions(log_level="INFO")
+    with pytest.raises(TypeError, match="LogLevel"):
+        DebugOptions(log_level=2)
+    with pytest.raises(TypeError, match="onnx_prefix"):
+        DebugOptions(save_onnx=True, onnx_prefix=3)
+    options = DebugOptions(log_level=LogLevel.INFO, save_onnx=True, onnx_prefix="m")
+    assert (options.log_level, options.save_onnx, options.onnx_prefix, options.strict) == (
+        LogLevel.INFO, True, "m", False)
+
+
+# --------------------------------------------------------------------------- dynamo
+
+
+def test_dynamo_default_exporter_gradients_and_export_rules(caplog):
+    """The default exporter: gradients equal torch's; a new batch size or sequence length
+    reuses the export (every axis symbolic), another rank or dtype does not."""
+    caplog.set_level("INFO", logger="ortlearn.torch")
+    model = ORTModule(_mlp(), DebugOptions(log_level=LogLevel.INFO))
+    x = _x(2, 5, 4).requires_grad_()
+    ref_x = x.detach().clone().requires_grad_()
+    model(x).sum().backward()
+    assert model.export_count == 1
+    _assert_grads_close(_grads(model), _torch_step(_mlp(), ref_x))
+    torch.testing.assert_close(x.grad, ref_x.grad, rtol=1e-5, atol=1e-6)
+    for shape in [(3, 5, 4), (2, 9, 4), (1, 1, 4)]:
+        out = model(_x(*shape))
+        torch.testing.assert_close(out, _mlp()(_x(*shape)), rtol=1e-5, atol=1e-6)
+    assert model.export_count == 1
+    # Rank 2: another schema, exported from a leaf whose .grad is set (torch.export's
+    # guards fail on such a leaf: the exporter must get a fresh one).
+    x = _x(6, 4).requires_grad_()
+    x.grad = torch.ones_like(x)
+    _, caught = _recorded(lambda: model(x).sum().backward())
+    assert caught == [] and model.export_count == 2
+    torch.testing.assert_close(x.grad, 1 + _torch_grad_of_input(_mlp(), x.detach()))
+    exports = [r.getMessage() for r in caplog.records if "xport" in r.getMessage()]
+    assert exports == ["Exported Sequential (train mode) with the dynamo exporter."] * 2
+    model(_x(11, 4))
+    assert model.export_count == 2
+
+
+def test_dynamo_double_after_first_call():
+    """``.double()`` after a float32 call: the next call exports again (a new dtype) and
+    the gradients are float64 ones, as torch's."""
+    model = ORTModule(_mlp())
+    model(_x(5, 4))
+    model.double()
+    assert all(p.dtype == torch.float64 for p in model.parameters())
+    x = _x(5, 4, dtype=torch.float64)
+    out = model(x)
+    assert out.dtype == torch.float64 and model.export_count == 2
+    out.sum().backward()
+    expected = _torch_step(_mlp(dtype=torch.float64), x)
+    _assert_grads_close(_grads(model), expected, rtol=1e-10, atol=1e-12)
+    assert all(g.dtype == torch.float64 for g in _grads(model).values())
+
+
+class _Tied(nn.Module):
+    """Two layers sharing one weight (``b.weight is a.weight``), and a scalar tensor input."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.a = nn.Linear(4, 4)
+        self.b = nn.Linear(4, 4)
+        self.b.weight = self.a.weight
+
+    def forward(self, x, s):
+        return self.b(torch.tanh(self.a(x))) * s
+
+
+@pytest.mark.parametrize("exporter", [TS, "dynamo"])
+def test_tied_weights_scalar_and_non_contiguous_inputs(exporter):
+    model = ORTModule(_Tied(), exporter=exporter)
+    x = _x(4, 6).t()
+    s = torch.tensor(1.5, requires_grad=True)
+    ref_s = s.detach().clone().requires_grad_()
+    assert not x.is_contiguous()
+    _, caught = _recorded(lambda: model(x, s).pow(2).sum().backward())
+    assert caught == [] and model.export_count == 1
+    assert [n for n, _ in model.named_parameters()] == ["a.weight", "a.bias", "b.bias"]
+    ref = _Tied()
+    ref(x, ref_s).pow(2).sum().backward()
+    _assert_grads_close(_grads(model), _grads(ref))
+    torch.testing.assert_close(s.grad, ref_s.grad, rtol=1e-5, atol=1e-5)
+
+
+class _Nested(nn.Module):
+    """Positional tensors, a number, keyword tensors and strings; nested outputs."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = nn.Linear(4, 3)
+
+    def forward(self, x, scale=1.0, *, mode="sum", extra=None):
+        h = self.lin(x) * scale
+        total = h.sum() if mode == "sum" else h.mean()
+        # x returned as is and h twice: outputs that are an input or repeat a value.
+        out = {"h": h, "pair": (h.tanh(), [h.argmax(1), total]), "x": x, "again": h}
+        if extra is not None:
+            out["e"] = h * extra
+        return out
+
+
+def _nested_loss(out):
+    loss = (out["h"].sum() + out["pair"][0].pow(2).sum() + out["pair"][1][1]
+            + out["x"].pow(2).sum() + out["again"].pow(3).sum())
+    return loss + (out["e"].sum() if "e" in out else 0)
+
+
+@pytest.mark.parametrize("exporter", [TS, "dynamo"])
+def test_nested_outputs_kwargs_and_integer_outputs(exporter):
+    model = ORTModule(_Nested(), exporter=exporter)
+    ref = _Nested()
+    x, extra = _x(5, 4).requires_grad_(), _x(3, seed=2).requires_grad_()
+    ref_x, ref_extra = (t.detach().clone().requires_grad_() for t in (x, extra))
+    out, caught = _recorded(lambda: model(x, 2.0, mode="sum", extra=extra))
+    assert caught == []  # no fallback to torch
+    expected = ref(ref_x, 2.0, mode="sum", extra=ref_extra)
+    assert type(out) is dict and list(out) == ["h", "pair", "x", "again", "e"]
+    for key in ("h", "x", "again", "e"):
+        torch.testing.assert_close(out[key], expected[key], rtol=1e-5, atol=1e-6)
+    assert type(out["pair"]) is tuple and type(out["pair"][1]) is list
+    cls = out["pair"][1][0]
+    assert cls.dtype == torch.int64 and not cls.requires_grad
+    torch.testing.assert_close(cls, expected["pair"][1][0], rtol=0, atol=0)
+    _nested_loss(out).backward()
+    _nested_loss(expected).backward()
+    _assert_grads_close(_grads(model), _grads(ref))
+    torch.testing.assert_close(extra.grad, ref_extra.grad, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(x.grad, ref_x.grad, rtol=1e-5, atol=1e-6)
+    assert model.export_count == 1
+    model(_x(9, 4), 2.0, mode="sum", extra=extra)  # another batch size
+    assert model.export_count == 1
+
+
+def test_constant_arguments_are_part_of_the_schema():
+    """Numbers, strings and None are baked into the graph: a new value exports again,
+    a value seen before reuses its export."""
+    model = ORTModule(_Nested(), exporter=TS)
+    ref = _Nested()
+    x, extra = _x(5, 4), _x(3, seed=2)
+    model(x, 2.0, mode="sum", extra=extra)
+    assert model.export_count == 1
+    out = model(x, 3.0, mode="sum", extra=extra)  # another number
+    assert model.export_count == 2
+    torch.testing.assert_close(out["h"], ref(x, 3.0)["h"], rtol=1e-5, atol=1e-6)
+    out = model(x, 3.0, mode="mean", extra=extra)
+    assert model.export_count == 3
+    torch.testing.assert_close(out["pair"][1][1], ref(x, 3.0, mode="mean")["pair"][1][1])
+    out = model(x, 3.0, mode="mean")  # None instead of a tensor
+    assert model.export_count == 4 and "e" not in out
+    model(x, 3.0, mode="mean", extra=extra)  # back to an earlier schema
+    assert model.export_count == 4
+
+
+def test_integer_outputs_are_not_differentiable():
+    model = ORTModule(_Nested(), exporter=TS)
+    out = model(_x(5, 4))
+    cls = out["pair"][1][0]
+    assert not cls.requires_grad and cls.grad_fn is None
+    with pytest.raises(RuntimeError, match="does not require grad"):
+        cls.float().sum().backward()
+    out["h"].sum().backward()
+    assert model.module.lin.weight.grad is not None
+
+
+def test_changed_dtype_exports_once_more():
+    model = ORTModule(_mlp(), exporter=TS)
+    model(_x(5, 4))
+    model(_x(7, 4))
+    assert model.export_count == 1
+    model.to(torch.float64)
+    out = model(_x(5, 4, dtype=torch.float64))
+    assert out.dtype == torch.float64 and model.export_count == 2
+    torch.testing.assert_close(out, _mlp(dtype=torch.float64)(_x(5, 4, dtype=torch.float64)),
+                               rtol=1e-12, atol=1e-12)
+    model(_x(3, 4, dtype=torch.float64))
+    assert model.export_count == 2
+
+
+def test_inputs_on_another_device_raise():
+    model = ORTModule(_mlp(), exporter=TS)
+    with pytest.raises(ValueError, match="meta.*cpu"):
+        model(torch.empty(5, 4, device="meta"))
+    assert model.export_count == 0
+
+
+# --------------------------------------------------------------------------- nn.Module API
+
+
+def test_module_property_and_delegation():
+    inner = _mlp()
+    model = ORTModule(inner, exporter=TS)
+    assert model.module is inner
+    assert [n for n, _ in model.named_parameters()] == [n for n, _ in inner.named_parameters()]
+    assert all(a is b for a, b in zip(model.parameters(), inner.parameters()))
+    assert len(list(model.parameters())) == 4
+    assert model.get_parameter("2.bias") is inner[2].bias
+    assert model.get_submodule("0") is inner[0]
+    assert [n for n, _ in model.named_modules()] == [n for n, _ in inner.named_modules()]
+    assert [n for n, _ in model.named_children()] == ["0", "1", "2"]
+    bn = ORTModule(nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4)), exporter=TS)
+    names = [n for n, _ in bn.named_buffers()]
+    assert names == ["1.running_mean", "1.running_var", "1.num_batches_tracked"]
+    assert all(a is b for a, b in zip(bn.buffers(), bn.module.buffers()))
+    assert bn.get_buffer("1.running_var") is bn.module[1].running_var
+
+
+def test_add_module_raises():
+    model = ORTModule(_mlp(), exporter=TS)
+    with pytest.raises(ORTModuleTorchModelException, match="add"):
+        model.add_module("extra", nn.Linear(3, 3))
+    with pytest.raises(ORTModuleTorchModelException):
+        model.register_module("extra", nn.Linear(3, 3))
+
+
+def test_state_dict_round_trip_bit_for_bit():
+    model = ORTModule(_mlp(seed=0), exporter=TS)
+    x = _x(5, 4)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model(x).sum().backward()
+    optimizer.step()  # weights the other module's seed cannot reproduce
+    state = model.state_dict()
+    assert list(state) == list(model.module.state_dict()) == ["0.weight", "0.bias", "2.weight",
+                                                              "2.bias"]
+    other = ORTModule(_mlp(seed=1), exporter=TS)
+    before = other(x)  # exported and its graphs cached before the load
+    other.load_state_dict(state)
+    after = other(x)
+    assert not torch.equal(before, after)
+    assert torch.equal(after, model(x))
+    assert other.export_count == 1
+    with pytest.raises(RuntimeError, match="Missing key"):
+        other.load_state_dict({"0.weight": state["0.weight"]})
+    with pytest.raises(ValueError, match="assign"):
+        other.load_state_dict(state, assign=True)
+
+
+def test_deepcopy_and_pickle_after_a_call():
+    """onnxruntime's sessions cannot be copied: a copy exports again on its first call and
+    trains its own parameters."""
+    model = ORTModule(_mlp(), exporter=TS)
+    x = _x(5, 4)
+    out = model(x)
+    for copied in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
+        assert copied.module is not model.module
+        assert all(a is not b for a, b in zip(copied.parameters(), model.parameters()))
+        assert torch.equal(copied(x), out)
+        copied(x).sum().backward()
+        assert all(p.grad is None for p in model.parameters())
+        _assert_grads_close(_grads(copied), _torch_step(_mlp(), x))
+
+
+def test_train_and_eval_propagate():
+    torch.manual_seed(0)
+    inner = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4), nn.Dropout(0.5))
+    ref = copy.deepcopy(inner)
+    model = ORTModule(inner, exporter=TS)
+    assert model.eval() is model
+    assert not model.training and not any(m.training for m in inner.modules())
+    x = _x(6, 4)
+    torch.testing.assert_close(model(x), ref.eval()(x), rtol=1e-5, atol=1e-6)
+    assert model.train() is model
+    assert model.training and all(m.training for m in inner.modules())
+    model(x)
+    ref.train()(x)
+    # Train mode: BatchNorm's running statistics step as torch's.
+    for name in ("running_mean", "running_var", "num_batches_tracked"):
+        torch.testing.assert_close(getattr(inner[1], name), getattr(ref[1], name))
+    assert inner[1].num_batches_tracked.item() == 1
+    assert model.export_count == 2  # one export per mode
+    model.eval()
+    model(x)
+    assert model.export_count == 2
+
+
+def test_zero_grad():
+    model = ORTModule(_mlp(), exporter=TS)
+    model(_x(5, 4)).sum().backward()
+    assert all(p.grad is not None for p in model.module.parameters())
+    model.zero_grad()
+    assert all(p.grad is None for p in model.module.parameters())
+    model(_x(5, 4)).sum().backward()
+    model.zero_grad(set_to_none=False)
+    assert all(p.grad is not None and not p.grad.any() for p in model.module.parameters())
+
+
+def test_requires_grad_false_on_one_layer():
+    model = ORTModule(_mlp(), exporter=TS)
+    x = _x(5, 4)
+    model(x)
+    model.module[0].requires_grad_(False)
+    model(x).sum().backward()
+    grads = _grads(model)
+    assert grads["0.weight"] is None and grads["0.bias"] is None
+    ref = _mlp()
+    ref[0].requires_grad_(False)
+    _assert_grads_close(grads, _torch_step(ref, x))
+    # The same export, differentiated w.r.t. fewer weights.
+    assert model.export_count == 1
+    model.requires_grad_(False)
+    out = model(x)
+    assert not out.requires_grad and model.export_count == 1
+
+
+def test_gradients_accumulate_without_zero_grad():
+    model = ORTModule(_mlp(), exporter=TS)
+    x = _x(5, 4)
+    model(x).sum().backward()
+    model(x).sum().backward()
+    expected = _torch_step(_mlp(), x)
+    _assert_grads_close(_grads(model), {n: 2 * g for n, g in expected.items()})
+
+
+def test_gradient_of_the_input():
+    model = ORTModule(_mlp(), exporter=TS)
+    x = _x(5, 4).requires_grad_()
+    ref_x = x.detach().clone().requires_grad_()
+    model(x).pow(2).sum().backward()
+    _mlp()(ref_x).pow(2).sum().backward()
+    torch.testing.assert_close(x.grad, ref_x.grad, rtol=1e-5, atol=1e-6)
+
+
+def test_output_modified_in_place_before_backward_raises():
+    """Tanh's gradient reads its output; changing that output before the backward must
+    fail as in torch, not give a wrong gradient."""
+    x = _x(5, 4)
+    for module in (nn.Sequential(_mlp(), nn.Tanh()),
+                   ORTModule(nn.Sequential(_mlp(), nn.Tanh()), exporter=TS)):
+        out = module(x)
+        out.mul_(2)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            out.sum().backward()
+
+
+def test_forward_hooks_and_pre_hooks_run():
+    model = ORTModule(_mlp(), exporter=TS)
+    calls = []
+
+    def pre(module, args):
+        calls.append(("pre", module))
+        return (args[0] * 2,)
+
+    def post(module, args, output):
+        calls.append(("post", module))
+        return output + 1
+
+    handles = [model.register_forward_pre_hook(pre), model.register_forward_hook(post)]
+    x = _x(5, 4)
+    out = model(x)
+    assert calls == [("pre", model), ("post", model)]
+    torch.testing.assert_close(out, _mlp()(2 * x) + 1, rtol=1e-5, atol=1e-6)
+    for handle in handles:
+        handle.remove()
+    torch.testing.assert_close(model(x), _mlp()(x), rtol=1e-5, atol=1e-6)
+    assert len(calls) == 2
+
+
+def test_full_backward_hook_runs():
+    model = ORTModule(_mlp(), exporter=TS)
+    seen = []
+    model.register_full_backward_pre_hook(lambda m, grad_out: seen.append(("pre", grad_out)))
+    model.register_full_backward_hook(lambda m, gi, go: seen.append(("post", gi, go)))
+    x = _x(5, 4).requires_grad_()
+    ref_x = x.detach().clone().requires_grad_()
+    model(x).pow(2).sum().backward()
+    _mlp()(ref_x).pow(2).sum().backward()
+    assert [s[0] for s in seen] == ["pre", "post"]
+    (grad_input,), (grad_output,) = seen[1][1], seen[1][2]
+    torch.testing.assert_close(grad_input, ref_x.grad, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(grad_output, 2 * _mlp()(x.detach()), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(seen[0][1][0], grad_output)
+
+
+# --------------------------------------------------------------------------- save_onnx
+
+
+def test_save_onnx_writes_loadable_graphs(tmp_path, monkeypatch):
+    monkeypatch.setenv("ORTMODULE_SAVE_ONNX_PATH", str(tmp_path))
+    options = DebugOptions(save_onnx=True, onnx_prefix="mlp")
+    model = ORTModule(_mlp(), options, exporter=TS)
+    model(_x(5, 4)).sum().backward()
+    model.eval()
+    with torch.no_grad():
+        model(_x(5, 4))
+    assert sorted(os.listdir(tmp_path)) == sorted(
+        ["mlp_torch_exported_training.onnx", "mlp_forward_training.onnx",
+         "mlp_backward_training.onnx", "mlp_torch_exported_inference.onnx",
+         "mlp_forward_inference.onnx"])
+    for path in tmp_path.iterdir():
+        onnx.checker.check_model(onnx.load(path), full_check=True)
+    backward = onnx.load(tmp_path / "mlp_backward_training.onnx")
+    assert [o.name for o in backward.graph.output] and all(
+        o.type.tensor_type.elem_type == onnx.TensorProto.FLOAT for o in backward.graph.output)
+
+
+# --------------------------------------------------------------------------- fallback
+
+
+class _StraightThrough(torch.autograd.Function):
+    """Clamp forward, identity backward (a straight-through estimator)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clamp(-0.5, 0.5)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
+class _Clamped(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = nn.Linear(4, 3)
+
+    def forward(self, x):
+        return _StraightThrough.apply(self.lin(x)) * 2
+
+
+def test_custom_autograd_function_falls_back_to_torch():
+    model = ORTModule(_Clamped(), exporter=TS)
+    x = 3 * _x(5, 4)
+    out, caught = _recorded(lambda: model(x))
+    assert len(caught) == 1
+    assert "_StraightThrough" in str(caught[0].message)
+    assert "torch.autograd.Function" in str(caught[0].message)
+    assert model.export_count == 0
+    out.sum().backward()
+    ref = _Clamped()
+    expected = _torch_step(ref, x)
+    _assert_grads_close(_grads(model), expected, rtol=0, atol=0)
+    # The custom backward, not the clamp's: saturated outputs still carry a gradient.
+    assert (ref.lin(x).abs() > 0.5).any()
+    torch.testing.assert_close(expected["lin.bias"], torch.full((3,), 2.0 * 5))
+    _, caught = _recorded(lambda: [model(x), model(_x(7, 4))])
+    assert caught == []
+
+
+@pytest.mark.parametrize("how", ["option", "ORTLEARN_ORTMODULE_STRICT",
+                                 "ORTMODULE_FALLBACK_POLICY"])
+def test_strict_mode_raises_instead_of_falling_back(how, monkeypatch):
+    monkeypatch.delenv("ORTLEARN_ORTMODULE_STRICT", raising=False)
+    monkeypatch.delenv("ORTMODULE_FALLBACK_POLICY", raising=False)
+    options = None
+    if how == "option":
+        options = DebugOptions(strict=True)
+    elif how == "ORTLEARN_ORTMODULE_STRICT":
+        monkeypatch.setenv(how, "1")
+    else:
+        monkeypatch.setenv(how, "FALLBACK_DISABLE")
+    model = ORTModule(_Clamped(), options, exporter=TS)
+    with pytest.raises(ORTModuleTorchModelException, match="_StraightThrough"):
+        model(_x(5, 4))
+
+
+class _Det(nn.Module):
+    """``torch.linalg.det``: ONNX Det, which has no gradient rule in ortlearn."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return torch.linalg.det(self.lin(x).reshape(-1, 2, 2))
+
+
+def test_operator_without_gradient_rule_falls_back_naming_it():
+    from ortlearn.autodiff import GRADIENT_RULES
+    assert ("", "Det") not in GRADIENT_RULES
+    model = ORTModule(_Det(), exporter=TS)
+    x = _x(5, 4)
+    out, caught = _recorded(lambda: model(x))
+    assert len(caught) == 1
+    assert re.search(r"operator 'Det' \(node '[^']+'\)", str(caught[0].message))
+    assert model.export_count == 1
+    out.sum().backward()
+    _assert_grads_close(_grads(model), _torch_step(_Det(), x), rtol=0, atol=0)
+
+
+def test_operator_without_gradient_rule_in_strict_mode_raises():
+    model = ORTModule(_Det(), DebugOptions(strict=True), exporter=TS)
+    with pytest.raises(ORTModuleTorchModelException, match="operator 'Det'"):
+        model(_x(5, 4))
+
+
+def test_operator_without_gradient_rule_runs_without_gradients():
+    """No weight requires a gradient: no backward graph, so Det runs in ONNX Runtime."""
+    model = ORTModule(_Det(), exporter=TS)
+    x = _x(5, 4)
+    with torch.no_grad():
+        out, caught = _recorded(lambda: model(x))
+    assert caught == [] and model.export_count == 1
+    torch.testing.assert_close(out, _Det()(x), rtol=1e-4, atol=1e-5)
+
+
+# --------------------------------------------------------------------------- GPU
+
+
+def _cuda_ready():
+    return torch.cuda.is_available() and "CUDAExecutionProvider" in \
+        ort.get_available_providers()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _cuda_ready(), reason="needs torch CUDA and onnxruntime's "
+                                               "CUDAExecutionProvider")
+def test_cuda_module_trains_as_torch():
+    model = ORTModule(_mlp().cuda(), exporter=TS)
+    x = _x(5, 4).cuda()
+    out = model(x)
+    assert out.is_cuda
+    out.sum().backward()
+    assert all(p.grad.is_cuda for p in model.parameters())
+    expected = _torch_step(_mlp().cuda(), x)
+    _assert_grads_close(_grads(model), expected, rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="cuda"):
+        model(x.cpu())
+    assert np.isfinite(out.detach().cpu().numpy()).all()
