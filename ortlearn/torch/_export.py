@@ -68,7 +68,8 @@ def flatten_call(args: tuple, kwargs: dict) -> tuple[list, TreeSpec]:
     """:func:`flatten` of ``(args, kwargs)``, quick for the common call on tensors only."""
     if not kwargs and all(isinstance(a, torch.Tensor) for a in args):
         return list(args), _positional_spec(len(args))
-    return flatten((args, kwargs))
+    # Keyword order does not change the call: one schema for any order.
+    return flatten((args, dict(sorted(kwargs.items()))))
 
 
 @functools.lru_cache(maxsize=16)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import warnings
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -152,7 +153,10 @@ class ORTModule(torch.nn.Module):
         self._weight_table = _WeightTable(module)
         self._fallback_reason: str | None = None
         self.export_count = 0
-        logger.setLevel(self._debug_options.log_level.logging_level)
+        level = self._debug_options.log_level.logging_level
+        if logger.getEffectiveLevel() > level:
+            # Lowered only: each ORTModule filters its own messages (_log).
+            logger.setLevel(level)
 
     # ------------------------------------------------------------------ the call
 
@@ -209,6 +213,10 @@ class ORTModule(torch.nn.Module):
             raise ValueError(f"ORTModule runs on cpu or cuda, not on {device}.")
         return device
 
+    def _log(self, level: int, message: str, *args) -> None:
+        if level >= self._debug_options.log_level.logging_level:
+            logger.log(level, message, *args)
+
     def _fall_back(self, reason: str, cause, inputs, kwargs):
         message = (f"ORTModule runs {type(self._original_module).__name__} in torch, not in "
                    f"ONNX Runtime: {reason}")
@@ -216,7 +224,7 @@ class ORTModule(torch.nn.Module):
             raise ORTModuleTorchModelException(message) from cause
         self._fallback_reason = reason
         warnings.warn(message, UserWarning, stacklevel=3)
-        logger.warning(message)
+        self._log(logging.WARNING, message)
         return self._original_module(*inputs, **kwargs)
 
     # ------------------------------------------------------------------ graphs
@@ -258,13 +266,14 @@ class ORTModule(torch.nn.Module):
                                        exporter=exporter)
             except Exception as exc:  # noqa: BLE001 - any exporter failure means fallback
                 errors.append(exc)
-                logger.info("The %s exporter failed: %s", exporter, exc)
+                self._log(logging.INFO, "The %s exporter failed: %s", exporter, exc)
                 continue
             self.export_count += 1
-            logger.info("Exported %s (%s mode) with the %s exporter.",
+            self._log(logging.INFO, "Exported %s (%s mode) with the %s exporter.",
                         type(module).__name__, "train" if train else "eval", exporter)
             return exported, output_spec
-        first = str(errors[0]).strip().splitlines()
+        # torch colours its error messages for terminals; a warning is plain text.
+        first = re.sub(r"\x1b\[[0-9;]*m", "", str(errors[0])).strip().splitlines()
         raise _Unsupported(f"torch.onnx.export failed ({first[0] if first else ''})"
                            ) from errors[0]
 
@@ -273,11 +282,15 @@ class ORTModule(torch.nn.Module):
         prefix = (os.path.join(options.save_path, options.onnx_prefix)
                   if options.save_onnx else None)
         try:
-            return build_graphs(exported, output_spec, wrt, train=train,
-                                device=_device_name(device), log_level=options.log_level,
-                                save_prefix=prefix)
+            graphs = build_graphs(exported, output_spec, wrt, train=train,
+                                  device=_device_name(device), log_level=options.log_level,
+                                  save_prefix=prefix)
         except Exception as exc:  # noqa: BLE001 - any failure here means fallback
             raise _Unsupported(f"{type(exc).__name__}: {exc}") from exc
+        counters = [name.removesuffix("running_mean") + "num_batches_tracked"
+                    for name in graphs.updated if name.endswith("running_mean")]
+        graphs.counters = [name for name in counters if name in self._weight_table]
+        return graphs
 
     # ------------------------------------------------------------------ nn.Module API
 
@@ -377,6 +390,11 @@ class _WeightTable:
     def __init__(self, module: torch.nn.Module):
         self._module = module
         self._owners: dict = {}
+
+    def __contains__(self, name: str) -> bool:
+        if name not in self._owners:
+            self._owners = self._find(self._module)
+        return name in self._owners
 
     def first(self) -> torch.Tensor | None:
         """The first parameter (or buffer): where the module lives."""
