@@ -19,9 +19,12 @@ onnxruntime-training runs after changing its import::
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import onnxruntime as ort
 
+from .exceptions import as_training_api_error
 from .training.checkpoint import CheckpointState
 from .training.device import parse_device
 from .training.session import TrainingSession
@@ -63,6 +66,26 @@ def set_seed(seed: int) -> None:
     ort.set_seed(int(seed))
 
 
+def _ort_errors(method):
+    """Raise ``method``'s ValueError, TypeError and OSError as RuntimeErrors too.
+
+    onnxruntime-training reports every failure of its C++ core (a wrong input
+    count, shape or type, a missing file, a mismatched model) as a
+    ``RuntimeError``: a migrated script catches that. The error keeps its own
+    class and message (:func:`~ortlearn.exceptions.as_training_api_error`).
+    """
+    @functools.wraps(method)
+    def wrapper(*args, **kwargs):
+        try:
+            return method(*args, **kwargs)
+        except (ValueError, TypeError, OSError) as exc:
+            converted = as_training_api_error(exc)
+            if converted is exc:
+                raise
+            raise converted from exc.__cause__
+    return wrapper
+
+
 class Module:
     """A trainable ONNX model: forward and backward through the training model.
 
@@ -88,10 +111,26 @@ class Module:
     ------
     ValueError
         For an unknown device or a checkpoint that does not match the model.
+
+    Notes
+    -----
+    Where onnxruntime-training raises ``RuntimeError`` (a wrong input, a
+    missing file, a mismatched checkpoint, a nominal checkpoint without
+    values), the errors raised here are ``RuntimeError`` too, and also the
+    ``ValueError``, ``TypeError`` or ``OSError`` that names the problem
+    (:class:`~ortlearn.exceptions.TrainingApiError`).
+
+    A module built on a nominal checkpoint (``generate_artifacts(...,
+    nominal_checkpoint=True)``: names and shapes, no values) refuses to
+    train, evaluate, step the optimizer, export or give its parameters
+    (:class:`~ortlearn.exceptions.NominalCheckpointError`) until
+    :meth:`copy_buffer_to_parameters` loads all the values
+    (``trainable_only=False``).
     """
 
     training: bool
 
+    @_ort_errors
     def __init__(self, train_model_uri, state: CheckpointState, eval_model_uri=None,
                  device: str = "cpu", session_options=None):
         self._device = parse_device(device)
@@ -100,22 +139,42 @@ class Module:
                                         device=self._device, session_options=session_options)
         self.training = True
 
+    @_ort_errors
     def __call__(self, *user_inputs):
         """Run a training step (train mode) or an eval step (eval mode).
 
         Parameters
         ----------
         *user_inputs : numpy.ndarray or onnxruntime.OrtValue
-            The inputs, in the order of :meth:`input_names`.
+            The inputs, in the order of :meth:`input_names`, of any element
+            type the model declares (float, int64, bool, string, ...).
 
         Returns
         -------
-        numpy.ndarray or list of numpy.ndarray
-            The only output, or the list of outputs when the model has several.
+        numpy.ndarray, onnxruntime.OrtValue or tuple of them
+            The only output, or the tuple of outputs when the model has
+            several. As in onnxruntime-training, they are numpy arrays when
+            any input is a numpy array, and OrtValues (left on the module's
+            device, no host copy) when every input is an OrtValue.
+
+        Raises
+        ------
+        ValueError
+            For a wrong number of inputs or a shape the model does not accept.
+        TypeError
+            For an element type the model does not declare.
+        ortlearn.exceptions.NominalCheckpointError
+            While the checkpoint is nominal.
+
+        Notes
+        -----
+        The three errors are also ``RuntimeError``, as onnxruntime-training's.
         """
         step = self._session.train_step if self.training else self._session.eval_step
-        outputs = step(*user_inputs)
-        return outputs[0] if len(outputs) == 1 else outputs
+        # onnxruntime-training takes its OrtValue path when no input is a numpy array.
+        as_ortvalues = all(isinstance(value, ort.OrtValue) for value in user_inputs)
+        outputs = step(*user_inputs, return_ortvalues=as_ortvalues)
+        return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
     def train(self, mode: bool = True) -> Module:
         """Switch to train mode (``mode=True``) or eval mode; return self."""
@@ -130,6 +189,7 @@ class Module:
         """Reset the gradients at the next training step."""
         self._session.lazy_reset_grad()
 
+    @_ort_errors
     def get_contiguous_parameters(self, trainable_only: bool = False) -> ort.OrtValue:
         """The parameters, flattened and concatenated, as an OrtValue on the module's device.
 
@@ -142,6 +202,11 @@ class Module:
         -------
         onnxruntime.OrtValue
             A 1-D copy of the parameters.
+
+        Raises
+        ------
+        ortlearn.exceptions.NominalCheckpointError
+            While the checkpoint is nominal (no values to give).
         """
         buffer = self._session.to_buffer(trainable_only)
         return ort.OrtValue.ortvalue_from_numpy(buffer, self._device.ort_device_type,
@@ -151,13 +216,19 @@ class Module:
         """Number of scalars in the (trainable) parameters."""
         return self._session.parameters_size(trainable_only)
 
+    @_ort_errors
     def copy_buffer_to_parameters(self, buffer, trainable_only: bool = True) -> None:
-        """Load the parameters from a 1-D buffer (OrtValue or numpy array).
+        """Load the parameters from a buffer (OrtValue or numpy array).
+
+        On a module built on a nominal checkpoint, this is how the parameters
+        get their values: all at once (``trainable_only=False``), as in
+        onnxruntime-training; the checkpoint is complete afterwards.
 
         Parameters
         ----------
         buffer : onnxruntime.OrtValue or numpy.ndarray
-            As returned by :meth:`get_contiguous_parameters`.
+            As returned by :meth:`get_contiguous_parameters`; read flat (only
+            its size counts, as in onnxruntime-training).
         trainable_only : bool, default=True
             Whether the buffer holds the trainable parameters only.
 
@@ -165,9 +236,18 @@ class Module:
         ------
         ValueError
             If the buffer's size does not match the parameters.
+        TypeError
+            If its element type is not the parameters'.
+        ortlearn.exceptions.NominalCheckpointError
+            With ``trainable_only=True`` on a nominal checkpoint.
+
+        Notes
+        -----
+        The errors are also ``RuntimeError``, as onnxruntime-training's.
         """
         self._session.from_buffer(buffer, only_trainable=trainable_only)
 
+    @_ort_errors
     def export_model_for_inferencing(self, inference_model_uri, graph_output_names) -> None:
         """Write an inference model: the eval model with the current parameters baked in.
 
@@ -186,11 +266,15 @@ class Module:
         self._session.export_model_for_inferencing(inference_model_uri, graph_output_names)
 
     def input_names(self) -> list:
-        """User input names of the current mode's model."""
+        """User input names of the current mode's model ([] in eval mode without eval model)."""
+        if not self.training and self._session._eval_sess is None:
+            return []  # what onnxruntime-training answers
         return self._session.input_names(self.training)
 
     def output_names(self) -> list:
-        """User output names of the current mode's model."""
+        """User output names of the current mode's model ([] in eval mode without eval model)."""
+        if not self.training and self._session._eval_sess is None:
+            return []
         return self._session.output_names(self.training)
 
 
@@ -211,14 +295,24 @@ class Optimizer:
         has an optimizer.
     """
 
+    @_ort_errors
     def __init__(self, optimizer_uri, module: Module):
         self._session = module._session
         self._session.attach_optimizer(optimizer_uri)
 
+    @_ort_errors
     def step(self) -> None:
-        """One update of the trainable parameters with the accumulated gradients."""
+        """One update of the trainable parameters with the accumulated gradients.
+
+        Raises
+        ------
+        ortlearn.exceptions.NominalCheckpointError
+            While the module's checkpoint is nominal (a ``RuntimeError``, as
+            onnxruntime-training's).
+        """
         self._session.optimizer_step()
 
+    @_ort_errors
     def set_learning_rate(self, learning_rate: float) -> None:
         """Set the learning rate of the next steps."""
         self._session.set_learning_rate(learning_rate)
@@ -251,6 +345,7 @@ class LinearLRScheduler:
     0.5
     """
 
+    @_ort_errors
     def __init__(self, optimizer: Optimizer, warmup_step_count: int, total_step_count: int,
                  initial_lr: float):
         self._session = optimizer._session

@@ -83,7 +83,7 @@ def test_digits_classifier_as_an_onnxruntime_training_user_writes_it(digits_arti
     np.testing.assert_allclose(logits, model(X_test, y_test)[1], rtol=1e-5, atol=1e-5)
 
 
-def test_call_returns_one_array_or_a_list(tmp_path):
+def test_call_returns_one_array_or_a_tuple(tmp_path):
     model, params = _digits_model(np.random.default_rng(1))
     artifacts.generate_artifacts(model, requires_grad=list(params),
                                  loss=artifacts.LossType.CrossEntropyLoss,
@@ -91,8 +91,10 @@ def test_call_returns_one_array_or_a_list(tmp_path):
     _, module, _ = _open(tmp_path)
     X = np.random.default_rng(2).random((5, 64), dtype=np.float32)
     y = np.arange(5, dtype=np.int64)
-    loss = module(X, y)  # one user output: the loss itself, not a list
-    assert module(ort.OrtValue.ortvalue_from_numpy(X), ort.OrtValue.ortvalue_from_numpy(y)) == loss
+    loss = module(X, y)  # one user output: the loss itself, not a tuple
+    # OrtValues in, an OrtValue out (as in onnxruntime-training)
+    as_ortvalue = module(ort.OrtValue.ortvalue_from_numpy(X), ort.OrtValue.ortvalue_from_numpy(y))
+    assert isinstance(as_ortvalue, ort.OrtValue) and as_ortvalue.numpy() == loss
     assert isinstance(loss, np.ndarray) and loss.shape == ()
     logits = X @ params["fc1.weight"].T + params["fc1.bias"]
     logits = np.maximum(logits, 0) @ params["fc2.weight"].T + params["fc2.bias"]

@@ -218,7 +218,17 @@ def test_properties_mapping_behaviour():
     assert loaded.properties.items() == [("a", 0.5), ("c", 3)]
 
 
-@pytest.mark.parametrize("value", [True, np.bool_(False), [1], None, b"x", 1j, np.array([1.0])])
+def test_property_bool_is_stored_as_int_as_onnxruntime_training_does():
+    state = CheckpointState()
+    state.properties["done"] = True
+    state.properties["flag"] = np.bool_(False)
+    loaded = CheckpointState.load_checkpoint(state.to_bytes())
+    for props in (state.properties, loaded.properties):
+        assert props.items() == [("done", 1), ("flag", 0)]
+        assert type(props["done"]) is int and type(props["flag"]) is int
+
+
+@pytest.mark.parametrize("value", [[1], None, b"x", 1j, np.array([1.0])])
 def test_property_bad_type_is_type_error(value):
     state = CheckpointState()
     with pytest.raises(TypeError, match="'p'"):

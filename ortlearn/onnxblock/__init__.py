@@ -13,8 +13,9 @@ Examples
 
 from . import blocks, loss, optim
 from .blocks import Block
+from .checkpoint_utils import load_checkpoint_to_model, save_checkpoint
 from .model_accessor import base, empty_base
 from .onnxblock import ForwardBlock, TrainingBlock
 
-__all__ = ["Block", "ForwardBlock", "TrainingBlock", "base", "blocks", "empty_base", "loss",
-           "optim"]
+__all__ = ["Block", "ForwardBlock", "TrainingBlock", "base", "blocks", "empty_base",
+           "load_checkpoint_to_model", "loss", "optim", "save_checkpoint"]

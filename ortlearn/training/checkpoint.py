@@ -63,6 +63,11 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 import safetensors.numpy
 
+from ..exceptions import (
+    NominalCheckpointError,
+    TrainingApiValueError,
+    as_training_api_error,
+)
 from ..fileio import atomic_write
 from ..graph import shape_matches
 
@@ -138,12 +143,15 @@ def _as_array(value, what: str) -> np.ndarray:
 
 
 def _conform(record: _Record, value, what: str) -> np.ndarray:
-    """``value`` as an array of the record's dtype and shape, else ValueError."""
+    """``value`` as an array of the record's dtype and shape, else ValueError.
+
+    The error is also a RuntimeError, as onnxruntime-training's.
+    """
     arr = np.asarray(value)
     if not arr.dtype.isnative:
         arr = arr.astype(arr.dtype.newbyteorder("="))
     if arr.dtype != record.dtype or arr.shape != record.shape:
-        raise ValueError(
+        raise TrainingApiValueError(
             f"{what} is {record.dtype} of shape {record.shape}; "
             f"got {arr.dtype} of shape {arr.shape}."
         )
@@ -151,15 +159,11 @@ def _conform(record: _Record, value, what: str) -> np.ndarray:
 
 
 def _check_property(name, value) -> int | float | str:
-    """Validate a property; numpy scalars become Python ones."""
+    """Validate a property; numpy scalars become Python ones, bools ints."""
     if not isinstance(name, str):
         raise TypeError(f"Property names are str, got {type(name).__name__}: {name!r}.")
-    # bool is an int subclass but would come back as int: refuse rather than change type.
-    if isinstance(value, (bool, np.bool_)):
-        raise TypeError(
-            f"Property {name!r}: bool values are not supported (use int({value!r}))."
-        )
-    if isinstance(value, (int, np.integer)):
+    # onnxruntime-training stores a bool as the int it is (True comes back as 1).
+    if isinstance(value, (bool, np.bool_, int, np.integer)):
         return int(value)
     if isinstance(value, (float, np.floating)):
         return float(value)
@@ -253,8 +257,9 @@ class Parameter:
 
         Raises
         ------
-        ValueError
-            If the parameter is nominal (it has no data yet).
+        ortlearn.exceptions.NominalCheckpointError
+            If the parameter is nominal (it has no value yet); a
+            ``RuntimeError`` and a ``ValueError``.
         """
         return self._state._read_parameter(self._name)
 
@@ -262,16 +267,34 @@ class Parameter:
     def data(self, value) -> None:
         """Overwrite the value; ``value`` must have the parameter's dtype and shape.
 
+        A nominal parameter gets its value this way (an ortlearn addition:
+        onnxruntime-training only fills a nominal state as a whole).
+
         Raises
         ------
-        ValueError
-            If the dtype or the shape differs.
+        ortlearn.exceptions.TrainingApiValueError
+            If the dtype or the shape differs (a ``RuntimeError`` and a
+            ``ValueError``).
         """
         self._state._write_parameter(self._name, value)
 
     @property
     def grad(self) -> np.ndarray | None:
-        """The accumulated gradient, None outside a training session or when frozen."""
+        """The accumulated gradient of a trainable parameter of a training session.
+
+        As in onnxruntime-training: None for a frozen parameter or a state
+        no session holds; an array of zeros once a session holds the state
+        and before its first training step; the sum of the gradients of the
+        training steps since the last reset afterwards (a ``lazy_reset_grad``
+        takes effect at the next training step).
+
+        Raises
+        ------
+        ortlearn.exceptions.NominalCheckpointError
+            If the parameter is nominal.
+        """
+        if self.nominal:
+            raise self._state._nominal_error(self._name)
         provider = self._state._provider
         if provider is None or not self.requires_grad:
             return None
@@ -608,18 +631,24 @@ class CheckpointState:
                     kind = "trainable" if record.requires_grad else "frozen"
                     problems.append(f"{name!r} is {kind} in the checkpoint but not in the model")
         if problems:
-            raise ValueError(
+            raise TrainingApiValueError(
                 "The checkpoint does not match the model: " + "; ".join(problems) + ".")
 
     # --------------------------------------------------------- parameter I/O
 
+    def _nominal_error(self, name: str) -> NominalCheckpointError:
+        record = self._records[name]
+        return NominalCheckpointError(
+            f"Parameter {name!r} is nominal ({record.dtype}, shape {record.shape}): the "
+            "checkpoint holds names and shapes, not values. Load the values first: "
+            "Module.copy_buffer_to_parameters(buffer, trainable_only=False) with a buffer "
+            "of all the parameters, or a complete checkpoint (CheckpointState.load_checkpoint)."
+        )
+
     def _read_parameter(self, name: str) -> np.ndarray:
         record = self._records[name]
         if not record.has_data:
-            raise ValueError(
-                f"Parameter {name!r} is nominal ({record.dtype}, shape {record.shape}): "
-                "it has no data until it is set, e.g. by TrainingSession.from_buffer."
-            )
+            raise self._nominal_error(name)
         if self._provider is not None:
             return _conform(record, self._provider.get_parameter(name),
                             f"The training session's value of {name!r}")
@@ -735,14 +764,23 @@ class CheckpointState:
             If the argument is neither a path nor bytes.
         OSError
             If the file cannot be read (e.g. FileNotFoundError).
+
+        Notes
+        -----
+        The ValueError and the OSError are also RuntimeErrors
+        (:class:`~ortlearn.exceptions.TrainingApiError`), the class
+        onnxruntime-training raises for both.
         """
         source = checkpoint_uri_or_bytes
         if isinstance(source, (bytes, bytearray, memoryview)):
             return cls._from_bytes(bytes(source), "The bytes given are")
         if isinstance(source, (str, os.PathLike)):
             path = os.fspath(source)
-            with open(path, "rb") as f:
-                data = f.read()
+            try:
+                with open(path, "rb") as f:
+                    data = f.read()
+            except OSError as exc:
+                raise as_training_api_error(exc) from None
             return cls._from_bytes(data, f"{path!r} is")
         raise TypeError(
             f"Expected a path or bytes, got {type(source).__name__}."
@@ -755,6 +793,10 @@ class CheckpointState:
         The content goes to a temporary file in the same directory, which is
         flushed, fsynced and renamed over the target: a failure leaves any
         previous checkpoint intact and no temporary file behind.
+
+        A nominal state (some parameter without a value) is saved as a nominal
+        checkpoint, but never over a file that holds parameter values: that
+        would drop trained values (onnxruntime-training would overwrite it).
 
         Parameters
         ----------
@@ -773,20 +815,41 @@ class CheckpointState:
             If its directory does not exist.
         PermissionError
             If its directory is not writable.
+        ortlearn.exceptions.NominalCheckpointError
+            If the state is nominal and ``checkpoint_uri`` is a checkpoint
+            holding values.
+
+        Notes
+        -----
+        These errors are also RuntimeErrors
+        (:class:`~ortlearn.exceptions.TrainingApiError`), the class
+        onnxruntime-training raises.
         """
         if not isinstance(state, CheckpointState):
             raise TypeError(f"Expected a CheckpointState, got {type(state).__name__}.")
         if not isinstance(checkpoint_uri, (str, os.PathLike)):
             raise TypeError(f"Expected a path, got {type(checkpoint_uri).__name__}.")
-        atomic_write(os.fsdecode(os.fspath(checkpoint_uri)),
-                     state.to_bytes(include_optimizer_state))
+        path = os.fsdecode(os.fspath(checkpoint_uri))
+        if state.is_nominal and _holds_values(path):
+            missing = [n for n, r in state._records.items() if not r.has_data]
+            raise NominalCheckpointError(
+                f"Not saving a nominal state over {path!r}: that checkpoint holds parameter "
+                f"values, this state has none for {missing}. Load the values first "
+                "(Module.copy_buffer_to_parameters(buffer, trainable_only=False)), or save "
+                "to another path."
+            )
+        try:
+            atomic_write(path, state.to_bytes(include_optimizer_state))
+        except OSError as exc:
+            raise as_training_api_error(exc) from None
 
     @classmethod
     def _from_bytes(cls, data: bytes, source: str) -> CheckpointState:
         try:
             return cls._decode(data)
         except Exception as exc:  # untrusted input: any failure means a foreign or damaged file
-            raise ValueError(f"{source} not a valid ortlearn checkpoint: {exc}") from exc
+            raise TrainingApiValueError(
+                f"{source} not a valid ortlearn checkpoint: {exc}") from exc
 
     @classmethod
     def _decode(cls, data: bytes) -> CheckpointState:
@@ -845,6 +908,23 @@ def _read_metadata(data: bytes) -> dict:
     if not isinstance(metadata, dict):
         raise ValueError("not a safetensors header")
     return metadata
+
+
+def _holds_values(path: str) -> bool:
+    """True if ``path`` is an ortlearn checkpoint with at least one parameter value.
+
+    Only the header is read. Anything else (no file, a foreign or damaged
+    file) is False: those are overwritten as any file is.
+    """
+    try:
+        with open(path, "rb") as f:
+            size = int.from_bytes(f.read(8), "little")
+            header = f.read(size) if 0 < size <= 1 << 26 else b""
+        metadata = _read_metadata(size.to_bytes(8, "little") + header)
+        specs = json.loads(metadata[_HEADER_KEY])["tensors"]
+        return any(not spec["nominal"] for spec in specs.values())
+    except Exception:  # not a readable ortlearn checkpoint
+        return False
 
 
 def _str_list(value) -> list[str]:

@@ -34,6 +34,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
+from ..exceptions import NominalCheckpointError
 from ..graph import (
     elem_type_of,
     invalid_model_errors,
@@ -144,9 +145,22 @@ def _read_optimizer_layout(model: onnx.ModelProto) -> _OptimizerLayout:
                             dict(meta.get("hyper", {})))
 
 
+def _input_dtype(value_info) -> np.dtype:
+    """numpy dtype of a graph input, any ONNX element type (STRING is ``object``)."""
+    elem = elem_type_of(value_info)
+    try:
+        return onnx_to_np_dtype(elem)
+    except TypeError:  # the dtypes ortlearn trains are fewer than those a user feeds
+        return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem))
+
+
 def _input_types(model: onnx.ModelProto) -> dict:
     """``{input name: (numpy dtype, declared shape)}``."""
-    return {i.name: (onnx_to_np_dtype(elem_type_of(i)), shape_of(i)) for i in model.graph.input}
+    return {i.name: (_input_dtype(i), shape_of(i)) for i in model.graph.input}
+
+
+def _is_string_array(value) -> bool:
+    return isinstance(value, np.ndarray) and value.dtype.kind in "OUS"
 
 
 def _as_model(model, what: str) -> onnx.ModelProto:
@@ -267,8 +281,11 @@ class TrainingSession:
 
     def _init_parameters(self) -> None:
         params = self._state.parameters
+        # A nominal parameter has no value yet: zeros hold its place, and every
+        # step refuses to run (_require_values) until the values are loaded.
         values = {name: self._zeros(name) if params[name].nominal else params[name].data
                   for name in self._param_types}
+        self._nominal = self._state.is_nominal
         trainable = self._train_layout.trainable
         # An optimizer step reads the live parameters and writes the spare ones.
         self._params = BufferPairs({n: v for n, v in values.items() if n in trainable},
@@ -288,7 +305,6 @@ class TrainingSession:
         # A training step reads the accumulated gradients and writes the spare ones.
         self._grads = BufferPairs({n: self._zeros(n) for n in self._train_layout.trainable},
                                   self._device)
-        self._grad_computed = False
         # A new session starts with a reset, as onnxruntime-training's does.
         self._reset_pending = True
         self._reset_value = self._ortvalue(np.array(True))
@@ -384,30 +400,42 @@ class TrainingSession:
         for name in names:
             binding.bind_output(name, self._device.ort_device_type, self._device.index)
 
-    def _bind_params(self, binding, names) -> None:
-        for name in names:
-            binding.bind_ortvalue_input(name, self._live(name))
+    def _train_io(self) -> tuple[dict, dict]:
+        """The training model's inputs and outputs besides the user's: ``{name: OrtValue}``.
+
+        Inputs are the live halves, outputs the spare halves they are written to.
+        """
+        layout = self._train_layout
+        inputs = {name: self._live(name) for name in layout.trainable + layout.frozen}
+        for name in layout.trainable:
+            inputs[f"{name}{GRAD_BUFFER_SUFFIX}"] = self._grads.live(name)
+        inputs[LAZY_RESET_GRAD] = self._reset_value
+        outputs = {f"{name}{GRAD_OUTPUT_SUFFIX}": self._grads.spare(name)
+                   for name in layout.trainable}
+        for name in layout.updated:
+            outputs[f"{name}{UPDATED_SUFFIX}"] = self._state_pairs.spare(name)
+        return inputs, outputs
+
+    def _eval_io(self) -> tuple[dict, dict]:
+        layout = self._eval_layout
+        return {name: self._live(name) for name in layout.trainable + layout.frozen}, {}
+
+    def _bind_io(self, sess, io, user_outputs) -> ort.IOBinding:
+        inputs, outputs = io
+        binding = sess.io_binding()
+        for name, value in inputs.items():
+            binding.bind_ortvalue_input(name, value)
+        # User outputs first: get_outputs() follows the binding order.
+        self._bind_outputs(binding, user_outputs)
+        for name, value in outputs.items():
+            binding.bind_ortvalue_output(name, value)
+        return binding
 
     def _bind_train(self) -> ort.IOBinding:
-        layout = self._train_layout
-        binding = self._train_sess.io_binding()
-        self._bind_params(binding, layout.trainable + layout.frozen)
-        for name in layout.trainable:
-            binding.bind_ortvalue_input(f"{name}{GRAD_BUFFER_SUFFIX}", self._grads.live(name))
-        binding.bind_ortvalue_input(LAZY_RESET_GRAD, self._reset_value)
-        # User outputs first: get_outputs() follows the binding order.
-        self._bind_outputs(binding, layout.user_outputs)
-        for name in layout.trainable:
-            binding.bind_ortvalue_output(f"{name}{GRAD_OUTPUT_SUFFIX}", self._grads.spare(name))
-        for name in layout.updated:
-            binding.bind_ortvalue_output(f"{name}{UPDATED_SUFFIX}", self._state_pairs.spare(name))
-        return binding
+        return self._bind_io(self._train_sess, self._train_io(), self._train_layout.user_outputs)
 
     def _bind_eval(self) -> ort.IOBinding:
-        layout = self._eval_layout
-        binding = self._eval_sess.io_binding()
-        self._bind_params(binding, layout.trainable + layout.frozen)
-        return binding
+        return self._bind_io(self._eval_sess, self._eval_io(), [])
 
     def _bind_optimizer(self) -> ort.IOBinding:
         binding = self._optimizer.io_binding()
@@ -423,32 +451,59 @@ class TrainingSession:
                 binding.bind_ortvalue_output(f"{p}.{s}{UPDATED_SUFFIX}", states.spare((p, s)))
         return binding
 
-    def _bind_user_inputs(self, binding, inputs, layout: _Layout, types: dict, what: str):
+    @staticmethod
+    def _user_feeds(inputs, layout: _Layout, types: dict, what: str) -> dict:
+        """The user inputs checked against the model: ``{name: ndarray or OrtValue}``."""
         names = layout.user_inputs
         if len(inputs) != len(names):
             raise ValueError(f"{what} expects {len(names)} input(s) {names}, "
                              f"got {len(inputs)}.")
         symbols = {}  # a symbolic dimension (the batch 'N') has one size per call
+        feeds = {}
         for name, value in zip(names, inputs):
             dtype, declared = types[name]
             shape = value.shape() if isinstance(value, ort.OrtValue) else np.shape(value)
             if not shape_matches(declared, shape, symbols):
                 raise ValueError(f"Input {name!r} of {what} has shape {tuple(shape)}; the model "
                                  f"declares {declared} (symbols: {symbols}).")
+            if not isinstance(value, (np.ndarray, ort.OrtValue)):
+                value = np.asarray(value, dtype=dtype)
+            elif isinstance(value, np.ndarray) and dtype.kind == "O":
+                # a string input: numpy str, bytes or object arrays, as onnxruntime reads them
+                if not _is_string_array(value):
+                    raise TypeError(f"Input {name!r} of {what} is a string tensor, got an "
+                                    f"array of {value.dtype}.")
+            elif isinstance(value, np.ndarray) and value.dtype != dtype:
+                raise TypeError(f"Input {name!r} of {what} must be {dtype}, got {value.dtype}.")
+            feeds[name] = value
+        return feeds
+
+    @staticmethod
+    def _bind_user_inputs(binding, feeds: dict) -> None:
+        for name, value in feeds.items():
             if isinstance(value, ort.OrtValue):
                 binding.bind_ortvalue_input(name, value)
-                continue
-            if not isinstance(value, np.ndarray):
-                value = np.asarray(value, dtype=dtype)
-            elif value.dtype != dtype:
-                raise TypeError(f"Input {name!r} of {what} must be {dtype}, got {value.dtype}.")
-            binding.bind_cpu_input(name, np.ascontiguousarray(value))
+            else:
+                binding.bind_cpu_input(name, np.ascontiguousarray(value))
 
     @staticmethod
     def _fetch(binding, n_outputs: int, return_ortvalues: bool) -> list:
         outputs = binding.get_outputs()[:n_outputs]
         return list(outputs) if return_ortvalues else [o.numpy() for o in outputs]
 
+    def _run_unbound(self, sess, io, feeds: dict, user_outputs: list,
+                     return_ortvalues: bool) -> list:
+        """One run through ``InferenceSession.run``: for string inputs, which IOBinding
+        and OrtValue cannot hold (onnxruntime refuses them). The other outputs are
+        copied into their spare buffers, as a bound run writes them."""
+        inputs, outputs = io
+        results = sess.run(user_outputs + list(outputs), {**inputs, **feeds})
+        for target, value in zip(outputs.values(), results[len(user_outputs):]):
+            target.update_inplace(np.ascontiguousarray(value))
+        user = results[:len(user_outputs)]
+        if return_ortvalues:
+            return [self._ortvalue(value) for value in user]
+        return user
     # ------------------------------------------------------------ training loop
     def train_step(self, *inputs, return_ortvalues=False) -> list:
         """Run the training model: user outputs, and gradients accumulated on the device.
@@ -477,19 +532,25 @@ class TrainingSession:
         TypeError
             If an input array does not have the dtype the model declares.
         """
+        self._require_values("train_step")
         layout = self._train_layout
-        binding = self._binding("train")
-        self._bind_user_inputs(binding, inputs, layout, self._train_types, "train_step")
-        self._bind_outputs(binding, layout.user_outputs)
+        feeds = self._user_feeds(inputs, layout, self._train_types, "train_step")
         if self._reset_pending != self._reset_bound:
             self._reset_value.update_inplace(np.array(self._reset_pending))
             self._reset_bound = self._reset_pending
-        self._train_sess.run_with_iobinding(binding)
+        if any(_is_string_array(value) for value in feeds.values()):
+            outputs = self._run_unbound(self._train_sess, self._train_io(), feeds,
+                                        layout.user_outputs, return_ortvalues)
+        else:
+            binding = self._binding("train")
+            self._bind_user_inputs(binding, feeds)
+            self._bind_outputs(binding, layout.user_outputs)
+            self._train_sess.run_with_iobinding(binding)
+            outputs = self._fetch(binding, len(layout.user_outputs), return_ortvalues)
         self._grads.swap()
         self._state_pairs.swap()
         self._reset_pending = False
-        self._grad_computed = True
-        return self._fetch(binding, len(layout.user_outputs), return_ortvalues)
+        return outputs
 
     def eval_step(self, *inputs, return_ortvalues=False) -> list:
         """Run the eval model with the current parameters.
@@ -512,11 +573,17 @@ class TrainingSession:
             If the session has no eval model or the number of inputs is wrong.
         """
         self._require_eval("eval_step")
+        self._require_values("eval_step")
+        layout = self._eval_layout
+        feeds = self._user_feeds(inputs, layout, self._eval_types, "eval_step")
+        if any(_is_string_array(value) for value in feeds.values()):
+            return self._run_unbound(self._eval_sess, self._eval_io(), feeds,
+                                     layout.user_outputs, return_ortvalues)
         binding = self._binding("eval")
-        self._bind_user_inputs(binding, inputs, self._eval_layout, self._eval_types, "eval_step")
-        self._bind_outputs(binding, self._eval_layout.user_outputs)
+        self._bind_user_inputs(binding, feeds)
+        self._bind_outputs(binding, layout.user_outputs)
         self._eval_sess.run_with_iobinding(binding)
-        return self._fetch(binding, len(self._eval_layout.user_outputs), return_ortvalues)
+        return self._fetch(binding, len(layout.user_outputs), return_ortvalues)
 
     def lazy_reset_grad(self) -> None:
         """Reset the accumulated gradients at the next :meth:`train_step`.
@@ -535,6 +602,7 @@ class TrainingSession:
             If the session has no optimizer model.
         """
         self._require_optimizer("optimizer_step")
+        self._require_values("optimizer_step")
         self._step_value.update_inplace(np.array(self._step + 1, dtype=np.int64))
         binding = self._binding("optim")
         self._optimizer.run_with_iobinding(binding)
@@ -632,6 +700,19 @@ class TrainingSession:
             raise ValueError(f"{method} needs an optimizer model: pass optimizer_model to "
                              "TrainingSession or call attach_optimizer.")
 
+    def _require_values(self, method: str) -> None:
+        """Refuse ``method`` while a parameter has no value (a nominal checkpoint)."""
+        if self._nominal:
+            # Parameters may have been filled since: look again (only while nominal).
+            self._nominal = self._state.is_nominal
+        if self._nominal:
+            missing = [n for n, p in self._state.parameters.items() if p.nominal]
+            raise NominalCheckpointError(
+                f"{method} needs the parameters' values, and the checkpoint is nominal (names "
+                f"and shapes only; no value for {missing}). Load them first: "
+                "copy_buffer_to_parameters(buffer, trainable_only=False) (from_buffer here) "
+                "with a buffer of all the parameters, or open a complete checkpoint.")
+
     def _require_eval(self, method: str) -> None:
         if self._eval_sess is None:
             raise ValueError(f"{method} needs an eval model: pass eval_model to TrainingSession.")
@@ -700,6 +781,7 @@ class TrainingSession:
         numpy.ndarray
             The flattened parameters, concatenated.
         """
+        self._require_values("get_contiguous_parameters")
         names = self._param_names(only_trainable)
         dtype = self._buffer_dtype(names)
         if not names:
@@ -709,30 +791,44 @@ class TrainingSession:
     def from_buffer(self, buffer, only_trainable: bool | None = None) -> None:
         """Load the parameters from one contiguous 1-D buffer (the inverse of :meth:`to_buffer`).
 
-        With a nominal checkpoint, this is how the parameters get their values:
-        the checkpoint is complete afterwards.
+        With a nominal checkpoint, this is how the parameters get their values
+        (all of them at once, as in onnxruntime-training): the checkpoint is
+        complete afterwards.
 
         Parameters
         ----------
         buffer : numpy.ndarray or onnxruntime.OrtValue
-            1-D, with as many elements as the trainable parameters or all parameters.
+            As many elements as the trainable parameters or all parameters,
+            in the order of :meth:`to_buffer`; its shape does not matter (it
+            is read flat, as onnxruntime-training reads it).
         only_trainable : bool, optional
             Which parameters the buffer holds; by default deduced from its size.
 
         Raises
         ------
         ValueError
-            If the buffer is not 1-D or its size matches neither choice.
+            If the buffer's size matches neither choice.
         TypeError
             If its dtype is not the parameters' dtype.
+        ortlearn.exceptions.NominalCheckpointError
+            If the buffer holds the trainable parameters only and a frozen
+            parameter has no value (a nominal checkpoint).
         """
         if isinstance(buffer, ort.OrtValue):
             buffer = buffer.numpy()
-        buffer = np.asarray(buffer)
-        if buffer.ndim != 1:
-            raise ValueError(f"The buffer must be 1-D, got shape {buffer.shape}.")
+        buffer = np.asarray(buffer).reshape(-1)
         if only_trainable is None:
-            only_trainable = buffer.size == self.parameters_size(True)
+            only_trainable = buffer.size != self.parameters_size(False)
+        params = self._state.parameters
+        left = [n for n in self._param_names(False)[len(self._train_layout.trainable):]
+                if params[n].nominal] if only_trainable else []
+        if left:
+            raise NominalCheckpointError(
+                f"The checkpoint is nominal and the frozen parameters {left} would stay "
+                "without values: load all the parameters at once, "
+                "copy_buffer_to_parameters(buffer, trainable_only=False) with a buffer of "
+                f"{self.parameters_size(False)} elements (trainable then frozen, as "
+                "get_contiguous_parameters(trainable_only=False) orders them).")
         names = self._param_names(only_trainable)
         expected = self.parameters_size(only_trainable)
         if buffer.size != expected:
@@ -776,8 +872,9 @@ class TrainingSession:
         self._live(name).update_inplace(np.ascontiguousarray(value))
 
     def get_gradient(self, name: str) -> np.ndarray | None:
-        """The accumulated gradient of trainable parameter ``name`` (None before any step)."""
-        if self._known(name) not in self._grads or not self._grad_computed:
+        """The accumulated gradient of parameter ``name``: zeros before the first
+        training step (as in onnxruntime-training), None for a frozen parameter."""
+        if self._known(name) not in self._grads:
             return None
         return self._grads.host_copy(name)
 
@@ -834,6 +931,7 @@ class TrainingSession:
             If the session has no eval model or a name is not a value of it.
         """
         self._require_eval("export_model_for_inferencing")
+        self._require_values("export_model_for_inferencing")
         model = prune_model(self._eval_model, list(graph_output_names),
                             {n: self.get_parameter(n) for n in self._param_types})
         onnx.save(model, os.fspath(inference_model_path))
