@@ -13,8 +13,8 @@ Examples
 
 from . import blocks, loss, optim
 from .blocks import Block
-from .model_accessor import base, empty_base
+from .model_accessor import base, custom_op_library, empty_base
 from .onnxblock import ForwardBlock, TrainingBlock
 
-__all__ = ["Block", "ForwardBlock", "TrainingBlock", "base", "blocks", "empty_base", "loss",
-           "optim"]
+__all__ = ["Block", "ForwardBlock", "TrainingBlock", "base", "blocks", "custom_op_library",
+           "empty_base", "loss", "optim"]
