@@ -95,6 +95,7 @@ NETWORKS = {
 def ortlearn_trainer(torch, module, example, directory):
     """``step(x, y) -> loss`` training ``module``'s export with ortlearn.api (AdamW)."""
     from ortlearn import api, artifacts
+    from ortlearn.graph import get_train_initializer
 
     path = Path(directory) / "model.onnx"
     torch.onnx.export(module.train(), (torch.from_numpy(example),), str(path), dynamo=False,
@@ -104,7 +105,9 @@ def ortlearn_trainer(torch, module, example, directory):
     import onnx
 
     model = onnx.load(str(path))
-    artifacts.generate_artifacts(model, loss=artifacts.LossType.CrossEntropyLoss,
+    # requires_grad=None would train nothing (onnxruntime-training's default)
+    artifacts.generate_artifacts(model, requires_grad=get_train_initializer(model),
+                                 loss=artifacts.LossType.CrossEntropyLoss,
                                  optimizer=artifacts.OptimType.AdamW,
                                  artifact_directory=directory)
     d = Path(directory)

@@ -55,7 +55,8 @@ class LossType(Enum):
     - ``BCEWithLogitsLoss`` = 3: :class:`~ortlearn.onnxblock.loss.BCEWithLogitsLoss`;
     - ``L1Loss`` = 4: :class:`~ortlearn.onnxblock.loss.L1Loss`.
 
-    All use ``reduction='mean'`` and a graph input ``target``.
+    All use ``reduction='mean'``; their target is the graph input ``target``,
+    ``labels`` for ``CrossEntropyLoss`` (onnxruntime-training's names).
     """
 
     MSELoss = 1
@@ -254,10 +255,14 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None, loss=None,
     model : onnx.ModelProto or path
         Forward model (a path loads external data too, for models over 2 GB).
     requires_grad : list of str, default=None
-        Initializers to train. None: every float initializer not in ``frozen_params``
-        that is a weight. A constant (an initializer feeding only inputs that carry
-        no gradient: a Dropout ratio, a shape) is never trained: named here, it
-        joins the frozen parameters with a ``UserWarning``.
+        Initializers to train. None or empty: nothing is trained, as in
+        onnxruntime-training (the initializers stay constants of the models,
+        ``frozen_params`` go to the checkpoint; the training model computes
+        the loss and no gradient). A constant (an initializer feeding only
+        inputs that carry no gradient: a Dropout ratio, a shape) is never
+        trained: named here, it joins the frozen parameters with a
+        ``UserWarning``. A graph input named here gets its gradient as an
+        output of the training model (``<input>_grad.accumulation.out``).
     frozen_params : list of str, default=None
         Initializers kept constant but stored in the checkpoint.
     loss : LossType or onnxblock.Block, default=None
@@ -274,9 +279,20 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None, loss=None,
     prefix : str, default=''
         Prefix of every file name.
     ort_format : bool, default=False
-        Not supported: ortlearn writes standard ONNX only.
+        Also write each model in onnxruntime's ORT format (``training_model.ort``,
+        ...), converted by onnxruntime itself as its
+        ``convert_onnx_models_to_ort`` tool does (optimised on the CPU, with
+        the optimizers ortlearn's sessions leave out left out). ``TrainingSession``
+        and ``api.Module`` load them.
     custom_op_library : path, default=None
-        Not supported: ortlearn's graphs use standard operators only.
+        Shared library of custom operators the model uses, registered in the
+        sessions this function opens (the ORT-format conversion). Custom
+        operators may sit where no gradient flows (a frozen branch, after the
+        loss); a gradient through one needs a rule registered with
+        :func:`ortlearn.autodiff.register_gradient`. Sessions running the
+        artifacts need it too: register it in their ``session_options``
+        (``SessionOptions.register_custom_ops_library``), as with
+        onnxruntime-training.
     additional_output_names : list of str, default=None
         Values of the model added as outputs after the loss.
     nominal_checkpoint : bool, default=False
@@ -286,11 +302,12 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None, loss=None,
 
     Raises
     ------
-    NotImplementedError
-        If ``ort_format`` is true.
+    FileNotFoundError
+        For a ``custom_op_library`` that does not exist.
     ValueError
-        For ``custom_op_library``, an unknown, duplicated or both trainable and
-        frozen parameter name, nothing to train, an unknown loss input or
+        For a ``custom_op_library`` onnxruntime cannot load, an unknown,
+        duplicated or both trainable and frozen parameter name, an
+        ``optimizer`` with no parameter to train, an unknown loss input or
         output name, an ``artifact_directory`` that is a file or not writable,
         a ``prefix`` holding a path separator. Checked before anything is
         written; files already in ``artifact_directory`` are replaced
@@ -306,14 +323,7 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None, loss=None,
     >>> #     loss=artifacts.LossType.CrossEntropyLoss,
     >>> #     optimizer=artifacts.OptimType.AdamW, artifact_directory="out")
     """
-    if ort_format:
-        raise NotImplementedError(
-            "ort_format=True is not supported: ortlearn writes standard ONNX models, which "
-            "onnxruntime loads directly.")
-    if custom_op_library is not None:
-        raise ValueError(
-            "custom_op_library is not supported: ortlearn's training graphs use standard "
-            "ONNX operators only.")
+    library = None if custom_op_library is None else _check_custom_op_library(custom_op_library)
     directory = _check_destination(artifact_directory, prefix)
     training_model, eval_model, optim_model, trainable_params, frozen_tensors = _build(
         model, requires_grad, frozen_params, loss, optimizer, additional_output_names,
@@ -322,11 +332,60 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None, loss=None,
     # Everything is built before the first file is written; each file is
     # replaced atomically, so a failure never leaves a half-written file.
     directory.mkdir(parents=True, exist_ok=True)
-    _save(training_model, directory / f"{prefix}training_model.onnx")
-    _save(eval_model, directory / f"{prefix}eval_model.onnx")
+    models = {"training_model": training_model, "eval_model": eval_model,
+              "optimizer_model": optim_model}
+    for name, built in models.items():
+        if built is not None:
+            _save(built, directory / f"{prefix}{name}.onnx")
     _write_checkpoints(directory, prefix, trainable_params, frozen_tensors, nominal_checkpoint)
-    if optim_model is not None:
-        _save(optim_model, directory / f"{prefix}optimizer_model.onnx")
+    if ort_format:
+        for name, built in models.items():
+            if built is not None:
+                _save_ort(built, directory / f"{prefix}{name}.ort", library)
+
+
+def _check_custom_op_library(path) -> str:
+    """The library's path, once onnxruntime has loaded it (before anything is built)."""
+    import onnxruntime as ort
+
+    path = os.fsdecode(os.fspath(path))
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"custom_op_library {path!r} does not exist.")
+    try:
+        ort.SessionOptions().register_custom_ops_library(path)
+    except Exception as exc:
+        raise ValueError(f"onnxruntime cannot load the custom_op_library {path!r}: {exc}") from exc
+    return path
+
+
+def _save_ort(model: onnx.ModelProto, path: Path, custom_op_library: str | None) -> None:
+    """Write ``model`` in onnxruntime's ORT format, converted by onnxruntime itself.
+
+    As ``onnxruntime.tools.convert_onnx_models_to_ort`` does (its ``Fixed``
+    style): a CPU session optimises the model and saves it with
+    ``session.save_model_format=ORT``. The optimizers ortlearn's sessions
+    leave out stay out (:data:`ortlearn.training.device.DISABLED_OPTIMIZERS`:
+    ConstantSharing would tie a BatchNorm's scale to its running variance),
+    and so does the NCHWc layout the tool leaves out for portability.
+    """
+    import onnxruntime as ort
+
+    from .training.device import DISABLED_OPTIMIZERS
+
+    with tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.name}.") as tmp:
+        staged = Path(tmp) / path.name
+        so = ort.SessionOptions()
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        so.log_severity_level = 3
+        so.optimized_model_filepath = os.fspath(staged)
+        so.add_session_config_entry("session.save_model_format", "ORT")
+        so.add_session_config_entry("session.qdqisint8allowed", "0")
+        if custom_op_library is not None:
+            so.register_custom_ops_library(custom_op_library)
+        ort.InferenceSession(model.SerializeToString(), sess_options=so,
+                             providers=["CPUExecutionProvider"],
+                             disabled_optimizers=[*DISABLED_OPTIMIZERS, "NchwcTransformer"])
+        os.replace(staged, path)
 
 
 def build_artifacts(model, requires_grad=None, frozen_params=None, loss=None, optimizer=None,
@@ -381,17 +440,22 @@ def _build(model, requires_grad, frozen_params, loss, optimizer, additional_outp
     # freezes them only with the layer in eval mode: export it so).
     frozen += [n for n in running_statistics(base_model) if n not in frozen]
     # constants (a Dropout ratio, a shape) are never trained: see select_trainable
+    # requires_grad=None trains nothing, as in onnxruntime-training
     trainable, frozen = select_trainable(
-        base_model, None if requires_grad is None else _name_list(requires_grad, "requires_grad"),
-        frozen)
-    if not trainable:
-        raise ValueError("Nothing to train: requires_grad is empty and the model has no float "
-                         "initializer outside frozen_params.")
+        base_model, _name_list(requires_grad, "requires_grad"), frozen)
     both = [n for n in trainable if n in frozen]
     if both:
         raise ValueError(f"Parameters both in requires_grad and frozen_params: {both}.")
+    initializers = {i.name for i in base_model.graph.initializer}
+    graph_inputs = {i.name for i in base_model.graph.input} - initializers
+    if optim_block is not None and not [n for n in trainable if n not in graph_inputs]:
+        raise ValueError(
+            "An optimizer needs parameters to update, and requires_grad names none: "
+            "requires_grad=None trains nothing, as in onnxruntime-training. Pass the "
+            "initializers to train (requires_grad=[...]), or optimizer=None.")
     # torch exports that cannot train as their module would: refuse or warn, with the recipe
-    check_exported_model(base_model, trainable, frozen)
+    # (a graph input in requires_grad is no parameter: its gradient is an output)
+    check_exported_model(base_model, [n for n in trainable if n not in graph_inputs], frozen)
     additional = _name_list(additional_output_names, "additional_output_names")
     unknown = [n for n in additional if n not in _all_names(base_model)]
     if unknown:

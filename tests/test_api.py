@@ -106,7 +106,7 @@ def test_modes_names_and_parameter_buffers(digits_artifacts):
     directory, params = digits_artifacts
     state, module, optimizer = _open(directory)
     assert module.training
-    assert module.input_names() == ["input", "target"]
+    assert module.input_names() == ["input", "labels"]  # onnxruntime-training's name
     assert module.output_names() == ["loss", "logits"]
     assert module.eval() is module and not module.training
     assert module.output_names() == ["loss", "logits"]

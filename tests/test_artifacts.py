@@ -67,15 +67,16 @@ def test_seed_cross_entropy_adamw(tmp_path):
     evaluation = load_checked(out / "eval_model.onnx")
     optimizer = load_checked(out / "optimizer_model.onnx")
     buffers = [f"{p}_grad.accumulation.buffer" for p in REQUIRES_GRAD]
+    # CrossEntropyLoss's labels input is named 'labels', as in onnxruntime-training
     assert [i.name for i in training.graph.input] == [
-        "x", "target", *REQUIRES_GRAD, *FROZEN, *buffers, "lazy_reset_grad"]
+        "x", "labels", *REQUIRES_GRAD, *FROZEN, *buffers, "lazy_reset_grad"]
     assert [o.name for o in training.graph.output] == [
         "loss", *[f"{p}_grad.accumulation.out" for p in REQUIRES_GRAD]]
-    assert [i.name for i in evaluation.graph.input] == ["x", "target", *REQUIRES_GRAD, *FROZEN]
+    assert [i.name for i in evaluation.graph.input] == ["x", "labels", *REQUIRES_GRAD, *FROZEN]
     assert [o.name for o in evaluation.graph.output] == ["loss"]
-    target = {i.name: i for i in training.graph.input}["target"].type.tensor_type
+    target = {i.name: i for i in training.graph.input}["labels"].type.tensor_type
     assert target.elem_type == TensorProto.INT64
-    expected_meta = {"user_inputs": ["x", "target"], "user_outputs": ["loss"],
+    expected_meta = {"user_inputs": ["x", "labels"], "user_outputs": ["loss"],
                      "trainable": REQUIRES_GRAD, "frozen": FROZEN}
     assert meta(training) == meta(evaluation) == expected_meta
     assert meta(optimizer, "ortlearn.optimizer")["type"] == "AdamW"
@@ -135,7 +136,8 @@ def test_gradients_match_finite_differences(tmp_path, rng, loss):
     model = mlp(np.float64)
     training, evaluation = generate(tmp_path, model, requires_grad=REQUIRES_GRAD + ["bias3"],
                                     frozen_params=["weight3"], loss=loss)
-    user = {"x": rng.normal(size=(6, 4)), "target": LOSS_TARGETS[loss](rng)}
+    target_name = "labels" if loss is artifacts.LossType.CrossEntropyLoss else "target"
+    user = {"x": rng.normal(size=(6, 4)), target_name: LOSS_TARGETS[loss](rng)}
     params = initial_values(model)
     outputs = run_onnx(training, training_feeds(training, user, params))
     loss_value, grads = outputs[0], dict(zip(meta(training)["trainable"], outputs[1:]))
@@ -221,7 +223,8 @@ def test_eval_model_runs_dropout_and_batchnorm_in_inference_mode(tmp_path, rng, 
 def test_options(tmp_path, rng):
     path = tmp_path / "base.onnx"
     onnx.save(mlp(np.float64, two_outputs=True), path)
-    artifacts.generate_artifacts(str(path), frozen_params=["weight3"],
+    artifacts.generate_artifacts(str(path), requires_grad=["weight1", "bias1", "weight2", "bias2",
+                                                          "bias3"], frozen_params=["weight3"],
                                  loss=artifacts.LossType.MSELoss, optimizer=artifacts.OptimType.SGD,
                                  artifact_directory=tmp_path / "a" / "b", prefix="m_",
                                  additional_output_names=["output1"], nominal_checkpoint=True,
@@ -233,7 +236,6 @@ def test_options(tmp_path, rng):
     training = load_checked(out / "m_training_model.onnx")
     evaluation = load_checked(out / "m_eval_model.onnx")
     m = meta(training)
-    # requires_grad=None: every float initializer that is not frozen, in model order
     assert m["trainable"] == ["weight1", "bias1", "weight2", "bias2", "bias3"]
     assert m["user_outputs"] == ["loss", "output1"]
     user = {"x": rng.normal(size=(3, 4)), "target": rng.normal(size=(3, 5))}
@@ -261,8 +263,9 @@ def test_no_loss_differentiates_first_output(tmp_path, rng):
 
 
 @pytest.mark.parametrize("kwargs,error,match", [
-    ({"ort_format": True}, NotImplementedError, "standard ONNX"),
-    ({"custom_op_library": "lib.so"}, ValueError, "custom_op_library"),
+    ({"custom_op_library": "lib.so"}, FileNotFoundError, "custom_op_library 'lib.so'"),
+    ({"custom_op_library": __file__}, ValueError, "cannot load the custom_op_library"),
+    ({"optimizer": artifacts.OptimType.SGD}, ValueError, "requires_grad=None trains nothing"),
     ({"requires_grad": ["weight1", "nope"]}, ValueError, "'nope'"),
     ({"requires_grad": ["weight1", "weight1"]}, ValueError, "'weight1'"),
     ({"requires_grad": ["weight1"], "frozen_params": ["weight1"]}, ValueError, "both"),

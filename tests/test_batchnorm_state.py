@@ -77,6 +77,9 @@ def open_artifacts(directory):
 
 
 def train_ortlearn(model, data, directory, **kwargs):
+    # requires_grad=None trains nothing (as in onnxruntime-training): train the module's
+    # parameters unless told otherwise
+    kwargs.setdefault("requires_grad", [k for k, _ in model.named_parameters()])
     artifacts.generate_artifacts(
         export_for_training(model, data[0][0]), loss=artifacts.LossType.MSELoss,
         optimizer=artifacts.OptimType.SGD, artifact_directory=directory,

@@ -88,7 +88,7 @@ def test_cross_entropy(rng, dtype, reduction, weight, ignore_index):
         t[:2] = ignore_index
     block = onnxblock.loss.CrossEntropyLoss(weight=weight, reduction=reduction,
                                             ignore_index=ignore_index)
-    got = run_block(block, dtype, [["N", 4]], {"x0": x, "target": t})
+    got = run_block(block, dtype, [["N", 4]], {"x0": x, "labels": t})
     expected = cross_entropy_np(x, t, weight, reduction, ignore_index)
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
 
@@ -97,7 +97,7 @@ def test_cross_entropy_spatial(rng):
     x = rng.normal(size=(3, 4, 5))
     t = rng.integers(0, 4, size=(3, 5))
     got = run_block(onnxblock.loss.CrossEntropyLoss(), np.float64, [[3, 4, 5]],
-                    {"x0": x, "target": t})
+                    {"x0": x, "labels": t})
     np.testing.assert_allclose(got, cross_entropy_np(x, t), rtol=1e-12)
 
 
@@ -155,7 +155,7 @@ def test_target_input_is_reused_and_typed():
     with onnxblock.base(model) as accessor:
         onnxblock.loss.MSELoss()("y0", target_name="t")
         onnxblock.loss.L1Loss()("y0", target_name="t")
-        onnxblock.loss.CrossEntropyLoss()("y0", target_name="labels")
+        onnxblock.loss.CrossEntropyLoss()("y0", labels_name="labels")
     inputs = {i.name: i for i in accessor.model.graph.input}
     assert list(inputs) == ["x0", "t", "labels"]
     assert inputs["t"].type.tensor_type.elem_type == TensorProto.DOUBLE

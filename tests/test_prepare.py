@@ -353,11 +353,15 @@ def test_dropout_ratio_is_never_trained():
     trainable = [i.name for i in training.graph.output if i.name.endswith("_grad.accumulation.out")]
     assert not any(ratio in name for name in trainable)
     before = state.parameters["0.weight"].data
-    # by default (requires_grad=None) the ratio stays a constant of the models (it was
-    # trained, and moved from 0.3 to 0.29991 in these 30 steps, to 0.25 in longer runs)
+    # get_train_initializer leaves the ratio out: a constant of the models (it was trained,
+    # and moved from 0.3 to 0.29991 in these 30 steps, to 0.25 in longer runs)
     default_state = artifacts.build_artifacts(
-        model, loss=artifacts.LossType.MSELoss, optimizer=artifacts.OptimType.AdamW)[3]
+        model, requires_grad=get_train_initializer(model), loss=artifacts.LossType.MSELoss,
+        optimizer=artifacts.OptimType.AdamW)[3]
     assert [name for name, _ in default_state.parameters] == ["0.weight", "0.bias"]
+    # requires_grad=None trains nothing, as in onnxruntime-training
+    nothing = artifacts.build_artifacts(model, loss=artifacts.LossType.MSELoss)[3]
+    assert [name for name, _ in nothing.parameters] == []
     api.set_seed(1)
     module, losses = _train(training, eval_model, optim, state, 30,
                             x.numpy(), np.zeros((8, 3), np.float32))
@@ -423,7 +427,7 @@ def _dropout_artifacts():
          numpy_helper.from_array(np.array(0.5, np.float32), "ratio"),
          numpy_helper.from_array(np.array(True), "training")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
-    return artifacts.build_artifacts(model, loss=artifacts.LossType.MSELoss,
+    return artifacts.build_artifacts(model, requires_grad=["W"], loss=artifacts.LossType.MSELoss,
                                      optimizer=artifacts.OptimType.SGD,
                                      additional_output_names=["y"])
 

@@ -179,7 +179,8 @@ def test_fuzz_build_gradient(models):
 def test_fuzz_generate_artifacts(models):
     with tempfile.TemporaryDirectory() as tmp:
         _fuzz(models, "forward", lambda m: generate_artifacts(
-            m, loss=LossType.MSELoss, artifact_directory=tmp))
+            m, requires_grad=["coef", "intercept"], loss=LossType.MSELoss,
+            artifact_directory=tmp))
 
 
 def test_fuzz_training_session(models):

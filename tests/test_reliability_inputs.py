@@ -301,8 +301,10 @@ def test_generate_artifacts_rejects_bad_parameters(linear_onnx, no_weight_model,
         _artifacts(linear_onnx, tmp_path, requires_grad="coef")
     with pytest.raises(TypeError, match="shape_tensor"):
         _artifacts(linear_onnx, tmp_path, requires_grad=["shape_tensor"])
-    with pytest.raises(ValueError, match="Nothing to train"):
-        _artifacts(no_weight_model, tmp_path)
+    # nothing to train is a valid training/eval pair (onnxruntime-training's requires_grad=None),
+    # but not with an optimizer: it would update nothing
+    with pytest.raises(ValueError, match="requires_grad=None trains nothing"):
+        _artifacts(no_weight_model, tmp_path, optimizer=OptimType.SGD)
     with pytest.raises(NoGradientRuleError, match="Shrink"):
         _artifacts(no_rule_model, tmp_path, loss=None, requires_grad=["W"])
     with pytest.raises(ValueError, match="not a serialized ONNX model"):
@@ -333,7 +335,8 @@ def test_generate_artifacts_rejects_bad_destination(linear_onnx, tmp_path, monke
 @pytest.fixture(scope="module")
 def artifact_dir(linear_onnx, tmp_path_factory):
     directory = tmp_path_factory.mktemp("artifacts")
-    _artifacts(linear_onnx, directory, optimizer=OptimType.SGD)
+    _artifacts(linear_onnx, directory, requires_grad=["coef", "intercept"],
+               optimizer=OptimType.SGD)
     return directory
 
 

@@ -289,7 +289,7 @@ def test_no_warning_without_evidence(requires_grad):
 
 
 def test_unknown_name_without_exporter_constants_keeps_the_generic_error():
-    with pytest.raises(ValueError, match="are not initializers of the model") as info:
+    with pytest.raises(ValueError, match="are neither initializers nor graph inputs") as info:
         artifacts.build_artifacts(_bn_graph(training_mode=1), requires_grad=["fc.weights"],
                                   loss=artifacts.LossType.MSELoss)
     assert "folded" not in str(info.value)
@@ -298,7 +298,8 @@ def test_unknown_name_without_exporter_constants_keeps_the_generic_error():
 def test_sklearn_model_is_silent(linear_onnx):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        artifacts.build_artifacts(linear_onnx, loss=artifacts.LossType.MSELoss)
+        artifacts.build_artifacts(linear_onnx, requires_grad=["coef", "intercept"],
+                                  loss=artifacts.LossType.MSELoss)
 
 
 def test_onnxruntime_constant_sharing_breaks_training_batchnorm():

@@ -31,6 +31,11 @@ UPDATED_SUFFIX = ".updated"
 #: writes the new value of each such ``p`` to its output ``p.updated``
 #: (:data:`UPDATED_SUFFIX`).
 UPDATED_FROZEN_KEY = "updated_frozen"
+#: Key of the training metadata listing the graph inputs whose gradients the
+#: training model outputs (``TrainingBlock.requires_grad`` on a graph input):
+#: it reads ``x_grad.accumulation.buffer`` and writes ``x_grad.accumulation.out``
+#: for each such ``x``, after those of the parameters.
+INPUT_GRADIENTS_KEY = "input_gradients"
 #: ``metadata_props`` key of a ``Gather`` node on an embedding table: the row
 #: (an integer as text) that receives no gradient, as torch's
 #: ``nn.Embedding(padding_idx=...)``. Set it with

@@ -56,12 +56,38 @@ def onnx_to_np_dtype(elem_type: int) -> np.dtype:
         raise TypeError(f"Unsupported ONNX element type {name}.") from None
 
 
+def _domain_key(domain: str) -> str:
+    """``''`` and ``'ai.onnx'`` name the same domain."""
+    return "" if domain == "ai.onnx" else domain
+
+
 def opset_of(model: onnx.ModelProto, domain: str = "") -> int | None:
-    """Version of ``domain`` imported by ``model`` (None when absent)."""
+    """Version of ``domain`` imported by ``model`` (None when absent).
+
+    A model may list a domain several times (``''`` and ``'ai.onnx'`` are
+    one domain): the highest version is the one its nodes are written for.
+    """
+    versions = [imp.version for imp in model.opset_import
+                if _domain_key(imp.domain) == _domain_key(domain)]
+    return max(versions) if versions else None
+
+
+def merge_opset_imports(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Keep one import per domain, at its highest version, in place; return ``model``.
+
+    onnxruntime reads the last import of a domain and onnx's checker the
+    first: with the versions merged, both see the one :func:`opset_of` reads.
+    """
+    highest: dict[str, onnx.OperatorSetIdProto] = {}
     for imp in model.opset_import:
-        if imp.domain in (domain, "ai.onnx" if domain == "" else domain):
-            return imp.version
-    return None
+        key = _domain_key(imp.domain)
+        if key not in highest or imp.version > highest[key].version:
+            highest[key] = imp
+    if len(highest) < len(model.opset_import):
+        kept = [helper.make_opsetid(imp.domain, imp.version) for imp in highest.values()]
+        del model.opset_import[:]
+        model.opset_import.extend(kept)
+    return model
 
 
 def finalize_model(model: onnx.ModelProto, check: bool = True) -> onnx.ModelProto:
@@ -138,7 +164,15 @@ def make_model(graph: onnx.GraphProto, opset_imports: Sequence, **kwargs) -> onn
 
 
 def load_model(model) -> onnx.ModelProto:
-    """Accept a ModelProto, serialized bytes or a path; always return a copy."""
+    """Accept a ModelProto, serialized bytes or a path; always return a copy.
+
+    A domain imported several times is imported once, at its highest version
+    (:func:`merge_opset_imports`).
+    """
+    return merge_opset_imports(_load(model))
+
+
+def _load(model) -> onnx.ModelProto:
     if isinstance(model, onnx.ModelProto):
         copy = onnx.ModelProto()
         copy.CopyFrom(model)

@@ -14,8 +14,8 @@ Examples
 from . import blocks, loss, optim
 from .blocks import Block
 from .checkpoint_utils import load_checkpoint_to_model, save_checkpoint
-from .model_accessor import base, empty_base
+from .model_accessor import base, custom_op_library, empty_base
 from .onnxblock import ForwardBlock, TrainingBlock
 
-__all__ = ["Block", "ForwardBlock", "TrainingBlock", "base", "blocks", "empty_base",
-           "load_checkpoint_to_model", "loss", "optim", "save_checkpoint"]
+__all__ = ["Block", "ForwardBlock", "TrainingBlock", "base", "blocks", "custom_op_library",
+           "empty_base", "load_checkpoint_to_model", "loss", "optim", "save_checkpoint"]

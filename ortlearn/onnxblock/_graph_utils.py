@@ -22,10 +22,16 @@ def builder(model: onnx.ModelProto, prefix: str = _PREFIX) -> GraphBuilder:
     return GraphBuilder.for_model(model, prefix=prefix)
 
 
+def _has_type(info) -> bool:
+    """Whether a ValueInfo says what its value holds (a typed tensor, a sequence, ...)."""
+    kind = info.type.WhichOneof("value")
+    return kind is not None and (kind != "tensor_type" or bool(info.type.tensor_type.elem_type))
+
+
 def _declared(model: onnx.ModelProto, name: str):
     g = model.graph
     for info in itertools.chain(g.input, g.output, g.value_info):
-        if info.name == name and info.type.tensor_type.elem_type:
+        if info.name == name and _has_type(info):
             return info
     for init in g.initializer:
         if init.name == name:
@@ -117,12 +123,27 @@ def register_graph_outputs(model: onnx.ModelProto, names: Sequence[str]) -> None
             infos = {}
         for name in missing:
             info = infos.get(name) or _declared(model, name)
-            if info is None or not info.type.tensor_type.elem_type:
+            if info is None or not _has_type(info):
                 raise ValueError(f"Cannot make {name!r} a graph output: its type is unknown.")
             known[name] = info
     outputs = [known[n] for n in names]
     del model.graph.output[:]
     model.graph.output.extend(outputs)
+
+
+def value_exists(model: onnx.ModelProto, name: str) -> bool:
+    """Whether ``name`` is a graph input, an initializer or a node output of ``model``."""
+    g = model.graph
+    return (any(i.name == name for i in itertools.chain(g.input, g.initializer))
+            or produced_by_node(model, name))
+
+
+def graph_input_or_output(model: onnx.ModelProto, name: str):
+    """The graph input named ``name``, else the graph output (None when neither)."""
+    for info in itertools.chain(model.graph.input, model.graph.output):
+        if info.name == name:
+            return info
+    return None
 
 
 def produced_by_node(model: onnx.ModelProto, name: str) -> bool:

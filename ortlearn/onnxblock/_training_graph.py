@@ -22,6 +22,7 @@ from ..graph import (
 from ..graph.format import (
     GRAD_BUFFER_SUFFIX,
     GRAD_OUTPUT_SUFFIX,
+    INPUT_GRADIENTS_KEY,
     LAZY_RESET_GRAD,
     TRAINING_METADATA_KEY,
     UPDATED_FROZEN_KEY,
@@ -46,9 +47,10 @@ def split_parameters(model: onnx.ModelProto, requires_grad: Sequence[str],
     inits = initializer_map(model.graph)
     unknown = [n for n in [*requires_grad, *frozen] if n not in inits]
     if unknown:
+        inputs = sorted(i.name for i in model.graph.input if i.name not in inits)
         raise ValueError(
-            f"Parameters {unknown} are not initializers of the model; "
-            f"its initializers are {sorted(inits)}.")
+            f"Parameters {unknown} are neither initializers nor graph inputs of the model; "
+            f"its initializers are {sorted(inits)}, its graph inputs {inputs}.")
     not_float = [f"{n} ({TensorProto.DataType.Name(inits[n].data_type)})"
                  for n in requires_grad if inits[n].data_type not in FLOAT_TYPES]
     if not_float:
@@ -82,32 +84,50 @@ def _parameters_to_inputs(model: onnx.ModelProto, params: list[TensorProto]) -> 
     return [i.name for i in user_inputs]
 
 
-def _set_metadata(model, user_inputs, user_outputs, trainable, frozen, updated=()) -> None:
+def _set_metadata(model, user_inputs, user_outputs, trainable, frozen, updated=(),
+                  input_grads=()) -> None:
     meta = {"user_inputs": list(user_inputs), "user_outputs": list(user_outputs),
             "trainable": list(trainable), "frozen": list(frozen)}
     if updated:
         meta[UPDATED_FROZEN_KEY] = list(updated)
+    if input_grads:
+        meta[INPUT_GRADIENTS_KEY] = list(input_grads)
     kept = [p for p in model.metadata_props if p.key != TRAINING_METADATA_KEY]
     del model.metadata_props[:]
     model.metadata_props.extend(kept)
     model.metadata_props.add(key=TRAINING_METADATA_KEY, value=json.dumps(meta))
 
 
-def _add_gradient_accumulation(model: onnx.ModelProto, trainable: list[TensorProto],
+def _add_gradient_accumulation(model: onnx.ModelProto, wrt: list[onnx.ValueInfoProto],
                                grads: dict[str, str]) -> None:
-    """``out = Where(lazy_reset_grad, grad, buffer + grad)`` for each trainable parameter."""
+    """``out = Where(lazy_reset_grad, grad, buffer + grad)`` for each value of ``wrt``."""
     g = model.graph
     b = GraphBuilder.for_model(model, prefix="accumulation_")
     reset = b.reserve(LAZY_RESET_GRAD)
-    for p in trainable:
-        buffer = b.reserve(p.name + GRAD_BUFFER_SUFFIX)
-        out = b.reserve(p.name + GRAD_OUTPUT_SUFFIX)
-        g.input.append(helper.make_tensor_value_info(buffer, p.data_type, list(p.dims)))
-        grad = grads[p.name]
-        b.op("Where", [reset, grad, b.op("Add", [buffer, grad])], outputs=[out])
-        g.output.append(helper.make_tensor_value_info(out, p.data_type, list(p.dims)))
+    for info in wrt:
+        buffer, out = onnx.ValueInfoProto(), onnx.ValueInfoProto()
+        for value, suffix in ((buffer, GRAD_BUFFER_SUFFIX), (out, GRAD_OUTPUT_SUFFIX)):
+            value.CopyFrom(info)
+            value.name = b.reserve(info.name + suffix)
+        g.input.append(buffer)
+        grad = grads[info.name]
+        b.op("Where", [reset, grad, b.op("Add", [buffer.name, grad])], outputs=[out.name])
+        g.output.append(out)
     g.input.append(helper.make_tensor_value_info(reset, TensorProto.BOOL, []))
     b.add_to_graph(g)
+
+
+def _value_infos(model: onnx.ModelProto, params: list[TensorProto],
+                 input_grads: Sequence[str]) -> list[onnx.ValueInfoProto]:
+    """Type and shape of the parameters, then of the graph inputs ``input_grads``."""
+    infos = [helper.make_tensor_value_info(p.name, p.data_type, list(p.dims)) for p in params]
+    inputs = {i.name: i for i in model.graph.input}
+    for name in input_grads:
+        if inputs[name].type.tensor_type.elem_type not in FLOAT_TYPES:
+            raise TypeError(f"requires_grad({name!r}): only float32/float64 graph inputs have "
+                            "a gradient.")
+        infos.append(inputs[name])
+    return infos
 
 
 # ------------------------------------------------ BatchNormalization running statistics
@@ -121,8 +141,11 @@ def _check_not_trained(model: onnx.ModelProto, requires_grad: Sequence[str]) -> 
 
 
 def build_training_and_eval(model: onnx.ModelProto, requires_grad: Sequence[str],
-                            frozen: Sequence[str]):
+                            frozen: Sequence[str], input_grads: Sequence[str] = ()):
     """Training and eval models of a forward+loss model whose first output is the loss.
+
+    ``input_grads`` names graph inputs whose gradients the training model
+    outputs too, after the parameters' (``<input>_grad.accumulation.out``).
 
     Returns
     -------
@@ -146,8 +169,10 @@ def build_training_and_eval(model: onnx.ModelProto, requires_grad: Sequence[str]
     _set_metadata(eval_model, user_inputs, user_outputs, *names)
 
     training = forward
-    grads = append_backward(training, user_outputs[0], names[0])
-    _add_gradient_accumulation(training, trainable, grads)
+    input_grads = list(input_grads)
+    wrt = _value_infos(training, trainable, input_grads)
+    grads = append_backward(training, user_outputs[0], [*names[0], *input_grads])
+    _add_gradient_accumulation(training, wrt, grads)
     updated = add_running_statistics_updates(training, [p.name for p in frozen_params])
-    _set_metadata(training, user_inputs, user_outputs, *names, updated)
+    _set_metadata(training, user_inputs, user_outputs, *names, updated, input_grads)
     return finalize_model(training), finalize_model(eval_model), (trainable, frozen_params)

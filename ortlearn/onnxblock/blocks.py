@@ -15,7 +15,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from ..graph import FLOAT_TYPES, np_dtype_to_onnx, onnx_to_np_dtype
+from ..graph import DEFAULT_ML_OPSET, FLOAT_TYPES, np_dtype_to_onnx, onnx_to_np_dtype
 from . import _graph_utils, model_accessor
 
 __all__ = [
@@ -26,14 +26,18 @@ __all__ = [
     "Clip",
     "Constant",
     "Div",
+    "InputLike",
+    "LabelEncoder",
     "Linear",
     "Log",
     "Mul",
     "Neg",
     "PassThrough",
     "Pow",
+    "ReduceAllL2",
     "ReduceMean",
     "ReduceSum",
+    "SequenceConstruct",
     "Sigmoid",
     "Sub",
 ]
@@ -206,8 +210,9 @@ class Constant(Block):
 
     Parameters
     ----------
-    value : float or array-like
-        The value; a Python float gives a scalar (shape ``()``).
+    value_float : float or array-like
+        The value (the parameter's name in onnxruntime-training); a Python
+        float gives a scalar (shape ``()``).
     dtype : numpy dtype, default=None
         Element type. None: the float type of the model (float32 or float64);
         a binary block casts the constant to the type of its other operand.
@@ -219,8 +224,8 @@ class Constant(Block):
     ...     name = onnxblock.blocks.Constant(0.4)()
     """
 
-    def __init__(self, value, dtype=None):
-        self._value = value
+    def __init__(self, value_float, dtype=None):
+        self._value = value_float
         self._dtype = dtype
 
     def build(self) -> str:
@@ -335,10 +340,10 @@ class PassThrough(Block):
 
 
 class Linear(Block):
-    """A fully connected layer ``y = x @ weight.T + bias`` with new trainable initializers.
+    """A fully connected layer ``y = alpha * x @ weight.T + beta * bias`` (a ``Gemm``).
 
-    The weights are initialised like ``torch.nn.Linear``: uniform in
-    ``[-1/sqrt(in_features), 1/sqrt(in_features)]``.
+    The weights are new initializers, initialised like ``torch.nn.Linear``:
+    uniform in ``[-1/sqrt(in_features), 1/sqrt(in_features)]``.
 
     Parameters
     ----------
@@ -346,6 +351,8 @@ class Linear(Block):
         Sizes of the input's last axis and of the output's.
     bias : bool, default=True
         Add a bias.
+    alpha, beta : float, default=1.0
+        ``Gemm``'s scales of the product and of the bias (as onnxruntime-training's).
     name : str, default='linear'
         Prefix of the initializers ``<name>.weight`` (shape ``(out, in)``) and ``<name>.bias``.
     random_state : int or numpy.random.Generator, default=None
@@ -353,10 +360,13 @@ class Linear(Block):
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True,
-                 name: str = "linear", random_state=None):
+                 alpha: float = 1.0, beta: float = 1.0, *, name: str = "linear",
+                 random_state=None):
         self._in = int(in_features)
         self._out = int(out_features)
         self._bias = bias
+        self._alpha = float(alpha)
+        self._beta = float(beta)
         self._name = name
         self._random_state = random_state
 
@@ -377,6 +387,147 @@ class Linear(Block):
             model.graph.initializer.append(numpy_helper.from_array(
                 rng.uniform(-bound, bound, self._out).astype(dtype), bias))
             inputs.append(bias)
-        out = b.op("Gemm", inputs, transB=1)
+        out = b.op("Gemm", inputs, transB=1, alpha=self._alpha, beta=self._beta)
         b.add_to_graph(model.graph)
         return out
+
+
+class SequenceConstruct(Block):
+    """A ``SequenceConstruct`` node: the inputs (tensors of one type) as one sequence.
+
+    Returns
+    -------
+    str
+        The name of the sequence.
+    """
+
+    def build(self, *sequence_input_names) -> str:
+        if not sequence_input_names:
+            raise ValueError("SequenceConstruct needs at least one input name.")
+        return _emit(self.base, "SequenceConstruct", list(sequence_input_names))
+
+
+class ReduceAllL2(Block):
+    """The L2 norm of all the elements of all the inputs: ``sqrt(sum_i sum(x_i ** 2))``.
+
+    onnxruntime-training writes its ``com.microsoft`` ``ReduceAllL2``
+    operator, which the ordinary onnxruntime does not have; this block
+    computes the same scalar with standard operators (``ReduceSumSquare``,
+    ``Add``, ``Sqrt``), in the float type of the first input (inputs of
+    another float type are cast to it).
+
+    Returns
+    -------
+    str
+        The name of the norm, a scalar (shape ``()``).
+    """
+
+    def build(self, *reduce_node_input_names) -> str:
+        if not reduce_node_input_names:
+            raise ValueError("ReduceAllL2 needs at least one input name.")
+        model = self.base
+        elem = _graph_utils.float_type_of(model, reduce_node_input_names[0])
+        b = _graph_utils.builder(model)
+        total = None
+        for name in reduce_node_input_names:
+            if _graph_utils.elem_type(model, name) not in (None, elem):
+                name = b.cast(name, elem)
+            squares = b.reduce("ReduceSumSquare", name, keepdims=0)
+            total = squares if total is None else b.op("Add", [total, squares])
+        out = b.op("Sqrt", [total])
+        b.add_to_graph(model.graph)
+        return out
+
+
+class InputLike(Block):
+    """A new graph input with the type and shape of a graph input or output.
+
+    Parameters
+    ----------
+    like : str
+        Name of the graph input (looked up first) or graph output to copy.
+
+    Examples
+    --------
+    >>> from ortlearn import onnxblock
+    >>> # inside `with onnxblock.base(model):` -> onnxblock.blocks.InputLike("output")("target")
+    """
+
+    def __init__(self, like: str):
+        self._like = like
+
+    def build(self, input_name: str | None = None) -> str:
+        """Add the input, named ``input_name`` (a new unique name when None); return its name.
+
+        Raises
+        ------
+        LookupError
+            If ``like`` is neither a graph input nor a graph output.
+        ValueError
+            If ``input_name`` already names a value of the model.
+        """
+        model = self.base
+        source = _graph_utils.graph_input_or_output(model, self._like)
+        if source is None:
+            raise LookupError(f"InputLike: {self._like!r} is neither a graph input nor a "
+                              "graph output of the model.")
+        if input_name is None:
+            input_name = _graph_utils.builder(model, prefix="").unique_name("input")
+        elif _graph_utils.value_exists(model, input_name):
+            raise ValueError(f"InputLike: the model already has a value named {input_name!r}.")
+        clone = onnx.ValueInfoProto()
+        clone.CopyFrom(source)
+        clone.name = input_name
+        model.graph.input.append(clone)
+        return input_name
+
+
+class LabelEncoder(Block):
+    """An ``ai.onnx.ml`` ``LabelEncoder`` node: map keys to values, others to the default.
+
+    The parameters are the operator's attributes, with onnxruntime-training's
+    names and defaults; give one ``keys_*`` and one ``values_*`` list of the
+    same length. The model gets an ``ai.onnx.ml`` opset import if it has none.
+
+    Parameters
+    ----------
+    default_float : float, default=0.0
+    default_int64 : int, default=-1
+    default_string : str, default='_Unused'
+        The value of a key not listed, for each type of values.
+    keys_floats, keys_int64s, keys_strings : list, default=None
+    values_floats, values_int64s, values_strings : list, default=None
+
+    Examples
+    --------
+    >>> from ortlearn import onnxblock
+    >>> encoder = onnxblock.blocks.LabelEncoder(keys_strings=["cat", "dog"],
+    ...                                         values_int64s=[0, 1])
+    """
+
+    def __init__(self, default_float: float = 0.0, default_int64: int = -1,
+                 default_string: str = "_Unused", keys_floats=None, keys_int64s=None,
+                 keys_strings=None, values_floats=None, values_int64s=None,
+                 values_strings=None):
+        keys = {"keys_floats": keys_floats, "keys_int64s": keys_int64s,
+                "keys_strings": keys_strings}
+        values = {"values_floats": values_floats, "values_int64s": values_int64s,
+                  "values_strings": values_strings}
+        keys = {k: list(v) for k, v in keys.items() if v is not None}
+        values = {k: list(v) for k, v in values.items() if v is not None}
+        if len(keys) != 1 or len(values) != 1:
+            raise ValueError("LabelEncoder takes exactly one keys_* list and one values_* list, "
+                             f"got {sorted(keys)} and {sorted(values)}.")
+        (key_list,), (value_list,) = keys.values(), values.values()
+        if len(key_list) != len(value_list):
+            raise ValueError(f"LabelEncoder: {len(key_list)} keys but {len(value_list)} values.")
+        self._attributes = {"default_float": float(default_float),
+                            "default_int64": int(default_int64),
+                            "default_string": default_string, **keys, **values}
+
+    def build(self, label_encoder_input_name: str) -> str:
+        model = self.base
+        if not any(o.domain == "ai.onnx.ml" for o in model.opset_import):
+            model.opset_import.append(onnx.helper.make_opsetid("ai.onnx.ml", DEFAULT_ML_OPSET))
+        return _emit(model, "LabelEncoder", [label_encoder_input_name], domain="ai.onnx.ml",
+                     **self._attributes)

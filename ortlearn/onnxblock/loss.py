@@ -1,9 +1,13 @@
 """Loss blocks with PyTorch's semantics, in standard ONNX operators.
 
-``loss(output_name, target_name='target')`` declares the target as a new
-graph input (reused if the model already has that input) and returns the
-name of the loss. ``reduction`` is ``'mean'`` (over every element, the
-default), ``'sum'`` or ``'none'`` (elementwise), as in ``torch.nn``.
+The signatures are onnxruntime-training's: ``loss(output_name,
+target_name='target')``, and ``CrossEntropyLoss()(scores_input_name,
+labels_name='labels')``. The target (labels) becomes a new graph input
+shaped like the output, unless the model already has a value of that name
+(a graph input, or the output of a block such as ``LabelEncoder``), which is
+used as it is. The block returns the name of the loss. ``reduction`` is
+``'mean'`` (over every element, the default), ``'sum'`` or ``'none'``
+(elementwise), as in ``torch.nn``.
 """
 
 from __future__ import annotations
@@ -21,9 +25,13 @@ __all__ = ["BCEWithLogitsLoss", "CrossEntropyLoss", "L1Loss", "MSELoss"]
 _REDUCTIONS = ("mean", "sum", "none")
 
 
+class ReductionError(ValueError, RuntimeError):
+    """An unknown ``reduction``: a ValueError, and the RuntimeError onnxruntime-training raises."""
+
+
 def _check_reduction(reduction: str) -> str:
     if reduction not in _REDUCTIONS:
-        raise ValueError(f"reduction must be one of {_REDUCTIONS}, got {reduction!r}.")
+        raise ReductionError(f"reduction must be one of {_REDUCTIONS}, got {reduction!r}.")
     return reduction
 
 
@@ -35,7 +43,12 @@ def _reduce(b, values: str, reduction: str) -> str:
 
 
 def _target_like(model, input_name: str, target_name: str, elem_type=None, drop_axis=None) -> str:
-    """Declare ``target_name`` as a graph input shaped like ``input_name``."""
+    """Declare ``target_name`` as a graph input shaped like ``input_name``.
+
+    A value of the model already named ``target_name`` is used as it is.
+    """
+    if _graph_utils.value_exists(model, target_name):
+        return target_name
     info = _graph_utils.find_value_info(model, input_name)
     dims = None if info is None else _graph_utils.shape_of(info)
     if dims is not None and drop_axis is not None:
@@ -106,8 +119,8 @@ class CrossEntropyLoss(_Loss):
     """Softmax cross entropy of logits against class indices, like ``torch.nn.CrossEntropyLoss``.
 
     The input holds logits of shape ``(N, C)`` or ``(N, C, d1, ...)``; the
-    target (an int64 graph input) holds class indices of shape ``(N,)`` or
-    ``(N, d1, ...)``.
+    labels (an int64 graph input named ``labels`` by default, as in
+    onnxruntime-training) hold class indices of shape ``(N,)`` or ``(N, d1, ...)``.
 
     Parameters
     ----------
@@ -125,18 +138,26 @@ class CrossEntropyLoss(_Loss):
         self._weight = None if weight is None else np.asarray(weight, dtype=np.float64).ravel()
         self._ignore_index = ignore_index
 
-    def build(self, loss_input_name: str, target_name: str = "target") -> str:
+    def build(self, scores_input_name: str, labels_name: str = "labels") -> str:
+        """Add the loss of the logits ``scores_input_name`` against the int64 ``labels_name``.
+
+        Returns
+        -------
+        str
+            The name of the loss.
+        """
         model = self.base
-        elem = _graph_utils.float_type_of(model, loss_input_name)
+        scores = scores_input_name
+        elem = _graph_utils.float_type_of(model, scores)
         dtype = onnx_to_np_dtype(elem)
-        dims = _graph_utils.shape(model, loss_input_name)
+        dims = _graph_utils.shape(model, scores)
         rank = 2 if dims is None else len(dims)
-        target = _target_like(model, loss_input_name, target_name, TensorProto.INT64, drop_axis=1)
+        target = _target_like(model, scores, labels_name, TensorProto.INT64, drop_axis=1)
         b = _graph_utils.builder(model)
-        logp = b.op("LogSoftmax", [loss_input_name], axis=1)
+        logp = b.op("LogSoftmax", [scores], axis=1)
         # one_hot[n, c, ...] = (target[n, ...] == c), built with Equal so that
         # only differentiable ops lie on the path from the logits.
-        n_classes = b.op("Gather", [b.op("Shape", [loss_input_name]), b.const(np.int64(1))], axis=0)
+        n_classes = b.op("Gather", [b.op("Shape", [scores]), b.const(np.int64(1))], axis=0)
         classes = b.op("Range", [b.const(np.int64(0)), n_classes, b.const(np.int64(1))])
         trailing = list(range(1, rank - 1))
         if trailing:

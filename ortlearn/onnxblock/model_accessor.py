@@ -8,6 +8,7 @@ accessor that these two context managers set for the duration of a
 
 from __future__ import annotations
 
+import os
 from contextlib import contextmanager
 
 import onnx
@@ -15,9 +16,10 @@ from onnx import helper
 
 from ..graph import DEFAULT_OPSET, finalize_model, load_model
 
-__all__ = ["ModelAccessor", "base", "empty_base"]
+__all__ = ["ModelAccessor", "base", "custom_op_library", "empty_base"]
 
 _GLOBAL_ACCESSOR = None
+_GLOBAL_CUSTOM_OP_LIBRARY = None
 
 
 class ModelAccessor:
@@ -119,3 +121,49 @@ def empty_base(opset_version: int | None = None):
     finalize_model(model, check=False)
     with _accessor(model) as accessor:
         yield accessor
+
+
+@contextmanager
+def custom_op_library(custom_op_library_path):
+    """Declare the custom operator library the models built in this context use.
+
+    onnxruntime-training's ``onnxblock.custom_op_library``. ortlearn builds
+    gradients without running onnxruntime, so the blocks do not need the
+    library; it is checked to exist and is available from
+    :func:`current_custom_op_library` while the context lasts (sessions that
+    run the models must register it in their own ``SessionOptions``).
+
+    Parameters
+    ----------
+    custom_op_library_path : str or path-like
+        Path of the shared library.
+
+    Raises
+    ------
+    FileNotFoundError
+        If the library does not exist.
+    RuntimeError
+        If a custom op library context is already active.
+
+    Examples
+    --------
+    >>> from ortlearn import onnxblock
+    >>> # with onnxblock.custom_op_library("libcustom.so"), onnxblock.base(model): ...
+    """
+    global _GLOBAL_CUSTOM_OP_LIBRARY
+    if _GLOBAL_CUSTOM_OP_LIBRARY is not None:
+        raise RuntimeError("A custom op library is already registered: custom_op_library "
+                           "contexts do not nest.")
+    path = os.fsdecode(os.fspath(custom_op_library_path))
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"custom op library {path!r} does not exist.")
+    _GLOBAL_CUSTOM_OP_LIBRARY = path
+    try:
+        yield path
+    finally:
+        _GLOBAL_CUSTOM_OP_LIBRARY = None
+
+
+def current_custom_op_library() -> str | None:
+    """Path of the library of the enclosing ``custom_op_library`` context, else None."""
+    return _GLOBAL_CUSTOM_OP_LIBRARY

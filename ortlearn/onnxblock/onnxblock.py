@@ -81,7 +81,10 @@ class TrainingBlock(Block):
       (trainable, then frozen ones);
     - appends the gradients of the loss w.r.t. the trainable parameters with
       ``ortlearn.autodiff`` and their accumulation
-      ``Where(lazy_reset_grad, grad, buffer + grad)``.
+      ``Where(lazy_reset_grad, grad, buffer + grad)``;
+    - for a graph input passed to :meth:`requires_grad`, the same: the
+      training model reads ``<input>_grad.accumulation.buffer`` and outputs
+      ``<input>_grad.accumulation.out``, as onnxruntime-training's does.
 
     The models follow ``doc/artifacts_format.md``.
 
@@ -119,16 +122,19 @@ class TrainingBlock(Block):
         """Stack blocks on the inputs; return the loss name (first) and more outputs."""
 
     def requires_grad(self, argument_name: str, value: bool = True) -> None:
-        """Mark an initializer as trainable (``value=True``) or frozen (``False``).
+        """Mark an initializer or a graph input as trainable (``value=True``) or frozen.
 
-        Trainable parameters get gradients, frozen ones do not; both become
-        graph inputs, in the order they were first marked. Initializers never
-        marked stay initializers of the models.
+        Nothing requires a gradient unless marked here. Trainable parameters
+        get gradients, frozen ones do not; both become graph inputs, in the
+        order they were first marked. Initializers never marked stay
+        initializers of the models. A graph input marked True gets its
+        gradient as an output of the training model (``<input>_grad.accumulation.out``);
+        it is no parameter (not in :meth:`parameters`, nor in a checkpoint).
 
         Parameters
         ----------
         argument_name : str
-            Name of an initializer of the base model.
+            Name of an initializer or a graph input of the base model.
         value : bool, default=True
         """
         flags = self._flags()
@@ -175,7 +181,12 @@ class TrainingBlock(Block):
         self.base = model
         output = self.build(*args, **kwargs)
         _graph_utils.register_graph_outputs(model, _output_names(output))
+        initializers = {i.name for i in model.graph.initializer}
+        inputs = [i.name for i in model.graph.input if i.name not in initializers]
+        trainable = [n for n in self._names(True) if n not in inputs]
+        input_grads = [n for n in inputs if n in self._names(True)]
         self._training_model, self._eval_model, self._parameters = (
-            _training_graph.build_training_and_eval(model, self._names(True), self._names(False)))
+            _training_graph.build_training_and_eval(model, trainable, self._names(False),
+                                                    input_grads))
         model.CopyFrom(self._training_model)
         return output

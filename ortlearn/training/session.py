@@ -49,6 +49,7 @@ from ..graph.format import (
     GRAD_BUFFER_SUFFIX,
     GRAD_OUTPUT_SUFFIX,
     GRADIENT_SUFFIX,
+    INPUT_GRADIENTS_KEY,
     LAZY_RESET_GRAD,
     LEARNING_RATE,
     OPTIMIZER_METADATA_KEY,
@@ -77,6 +78,9 @@ class _Layout:
     #: frozen parameters a training step updates (BatchNormalization's running
     #: statistics), each written to the output ``<name>.updated``
     updated: list = field(default_factory=list)
+    #: user inputs whose gradients the training model outputs
+    #: (``<name>_grad.accumulation.out``)
+    input_grads: list = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -111,7 +115,8 @@ def _read_layout(model: onnx.ModelProto, what: str) -> _Layout:
         try:
             layout = _Layout(list(meta["user_inputs"]), list(meta["user_outputs"]),
                              list(meta["trainable"]), list(meta["frozen"]),
-                             list(meta.get(UPDATED_FROZEN_KEY, [])))
+                             list(meta.get(UPDATED_FROZEN_KEY, [])),
+                             list(meta.get(INPUT_GRADIENTS_KEY, [])))
         except KeyError as exc:
             raise ValueError(
                 f"The {what} model's metadata_props[{TRAINING_METADATA_KEY!r}] lacks {exc}."
@@ -169,6 +174,53 @@ def _as_model(model, what: str) -> onnx.ModelProto:
     return load_model(os.fspath(model) if isinstance(model, os.PathLike) else model)
 
 
+#: Bytes 4 to 8 of a model in onnxruntime's ORT format (its flatbuffers file identifier).
+_ORT_FORMAT_ID = b"ORTM"
+
+
+def _is_ort_format(model) -> bool:
+    """Whether ``model`` (bytes or a path) is in onnxruntime's ORT format."""
+    if isinstance(model, (bytes, bytearray)):
+        return bytes(model[4:8]) == _ORT_FORMAT_ID
+    if isinstance(model, (str, os.PathLike)) and os.path.isfile(model):
+        with open(model, "rb") as f:
+            return f.read(8)[4:] == _ORT_FORMAT_ID
+    return False
+
+
+def _ort_elem_type(type_name: str) -> int:
+    """``TensorProto`` element type of an onnxruntime type string (``'tensor(float)'``)."""
+    if not (type_name.startswith("tensor(") and type_name.endswith(")")):
+        return 0
+    try:
+        return onnx.TensorProto.DataType.Value(type_name[len("tensor("):-1].upper())
+    except ValueError:
+        return 0
+
+
+def _value_info(arg) -> onnx.ValueInfoProto:
+    elem = _ort_elem_type(arg.type)
+    if not elem:
+        return onnx.ValueInfoProto(name=arg.name)
+    dims = [d if isinstance(d, (int, str)) else None for d in arg.shape]
+    return onnx.helper.make_tensor_value_info(arg.name, elem, dims)
+
+
+def _skeleton(session: ort.InferenceSession) -> onnx.ModelProto:
+    """The inputs, outputs and metadata of a session's model, as a ModelProto without nodes.
+
+    An ORT-format model cannot be read back as ONNX; what the session reads
+    of a model (its names, types, shapes and ``metadata_props``) the
+    session of that model tells.
+    """
+    model = onnx.ModelProto()
+    model.graph.input.extend(_value_info(i) for i in session.get_inputs())
+    model.graph.output.extend(_value_info(o) for o in session.get_outputs())
+    for key, value in session.get_modelmeta().custom_metadata_map.items():
+        model.metadata_props.add(key=key, value=value)
+    return model
+
+
 class TrainingSession:
     """Train an ONNX model from ortlearn training artifacts, on the CPU or a GPU.
 
@@ -188,11 +240,14 @@ class TrainingSession:
     optimizer_model : str, path-like, bytes or onnx.ModelProto, optional
         The optimizer model (``optimizer_model.onnx``); needed by
         :meth:`optimizer_step`. It can be attached later with
-        :meth:`attach_optimizer`.
+        :meth:`attach_optimizer`. Each of the three models may also be in
+        onnxruntime's ORT format (``generate_artifacts(ort_format=True)``
+        writes ``training_model.ort``, ...), given as a path or bytes.
     device : str, default='cpu'
         ``'cpu'``, ``'cuda'`` or ``'cuda:N'``.
     session_options : onnxruntime.SessionOptions, optional
-        Options of the sessions running the three models. One default set
+        Options of the sessions running the three models (register a custom
+        operator library in them). One default set
         (:func:`ortlearn.training.device.make_session_options`) otherwise.
 
     Raises
@@ -233,17 +288,22 @@ class TrainingSession:
         self._device = parse_device(device)
         self._session_options = session_options or make_session_options()
         self._state = state
-        self._train_model = _as_model(train_model, "training")
+        self._train_model, train_sess = self._load(train_model, "training")
         self._train_layout = _read_layout(self._train_model, "training")
         self._train_types = _input_types(self._train_model)
-        self._eval_model = None if eval_model is None else _as_model(eval_model, "eval")
+        self._eval_model, eval_sess = (None, None) if eval_model is None else self._load(
+            eval_model, "eval")
+        # an ORT-format eval model has no graph to export an inference model from
+        self._eval_is_ort = eval_sess is not None
         if self._eval_model is not None:
             self._eval_layout = _read_layout(self._eval_model, "eval")
             self._eval_types = _input_types(self._eval_model)
         self._check_state()
 
-        self._train_sess = self._open(self._train_model)
-        self._eval_sess = None if self._eval_model is None else self._open(self._eval_model)
+        self._train_sess = train_sess or self._open(self._train_model)
+        self._eval_sess = None if self._eval_model is None else (
+            eval_sess or self._open(self._eval_model))
+        self._input_grads: dict = {}
         self._bindings: dict = {}
         self._init_parameters()
         self._init_gradients()
@@ -259,6 +319,18 @@ class TrainingSession:
         # A damaged model is a ValueError, not an onnxruntime error.
         with invalid_model_errors(model, "A model given to TrainingSession"):
             return make_session(model, self._device, self._session_options)
+
+    def _load(self, model, what: str) -> tuple:
+        """``(ModelProto, None)``, or for an ORT-format model ``(its skeleton, its session)``."""
+        if model is not None and _is_ort_format(model):
+            source = os.fspath(model) if isinstance(model, os.PathLike) else model
+            try:
+                session = make_session(source, self._device, self._session_options)
+            except Exception as exc:
+                raise ValueError(f"onnxruntime cannot load the ORT-format {what} model: "
+                                 f"{exc}") from exc
+            return _skeleton(session), session
+        return _as_model(model, what), None
 
     def _ortvalue(self, array: np.ndarray) -> ort.OrtValue:
         """A new OrtValue on the session's device holding a copy of ``array``."""
@@ -330,7 +402,7 @@ class TrainingSession:
         """
         if self._optimizer is not None:
             raise ValueError("This training session already has an optimizer model.")
-        model = _as_model(optimizer_model, "optimizer")
+        model, session = self._load(optimizer_model, "optimizer")
         layout = _read_optimizer_layout(model)
         trainable = self._train_layout.trainable
         if sorted(layout.params) != sorted(trainable):
@@ -356,7 +428,7 @@ class TrainingSession:
         self._lr_value = self._ortvalue(np.array(self._lr, dtype=np.float32))
         self._step_value = self._ortvalue(np.array(self._step + 1, dtype=np.int64))
         self._optimizer_layout = layout
-        self._optimizer = self._open(model)
+        self._optimizer = session or self._open(model)
 
     def _saved_optimizer_state(self, layout: _OptimizerLayout) -> tuple | None:
         """The checkpoint's ``(states, step, learning_rate)``, checked against the model."""
@@ -538,19 +610,62 @@ class TrainingSession:
         if self._reset_pending != self._reset_bound:
             self._reset_value.update_inplace(np.array(self._reset_pending))
             self._reset_bound = self._reset_pending
+        n_user = len(layout.user_outputs)
+        names = layout.user_outputs + self._input_grad_outputs()
+        zeros = self._input_grad_zeros(feeds)
         if any(_is_string_array(value) for value in feeds.values()):
-            outputs = self._run_unbound(self._train_sess, self._train_io(), feeds,
-                                        layout.user_outputs, return_ortvalues)
+            values = self._run_unbound(self._train_sess, self._train_io(), {**feeds, **zeros},
+                                       names, True)
         else:
             binding = self._binding("train")
-            self._bind_user_inputs(binding, feeds)
-            self._bind_outputs(binding, layout.user_outputs)
+            self._bind_user_inputs(binding, {**feeds, **zeros})
+            self._bind_outputs(binding, names)
             self._train_sess.run_with_iobinding(binding)
-            outputs = self._fetch(binding, len(layout.user_outputs), return_ortvalues)
+            values = self._fetch(binding, len(names), True)
         self._grads.swap()
         self._state_pairs.swap()
         self._reset_pending = False
-        return outputs
+        self._input_grads = dict(zip(layout.input_grads, values[n_user:]))
+        return values[:n_user] if return_ortvalues else [v.numpy() for v in values[:n_user]]
+
+    def _input_grad_outputs(self) -> list:
+        return [f"{n}{GRAD_OUTPUT_SUFFIX}" for n in self._train_layout.input_grads]
+
+    def _input_grad_zeros(self, feeds: dict) -> dict:
+        """Zeros for the buffers of the inputs' gradients: a step gives its own gradient."""
+        zeros = {}
+        for name in self._train_layout.input_grads:
+            value = feeds[name]
+            shape = value.shape() if isinstance(value, ort.OrtValue) else np.shape(value)
+            zeros[f"{name}{GRAD_BUFFER_SUFFIX}"] = np.zeros(shape, self._train_types[name][0])
+        return zeros
+
+    def get_input_gradient(self, name: str) -> np.ndarray:
+        """The gradient of the loss w.r.t. a user input, computed by the last training step.
+
+        For the graph inputs ``TrainingBlock.requires_grad`` (or
+        ``generate_artifacts(requires_grad=...)``) named: the training model
+        outputs them as ``<name>_grad.accumulation.out``. Unlike a
+        parameter's, an input's gradient is not accumulated across steps.
+
+        Parameters
+        ----------
+        name : str
+            A user input listed in the training model's ``input_gradients`` metadata.
+
+        Raises
+        ------
+        KeyError
+            If the training model does not output that input's gradient.
+        RuntimeError
+            Before the first training step.
+        """
+        if name not in self._train_layout.input_grads:
+            raise KeyError(f"The training model outputs no gradient for {name!r}; it does "
+                           f"for {self._train_layout.input_grads}.")
+        if name not in self._input_grads:
+            raise RuntimeError(f"No gradient of {name!r} yet: run train_step first.")
+        return host_copy(self._input_grads[name])
 
     def eval_step(self, *inputs, return_ortvalues=False) -> list:
         """Run the eval model with the current parameters.
@@ -932,6 +1047,9 @@ class TrainingSession:
         """
         self._require_eval("export_model_for_inferencing")
         self._require_values("export_model_for_inferencing")
+        if self._eval_is_ort:
+            raise ValueError("export_model_for_inferencing needs the eval model in ONNX format "
+                             "(eval_model.onnx): an ORT-format model has no ONNX graph to export.")
         model = prune_model(self._eval_model, list(graph_output_names),
                             {n: self.get_parameter(n) for n in self._param_types})
         onnx.save(model, os.fspath(inference_model_path))
