@@ -305,7 +305,7 @@ def test_unpack_refuses_what_it_cannot_unpack():
     """A sequence read other than by SequenceAt at a constant position is refused by name."""
     model = build_optimizer_model(SGD(), {"w": (TensorProto.FLOAT, [2])})
     model.graph.node.append(helper.make_node("SequenceLength", ["params"], ["n"], name="count"))
-    with pytest.raises(ValueError, match="'count' \\(SequenceLength\\) reads the sequence 'params'"):
+    with pytest.raises(ValueError, match=r"'count' \(SequenceLength\) reads the sequence 'params'"):
         unpack_optimizer_model(model)
     tensors = build_optimizer_model(SGD(), {"w": (TensorProto.FLOAT, [2])}, layout="tensors")
     assert unpack_optimizer_model(tensors) is tensors  # already tensors
