@@ -68,14 +68,18 @@ class LossType(Enum):
 class OptimType(Enum):
     """Optimizer of the optimizer model written by :func:`generate_artifacts`.
 
-    Values 1 and 2 are those of onnxruntime-training; 3 to 5 are ortlearn's
-    additions:
+    Values 1 and 2 are those of onnxruntime-training, with its update rules
+    and defaults; 3 to 6 are ortlearn's additions:
 
-    - ``AdamW`` = 1: :class:`ortlearn.onnxblock.optim.AdamW` with its defaults;
+    - ``AdamW`` = 1: :class:`ortlearn.onnxblock.optim.AdamW` with its defaults,
+      onnxruntime-training's AdamW (betas (0.9, 0.999), eps 1e-6, no weight
+      decay, bias correction in the learning rate: :class:`ortlearn.optim.AdamW`);
     - ``SGD`` = 2: plain SGD (``p -= lr * g``);
     - ``Adam`` = 3: Adam as scikit-learn's MLP computes it (:class:`ortlearn.optim.Adam`);
     - ``SGDMomentum`` = 4: SGD with momentum 0.9;
-    - ``SGDNesterov`` = 5: SGD with Nesterov momentum 0.9.
+    - ``SGDNesterov`` = 5: SGD with Nesterov momentum 0.9;
+    - ``TorchAdamW`` = 6: ``torch.optim.AdamW`` with its defaults (eps 1e-8,
+      weight decay 0.01: :class:`ortlearn.optim.TorchAdamW`).
     """
 
     AdamW = 1
@@ -83,6 +87,7 @@ class OptimType(Enum):
     Adam = 3
     SGDMomentum = 4
     SGDNesterov = 5
+    TorchAdamW = 6
 
 
 _LOSSES = {
@@ -97,6 +102,7 @@ _OPTIMIZERS = {
     OptimType.Adam: lambda: optim_blocks.Adam(),
     OptimType.SGDMomentum: lambda: optim_blocks.SGD(momentum=0.9),
     OptimType.SGDNesterov: lambda: optim_blocks.SGD(momentum=0.9, nesterov=True),
+    OptimType.TorchAdamW: lambda: optim_blocks.TorchAdamW(),
 }
 
 
@@ -273,7 +279,10 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None, loss=None,
     optimizer : OptimType, onnxblock optimizer block or ortlearn.optim.Optimizer, default=None
         None: no optimizer model. An :class:`ortlearn.optim.Optimizer`
         instance (``SGD(momentum=0.5)``, ``Adam(beta_1=0.8)``, ...) writes
-        its update rule with its hyper-parameters.
+        its update rule with its hyper-parameters. The optimizer model takes
+        the parameters, gradients and states as tensor sequences, as
+        onnxruntime-training's does (``doc/artifacts_format.md``): the
+        trainable parameters must then share one element type.
     artifact_directory : str or path, default=None
         Where to write (created if missing). None: the current directory.
     prefix : str, default=''

@@ -298,10 +298,16 @@ def test_training_block(rng, cls):
 
 
 def test_optimizer_blocks():
+    """Called, an optimizer block returns its flag output, as onnxruntime-training's do."""
     w = helper.make_tensor("W", TensorProto.DOUBLE, [2], [1.0, 2.0])
     with onnxblock.empty_base() as accessor:
-        outputs = onnxblock.optim.SGD(momentum=0.9)(([w], []))
-    assert outputs == ["W.updated", "W.momentum.updated"]
+        flag = onnxblock.optim.SGD(momentum=0.9)(([w], []))
+    assert flag == "updated_flag"
+    assert [o.name for o in accessor.model.graph.output] == [
+        "updated_flag", "params.updated", "first_order_moments.updated"]
+    with onnxblock.empty_base() as accessor:  # clip_grad first, as there
+        onnxblock.optim.SGD(onnxblock.optim.ClipGradNorm(2.0))(([w], []))
+    assert '"clip_grad": 2.0' in accessor.model.metadata_props[0].value
     with onnxblock.empty_base() as accessor:
         onnxblock.optim.AdamW(clip_grad=onnxblock.optim.ClipGradNorm(1.0))(([w], []))
     assert '"clip_grad": 1.0' in accessor.model.metadata_props[0].value

@@ -22,8 +22,10 @@ from ortlearn.optim import (
     InvScaling,
     LinearLR,
     Optimal,
+    TorchAdamW,
     build_optimizer_model,
     clip_grad_norm,
+    unpack_optimizer_model,
 )
 
 N_STEPS = 20
@@ -32,12 +34,12 @@ ONNX_TYPE = {np.float32: TensorProto.FLOAT, np.float64: TensorProto.DOUBLE}
 
 
 class OptimizerRunner:
-    """Run ``optimizer_model.onnx`` step after step, carrying params and states."""
+    """Run the optimizer model's tensor layout step after step, carrying params and states."""
 
     def __init__(self, optimizer, params):
         self.optimizer = optimizer
         spec = {p: (ONNX_TYPE[a.dtype.type], list(a.shape)) for p, a in params.items()}
-        self.model = build_optimizer_model(optimizer, spec)
+        self.model = build_optimizer_model(optimizer, spec, layout="tensors")
         self.sess = ort.InferenceSession(self.model.SerializeToString(),
                                          providers=["CPUExecutionProvider"])
         self.outputs = [o.name for o in self.model.graph.output]
@@ -153,10 +155,11 @@ def numpy_clip(grads, max_norm):
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("bias_correction", [True, False])
-def test_adamw_matches_torch_algorithm(rng, dtype, bias_correction):
+def test_torch_adamw_matches_torch_algorithm(rng, dtype, bias_correction):
     params = random_params(rng, dtype)
     grads = random_grads(rng, params)
-    opt = AdamW(betas=(0.85, 0.995), eps=1e-7, weight_decay=0.1, bias_correction=bias_correction)
+    opt = TorchAdamW(betas=(0.85, 0.995), eps=1e-7, weight_decay=0.1,
+                     bias_correction=bias_correction)
     runner = OptimizerRunner(opt, params)
     for g in grads:
         runner.step(g, LR)
@@ -211,11 +214,11 @@ def test_clip_grad_global_norm(rng, dtype, max_norm):
         assert_params(runner.params, expected, dtype)
 
 
-def test_adamw_clip_grad_mixed_dtypes(rng):
+def test_torch_adamw_clip_grad_mixed_dtypes(rng):
     params = {"W": rng.standard_normal((4, 3)).astype(np.float32),
               "b": rng.standard_normal(3)}
     grads = random_grads(rng, params, n_steps=5)
-    runner = OptimizerRunner(AdamW(clip_grad=0.3), params)
+    runner = OptimizerRunner(TorchAdamW(clip_grad=0.3), params)
     for g in grads:
         runner.step(g, LR)
     expected = numpy_adamw(params, grads, LR, (0.9, 0.999), 1e-8, 1e-2, max_norm=0.3)
@@ -226,16 +229,21 @@ def test_adamw_clip_grad_mixed_dtypes(rng):
 
 # ---------------------------------------------------------------- the artifact contract
 
-@pytest.mark.parametrize("optimizer, states", [
+CONTRACT_OPTIMIZERS = [
     (SGD(), []),
     (SGD(momentum=0.9, nesterov=True), ["momentum"]),
     (Adam(), ["exp_avg", "exp_avg_sq"]),
     (AdamW(clip_grad=1.0), ["exp_avg", "exp_avg_sq"]),
-])
-def test_optimizer_model_contract(optimizer, states):
+    (TorchAdamW(), ["exp_avg", "exp_avg_sq"]),
+]
+
+
+@pytest.mark.parametrize("optimizer, states", CONTRACT_OPTIMIZERS)
+def test_optimizer_model_tensor_layout(optimizer, states):
+    """The tensor layout (what the session runs): per-parameter inputs, mixed dtypes."""
     spec = {"coef": (TensorProto.DOUBLE, ["n_features", 2]),
             "intercept": (TensorProto.FLOAT, [2])}
-    model = build_optimizer_model(optimizer, spec)
+    model = build_optimizer_model(optimizer, spec, layout="tensors")
     onnx.checker.check_model(model, full_check=True)
     assert [(o.domain, o.version) for o in model.opset_import] == [("", DEFAULT_OPSET)]
     assert model.ir_version <= 10
@@ -261,7 +269,54 @@ def test_optimizer_model_contract(optimizer, states):
     meta = {p.key: p.value for p in model.metadata_props}
     assert json.loads(meta["ortlearn.optimizer"]) == {
         "type": type(optimizer).__name__, "params": ["coef", "intercept"],
-        "states": states, "hyper": optimizer.hyper}
+        "states": states, "hyper": optimizer.hyper, "layout": "tensors"}
+
+
+@pytest.mark.parametrize("optimizer, states", CONTRACT_OPTIMIZERS)
+def test_optimizer_model_sequence_layout(optimizer, states):
+    """onnxruntime-training's layout: lr and step of shape [1], then tensor sequences."""
+    spec = {"coef": (TensorProto.DOUBLE, ["n_features", 2]), "intercept": (TensorProto.DOUBLE, [2])}
+    model = build_optimizer_model(optimizer, spec)
+    onnx.checker.check_model(model, full_check=True)
+    g = model.graph
+    sequences = ["first_order_moments", "second_order_moments"][:len(states)]
+    declared = sequences or ["first_order_moments"]  # SGD declares it unused, as there
+    assert [i.name for i in g.input] == ["learning_rate", "step", "params", "gradients", *declared]
+    assert [o.name for o in g.output] == ["updated_flag", "params.updated",
+                                          *[f"{s}.updated" for s in sequences]]
+    for info in g.input[:2]:
+        assert [d.dim_value for d in info.type.tensor_type.shape.dim] == [1]
+    for info in [*g.input[2:], *g.output[1:]]:
+        assert info.type.sequence_type.elem_type.tensor_type.elem_type == TensorProto.DOUBLE
+    assert g.output[0].type.tensor_type.elem_type == TensorProto.BOOL
+    meta = json.loads({p.key: p.value for p in model.metadata_props}["ortlearn.optimizer"])
+    assert meta["layout"] == "sequence" and meta["states"] == states
+    assert meta["sequences"] == dict(zip(states, sequences))
+    # unpacked, it is the tensor layout's update (same names), lr and step kept at [1]
+    unpacked = unpack_optimizer_model(model)
+    onnx.checker.check_model(unpacked, full_check=True)
+    expected = ["learning_rate", "step"] + [
+        n for p in spec for n in (p, f"{p}.gradient", *[f"{p}.{s}" for s in states])]
+    assert [i.name for i in unpacked.graph.input] == expected
+    assert not any(n.op_type.startswith("Sequence") for n in unpacked.graph.node)
+
+
+def test_unpack_refuses_what_it_cannot_unpack():
+    """A sequence read other than by SequenceAt at a constant position is refused by name."""
+    model = build_optimizer_model(SGD(), {"w": (TensorProto.FLOAT, [2])})
+    model.graph.node.append(helper.make_node("SequenceLength", ["params"], ["n"], name="count"))
+    with pytest.raises(ValueError, match=r"'count' \(SequenceLength\) reads the sequence 'params'"):
+        unpack_optimizer_model(model)
+    tensors = build_optimizer_model(SGD(), {"w": (TensorProto.FLOAT, [2])}, layout="tensors")
+    assert unpack_optimizer_model(tensors) is tensors  # already tensors
+
+
+def test_sequence_layout_needs_one_element_type():
+    spec = {"coef": (TensorProto.DOUBLE, [3]), "intercept": (TensorProto.FLOAT, [1])}
+    with pytest.raises(ValueError, match="one element type.*layout='tensors'"):
+        build_optimizer_model(AdamW(), spec)
+    with pytest.raises(ValueError, match="layout must be one of"):
+        build_optimizer_model(AdamW(), spec, layout="seq")
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
@@ -311,7 +366,7 @@ def test_errors():
         build_optimizer_model(SGD(), {"step": (TensorProto.FLOAT, [2])})
     with pytest.raises(ValueError, match="at least one"):
         build_optimizer_model(SGD(), {})
-    with pytest.raises(TypeError, match="SGD, Adam or AdamW"):
+    with pytest.raises(TypeError, match="SGD, Adam, AdamW or TorchAdamW"):
         build_optimizer_model("adamw", {"w": (TensorProto.FLOAT, [2])})
     with pytest.raises(ValueError, match="momentum"):
         SGD(momentum=1.5)

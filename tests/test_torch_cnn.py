@@ -132,7 +132,7 @@ def _falls(losses):
 
 
 def _train_torch(model, data, loss, trainable=None):
-    """torch.optim.AdamW with the defaults ortlearn's OptimType.AdamW has (betas (0.9, 0.999),
+    """torch.optim.AdamW with the defaults ortlearn's OptimType.TorchAdamW has (betas (0.9, 0.999),
     eps 1e-8, weight_decay 0.01), lr ``LR``; the losses of each step."""
     model.train()
     params = [p for k, p in model.named_parameters() if trainable is None or k in trainable]
@@ -151,7 +151,7 @@ def _train_torch(model, data, loss, trainable=None):
 
 def _train_ortlearn(onx, data, loss, directory, **kwargs):
     loss_type = LOSS_TYPES[loss]
-    artifacts.generate_artifacts(onx, loss=loss_type, optimizer=artifacts.OptimType.AdamW,
+    artifacts.generate_artifacts(onx, loss=loss_type, optimizer=artifacts.OptimType.TorchAdamW,
                                  artifact_directory=directory, **kwargs)
     state = api.CheckpointState.load_checkpoint(str(directory / "checkpoint"))
     module = api.Module(str(directory / "training_model.onnx"), state,

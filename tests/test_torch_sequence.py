@@ -232,7 +232,7 @@ def _batches(name, steps, sizes=BATCHES):
     return out
 
 
-def _artifacts(onx, model, directory, optimizer=artifacts.OptimType.AdamW):
+def _artifacts(onx, model, directory, optimizer=artifacts.OptimType.TorchAdamW):
     artifacts.generate_artifacts(
         onx, requires_grad=[k for k, _ in model.named_parameters()],
         loss=artifacts.LossType.CrossEntropyLoss, optimizer=optimizer,
@@ -274,7 +274,7 @@ def _trained_weights(state, model):
 @pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("exporter", EXPORTERS)
 def test_adamw_follows_torch(name, exporter, tmp_path):
-    """OptimType.AdamW is torch.optim.AdamW with its defaults (betas, eps, weight decay):
+    """OptimType.TorchAdamW is torch.optim.AdamW with its defaults (betas, eps, weight decay):
     30 steps, one set of artifacts on two batch sizes and sequence lengths alternately."""
     model, _, _, onx = exported(name, exporter)
     state, module, optimizer = _artifacts(onx, model, tmp_path)
@@ -320,7 +320,7 @@ def test_padding_row_stays_untouched(exporter, tmp_path):
     assert not got[TABLE][0].any() and not expected[TABLE][0].any()
     initial = model.embedding.weight.detach().numpy().copy()
     state, module, optimizer = _artifacts(onx, model, tmp_path,
-                                          optimizer=onnxblock.optim.AdamW(weight_decay=0.0))
+                                          optimizer=onnxblock.optim.TorchAdamW(weight_decay=0.0))
     batches = _batches("attended_padding", 30, shapes("attended_padding", exporter))
     assert all((inputs[0] == 0).any() for inputs, _ in batches)  # padding in every batch
     got = _train_ortlearn(module, optimizer, batches)

@@ -10,7 +10,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from ortlearn import artifacts
 from ortlearn.graph import make_model
-from ortlearn.optim import SGD, build_optimizer_model
+from ortlearn.optim import SGD, AdamW, build_optimizer_model
 from ortlearn.training import CheckpointState, TrainingSession
 from ortlearn.training.device import cuda_available
 
@@ -123,7 +123,9 @@ def test_sgd_matches_numpy(art, name):
 
 
 def _adamw_reference(params, grad_fn, lr, hyper, n_steps):
-    """numpy AdamW with torch.optim.AdamW's update (decoupled decay first)."""
+    """numpy AdamW as onnxruntime-training's kernel (adam_mode=1) updates: bias correction
+    in the step size, eps added to sqrt(v), decay after the update
+    (tests/test_optimizer_fidelity.py transcribes the kernel in full)."""
     (beta1, beta2), eps, wd = hyper["betas"], hyper["eps"], hyper["weight_decay"]
     p = {k: v.astype(np.float64) for k, v in params.items()}
     m = {k: np.zeros_like(v) for k, v in p.items()}
@@ -131,20 +133,21 @@ def _adamw_reference(params, grad_fn, lr, hyper, n_steps):
     for t, (X, y) in enumerate(_batches(n_steps), start=1):
         g = grad_fn(p, X.astype(np.float64), y.astype(np.float64))
         for k in p:
-            p[k] = p[k] * (1 - lr * wd)
             m[k] = beta1 * m[k] + (1 - beta1) * g[k]
             v[k] = beta2 * v[k] + (1 - beta2) * g[k] ** 2
-            denom = np.sqrt(v[k]) / np.sqrt(1 - beta2 ** t) + eps
-            p[k] = p[k] - lr / (1 - beta1 ** t) * m[k] / denom
+            step_size = lr * np.sqrt(1 - beta2 ** t) / (1 - beta1 ** t)
+            p[k] = p[k] - step_size * m[k] / (np.sqrt(v[k]) + eps)
+            p[k] = p[k] - lr * wd * p[k]
     return p
 
 
 @pytest.mark.parametrize("name", list(MODELS))
-def test_adamw_matches_torch_semantics(art, name):
+def test_adamw_matches_onnxruntime_training_kernel(art, name):
     directory, params = art[name, "AdamW"]
     meta = json.loads(onnx.load(directory / "optimizer_model.onnx").metadata_props[0].value)
     hyper = meta["hyper"]
     assert meta["type"] == "AdamW" and hyper["bias_correction"] and hyper["clip_grad"] is None
+    assert hyper["eps"] == 1e-6 and hyper["weight_decay"] == 0.0
     session = _session(directory)
     session.set_learning_rate(0.01)
     _train(session, 100)
@@ -340,14 +343,48 @@ def test_learning_rate_get_set_and_used(art):
     np.testing.assert_allclose(session.get_parameter("W"), params["W"] - 0.25 * grad, atol=1e-7)
 
 
-def test_linear_lr_scheduler_values(art):
+def test_both_optimizer_layouts_give_the_same_steps(art):
+    """The sequence file (onnxruntime-training's layout) and the older per-tensor file train
+    alike: the session runs the file's update nodes on the tensors in both cases."""
+    directory, params = art["mlp", "AdamW"]
+    sequence = onnx.load(directory / "optimizer_model.onnx")
+    assert [i.name for i in sequence.graph.input][2:4] == ["params", "gradients"]
+    spec = {n: (TensorProto.FLOAT, list(params[n].shape)) for n in params}
+    tensors = build_optimizer_model(AdamW(), spec, layout="tensors")
+    trained = []
+    for optimizer in (sequence, tensors):
+        session = TrainingSession(CheckpointState.load_checkpoint(directory / "checkpoint"),
+                                  directory / "training_model.onnx", None, optimizer)
+        session.set_learning_rate(0.01)
+        _train(session, 5)
+        trained.append(_weights(session, params))
+    for name in params:
+        np.testing.assert_array_equal(trained[0][name], trained[1][name], err_msg=name)
+        assert not np.allclose(trained[0][name], params[name])
+
+
+def test_linear_lr_scheduler_values(art, tmp_path):
+    """The factor is that of the optimizer's step count (onnxruntime-training's scheduler)."""
     session = _session(art["linear", "SGD"][0])
     session.register_linear_lr_scheduler(2, 6, 1.0)
     rates = [session.get_learning_rate()]
-    for _ in range(7):
+    session.scheduler_step()  # no optimizer step yet: the rate stays at f(0)
+    assert session.get_learning_rate() == 0.0
+    for X, y in _batches(7):
+        session.train_step(X, y)
+        session.optimizer_step()
         session.scheduler_step()
         rates.append(session.get_learning_rate())
     np.testing.assert_allclose(rates, [0.0, 0.5, 1.0, 0.75, 0.5, 0.25, 0.0, 0.0])
+    # resumed from a checkpoint after 3 steps, a new scheduler continues the schedule
+    resumed = _session(art["linear", "SGD"][0])
+    _train(resumed, 3)
+    CheckpointState.save_checkpoint(resumed._state, tmp_path / "ckpt",
+                                    include_optimizer_state=True)
+    again = _session(art["linear", "SGD"][0],
+                     state=CheckpointState.load_checkpoint(tmp_path / "ckpt"))
+    again.register_linear_lr_scheduler(2, 6, 1.0)
+    assert again.get_learning_rate() == 0.75
 
 
 # ------------------------------------------------------------------- errors

@@ -8,7 +8,7 @@ from sklearn.linear_model import LogisticRegression, SGDRegressor
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted
 
-from ..optim import SGD, Adam, AdamW
+from ..optim import SGD, Adam, TorchAdamW
 from ..optim.schedules import Adaptive, Constant, InvScaling, Optimal
 from ._base import BaseOrtEstimator, OrtClassifierMixin, OrtRegressorMixin
 from ._objective import sgd_objective
@@ -79,7 +79,7 @@ class BaseOrtLinear(BaseOrtEstimator):
         if self.solver == "adam":
             return Adam(beta_1=self.beta_1, beta_2=self.beta_2)
         decay = 0.0 if self.penalty is None else self.alpha * (1 - self._l1_ratio())
-        return AdamW(betas=(self.beta_1, self.beta_2), weight_decay=decay)
+        return TorchAdamW(betas=(self.beta_1, self.beta_2), weight_decay=decay)
 
     def _make_schedule(self):
         if self.solver != "sgd" or self.learning_rate == "constant":

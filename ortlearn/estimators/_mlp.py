@@ -7,7 +7,7 @@ from numbers import Integral, Real
 from sklearn.neural_network import MLPClassifier, MLPRegressor
 from sklearn.utils._param_validation import Interval, StrOptions
 
-from ..optim import SGD, Adam, AdamW
+from ..optim import SGD, Adam, TorchAdamW
 from ..optim.schedules import Adaptive, Constant, InvScaling
 from ._base import BaseOrtEstimator, OrtClassifierMixin, OrtRegressorMixin
 from ._objective import mlp_objective
@@ -96,8 +96,8 @@ class BaseOrtMLP(BaseOrtEstimator):
                        nesterov=self.nesterovs_momentum and self.momentum > 0)
         if self.solver == "adam":
             return Adam(beta_1=self.beta_1, beta_2=self.beta_2, epsilon=self.epsilon)
-        return AdamW(betas=(self.beta_1, self.beta_2), eps=self.epsilon,
-                     weight_decay=self.alpha)
+        return TorchAdamW(betas=(self.beta_1, self.beta_2), eps=self.epsilon,
+                          weight_decay=self.alpha)
 
     def _make_schedule(self):
         if self.solver != "sgd" or self.learning_rate == "constant":

@@ -22,7 +22,7 @@ from ..graph import (
     prune_model,
     shape_of,
 )
-from ..optim import SGD, Adam, AdamW, Optimizer
+from ..optim import SGD, Adam, Optimizer, TorchAdamW
 from ..training import Batches, TrainingEngine, parse_device
 from ._session_cache import _SessionCache
 from ._validation import as_real, check_finite, check_sample_weight
@@ -57,9 +57,9 @@ class OrtGradientOptimizer(BaseEstimator):
     optimizer : {'sgd', 'adam', 'adamw'} or ortlearn.optim.Optimizer, default='sgd'
         ``'sgd'``: plain SGD, with ``momentum`` if > 0; ``'adam'``:
         :class:`ortlearn.optim.Adam` (scikit-learn MLP's); ``'adamw'``:
-        :class:`ortlearn.optim.AdamW` with its defaults. An
-        :class:`ortlearn.optim.Optimizer` instance (``SGD``, ``Adam``,
-        ``AdamW`` or a subclass) is used as is.
+        :class:`ortlearn.optim.TorchAdamW` (``torch.optim.AdamW``) with its
+        defaults. An :class:`ortlearn.optim.Optimizer` instance (``SGD``,
+        ``Adam``, ``AdamW``, ``TorchAdamW`` or a subclass) is used as is.
     learning_rate : float or {'constant', 'invscaling'}, default='invscaling'
         A float is a constant learning rate. ``'constant'`` uses ``eta0``;
         ``'invscaling'`` uses ``eta0 / t ** power_t`` where ``t`` is the
@@ -195,7 +195,7 @@ class OrtGradientOptimizer(BaseEstimator):
         if self.optimizer == "adam":
             return Adam()
         if self.optimizer == "adamw":
-            return AdamW()
+            return TorchAdamW()
         return SGD(momentum=self.momentum)
 
     def _learning_rate_at(self, epoch: int) -> float:

@@ -20,6 +20,16 @@ LAZY_RESET_GRAD = "lazy_reset_grad"
 #: Inputs of the optimizer model: the learning rate and the 1-based step.
 LEARNING_RATE = "learning_rate"
 STEP = "step"
+#: Tensor-sequence inputs of the optimizer model, as onnxruntime-training names
+#: them: the parameters, their gradients and the optimizer states, in the
+#: order of the trainable parameters.
+PARAMS_SEQUENCE = "params"
+GRADIENTS_SEQUENCE = "gradients"
+FIRST_ORDER_MOMENTS = "first_order_moments"
+SECOND_ORDER_MOMENTS = "second_order_moments"
+#: First output of the optimizer model: a bool tensor of shape [1], true when
+#: the parameters were updated.
+UPDATED_FLAG = "updated_flag"
 #: Learning rate of a fresh optimizer (onnxruntime-training's default).
 DEFAULT_LEARNING_RATE = 1e-3
 #: Suffixes of the optimizer model's names: ``p.gradient`` is read, ``p.updated``

@@ -1,15 +1,27 @@
 """Optimizer update graphs (standard ONNX) and learning-rate schedules.
 
 - :class:`Optimizer`: the base of the update rules (subclass it for a new
-  one); :class:`SGD`, :class:`Adam`, :class:`AdamW`: update rules that append
+  one); :class:`SGD`, :class:`Adam`, :class:`AdamW` (onnxruntime-training's
+  kernel), :class:`TorchAdamW` (``torch.optim.AdamW``): update rules that append
   their nodes to a :class:`~ortlearn.graph.GraphBuilder`;
-  :func:`build_optimizer_model` writes them as ``optimizer_model.onnx``;
+  :func:`build_optimizer_model` writes them as ``optimizer_model.onnx``
+  (onnxruntime-training's sequence layout), :func:`unpack_optimizer_model`
+  gives the tensor layout the training session runs;
   :func:`clip_grad_norm` clips gradients by their global norm.
 - :class:`Constant`, :class:`InvScaling`, :class:`Optimal`,
   :class:`Adaptive`, :class:`LinearLR`: learning-rate schedules.
 """
 
-from .optimizers import SGD, Adam, AdamW, Optimizer, build_optimizer_model, clip_grad_norm
+from .optimizers import (
+    SGD,
+    Adam,
+    AdamW,
+    Optimizer,
+    TorchAdamW,
+    build_optimizer_model,
+    clip_grad_norm,
+    unpack_optimizer_model,
+)
 from .schedules import Adaptive, Constant, InvScaling, LinearLR, Optimal
 
 __all__ = [
@@ -22,6 +34,8 @@ __all__ = [
     "LinearLR",
     "Optimal",
     "Optimizer",
+    "TorchAdamW",
     "build_optimizer_model",
     "clip_grad_norm",
+    "unpack_optimizer_model",
 ]

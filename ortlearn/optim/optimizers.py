@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 from ..graph import (
     DEFAULT_OPSET,
@@ -36,14 +36,20 @@ from ..graph import (
     onnx_to_np_dtype,
 )
 from ..graph.format import (
+    FIRST_ORDER_MOMENTS,
     GRADIENT_SUFFIX,
+    GRADIENTS_SEQUENCE,
     LEARNING_RATE,
     OPTIMIZER_METADATA_KEY,
+    PARAMS_SEQUENCE,
+    SECOND_ORDER_MOMENTS,
     STEP,
+    UPDATED_FLAG,
     UPDATED_SUFFIX,
 )
 
-__all__ = ["SGD", "Adam", "AdamW", "Optimizer", "build_optimizer_model", "clip_grad_norm"]
+__all__ = ["SGD", "Adam", "AdamW", "Optimizer", "TorchAdamW", "build_optimizer_model",
+           "clip_grad_norm", "unpack_optimizer_model"]
 
 #: Added to the global norm before dividing, as torch's ``clip_grad_norm_``
 #: and onnxruntime-training's ``ClipGradNorm`` do.
@@ -92,6 +98,20 @@ class _Scalars:
     def declare(self, names, elem_type: int) -> None:
         """Graph scalars ``names`` are of ``elem_type`` (float64 when not declared)."""
         self._value_types.update(dict.fromkeys(names, elem_type))
+
+    def complement(self, value: float, index: int) -> str:
+        """``1 - value`` computed in parameter ``index``'s dtype, as a float kernel does.
+
+        In float32, ``1 - float32(0.999)`` is not ``float32(1 - 0.999)``
+        (4.7e-5 apart relatively): onnxruntime-training's kernels store their
+        attributes as float and subtract in float.
+        """
+        if self.elem_types is not None:
+            dtype = onnx_to_np_dtype(self.elem_types[index])
+            one = np.asarray(1, dtype=dtype)
+            return self.builder.const(one - np.asarray(value, dtype=dtype), dtype=dtype,
+                                      hint="hyper")
+        return self.builder.op("Sub", [self.get(1.0, index), self.get(float(value), index)])
 
     def get(self, value, index: int) -> str:
         """``value`` (a float, or the name of a graph scalar) in parameter ``index``'s dtype."""
@@ -201,6 +221,25 @@ class Optimizer(ABC):
 
     #: Names of the per-parameter state tensors, in the order of the model inputs.
     state_names: tuple[str, ...] = ()
+    #: Sequence inputs the optimizer model declares even when no state fills
+    #: them (onnxruntime-training's SGD model declares ``first_order_moments``).
+    declared_sequences: tuple[str, ...] = ()
+
+    def state_sequences(self) -> dict[str, str]:
+        """Name of the optimizer model's sequence input holding each state.
+
+        The first two states are onnxruntime-training's
+        ``first_order_moments`` and ``second_order_moments``; further ones
+        (a subclass's) are ``<state>_states``.
+
+        Returns
+        -------
+        dict
+            ``{state name: sequence input name}`` in :attr:`state_names` order.
+        """
+        names = (FIRST_ORDER_MOMENTS, SECOND_ORDER_MOMENTS)
+        return {s: names[i] if i < len(names) else f"{s}_states"
+                for i, s in enumerate(self.state_names)}
 
     def __init__(self, clip_grad: float | None = None):
         if clip_grad is not None:
@@ -332,6 +371,8 @@ class Optimizer(ABC):
         new_params, new_states = [], {}
         for i, (p, g) in enumerate(zip(params, grads)):
             typed = functools.partial(converter.get, index=i)
+            # typed.complement(x): 1 - x in the parameter's dtype (see _Scalars.complement)
+            typed.complement = functools.partial(converter.complement, index=i)
             new_p, new_s = self.update_nodes(builder, typed, step_scalars, p, g, states.get(p, {}))
             new_params.append(new_p)
             new_states[p] = new_s
@@ -452,6 +493,9 @@ class SGD(Optimizer):
     ('momentum',)
     >>> model = build_optimizer_model(opt, {"W": (1, [3, 2])})
     >>> [i.name for i in model.graph.input]
+    ['learning_rate', 'step', 'params', 'gradients', 'first_order_moments']
+    >>> model = build_optimizer_model(opt, {"W": (1, [3, 2])}, layout="tensors")
+    >>> [i.name for i in model.graph.input]
     ['learning_rate', 'step', 'W', 'W.gradient', 'W.momentum']
     """
 
@@ -464,6 +508,8 @@ class SGD(Optimizer):
         self.nesterov = bool(nesterov)
         self.weight_decay = float(weight_decay)
         self.state_names = ("momentum",) if self.momentum > 0 else ()
+        # onnxruntime-training's SGD model has this input, unused: keep its input list
+        self.declared_sequences = (FIRST_ORDER_MOMENTS,)
 
     @property
     def hyper(self) -> dict:
@@ -506,22 +552,42 @@ class _AdamBase(Optimizer):
         self.epsilon = float(epsilon)
         self.weight_decay = float(weight_decay)
 
+    #: Compute with the hyper-parameters rounded to float32 and ``1 - beta`` in the
+    #: parameter's dtype, as onnxruntime-training's kernels (float attributes) do.
+    _float32_attributes = False
+
+    def _coef(self, value: float) -> float:
+        """The value of a hyper-parameter the update computes with."""
+        return float(np.float32(value)) if self._float32_attributes else value
+
     def _bias_corrections(self, builder, step):
         """``1 - beta_1**t`` and ``1 - beta_2**t`` as float64 scalars."""
         one = builder.const(1.0, dtype=np.float64)
         return [builder.op("Sub", [one, builder.op(
-                    "Pow", [builder.const(beta, dtype=np.float64), step])])
+                    "Pow", [builder.const(self._coef(beta), dtype=np.float64), step])])
                 for beta in (self.beta_1, self.beta_2)]
 
     def _host_bias_corrections(self, step):
-        return 1.0 - self.beta_1 ** step, 1.0 - self.beta_2 ** step
+        return 1.0 - self._coef(self.beta_1) ** step, 1.0 - self._coef(self.beta_2) ** step
 
     def _moments(self, builder, typed, g, state):
-        """``m = b1 m + (1 - b1) g`` and ``v = b2 v + (1 - b2) g^2``."""
-        m = builder.op("Add", [builder.op("Mul", [typed(self.beta_1), state["exp_avg"]]),
-                               builder.op("Mul", [typed(1.0 - self.beta_1), g])])
-        v = builder.op("Add", [builder.op("Mul", [typed(self.beta_2), state["exp_avg_sq"]]),
-                               builder.op("Mul", [typed(1.0 - self.beta_2),
+        """``m = b1 m + (1 - b1) g`` and ``v = b2 v + (1 - b2) g^2``.
+
+        ``1 - b`` is computed in float64 then rounded (numpy's and torch's
+        float32 ``1 - beta`` from a Python float), or with
+        :attr:`_float32_attributes` in the parameter's dtype from the float32
+        ``b`` (onnxruntime-training's kernels: 4.7e-5 apart in float32 for 0.999).
+        """
+        def one_minus(beta):
+            if self._float32_attributes:
+                return typed.complement(self._coef(beta))
+            return typed(1.0 - beta)
+
+        b1, b2 = self._coef(self.beta_1), self._coef(self.beta_2)
+        m = builder.op("Add", [builder.op("Mul", [typed(b1), state["exp_avg"]]),
+                               builder.op("Mul", [one_minus(self.beta_1), g])])
+        v = builder.op("Add", [builder.op("Mul", [typed(b2), state["exp_avg_sq"]]),
+                               builder.op("Mul", [one_minus(self.beta_2),
                                                   builder.op("Mul", [g, g])])])
         return m, v
 
@@ -588,42 +654,55 @@ class Adam(_AdamBase):
 
 
 class AdamW(_AdamBase):
-    """AdamW with ``torch.optim.AdamW`` semantics (decoupled weight decay).
+    """AdamW as onnxruntime-training's ``AdamWOptimizer`` kernel computes it.
 
-    The defaults are those of onnxruntime-training's ``onnxblock.optim.AdamW``.
-    For the update number ``t`` (1-based)::
+    The rule of ``onnxruntime.training.onnxblock.optim.AdamW`` (and so of
+    ``artifacts.OptimType.AdamW``): the kernel's ``adam_mode=1``, the
+    HuggingFace ``transformers`` form, where the bias correction goes into
+    the learning rate and the decoupled weight decay is applied **after**
+    the update. For the update number ``t`` (1-based)::
 
-        p = p * (1 - lr * weight_decay)      # decoupled decay, applied first
         m = beta_1 * m + (1 - beta_1) * g
         v = beta_2 * v + (1 - beta_2) * g**2
-        # bias_correction=True:
-        p = p - (lr / (1 - beta_1**t)) * m / (sqrt(v) / sqrt(1 - beta_2**t) + eps)
-        # bias_correction=False:
-        p = p - lr * m / (sqrt(v) + eps)
+        lr_t = lr * sqrt(1 - beta_2**t) / (1 - beta_1**t)   # lr_t = lr without bias_correction
+        p = p - lr_t * m / (sqrt(v) + eps)                  # eps outside the correction
+        p = p - (lr * weight_decay) * p                     # decay last, with the plain lr
+
+    The defaults are onnxruntime-training's (``eps=1e-6``, no weight decay).
+    As the kernel, which stores them as float attributes, the update computes
+    with ``betas``, ``eps`` and ``weight_decay`` rounded to float32 (in
+    float64 too), and ``1 - beta`` in the parameter's dtype; ``hyper`` keeps
+    the values given. ``torch.optim.AdamW`` differs: eps is added to ``sqrt(v / (1 - beta_2**t))``
+    and the decay comes first; :class:`TorchAdamW` computes that form.
 
     Parameters
     ----------
     betas : tuple of float, default=(0.9, 0.999)
-        Decay rates of the first and second moments, each in [0, 1).
-    eps : float, default=1e-8
-        Added to the denominator, >= 0.
-    weight_decay : float, default=1e-2
+        Decay rates of the first and second moments (the kernel's ``alpha``
+        and ``beta``), each in [0, 1).
+    eps : float, default=1e-6
+        Added to ``sqrt(v)``, >= 0.
+    weight_decay : float, default=0.0
         Decoupled decay coefficient, >= 0.
     bias_correction : bool, default=True
-        Correct the moments for their zero initialisation.
+        Correct the learning rate for the zero initialisation of the moments
+        (the kernel's ``correct_bias``).
     clip_grad : float, optional
-        Clip the global norm of all gradients to this value first (as
-        ``torch.nn.utils.clip_grad_norm_`` before ``optimizer.step()``).
+        Clip the global norm of all gradients to this value first
+        (onnxruntime-training's ``ClipGradNorm``).
 
     Examples
     --------
     >>> opt = AdamW(weight_decay=0.1, clip_grad=1.0)
-    >>> opt.hyper["betas"]
-    [0.9, 0.999]
+    >>> opt.hyper["eps"], opt.hyper["weight_decay"]
+    (1e-06, 0.1)
     """
 
-    def __init__(self, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 1e-2, bias_correction: bool = True,
+    # the kernel keeps alpha, beta, epsilon and weight_decay as float attributes
+    _float32_attributes = True
+
+    def __init__(self, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-6,
+                 weight_decay: float = 0.0, bias_correction: bool = True,
                  clip_grad: float | None = None):
         if len(betas) != 2:
             raise ValueError(f"betas must be a pair (beta_1, beta_2), got {betas!r}.")
@@ -643,6 +722,86 @@ class AdamW(_AdamBase):
         return {"betas": [self.beta_1, self.beta_2], "eps": self.epsilon,
                 "weight_decay": self.weight_decay, "bias_correction": self.bias_correction,
                 "clip_grad": self.clip_grad}
+
+    def scalar_nodes(self, builder, lr, step):
+        scalars = {"step_size": lr}
+        if self.bias_correction:
+            bc1, bc2 = self._bias_corrections(builder, step)
+            scalars["step_size"] = builder.op(
+                "Div", [builder.op("Mul", [lr, builder.op("Sqrt", [bc2])]), bc1])
+        if self.weight_decay:
+            scalars["lr_decay"] = builder.op(
+                "Mul", [lr, builder.const(self._coef(self.weight_decay), dtype=np.float64)])
+        return scalars
+
+    def scalar_values(self, lr, step):
+        scalars = {"step_size": lr.copy()}
+        if self.bias_correction:
+            bc1, bc2 = self._host_bias_corrections(step)
+            scalars["step_size"] = lr * np.sqrt(bc2) / bc1
+        if self.weight_decay:
+            scalars["lr_decay"] = lr * self._coef(self.weight_decay)
+        return scalars
+
+    def update_nodes(self, builder, typed, scalars, p, g, state):
+        m, v = self._moments(builder, typed, g, state)
+        denom = builder.op("Add", [builder.op("Sqrt", [v]), typed(self._coef(self.epsilon))])
+        step = builder.op("Div", [builder.op("Mul", [typed(scalars["step_size"]), m]), denom])
+        p = builder.op("Sub", [p, step])
+        if self.weight_decay:
+            # the kernel subtracts (lr * weight_decay) * p from the updated p
+            p = builder.op("Sub", [p, builder.op("Mul", [typed(scalars["lr_decay"]), p])])
+        return p, {"exp_avg": m, "exp_avg_sq": v}
+
+
+class TorchAdamW(_AdamBase):
+    """AdamW with ``torch.optim.AdamW`` semantics and defaults (ortlearn's addition).
+
+    Decoupled weight decay applied first, bias corrections on the moments
+    (onnxruntime-training's kernel computes this form with ``adam_mode=0``,
+    which its onnxblock never sets; :class:`AdamW` is the form it uses).
+    For the update number ``t`` (1-based)::
+
+        p = p * (1 - lr * weight_decay)      # decoupled decay, applied first
+        m = beta_1 * m + (1 - beta_1) * g
+        v = beta_2 * v + (1 - beta_2) * g**2
+        # bias_correction=True:
+        p = p - (lr / (1 - beta_1**t)) * m / (sqrt(v) / sqrt(1 - beta_2**t) + eps)
+        # bias_correction=False:
+        p = p - lr * m / (sqrt(v) + eps)
+
+    Parameters
+    ----------
+    betas : tuple of float, default=(0.9, 0.999)
+        Decay rates of the first and second moments, each in [0, 1).
+    eps : float, default=1e-8
+        Added to the denominator, >= 0 (torch's default).
+    weight_decay : float, default=1e-2
+        Decoupled decay coefficient, >= 0 (torch's default).
+    bias_correction : bool, default=True
+        Correct the moments for their zero initialisation.
+    clip_grad : float, optional
+        Clip the global norm of all gradients to this value first (as
+        ``torch.nn.utils.clip_grad_norm_`` before ``optimizer.step()``).
+
+    Examples
+    --------
+    >>> opt = TorchAdamW(weight_decay=0.1, clip_grad=1.0)
+    >>> opt.hyper["betas"], opt.hyper["eps"]
+    ([0.9, 0.999], 1e-08)
+    """
+
+    def __init__(self, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 1e-2, bias_correction: bool = True,
+                 clip_grad: float | None = None):
+        if len(betas) != 2:
+            raise ValueError(f"betas must be a pair (beta_1, beta_2), got {betas!r}.")
+        super().__init__(betas[0], betas[1], eps, weight_decay, clip_grad)
+        self.bias_correction = bool(bias_correction)
+
+    betas = AdamW.betas
+    eps = AdamW.eps
+    hyper = AdamW.hyper
 
     def scalar_nodes(self, builder, lr, step):
         one = builder.const(1.0, dtype=np.float64)
@@ -673,25 +832,79 @@ class AdamW(_AdamBase):
         return builder.op("Sub", [p, step]), {"exp_avg": m, "exp_avg_sq": v}
 
 
-def build_optimizer_model(optimizer: Optimizer,
-                          params: Mapping[str, tuple[int, Sequence]]) -> onnx.ModelProto:
+#: Layouts of the optimizer model (see :func:`build_optimizer_model`).
+LAYOUTS = ("sequence", "tensors")
+
+
+def _check_params(optimizer, params) -> None:
+    if not isinstance(optimizer, Optimizer):
+        raise TypeError(f"Expected an SGD, Adam, AdamW or TorchAdamW instance (an "
+                        f"ortlearn.optim.Optimizer), got {type(optimizer).__name__}.")
+    if not params:
+        raise ValueError("build_optimizer_model needs at least one parameter.")
+
+
+def _check_clashes(names: Sequence[str]) -> None:
+    clashes = sorted({n for n in names if list(names).count(n) > 1})
+    if clashes:
+        raise ValueError(f"Parameter names clash with other optimizer inputs: {clashes}.")
+
+
+def _metadata(model: onnx.ModelProto, optimizer: Optimizer, names, layout: str) -> None:
+    meta = {"type": optimizer.type, "params": list(names), "states": list(optimizer.state_names),
+            "hyper": optimizer.hyper, "layout": layout}
+    if layout == "sequence":
+        meta["sequences"] = optimizer.state_sequences()
+    helper.set_model_props(model, {OPTIMIZER_METADATA_KEY: json.dumps(meta)})
+
+
+def _names(optimizer: Optimizer, names) -> tuple[dict, dict]:
+    """``{p: {state: 'p.state'}}`` and the updated name of every parameter and state."""
+    states = {p: {s: f"{p}.{s}" for s in optimizer.state_names} for p in names}
+    updated = {}
+    for p in names:
+        for name in (p, *states[p].values()):
+            updated[name] = f"{name}{UPDATED_SUFFIX}"
+    return states, updated
+
+
+def build_optimizer_model(optimizer: Optimizer, params: Mapping[str, tuple[int, Sequence]],
+                          layout: str = "sequence") -> onnx.ModelProto:
     """Write ``optimizer_model.onnx``: one update of every parameter.
 
-    Inputs: ``learning_rate`` (float32 scalar), ``step`` (int64 scalar, 1
-    for the first update), then per parameter ``p``: ``p``, ``p.gradient``
-    and ``p.<state>`` for each of ``optimizer.state_names``. Outputs:
-    ``p.updated`` then ``p.<state>.updated``, per parameter.
-    ``metadata_props['ortlearn.optimizer']`` holds
-    ``{"type", "params", "states", "hyper"}`` as JSON.
+    The default ``layout='sequence'`` follows onnxruntime-training's
+    optimizer model (``doc/artifacts_format.md``). Inputs: ``learning_rate``
+    (float32, shape [1]), ``step`` (int64, shape [1], 1 for the first
+    update), then tensor sequences holding one tensor per parameter, in the
+    order of ``params``: ``params``, ``gradients``, then the states,
+    ``first_order_moments`` and ``second_order_moments`` (see
+    :meth:`Optimizer.state_sequences`; SGD declares ``first_order_moments``
+    even without momentum, as onnxruntime-training's SGD model does).
+    Outputs: ``updated_flag`` (bool, shape [1], true), ``params.updated``,
+    then ``<state sequence>.updated``.
+
+    ``layout='tensors'`` is ortlearn's internal form (what
+    :class:`~ortlearn.training.TrainingSession` runs, see
+    :func:`unpack_optimizer_model`): inputs ``learning_rate`` and ``step``
+    (scalars), then per parameter ``p``: ``p``, ``p.gradient`` and
+    ``p.<state>``; outputs ``p.updated`` then ``p.<state>.updated``. Its
+    parameters may mix float and double; a sequence holds one element type.
+
+    ``metadata_props['ortlearn.optimizer']`` holds ``{"type", "params",
+    "states", "hyper", "layout"}`` (and ``"sequences"``, the sequence of each
+    state) as JSON.
 
     Parameters
     ----------
-    optimizer : SGD, Adam or AdamW
-        The update rule.
+    optimizer : Optimizer
+        The update rule (:class:`SGD`, :class:`Adam`, :class:`AdamW`,
+        :class:`TorchAdamW` or a subclass of :class:`Optimizer`).
     params : dict
         ``{name: (elem_type, shape)}`` in the order of the trainable
         parameters; ``elem_type`` is ``TensorProto.FLOAT`` or ``DOUBLE``,
         ``shape`` a list of ints, symbolic names or None (dynamic dims).
+    layout : {'sequence', 'tensors'}, default='sequence'
+        The form of the inputs and outputs.
 
     Returns
     -------
@@ -701,47 +914,221 @@ def build_optimizer_model(optimizer: Optimizer,
     Raises
     ------
     ValueError
-        If ``params`` is empty or two inputs would share a name.
+        If ``params`` is empty, two inputs would share a name, the layout is
+        unknown, or (sequence layout) the parameters do not share one
+        element type.
     TypeError
         If a parameter is not float or double, or ``optimizer`` is not an
-        optimizer of this module.
+        :class:`Optimizer`.
 
     Examples
     --------
     >>> from onnx import TensorProto
     >>> model = build_optimizer_model(AdamW(), {"W": (TensorProto.FLOAT, [4, 3])})
+    >>> [i.name for i in model.graph.input]
+    ['learning_rate', 'step', 'params', 'gradients', 'first_order_moments', \
+'second_order_moments']
     >>> [o.name for o in model.graph.output]
-    ['W.updated', 'W.exp_avg.updated', 'W.exp_avg_sq.updated']
+    ['updated_flag', 'params.updated', 'first_order_moments.updated', \
+'second_order_moments.updated']
     """
-    if not isinstance(optimizer, Optimizer):
-        raise TypeError(f"Expected an SGD, Adam or AdamW instance, got {type(optimizer).__name__}.")
-    if not params:
-        raise ValueError("build_optimizer_model needs at least one parameter.")
+    _check_params(optimizer, params)
+    if layout == "tensors":
+        return _tensor_model(optimizer, params)
+    if layout != "sequence":
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}.")
+    return _sequence_model(optimizer, params)
+
+
+def _tensor_model(optimizer: Optimizer, params) -> onnx.ModelProto:
     names = list(params)
     elem_types = [params[p][0] for p in names]
+    states, updated_names = _names(optimizer, names)
     inputs = [helper.make_tensor_value_info(LEARNING_RATE, TensorProto.FLOAT, []),
               helper.make_tensor_value_info(STEP, TensorProto.INT64, [])]
-    outputs, states, updated_names = [], {}, {}
+    outputs = []
     for p, (elem, shape) in params.items():
         shape = list(shape)
-        states[p] = {s: f"{p}.{s}" for s in optimizer.state_names}
         for name in (p, f"{p}{GRADIENT_SUFFIX}", *states[p].values()):
             inputs.append(helper.make_tensor_value_info(name, elem, shape))
         for name in (p, *states[p].values()):
-            updated_names[name] = f"{name}{UPDATED_SUFFIX}"
-            outputs.append(helper.make_tensor_value_info(f"{name}{UPDATED_SUFFIX}", elem, shape))
+            outputs.append(helper.make_tensor_value_info(updated_names[name], elem, shape))
     input_names = [i.name for i in inputs]
-    clashes = sorted({n for n in input_names if input_names.count(n) > 1})
-    if clashes:
-        raise ValueError(f"Parameter names clash with other optimizer inputs: {clashes}.")
+    _check_clashes(input_names)
 
     builder = GraphBuilder(opset=DEFAULT_OPSET, used_names=input_names, prefix="optim_")
     optimizer.build(builder, names, [f"{p}{GRADIENT_SUFFIX}" for p in names], states,
                     LEARNING_RATE, STEP, elem_types=elem_types, updated_names=updated_names)
-    graph = helper.make_graph(builder.nodes, "optimizer", inputs, outputs)
+    return _finish(builder, inputs, outputs, optimizer, names, "tensors")
+
+
+def _finish(builder, inputs, outputs, optimizer, names, layout,
+            value_info=()) -> onnx.ModelProto:
+    graph = helper.make_graph(builder.nodes, "optimizer", inputs, outputs,
+                              value_info=list(value_info))
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", DEFAULT_OPSET)],
                               producer_name="ortlearn")
-    meta = {"type": optimizer.type, "params": names, "states": list(optimizer.state_names),
-            "hyper": optimizer.hyper}
-    helper.set_model_props(model, {OPTIMIZER_METADATA_KEY: json.dumps(meta)})
+    _metadata(model, optimizer, names, layout)
     return finalize_model(model)
+
+
+def _sequence_model(optimizer: Optimizer, params) -> onnx.ModelProto:
+    names = list(params)
+    elem_types = {params[p][0] for p in names}
+    if len(elem_types) > 1:
+        found = {p: TensorProto.DataType.Name(params[p][0]) for p in names}
+        raise ValueError(
+            "The optimizer model passes the parameters as one tensor sequence (onnxruntime-"
+            f"training's layout), which holds one element type; the parameters have {found}. "
+            "Give them one type (cast the model's initializers), or build the model with "
+            "layout='tensors'.")
+    elem = elem_types.pop()
+    states, updated_names = _names(optimizer, names)
+    sequences = optimizer.state_sequences()
+    declared = list(dict.fromkeys([*sequences.values(), *optimizer.declared_sequences]))
+    seq_inputs = [PARAMS_SEQUENCE, GRADIENTS_SEQUENCE, *declared]
+    inputs = [helper.make_tensor_value_info(LEARNING_RATE, TensorProto.FLOAT, [1]),
+              helper.make_tensor_value_info(STEP, TensorProto.INT64, [1])]
+    inputs += [helper.make_tensor_sequence_value_info(s, elem, None) for s in seq_inputs]
+    seq_outputs = [PARAMS_SEQUENCE, *sequences.values()]
+    outputs = [helper.make_tensor_value_info(UPDATED_FLAG, TensorProto.BOOL, [1])]
+    outputs += [helper.make_tensor_sequence_value_info(f"{s}{UPDATED_SUFFIX}", elem, None)
+                for s in seq_outputs]
+    # the tensors unpacked from the sequences keep the names of the tensor layout
+    tensor_names = [n for p in names for n in (p, f"{p}{GRADIENT_SUFFIX}", *states[p].values())]
+    reserved = [i.name for i in inputs] + [o.name for o in outputs]
+    _check_clashes(reserved + tensor_names + list(updated_names.values()))
+
+    builder = GraphBuilder(opset=DEFAULT_OPSET, used_names=reserved + tensor_names,
+                           prefix="optim_")
+    # [1] -> scalar: the per-step scalars keep the shape of each parameter
+    lr = builder.squeeze(LEARNING_RATE, [0])
+    step = builder.squeeze(STEP, [0])
+    for i, p in enumerate(names):
+        position = builder.const(np.int64(i), hint="position")
+        builder.op("SequenceAt", [PARAMS_SEQUENCE, position], outputs=[p])
+        builder.op("SequenceAt", [GRADIENTS_SEQUENCE, position], outputs=[f"{p}{GRADIENT_SUFFIX}"])
+        for s, name in states[p].items():
+            builder.op("SequenceAt", [sequences[s], position], outputs=[name])
+    optimizer.build(builder, names, [f"{p}{GRADIENT_SUFFIX}" for p in names], states,
+                    lr, step, elem_types=[elem] * len(names), updated_names=updated_names)
+    # the update is unconditional: the flag is always true, as the kernels' without
+    # their optional update_signal input
+    builder.op("Constant", [], outputs=[UPDATED_FLAG],
+               value=numpy_helper.from_array(np.array([True]), UPDATED_FLAG))
+    builder.op("SequenceConstruct", [updated_names[p] for p in names],
+               outputs=[f"{PARAMS_SEQUENCE}{UPDATED_SUFFIX}"])
+    for s, seq in sequences.items():
+        builder.op("SequenceConstruct", [updated_names[states[p][s]] for p in names],
+                   outputs=[f"{seq}{UPDATED_SUFFIX}"])
+    # the types and shapes of the tensors in the sequences, which unpacking reads back
+    value_info = []
+    for p in names:
+        own = (p, *states[p].values())
+        value_info += [helper.make_tensor_value_info(name, elem, list(params[p][1]))
+                       for name in (*own, f"{p}{GRADIENT_SUFFIX}",
+                                    *(updated_names[n] for n in own))]
+    return _finish(builder, inputs, outputs, optimizer, names, "sequence", value_info)
+
+
+def _constant_ints(graph: onnx.GraphProto) -> dict[str, int]:
+    """``{value name: int}`` for the integer scalars of Constant nodes and initializers."""
+    found = {}
+    tensors = [(t.name, t) for t in graph.initializer]
+    tensors += [(n.output[0], a.t) for n in graph.node if n.op_type == "Constant"
+                for a in n.attribute if a.name == "value"]
+    for name, tensor in tensors:
+        array = numpy_helper.to_array(tensor)
+        if array.size == 1 and np.issubdtype(array.dtype, np.integer):
+            found[name] = int(array.reshape(()))
+    return found
+
+
+def unpack_optimizer_model(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The tensor layout of a sequence-layout optimizer model: the same update, no sequences.
+
+    Each ``SequenceAt(<sequence input>, <constant i>)`` becomes a graph input
+    (the tensor it extracted), each ``SequenceConstruct`` feeding a graph
+    output is replaced by its tensors as outputs, ``updated_flag`` is dropped.
+    What remains is the update itself, which a
+    :class:`~ortlearn.training.TrainingSession` runs on tensors bound in
+    place on the device (``IOBinding`` has no sequence of device tensors:
+    a sequence would be copied through the host at every step). A model
+    already in the tensor layout is returned unchanged.
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        An optimizer model of :func:`build_optimizer_model`.
+
+    Returns
+    -------
+    onnx.ModelProto
+        A new model; ``learning_rate`` and ``step`` keep their shape [1].
+
+    Raises
+    ------
+    ValueError
+        If a sequence input is read other than by ``SequenceAt`` at a
+        constant position, or a sequence output is not built by
+        ``SequenceConstruct``.
+    """
+    graph = model.graph
+    seq_inputs = {i.name: i.type.sequence_type.elem_type.tensor_type.elem_type
+                  for i in graph.input if i.type.HasField("sequence_type")}
+    if not seq_inputs:
+        return model
+    positions = _constant_ints(graph)
+    infos = {v.name: v for v in graph.value_info}
+
+    def tensor(name, elem):
+        return infos.get(name) or helper.make_tensor_value_info(name, elem, None)
+
+    producers = {o: n for n in graph.node for o in n.output}
+    new_inputs = [i for i in graph.input if i.name not in seq_inputs]
+    new_outputs, dropped = [], set()
+    for node in graph.node:
+        used = [x for x in node.input if x in seq_inputs]
+        if not used:
+            continue
+        if node.op_type != "SequenceAt" or node.input[1] not in positions:
+            raise ValueError(
+                f"Cannot unpack the optimizer model: node {node.name!r} ({node.op_type}) "
+                f"reads the sequence {used[0]!r} other than by SequenceAt at a constant "
+                "position.")
+        new_inputs.append(tensor(node.output[0], seq_inputs[node.input[0]]))
+        dropped.add(id(node))
+    for out in graph.output:
+        if not out.type.HasField("sequence_type"):
+            if out.name != UPDATED_FLAG:
+                new_outputs.append(out)
+            continue
+        node = producers.get(out.name)
+        if node is None or node.op_type != "SequenceConstruct":
+            raise ValueError(f"Cannot unpack the optimizer model: its output {out.name!r} is "
+                             "not built by SequenceConstruct.")
+        elem = out.type.sequence_type.elem_type.tensor_type.elem_type
+        new_outputs += [tensor(x, elem) for x in node.input]
+        dropped.add(id(node))
+    kept = [n for n in graph.node if id(n) not in dropped]
+    kept = _prune(kept, [o.name for o in new_outputs])
+    boundary = {v.name for v in new_inputs + new_outputs}
+    new_graph = helper.make_graph(kept, graph.name, new_inputs, new_outputs,
+                                  initializer=list(graph.initializer),
+                                  value_info=[v for v in graph.value_info
+                                              if v.name not in boundary])
+    unpacked = helper.make_model(new_graph, opset_imports=list(model.opset_import),
+                                 producer_name=model.producer_name)
+    unpacked.ir_version = model.ir_version
+    unpacked.metadata_props.extend(model.metadata_props)
+    return unpacked
+
+
+def _prune(nodes, outputs: Sequence[str]) -> list:
+    """The nodes ``outputs`` depend on, in their order."""
+    needed, kept = set(outputs), []
+    for node in reversed(nodes):
+        if any(o in needed for o in node.output):
+            kept.append(node)
+            needed.update(node.input)
+    return kept[::-1]

@@ -58,7 +58,7 @@ from ..graph.format import (
     UPDATED_FROZEN_KEY,
     UPDATED_SUFFIX,
 )
-from ..optim import LinearLR
+from ..optim import LinearLR, unpack_optimizer_model
 from ._buffers import BufferPairs, device_value, host_copy
 from .checkpoint import CheckpointState
 from .device import make_session, make_session_options, parse_device
@@ -388,6 +388,10 @@ class TrainingSession:
         The optimizer state (step, learning rate, moments) is taken from the
         checkpoint when it holds one, otherwise it starts at zero with the
         learning rate of the optimizer's hyper-parameters (``lr``), or 1e-3.
+        A model in onnxruntime-training's layout (tensor sequences, what
+        ``generate_artifacts`` writes) runs unpacked to its tensors
+        (:func:`ortlearn.optim.unpack_optimizer_model`): the same update, on
+        the parameters bound in place.
 
         Parameters
         ----------
@@ -410,7 +414,10 @@ class TrainingSession:
                 "The optimizer model does not update the trainable parameters of the training "
                 f"model: optimizer parameters {layout.params}, trainable parameters {trainable}."
             )
-        inputs = {i.name for i in model.graph.input}
+        # The file passes tensor sequences (onnxruntime-training's layout); the session
+        # runs the same update on the tensors, each bound in place on the device.
+        model = unpack_optimizer_model(model)
+        inputs = {i.name: i for i in model.graph.input}
         wanted = [LEARNING_RATE, STEP] + [
             f"{p}{suffix}" for p in trainable
             for suffix in ["", GRADIENT_SUFFIX] + [f".{s}" for s in layout.states]]
@@ -425,10 +432,18 @@ class TrainingSession:
         self._step = saved[1] if saved else 0
         lr = saved[2] if saved else layout.hyper.get("lr", DEFAULT_LEARNING_RATE)
         self._lr = float(lr)
-        self._lr_value = self._ortvalue(np.array(self._lr, dtype=np.float32))
-        self._step_value = self._ortvalue(np.array(self._step + 1, dtype=np.int64))
+        # shape [1] in onnxruntime-training's layout, [] in ortlearn's older tensor layout
+        self._scalar_shape = {name: tuple(d.dim_value for d in
+                                          inputs[name].type.tensor_type.shape.dim)
+                              for name in (LEARNING_RATE, STEP)}
+        self._lr_value = self._ortvalue(self._scalar(LEARNING_RATE, self._lr, np.float32))
+        self._step_value = self._ortvalue(self._scalar(STEP, self._step + 1, np.int64))
         self._optimizer_layout = layout
         self._optimizer = session or self._open(model)
+
+    def _scalar(self, name: str, value, dtype) -> np.ndarray:
+        """``value`` as the optimizer model's input ``name`` (learning_rate, step) declares it."""
+        return np.full(self._scalar_shape[name], value, dtype=dtype)
 
     def _saved_optimizer_state(self, layout: _OptimizerLayout) -> tuple | None:
         """The checkpoint's ``(states, step, learning_rate)``, checked against the model."""
@@ -718,7 +733,7 @@ class TrainingSession:
         """
         self._require_optimizer("optimizer_step")
         self._require_values("optimizer_step")
-        self._step_value.update_inplace(np.array(self._step + 1, dtype=np.int64))
+        self._step_value.update_inplace(self._scalar(STEP, self._step + 1, np.int64))
         binding = self._binding("optim")
         self._optimizer.run_with_iobinding(binding)
         self._params.swap()
@@ -752,7 +767,8 @@ class TrainingSession:
 
     def _set_lr(self, learning_rate: float) -> None:
         if learning_rate != self._lr:
-            self._lr_value.update_inplace(np.array(learning_rate, dtype=np.float32))
+            self._lr_value.update_inplace(self._scalar(LEARNING_RATE, learning_rate,
+                                                       np.float32))
             self._lr = learning_rate
 
     def get_learning_rate(self) -> float:
@@ -770,11 +786,13 @@ class TrainingSession:
                                      initial_lr: float) -> None:
         """Drive the learning rate with a linear warmup then linear decay to 0.
 
-        Like PyTorch's ``LambdaLR`` with a linear schedule: after registration
-        the learning rate is ``initial_lr * f(0)``; each :meth:`scheduler_step`
-        counts one step ``t`` and sets it to ``initial_lr * f(t)``, where
-        ``f(t) = t / max(1, warmup)`` while ``t < warmup``, then
-        ``max(0, (total - t) / max(1, total - warmup))``.
+        As onnxruntime-training's ``LinearLRScheduler``: the learning rate is
+        ``initial_lr * f(t)`` where ``t`` is the number of optimizer steps
+        made so far (the optimizer's step count, so a session resumed from a
+        checkpoint continues its schedule), set now and at each
+        :meth:`scheduler_step`; ``f(t) = t / max(1, warmup)`` while
+        ``t < warmup``, then ``max(0, (total - t) / max(1, total - warmup))``,
+        computed in float32 as onnxruntime does.
 
         Parameters
         ----------
@@ -793,11 +811,12 @@ class TrainingSession:
         """
         self._require_optimizer("register_linear_lr_scheduler")
         self._lr_scheduler = LinearLR(warmup_step_count, total_step_count, initial_lr)
-        self._scheduler_step_count = 0
-        self._set_lr(self._lr_scheduler.learning_rate(0))
+        self._set_lr(self._scheduled_lr())
 
     def scheduler_step(self) -> None:
-        """Advance the registered learning rate scheduler by one step.
+        """Set the learning rate the registered scheduler gives for the steps made so far.
+
+        Call it after each :meth:`optimizer_step` (calling it twice changes nothing).
 
         Raises
         ------
@@ -807,8 +826,13 @@ class TrainingSession:
         if self._lr_scheduler is None:
             raise ValueError("scheduler_step needs a learning rate scheduler: "
                              "call register_linear_lr_scheduler first.")
-        self._scheduler_step_count += 1
-        self._set_lr(self._lr_scheduler.learning_rate(self._scheduler_step_count))
+        self._set_lr(self._scheduled_lr())
+
+    def _scheduled_lr(self) -> float:
+        # float32 as onnxruntime's scheduler (float64 then rounded gives the same
+        # correctly rounded float32 factor)
+        sched = self._lr_scheduler
+        return float(np.float32(sched.initial_lr) * np.float32(sched.factor(self._step)))
 
     def _require_optimizer(self, method: str) -> None:
         if self._optimizer is None:
