@@ -42,13 +42,16 @@ TORCHSCRIPT_OPSET = 18
 
 
 class LeNet(nn.Module):
-    """LeNet-style CNN for 8x8 digits: Conv-BN-ReLU-MaxPool twice, Dropout, 2 Linear."""
+    """LeNet-style CNN for 8x8 digits: Conv-BN-ReLU-MaxPool twice, Dropout, 2 Linear.
 
-    def __init__(self, n_classes=10, p=0.25):
+    ``bias=False``: Convs without bias (a bias before a train-mode BatchNorm gets an
+    exactly zero gradient: a direction no optimizer should see)."""
+
+    def __init__(self, n_classes=10, p=0.25, bias=True):
         super().__init__()
-        self.conv1 = nn.Conv2d(1, 4, 3, padding=1)
+        self.conv1 = nn.Conv2d(1, 4, 3, padding=1, bias=bias)
         self.bn1 = nn.BatchNorm2d(4)
-        self.conv2 = nn.Conv2d(4, 8, 3, padding=1)
+        self.conv2 = nn.Conv2d(4, 8, 3, padding=1, bias=bias)
         self.bn2 = nn.BatchNorm2d(8)
         self.dropout = nn.Dropout(p)
         self.fc1 = nn.Linear(8 * 2 * 2, 16)
@@ -102,13 +105,17 @@ class BasicBlock(nn.Module):
 
 class TransformerClassifier(nn.Module):
     """Embedding (padding_idx=0), one encoder layer (MHA with key padding mask, LayerNorm,
-    GELU, dropout), mean over the non-padded tokens, Linear head."""
+    GELU, dropout), mean over the non-padded tokens, Linear head.
 
-    def __init__(self, vocab=12, d_model=8, heads=2, n_classes=3, p=0.1):
+    ``activation='relu'``: the feed-forward without Erf (onnxruntime's CPU build has no
+    float64 Erf kernel; with ReLU the layer runs in float64 too)."""
+
+    def __init__(self, vocab=12, d_model=8, heads=2, n_classes=3, p=0.1, activation="gelu"):
         super().__init__()
         self.embedding = nn.Embedding(vocab, d_model, padding_idx=0)
         self.encoder = nn.TransformerEncoderLayer(
-            d_model, heads, dim_feedforward=16, dropout=p, activation="gelu", batch_first=True)
+            d_model, heads, dim_feedforward=16, dropout=p, activation=activation,
+            batch_first=True)
         self.head = nn.Linear(d_model, n_classes)
 
     def forward(self, tokens):
