@@ -250,10 +250,8 @@ def _distinct_outputs(onx: onnx.ModelProto) -> None:
 def _dynamo(wrapper, tensors) -> onnx.ModelProto:
     auto = torch.export.Dim.AUTO
     shapes = (tuple({axis: auto for axis in range(t.dim())} for t in tensors),)
-    # detached: torch.export fails on an example input whose .grad is set (a tensor
-    # that was an input of a backward pass), in its guard on that gradient's size
-    program = torch.onnx.export(wrapper, tuple(t.detach() for t in tensors), dynamo=True,
-                                optimize=False, dynamic_shapes=shapes, verbose=False)
+    program = torch.onnx.export(wrapper, tuple(tensors), dynamo=True, optimize=False,
+                                dynamic_shapes=shapes, verbose=False)
     return program.model_proto
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import sys
 import warnings
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -223,8 +224,8 @@ class ORTModule(torch.nn.Module):
         if self._debug_options.fallback_disabled:
             raise ORTModuleTorchModelException(message) from cause
         self._fallback_reason = reason
-        warnings.warn(message, UserWarning, stacklevel=3)
-        self._log(logging.WARNING, message)
+        warnings.warn(message, UserWarning, stacklevel=_caller_stacklevel())
+        self._log(logging.INFO, message)  # the UserWarning is the console line
         return self._original_module(*inputs, **kwargs)
 
     # ------------------------------------------------------------------ graphs
@@ -306,6 +307,8 @@ class ORTModule(torch.nn.Module):
             "before wrapping it.")
 
     def train(self, mode: bool = True):
+        """Set train (``mode=True``) or eval mode on the wrapped module; each mode has its
+        graphs."""
         self.training = mode
         self._original_module.train(mode)
         return self
@@ -324,45 +327,58 @@ class ORTModule(torch.nn.Module):
 
     def named_parameters(self, prefix: str = "", recurse: bool = True,
                          remove_duplicate: bool = True):
+        """The wrapped module's ``named_parameters`` (same names)."""
         yield from self._original_module.named_parameters(
             prefix=prefix, recurse=recurse, remove_duplicate=remove_duplicate)
 
     def parameters(self, recurse: bool = True):
+        """The wrapped module's parameters: give them to the optimizer."""
         yield from self._original_module.parameters(recurse=recurse)
 
     def named_buffers(self, prefix: str = "", recurse: bool = True,
                       remove_duplicate: bool = True):
+        """The wrapped module's ``named_buffers`` (same names)."""
         yield from self._original_module.named_buffers(
             prefix=prefix, recurse=recurse, remove_duplicate=remove_duplicate)
 
     def buffers(self, recurse: bool = True):
+        """The wrapped module's buffers."""
         yield from self._original_module.buffers(recurse=recurse)
 
     def named_children(self):
+        """The wrapped module's ``named_children``."""
         yield from self._original_module.named_children()
 
     def named_modules(self, *args, **kwargs):
+        """The wrapped module's ``named_modules``."""
         yield from self._original_module.named_modules(*args, **kwargs)
 
     def get_submodule(self, target: str) -> torch.nn.Module:
+        """The wrapped module's submodule ``target``."""
         return self._original_module.get_submodule(target)
 
     def get_parameter(self, target: str) -> torch.nn.Parameter:
+        """The wrapped module's parameter ``target``."""
         return self._original_module.get_parameter(target)
 
     def get_buffer(self, target: str) -> torch.Tensor:
+        """The wrapped module's buffer ``target``."""
         return self._original_module.get_buffer(target)
 
     def register_state_dict_pre_hook(self, hook):
+        """Registered on the wrapped module, whose ``state_dict`` this is."""
         return self._original_module.register_state_dict_pre_hook(hook)
 
     def register_state_dict_post_hook(self, hook):
+        """Registered on the wrapped module, whose ``state_dict`` this is."""
         return self._original_module.register_state_dict_post_hook(hook)
 
     def register_load_state_dict_pre_hook(self, hook):
+        """Registered on the wrapped module, which ``load_state_dict`` loads."""
         return self._original_module.register_load_state_dict_pre_hook(hook)
 
     def register_load_state_dict_post_hook(self, hook):
+        """Registered on the wrapped module, which ``load_state_dict`` loads."""
         return self._original_module.register_load_state_dict_post_hook(hook)
 
     def _apply(self, fn, recurse=True):
@@ -427,6 +443,16 @@ _BATCH_NORMS = (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d, torch.nn.BatchNorm3d
 
 class _Unsupported(Exception):
     """The call cannot run in ONNX Runtime; the message says why (for the warning)."""
+
+
+def _caller_stacklevel() -> int:
+    """The ``stacklevel`` of the first frame outside ortlearn.torch and torch.nn: the
+    user's call of the module, for the warning to point at."""
+    inside = (os.path.dirname(__file__), os.path.dirname(torch.nn.__file__))
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_code.co_filename.startswith(inside):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def _device_name(device: torch.device) -> str:
