@@ -115,7 +115,13 @@ def test_ort_format_artifacts_train_as_the_onnx_ones(tmp_path, rng):
     results = {}
     for ext in ("onnx", "ort"):
         state = CheckpointState.load_checkpoint(tmp_path / "m_checkpoint")
-        session = TrainingSession(state, *[tmp_path / f"m_{n}.{ext}" for n in names])
+        if ext == "ort":
+            with pytest.raises(ValueError, match="ORT-format optimizer model cannot be attached"):
+                TrainingSession(state, *[tmp_path / f"m_{n}.ort" for n in names])
+        # the optimizer runs unpacked to tensors: its .onnx file, with the .ort models
+        session = TrainingSession(state, tmp_path / f"m_training_model.{ext}",
+                                  tmp_path / f"m_eval_model.{ext}",
+                                  tmp_path / "m_optimizer_model.onnx")
         assert session.input_names(True) == ["input", "labels"]
         results[ext] = (_train(session, batches), state.parameters["0.weight"].data)
         if ext == "ort":

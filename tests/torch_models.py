@@ -16,10 +16,7 @@ the same loss on the same weights and batch, keyed by the torch
 
 from __future__ import annotations
 
-import contextlib
 import io
-import logging
-import warnings
 
 import numpy as np
 import onnx
@@ -30,7 +27,7 @@ from onnx import helper, numpy_helper
 from torch import nn
 
 from ortlearn import artifacts
-from ortlearn.torch import batchnorm_training_mode
+from ortlearn.torch import batchnorm_training_mode, quiet_exporters
 from ortlearn.training.device import make_session
 
 EXPORTERS = ("torchscript", "dynamo")
@@ -266,20 +263,6 @@ ZOO = {
 # --------------------------------------------------------------------------- export
 
 
-@contextlib.contextmanager
-def _quiet():
-    """The exporters' chatter (torchvision absent, deprecation notices) off the test log."""
-    logger = logging.getLogger("torch.onnx")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        logger.setLevel(level)
-
-
 def _input_names(n):
     return [f"input{i}" if n > 1 else "input" for i in range(n)]
 
@@ -312,7 +295,7 @@ def export(model, example_inputs, exporter="torchscript", train=True, *, opset=N
     # running statistics (and writes the stepped values); keep the module's own
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     model.train(train)
-    with _quiet():
+    with quiet_exporters():
         if exporter == "torchscript":
             f = io.BytesIO()
             mode = torch.onnx.TrainingMode.TRAINING if train else torch.onnx.TrainingMode.EVAL

@@ -11,7 +11,7 @@ except ImportError as exc:  # pragma: no cover - the message is the point
         "ortlearn.torch needs PyTorch: pip install 'ortlearn[torch]' (torch>=2.6 and "
         "onnxscript for its dynamo exporter).") from exc
 
-from ._export import EXPORTERS, batchnorm_training_mode
+from ._export import EXPORTERS, batchnorm_training_mode, quiet_exporters
 from ._module import ORTModule
 from ._options import DebugOptions, LogLevel, ORTModuleTorchModelException
 
@@ -22,4 +22,5 @@ __all__ = [
     "ORTModule",
     "ORTModuleTorchModelException",
     "batchnorm_training_mode",
+    "quiet_exporters",
 ]

@@ -33,7 +33,7 @@ from ..autodiff import mark_padding_idx
 from ..graph import initializers_to_inputs, rename_value, shape_matches, shape_of
 
 __all__ = ["EXPORTERS", "Exported", "TreeSpec", "batchnorm_training_mode", "export_call",
-           "flatten", "flatten_call", "unflatten"]
+           "flatten", "flatten_call", "quiet_exporters", "unflatten"]
 
 EXPORTERS = ("dynamo", "torchscript")
 #: Opset of the TorchScript exports (the dynamo exporter writes opset 18 or more).
@@ -181,8 +181,8 @@ class Exported:
 
 
 @contextlib.contextmanager
-def _quiet():
-    """The exporters' progress lines and deprecation notices off the user's console."""
+def quiet_exporters():
+    """Within it, torch's ONNX exporters print no progress line and warn no notice."""
     logger = logging.getLogger("torch.onnx")
     level = logger.level
     logger.setLevel(logging.ERROR)
@@ -214,7 +214,7 @@ def export_call(module: torch.nn.Module, tensors: Sequence[torch.Tensor], call_s
     was_training = module.training
     module.train(train)
     try:
-        with _quiet():
+        with quiet_exporters():
             onx = (_dynamo(wrapper, tensors) if exporter == "dynamo"
                    else _torchscript(wrapper, tensors, names, outputs, train))
     finally:

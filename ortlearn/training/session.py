@@ -407,6 +407,12 @@ class TrainingSession:
         if self._optimizer is not None:
             raise ValueError("This training session already has an optimizer model.")
         model, session = self._load(optimizer_model, "optimizer")
+        if session is not None:
+            raise ValueError(
+                "An ORT-format optimizer model cannot be attached: its update passes tensor "
+                "sequences, which the session runs unpacked to tensors bound in place, and an "
+                "ORT-format file has no ONNX graph to unpack. Pass optimizer_model.onnx (the "
+                "same update; the training and eval models may stay in the ORT format).")
         layout = _read_optimizer_layout(model)
         trainable = self._train_layout.trainable
         if sorted(layout.params) != sorted(trainable):
