@@ -497,6 +497,11 @@ LOSS_TYPES = {"cross_entropy": artifacts.LossType.CrossEntropyLoss,
               "mse": artifacts.LossType.MSELoss}
 
 
+#: The input holding the target in the training model of each loss (onnxruntime-training's
+#: names: ``CrossEntropyLoss`` reads ``labels``, the others ``target``).
+_LABEL_INPUTS = {"cross_entropy": "labels", "mse": "target"}
+
+
 def _api_gradients(onx, feeds, target, loss, requires_grad, evaluator=None):
     """generate_artifacts, then one training step of the session ``api.Module`` wraps
     (``api.Module`` has no gradient getter; ``TrainingSession.get_gradient`` reads the
@@ -513,7 +518,8 @@ def _api_gradients(onx, feeds, target, loss, requires_grad, evaluator=None):
         state = CheckpointState.load_checkpoint(f"{tmp}/checkpoint")
         if evaluator is not None:
             return _run_training_model(evaluator, onnx.load(f"{tmp}/training_model.onnx"),
-                                       state, {**feeds, "target": target}, requires_grad)
+                                       state, {**feeds, _LABEL_INPUTS[loss]: target},
+                                       requires_grad)
         session = TrainingSession(state, f"{tmp}/training_model.onnx",
                                   f"{tmp}/eval_model.onnx")
         outputs = session.train_step(*feeds.values(), target)

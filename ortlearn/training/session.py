@@ -525,7 +525,9 @@ class TrainingSession:
         return binding
 
     def _bind_train(self) -> ort.IOBinding:
-        return self._bind_io(self._train_sess, self._train_io(), self._train_layout.user_outputs)
+        # The inputs' gradients right after the user outputs (get_outputs() order).
+        return self._bind_io(self._train_sess, self._train_io(),
+                             self._train_layout.user_outputs + self._input_grad_outputs())
 
     def _bind_eval(self) -> ort.IOBinding:
         return self._bind_io(self._eval_sess, self._eval_io(), [])
