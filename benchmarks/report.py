@@ -68,6 +68,10 @@ def markdown_table(result: dict) -> str:
                 lines.append(f"| {key} | {name} | failed | | | | | | | |")
                 notes.append(f"{key} {name}: {c['error']}")
                 continue
+            if "unavailable" in c:
+                lines.append(f"| {key} | {name} | unavailable | | | | | | | |")
+                notes.append(f"{key} {name} unavailable: {c['unavailable']}")
+                continue
             med = c["median"]
             quality = f"{wl['quality']}={format_number(med.get(wl['quality']), 4)}" \
                 if med.get(wl["quality"]) is not None else "-"
@@ -105,6 +109,11 @@ def _jsonable(value):
     raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
+def _timed(contender: dict) -> bool:
+    """Whether a contender ran to the end (not failed, not unavailable)."""
+    return "error" not in contender and contender.get("median", {}).get("time") is not None
+
+
 def write_chart(result: dict, path) -> bool:
     """Bar chart of the median times, one panel per workload (False without matplotlib)."""
     try:
@@ -115,7 +124,7 @@ def write_chart(result: dict, path) -> bool:
     import matplotlib.pyplot as plt
 
     workloads = {k: w for k, w in result["workloads"].items()
-                 if any("error" not in c for c in w["contenders"].values())}
+                 if any(_timed(c) for c in w["contenders"].values())}
     if not workloads:
         return False
     fig, axes = plt.subplots(len(workloads), 1, squeeze=False,
@@ -124,7 +133,7 @@ def write_chart(result: dict, path) -> bool:
     colors = {"ortlearn": "tab:blue", "sklearn": "tab:orange", "torch": "tab:red",
               "onnxruntime": "tab:gray"}
     for ax, (key, wl) in zip(axes[:, 0], workloads.items()):
-        rows = [(n, c) for n, c in wl["contenders"].items() if "error" not in c]
+        rows = [(n, c) for n, c in wl["contenders"].items() if _timed(c)]
         names = [n if c["unit"] == wl["unit"] else f"{n} ({c['unit']})" for n, c in rows]
         times = [c["median"]["time"] for _, c in rows]
         bars = ax.barh(names, times,

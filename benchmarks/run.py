@@ -4,7 +4,7 @@ Usage::
 
     python -m benchmarks [--workloads W1,W3] [--reps 3] [--threads 2] [--device cpu]
                          [--scale 1.0] [--epochs N] [--batch N] [--out DIR] [--pause 0.5]
-                         [--memory]
+                         [--memory] [--exporter auto] [--compile-backend inductor]
     python benchmarks/run.py ...        # same
 
 Workloads (see :mod:`benchmarks.workloads` for what exactly is timed):
@@ -16,7 +16,12 @@ Workloads (see :mod:`benchmarks.workloads` for what exactly is timed):
 * W5 tiny linear model (10 features, batch 32): microseconds per training step;
 * W6 LeNet-style CNN on digits 8x8, W7 transformer encoder layer: torch modules
   trained through ``ortlearn.artifacts``/``ortlearn.api`` against torch eager,
-  milliseconds per AdamW step (:mod:`benchmarks.networks`).
+  milliseconds per AdamW step (:mod:`benchmarks.networks`);
+* W8 (W2's MLP, Adam, batch 256) and W9 (W6's CNN, AdamW, batch 64): a torch
+  training step with the module wrapped in ``ortlearn.torch.ORTModule``, against
+  torch eager and ``torch.compile``, milliseconds per step
+  (:mod:`benchmarks.ortmodule`; ``--exporter`` is ORTModule's exporter,
+  ``--compile-backend`` torch.compile's backend).
 
 Method: the contenders of a workload run interleaved, their order rotated every
 repetition, each after a pause (so the worker threads of the previous library go
@@ -24,7 +29,10 @@ idle), after one unrecorded short warm-up run of each; the medians over ``--reps
 repetitions are reported, with the ratio of medians to the scikit-learn and the
 PyTorch contender (``time / reference time``: below 1 is faster) and the median of
 the ratios within each repetition ("paired", steadier when the speed of a shared
-machine drifts during the run). numpy/scipy
+machine drifts during the run); W8 and W9 also print the ratio of ORTModule to
+torch.compile under the table. A contender that cannot run on the machine
+(torch.compile without a C++ compiler) is reported unavailable, with the
+reason, and does not fail the run. numpy/scipy
 (OpenBLAS, through threadpoolctl), torch and onnxruntime all get ``--threads``
 threads. Results: ``results.json``, ``results.md`` and, with matplotlib,
 ``results.png`` in ``--out``. PyTorch is optional: without it its contenders are
@@ -51,7 +59,7 @@ if __package__ in (None, ""):  # run as a script: make the package importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import _env, memory, networks, report
-from benchmarks.workloads import BUILDERS, Options
+from benchmarks.workloads import BUILDERS, Options, Unavailable
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -76,6 +84,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="seconds of pause before each timed run")
     parser.add_argument("--memory", action="store_true",
                         help="also measure the peak memory of a W2 fit (benchmarks.memory)")
+    parser.add_argument("--exporter", default="auto", choices=("auto", "dynamo", "torchscript"),
+                        help="ORTModule's exporter in W8, W9 (default: %(default)s)")
+    parser.add_argument("--compile-backend", default="inductor",
+                        help="torch.compile's backend in W8, W9 (default: %(default)s; "
+                             "aot_eager compiles no C++)")
     args = parser.parse_args(argv)
     keys = [k.strip().upper() for k in args.workloads.split(",") if k.strip()]
     unknown = [k for k in keys if k not in BUILDERS]
@@ -120,6 +133,9 @@ def measure(workload, reps: int, pause: float) -> dict:
         try:
             _call(c, seed=1000, warmup=True)
             alive.append(c)
+        except Unavailable as exc:
+            entries[c.name]["unavailable"] = str(exc)
+            print(f"  {workload.key} {c.name} unavailable: {exc}", flush=True)
         except Exception as exc:  # noqa: BLE001  a benchmark reports failures and goes on
             entries[c.name]["error"] = f"{type(exc).__name__}: {exc}"
             print(f"  {workload.key} {c.name} failed in warm-up: {entries[c.name]['error']}",
@@ -165,6 +181,21 @@ def measure(workload, reps: int, pause: float) -> dict:
             f"{workload.device_pair[0]} / {workload.device_pair[1]} (time per epoch on the "
             f"device over the CPU's): {report.format_number(result['device_to_cpu']['ratio'])}"
             f" (paired {report.format_number(result['device_to_cpu']['paired'])})")
+    if workload.pairs:
+        result["pairs"] = {}
+        for name, ref in workload.pairs:
+            a, b = entries.get(name, {}), entries.get(ref, {})
+            pair = {"ratio": report.ratio(a.get("median", {}).get("time"),
+                                          b.get("median", {}).get("time")),
+                    "paired": report.paired_ratio(a.get("raw", []), b.get("raw", []))
+                    if "error" not in a and "error" not in b else None}
+            result["pairs"][f"{name} / {ref}"] = pair
+            missing = [n for n, e in ((name, a), (ref, b))
+                       if not e or "unavailable" in e or "error" in e]
+            why = f" ({' and '.join(missing)} did not run to the end)" if missing else ""
+            result["notes"].append(
+                f"{name} / {ref}: {report.format_number(pair['ratio'])} "
+                f"(paired {report.format_number(pair['paired'])}){why}")
     return result
 
 
@@ -197,7 +228,8 @@ def run(args: argparse.Namespace) -> dict:
         threads = _env.thread_report(torch)
         print(f"threads: {args.threads} requested; in force: {threads}", flush=True)
         opts = Options(scale=args.scale, epochs=args.epochs, batch=args.batch,
-                       device=args.device, torch=torch,
+                       device=args.device, torch=torch, exporter=args.exporter,
+                       compile_backend=args.compile_backend,
                        torch_device=_env.torch_device(torch, args.device) if torch else "cpu")
         workloads = {}
         for key in args.workloads:

@@ -1,4 +1,5 @@
-"""The workloads and their contenders (W6 and W7, torch networks: :mod:`benchmarks.networks`).
+"""The workloads and their contenders (W6 and W7, torch networks: :mod:`benchmarks.networks`;
+W8 and W9, torch modules through ``ORTModule``: :mod:`benchmarks.ortmodule`).
 
 A :class:`Workload` holds the data and a list of :class:`Contender`; calling a
 contender trains once and returns its measurement (a dict): ``time`` in the
@@ -75,6 +76,13 @@ class Workload:
     notes: list = field(default_factory=list)
     #: ``(ortlearn on --device, the same on the CPU)`` when --device is a GPU
     device_pair: tuple[str, str] | None = None
+    #: ``(contender, reference)`` pairs whose ratio is printed under the table
+    pairs: list = field(default_factory=list)
+
+
+class Unavailable(Exception):
+    """Raised by a contender that cannot run on this machine (a missing compiler): it is
+    reported with the reason, not as a failure of the run."""
 
 
 @dataclass
@@ -87,6 +95,8 @@ class Options:
     device: str = "cpu"
     torch: object = None          # the torch module, or None
     torch_device: str = "cpu"
+    exporter: str = "auto"        # ORTModule's exporter (W8, W9)
+    compile_backend: str = "inductor"  # torch.compile's backend (W8, W9)
 
 
 # ---------------------------------------------------------------- helpers
@@ -562,5 +572,14 @@ def _network(key: str):
     return build
 
 
+def _ortmodule(key: str):
+    def build(opts: Options) -> Workload:
+        from benchmarks.ortmodule import build_ortmodule_workload
+
+        return build_ortmodule_workload(key, opts)
+    return build
+
+
 BUILDERS = {"W1": build_w1, "W2": build_w2, "W3": build_w3, "W4": build_w4, "W5": build_w5,
-            "W6": _network("W6"), "W7": _network("W7")}
+            "W6": _network("W6"), "W7": _network("W7"), "W8": _ortmodule("W8"),
+            "W9": _ortmodule("W9")}

@@ -18,7 +18,11 @@ from benchmarks.run import main, parse_args
 
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 HAS_MPL = importlib.util.find_spec("matplotlib") is not None
-TIMED = {"W1": "s/epoch", "W3": "s/epoch", "W5": "us/step", "W6": "ms/step", "W7": "ms/step"}
+TIMED = {"W1": "s/epoch", "W3": "s/epoch", "W5": "us/step", "W6": "ms/step", "W7": "ms/step",
+         "W8": "ms/step", "W9": "ms/step"}
+#: W8 and W9 in the smoke run: the TorchScript exporter (<1 s against 3-10 s for the dynamo
+#: one) and torch.compile's aot_eager backend (no C++ compilation, ~30 s a module for inductor)
+ORTMODULE_SMOKE = ["--exporter", "torchscript", "--compile-backend", "aot_eager"]
 
 
 def _finite(value):
@@ -29,7 +33,8 @@ def _finite(value):
 def smoke(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
     status = main(["--scale", "0.01", "--reps", "1", "--epochs", "2", "--pause", "0",
-                   "--workloads", "W1,W3,W5,W6,W7", "--out", str(out), "--memory"])
+                   "--workloads", "W1,W3,W5,W6,W7,W8,W9", "--out", str(out), "--memory",
+                   *ORTMODULE_SMOKE])
     with open(out / "results.json") as f:
         return status, json.load(f), out
 
@@ -60,11 +65,12 @@ def test_meta(smoke):
 
 def test_workloads_numbers(smoke):
     _, result, _ = smoke
-    assert list(result["workloads"]) == ["W1", "W3", "W5", "W6", "W7"]
+    assert list(result["workloads"]) == ["W1", "W3", "W5", "W6", "W7", "W8", "W9"]
     for key, wl in result["workloads"].items():
         assert wl["unit"] == TIMED[key]
         names = set(wl["contenders"])
-        assert {n for n in names if n.startswith("ortlearn_")}, key
+        assert {n for n in names if n.startswith(("ortlearn_", "ortmodule_"))} or (
+            key in ("W8", "W9") and not HAS_TORCH), key
         assert any(n.startswith("torch_") for n in names) == HAS_TORCH
         for name, c in wl["contenders"].items():
             assert len(c["raw"]) == 1
@@ -79,6 +85,89 @@ def test_workloads_numbers(smoke):
         if wl["sklearn_ref"]:
             assert wl["contenders"][wl["sklearn_ref"]]["ratio_to_sklearn"] == pytest.approx(1.0)
             assert wl["contenders"][wl["sklearn_ref"]]["paired_to_sklearn"] == pytest.approx(1.0)
+
+
+@pytest.mark.skipif(not HAS_TORCH, reason="W8 and W9 train torch modules")
+def test_ortmodule_workloads(smoke):
+    """W8 and W9 time ORTModule, torch eager and torch.compile on the same batches from the
+    same weights, and report ORTModule over torch.compile."""
+    _, result, out = smoke
+    table = (out / "results.md").read_text()
+    for key, optimizer in (("W8", "adam"), ("W9", "adamw")):
+        wl = result["workloads"][key]
+        ours, eager, compiled = (f"{p}_{optimizer}" for p in
+                                 ("ortmodule", "torch", "torch_compile"))
+        assert set(wl["contenders"]) == {ours, eager, compiled}
+        assert wl["torch_ref"] == eager and wl["sklearn_ref"] is None
+        assert wl["params"]["exporter"] == "torchscript"
+        assert wl["params"]["compile_backend"] == "aot_eager"
+        raw = wl["contenders"][ours]["raw"][0]
+        # exported once, in the warm-up repetition, whose first step it timed
+        assert raw["export_count"] == 1 and raw["setup_s"] > 0
+        assert raw["steps"] == wl["params"]["steps"] >= 20
+        assert wl["contenders"][compiled]["raw"][0]["setup_s"] > 0
+        # same weights, batches and optimizer: the three train alike (W9's dropout masks
+        # differ: onnxruntime draws its own)
+        losses = [wl["contenders"][n]["median"]["final_loss"] for n in (ours, eager, compiled)]
+        assert losses[0] == pytest.approx(losses[1], rel=0.1 if key == "W9" else 1e-3)
+        assert losses[2] == pytest.approx(losses[1], rel=0.1 if key == "W9" else 1e-3)
+        pair = wl["pairs"][f"{ours} / {compiled}"]
+        assert pair["ratio"] == pytest.approx(wl["contenders"][ours]["median"]["time"]
+                                              / wl["contenders"][compiled]["median"]["time"])
+        assert pair["paired"] == pytest.approx(pair["ratio"])  # one repetition
+        assert f"{key}: {ours} / {compiled}: " in table
+
+
+@pytest.mark.skipif(not HAS_TORCH, reason="W8 trains a torch module")
+def test_a_contender_that_cannot_compile_is_unavailable_not_failed():
+    """torch.compile that cannot compile (here: an unknown backend; on a machine without a
+    C++ compiler: inductor) is reported unavailable with the reason, and the run goes on."""
+    import torch
+
+    from benchmarks.report import markdown_table
+    from benchmarks.run import measure
+    from benchmarks.workloads import BUILDERS, Options
+
+    workload = BUILDERS["W8"](Options(scale=0.01, torch=torch, compile_backend="no_such_backend"))
+    workload.contenders = [c for c in workload.contenders
+                           if c.name in ("torch_adam", "torch_compile_adam")]
+    result = measure(workload, reps=1, pause=0)
+    entry = result["contenders"]["torch_compile_adam"]
+    assert "error" not in entry and entry["raw"] == [] and entry["median"] == {}
+    assert "no_such_backend" in entry["unavailable"]
+    assert entry["ratio_to_torch"] is None
+    assert result["pairs"] == {"ortmodule_adam / torch_compile_adam": {"ratio": None,
+                                                                       "paired": None}}
+    assert result["notes"][-1] == ("ortmodule_adam / torch_compile_adam: - (paired -) "
+                                   "(ortmodule_adam and torch_compile_adam did not run to the end)")
+    assert result["contenders"]["torch_adam"]["median"]["time"] > 0
+    table = markdown_table({"workloads": {"W8": result}})
+    assert "| W8 | torch_compile_adam | unavailable |" in table
+    assert "W8 torch_compile_adam unavailable: torch.compile(backend='no_such_backend')" in table
+
+
+@pytest.mark.skipif(not HAS_TORCH, reason="W8 trains a torch module")
+def test_profile_of_an_ortmodule_step():
+    """``python -m benchmarks.ortmodule`` cuts ORTModule's and torch's steps at the same calls,
+    and the onnxruntime sessions run inside ORTModule's step (no fallback to torch)."""
+    import os
+
+    import torch
+
+    from benchmarks.ortmodule import PIECES, format_profile, profile_step
+    from ortlearn.training.device import NUM_THREADS_ENV
+
+    threads, env = torch.get_num_threads(), os.environ.get(NUM_THREADS_ENV)
+    result = profile_step("W8", steps=8, blocks=2, threads=1, exporter="torchscript", top=10)
+    assert (torch.get_num_threads(), os.environ.get(NUM_THREADS_ENV)) == (threads, env)
+    for name in ("torch_eager", "ortmodule"):
+        assert len(result["blocks_us"][name]) == 2 and result["step_us"][name] > 0
+        assert list(result["pieces_us"][name]) == list(PIECES)
+        assert all(v > 0 for v in result["pieces_us"][name].values())
+    assert "onnxruntime_pybind11_state" in result["cprofile"]
+    text = format_profile(result)
+    assert text.startswith("W8 (W2's MLP through ORTModule), 1 thread(s), thread clock")
+    assert "/ torch eager" in text and "optimizer step" in text
 
 
 def test_network_step_memory(smoke):
@@ -139,8 +228,11 @@ def test_options_are_checked():
     args = parse_args(["--workloads", "w1,W4", "--threads", "3", "--batch", "1024"])
     assert args.workloads == ["W1", "W4"] and args.threads == 3 and args.reps == 3
     assert args.batch == 1024 and parse_args([]).batch is None
-    for bad in (["--workloads", "W9"], ["--scale", "0"], ["--reps", "0"],
-                ["--device", "tpu"], ["--batch", "0"]):
+    args = parse_args(["--workloads", "w8,W9", "--exporter", "dynamo"])
+    assert args.workloads == ["W8", "W9"] and args.exporter == "dynamo"
+    assert args.compile_backend == "inductor" and parse_args([]).exporter == "auto"
+    for bad in (["--workloads", "W10"], ["--scale", "0"], ["--reps", "0"],
+                ["--device", "tpu"], ["--batch", "0"], ["--exporter", "jit"]):
         with pytest.raises(SystemExit):
             parse_args(bad)
 
