@@ -31,6 +31,7 @@ from .model import (
     attr,
     constant_values,
     elem_type_of,
+    finalize_model,
     needed_nodes,
     onnx_to_np_dtype,
     opset_of,
@@ -50,6 +51,7 @@ __all__ = [
     "batch_norm_in_training_mode",
     "masks_as_products",
     "negations_folded",
+    "rewrite_model",
     "run_passes",
     "running_statistics",
     "training_batch_norms",
@@ -440,6 +442,21 @@ def run_passes(model: onnx.ModelProto, nodes: Sequence[onnx.NodeProto], outputs,
     for rewrite in passes:
         nodes = rewrite.rewrite(nodes, GraphView(model, nodes, outputs))
     return nodes
+
+
+def rewrite_model(model: onnx.ModelProto, passes: Sequence[Pass] = CHEAPER_NODES
+                  ) -> onnx.ModelProto:
+    """``model``'s nodes rewritten by :func:`run_passes` (its outputs kept), in place.
+
+    The outputs keep their values up to rounding (a column sum becomes a
+    product with ones, ...). Returns ``model``, finalized.
+    """
+    graph = model.graph
+    nodes = run_passes(model, list(graph.node), [o.name for o in graph.output], passes)
+    del graph.node[:]
+    graph.node.extend(nodes)
+    del graph.value_info[:]
+    return finalize_model(model)
 
 
 def batch_norm_in_training_mode(node: onnx.NodeProto, opset: int) -> bool:

@@ -16,7 +16,7 @@ import onnxruntime as ort
 import torch
 
 from ..autodiff import build_forward_backward
-from ..graph.passes import add_running_statistics_updates
+from ..graph.passes import add_running_statistics_updates, rewrite_model
 from ..training.device import make_session, make_session_options
 from ._export import Exported, TreeSpec
 
@@ -91,10 +91,11 @@ def build_graphs(exported: Exported, output_spec: TreeSpec, wrt: Sequence[str], 
         return Graphs(exported, output_spec, make_session(model, device, options), None,
                       inputs, outputs, updated)
     fb = build_forward_backward(model, list(wrt), differentiable_outputs=outputs)
-    _save(save_prefix, f"forward_{mode}", fb.forward)
-    _save(save_prefix, f"backward_{mode}", fb.backward)
-    return Graphs(exported, output_spec, make_session(fb.forward, device, options),
-                  make_session(fb.backward, device, options), inputs, outputs, updated,
+    forward, backward = rewrite_model(fb.forward), rewrite_model(fb.backward)
+    _save(save_prefix, f"forward_{mode}", forward)
+    _save(save_prefix, f"backward_{mode}", backward)
+    return Graphs(exported, output_spec, make_session(forward, device, options),
+                  make_session(backward, device, options), inputs, outputs, updated,
                   fb.saved, fb.cotangents, fb.reused_inputs, fb.gradients)
 
 
