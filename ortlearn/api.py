@@ -323,16 +323,25 @@ class Optimizer:
 
 
 class LinearLRScheduler:
-    """Linear warmup from 0 to ``initial_lr``, then linear decay to 0.
+    """onnxruntime-training's linear schedule, with the numbers it gives.
+
+    onnxruntime-training 1.19 documents a linear warmup over
+    ``warmup_step_count`` steps then a linear decay to 0 at
+    ``total_step_count``, but passes the two counts to its C++ scheduler in
+    swapped order (measured with onnxruntime-training 1.19.2): the rate
+    rises as ``initial_lr * t / total_step_count`` while ``t <
+    total_step_count`` optimizer steps have been made, then is
+    ``initial_lr * max(0, warmup_step_count - t)`` (0 for ``t >=
+    warmup_step_count + 1``). A migrated script gets those rates here too;
+    :meth:`ortlearn.TrainingSession.register_linear_lr_scheduler` gives the
+    documented schedule.
 
     Parameters
     ----------
     optimizer : Optimizer
         The optimizer whose learning rate it drives.
     warmup_step_count : int
-        Steps of the warmup.
     total_step_count : int
-        Step at which the learning rate reaches 0.
     initial_lr : float
         Peak learning rate.
 
@@ -342,14 +351,15 @@ class LinearLRScheduler:
     >>> optimizer.get_learning_rate()  # doctest: +SKIP
     0.0
     >>> scheduler.step(); optimizer.get_learning_rate()  # doctest: +SKIP
-    0.5
+    0.16666667
     """
 
     @_ort_errors
     def __init__(self, optimizer: Optimizer, warmup_step_count: int, total_step_count: int,
                  initial_lr: float):
         self._session = optimizer._session
-        self._session.register_linear_lr_scheduler(warmup_step_count, total_step_count,
+        # onnxruntime-training's order (the counts swapped): the same rates as there.
+        self._session.register_linear_lr_scheduler(total_step_count, warmup_step_count,
                                                    initial_lr)
 
     def step(self) -> None:

@@ -469,7 +469,11 @@ def test_linear_lr_closed_form(warmup, total):
 
 def test_schedule_errors():
     with pytest.raises(ValueError, match="total_step_count"):
-        LinearLR(10, 5, 0.1)
+        LinearLR(10, -5, 0.1)
+    # total before the end of the warmup (onnxruntime-training's API swaps the counts):
+    # the rate falls to 0 once the warmup ends, as onnxruntime's formula gives
+    assert [LinearLR(4, 2, 1.0).learning_rate(s) for s in range(6)] == [
+        0.0, 0.25, 0.5, 0.75, 0.0, 0.0]
     with pytest.raises(ValueError, match="eta0"):
         InvScaling(-1.0)
     with pytest.raises(ValueError, match="step must be >= 1"):

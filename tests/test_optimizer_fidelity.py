@@ -407,9 +407,34 @@ def test_api_training_matches_kernel_with_lr_changes_and_resume(rng, tmp_path, o
     state, module, optimizer = _api(tmp_path, "resumed")
     scheduler = api.LinearLRScheduler(optimizer, warmup_step_count=70, total_step_count=120,
                                       initial_lr=0.05)
-    # the schedule reads the optimizer's step count: 60 steps made, in the warmup
-    assert optimizer.get_learning_rate() == linear_lr(60, 70, 120, 0.05)
+    # the schedule reads the optimizer's step count: 60 steps made, in the warmup, which
+    # lasts total_step_count steps: onnxruntime-training passes the counts swapped
+    assert optimizer.get_learning_rate() == linear_lr(60, 120, 70, 0.05)
     _train_both(rng, state, module, optimizer, reference, 40, lambda step: None,
                 scheduler=scheduler)
     assert reference.step == 100
-    assert optimizer.get_learning_rate() == linear_lr(100, 70, 120, 0.05)
+    assert optimizer.get_learning_rate() == linear_lr(100, 120, 70, 0.05)
+
+
+def test_same_numbers_as_a_recording_of_onnxruntime_training(tmp_path):
+    """The script of ``tests/data/record_training_api.py`` (a small MLP, MSELoss, AdamW then
+    SGD, ``set_learning_rate`` and ``LinearLRScheduler``, six steps each) gives through ortlearn
+    the losses, learning rates and parameters onnxruntime-training 1.19.2 gave (recorded in
+    ``tests/data/onnxruntime_training_1_19_2.npz``): SGD to the last bit, AdamW to float32
+    rounding."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    data = Path(__file__).parent / "data"
+    out = tmp_path / "ortlearn.npz"
+    subprocess.run([sys.executable, str(data / "record_training_api.py"), "ortlearn", str(out)],
+                   check=True, capture_output=True)
+    reference, ours = np.load(data / "onnxruntime_training_1_19_2.npz"), np.load(out)
+    assert sorted(reference.files) == sorted(ours.files)
+    for key in reference.files:
+        if key.startswith("SGD") or "_lr" in key:
+            np.testing.assert_array_equal(ours[key], reference[key], err_msg=key)
+        else:
+            np.testing.assert_allclose(ours[key], reference[key], rtol=2e-5, atol=1e-6,
+                                       err_msg=key)

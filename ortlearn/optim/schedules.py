@@ -212,7 +212,9 @@ class LinearLR(_Schedule):
                          / max(1, total_step_count - warmup_step_count))  otherwise
 
     so it rises from 0 to ``initial_lr`` over the warmup, then falls to 0 at
-    ``total_step_count``. onnxruntime-training's ``SchedulerStep()``, called
+    ``total_step_count`` (with ``total_step_count < warmup_step_count``, the rate
+    drops to 0 after the warmup, as onnxruntime's formula gives). onnxruntime-training's
+    ``SchedulerStep()``, called
     after each ``OptimizerStep()``, sets the rate to ``learning_rate(step)``
     where ``step`` counts the optimizer steps made so far. (onnxruntime
     computes in float32, this class in float64; the rate is fed to the graph
@@ -223,7 +225,7 @@ class LinearLR(_Schedule):
     warmup_step_count : int
         Number of warmup steps, >= 0.
     total_step_count : int
-        Step at which the rate reaches 0, >= ``warmup_step_count``.
+        Step at which the rate reaches 0, >= 0.
     initial_lr : float
         Peak learning rate, > 0.
 
@@ -237,10 +239,8 @@ class LinearLR(_Schedule):
     def __init__(self, warmup_step_count: int, total_step_count: int, initial_lr: float):
         if warmup_step_count < 0:
             raise ValueError(f"warmup_step_count must be >= 0, got {warmup_step_count!r}.")
-        if total_step_count < warmup_step_count:
-            raise ValueError(
-                f"total_step_count ({total_step_count!r}) must be >= "
-                f"warmup_step_count ({warmup_step_count!r}).")
+        if total_step_count < 0:
+            raise ValueError(f"total_step_count must be >= 0, got {total_step_count!r}.")
         _check_positive("initial_lr", initial_lr)
         self.warmup_step_count = int(warmup_step_count)
         self.total_step_count = int(total_step_count)

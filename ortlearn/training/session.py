@@ -814,8 +814,8 @@ class TrainingSession:
         Raises
         ------
         ValueError
-            If the session has no optimizer model, a step count is negative,
-            ``warmup_step_count > total_step_count`` or ``initial_lr <= 0``.
+            If the session has no optimizer model, a step count is negative or
+            ``initial_lr <= 0``.
         """
         self._require_optimizer("register_linear_lr_scheduler")
         self._lr_scheduler = LinearLR(warmup_step_count, total_step_count, initial_lr)
