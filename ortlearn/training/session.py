@@ -164,6 +164,97 @@ def _input_types(model: onnx.ModelProto) -> dict:
     return {i.name: (_input_dtype(i), shape_of(i)) for i in model.graph.input}
 
 
+# Operators whose inputs broadcast against each other: a symbolic dimension they
+# align with another must have the same size at run time (or be 1).
+_BROADCAST_OPS = frozenset((
+    "Add", "And", "BitShift", "Div", "Equal", "Greater", "GreaterOrEqual", "Less",
+    "LessOrEqual", "Max", "Mean", "Min", "Mod", "Mul", "Or", "Pow", "PRelu", "Sub", "Sum",
+    "Where", "Xor",
+))
+# Losses whose labels have the scores' dimensions, less the class axis.
+_LABEL_LOSSES = frozenset(("SoftmaxCrossEntropyLoss", "NegativeLogLikelihoodLoss"))
+# Initializers up to this size keep their values for shape inference (Reshape targets).
+_SMALL_INITIALIZER = 64
+
+
+def _linked_dims(model: onnx.ModelProto, user_inputs: list) -> list:
+    """Dimensions of the user inputs the graph combines: ``[[(input, axis), ...], ...]``.
+
+    Declared shapes tie inputs only when they share a symbol; a loss's target
+    declared ``[M, 1]`` (or ``[None, 1]``) against an input ``[N, 4]`` is tied to
+    it by the graph alone, where a ``Sub`` broadcasts the prediction against it.
+    Shape inference on a copy of the graph (without the weights' values) gives
+    the shapes of the values, and the dimensions that the inputs of a
+    broadcasting operator (or of a loss, scores against labels) align are
+    joined. A model without nodes (an ORT-format skeleton) or one shape
+    inference fails on ties nothing.
+    """
+    if not model.graph.node or not user_inputs:
+        return []
+    graph = onnx.GraphProto(name=model.graph.name)
+    graph.node.extend(model.graph.node)
+    graph.output.extend(model.graph.output)
+    declared = {i.name for i in model.graph.input}
+    fresh = 0
+    for value in model.graph.input:
+        value = graph.input.add(name=value.name, type=value.type)
+        if value.name in user_inputs and value.type.HasField("tensor_type"):
+            for dim in value.type.tensor_type.shape.dim:
+                if not dim.HasField("dim_value") and not dim.dim_param:
+                    # an unnamed dimension gets a name, so that the graph can tie it
+                    dim.dim_param = f"ortlearn.input_dim.{fresh}"
+                    fresh += 1
+    for init in model.graph.initializer:
+        if int(np.prod(init.dims)) <= _SMALL_INITIALIZER:
+            graph.initializer.append(init)
+        elif init.name not in declared:
+            graph.input.append(onnx.helper.make_tensor_value_info(
+                init.name, init.data_type, list(init.dims)))
+    copy = onnx.ModelProto(ir_version=model.ir_version, graph=graph)
+    copy.opset_import.extend(model.opset_import)
+    copy.functions.extend(model.functions)
+    try:
+        inferred = onnx.shape_inference.infer_shapes(copy)
+    except Exception:  # noqa: BLE001 - an unusual graph only loses this check
+        return []
+    infos = [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]
+    shapes = {info.name: shape_of(info) for info in infos}
+
+    parent: dict = {}
+
+    def root(symbol):
+        while parent.setdefault(symbol, symbol) != symbol:
+            symbol = parent[symbol]
+        return symbol
+
+    def join(dims):
+        symbols = [d for d in dims if isinstance(d, str)]
+        for other in symbols[1:]:
+            parent[root(other)] = root(symbols[0])
+
+    for node in inferred.graph.node:
+        ins = [shapes.get(name) if name else None for name in node.input]
+        if node.domain not in ("", "ai.onnx"):
+            continue
+        if node.op_type in _BROADCAST_OPS:
+            known = [s for s in ins if s is not None]
+            for k in range(1, max((len(s) for s in known), default=0) + 1):
+                join([s[-k] for s in known if len(s) >= k])
+        elif node.op_type in _LABEL_LOSSES and len(ins) >= 2 and ins[0] and ins[1]:
+            scores, labels = ins[0], ins[1]
+            if len(scores) == len(labels) + 1:
+                for axis, dim in enumerate(labels):
+                    join([scores[axis if axis == 0 else axis + 1], dim])
+    groups: dict = {}
+    for value in inferred.graph.input:
+        if value.name not in user_inputs:
+            continue
+        for axis, dim in enumerate(shapes.get(value.name) or []):
+            if isinstance(dim, str):
+                groups.setdefault(root(dim), []).append((value.name, axis))
+    return [g for g in groups.values() if len(g) > 1]
+
+
 def _is_string_array(value) -> bool:
     return isinstance(value, np.ndarray) and value.dtype.kind in "OUS"
 
@@ -291,6 +382,7 @@ class TrainingSession:
         self._train_model, train_sess = self._load(train_model, "training")
         self._train_layout = _read_layout(self._train_model, "training")
         self._train_types = _input_types(self._train_model)
+        self._train_links = _linked_dims(self._train_model, self._train_layout.user_inputs)
         self._eval_model, eval_sess = (None, None) if eval_model is None else self._load(
             eval_model, "eval")
         # an ORT-format eval model has no graph to export an inference model from
@@ -298,6 +390,7 @@ class TrainingSession:
         if self._eval_model is not None:
             self._eval_layout = _read_layout(self._eval_model, "eval")
             self._eval_types = _input_types(self._eval_model)
+            self._eval_links = _linked_dims(self._eval_model, self._eval_layout.user_inputs)
         self._check_state()
 
         self._train_sess = train_sess or self._open(self._train_model)
@@ -547,8 +640,14 @@ class TrainingSession:
         return binding
 
     @staticmethod
-    def _user_feeds(inputs, layout: _Layout, types: dict, what: str) -> dict:
-        """The user inputs checked against the model: ``{name: ndarray or OrtValue}``."""
+    def _user_feeds(inputs, layout: _Layout, types: dict, what: str, links=()) -> dict:
+        """The user inputs checked against the model: ``{name: ndarray or OrtValue}``.
+
+        Checked here rather than by onnxruntime, whose errors name a node and
+        not the inputs: the number of inputs, their declared shapes (inputs
+        sharing a symbol, the batch ``N``, agree), the dimensions ``links``
+        (from :func:`_linked_dims`) ties, and their dtypes, OrtValues included.
+        """
         names = layout.user_inputs
         if len(inputs) != len(names):
             raise ValueError(f"{what} expects {len(names)} input(s) {names}, "
@@ -570,7 +669,25 @@ class TrainingSession:
                                     f"array of {value.dtype}.")
             elif isinstance(value, np.ndarray) and value.dtype != dtype:
                 raise TypeError(f"Input {name!r} of {what} must be {dtype}, got {value.dtype}.")
+            elif isinstance(value, ort.OrtValue) and dtype.kind != "O":
+                elem = _ort_elem_type(value.data_type())
+                if elem != onnx.helper.np_dtype_to_tensor_dtype(dtype):
+                    raise TypeError(
+                        f"Input {name!r} of {what} must be an OrtValue of {dtype}, got "
+                        f"{value.data_type()}; make it from an array of {dtype}.")
             feeds[name] = value
+        shapes = {name: tuple(v.shape() if isinstance(v, ort.OrtValue) else np.shape(v))
+                  for name, v in feeds.items()}
+        for group in links:
+            # broadcasting lets a size of 1 meet any other, as onnxruntime does
+            sizes = {shapes[name][axis] for name, axis in group} - {1}
+            if len(sizes) > 1:
+                named = ", ".join(f"{name!r} {shapes[name]} (axis {axis})"
+                                  for name, axis in group)
+                raise ValueError(
+                    f"The inputs of {what} disagree on a dimension the model combines: "
+                    f"{named}. Give them the same size (the same number of rows "
+                    "for a batch).")
         return feeds
 
     @staticmethod
@@ -623,13 +740,15 @@ class TrainingSession:
         Raises
         ------
         ValueError
-            If the number of inputs is not the number of user inputs.
+            If the number of inputs is not the number of user inputs, or inputs
+            disagree on a dimension the model combines (their batch sizes).
         TypeError
-            If an input array does not have the dtype the model declares.
+            If an input array or OrtValue does not have the dtype the model declares.
         """
         self._require_values("train_step")
         layout = self._train_layout
-        feeds = self._user_feeds(inputs, layout, self._train_types, "train_step")
+        feeds = self._user_feeds(inputs, layout, self._train_types, "train_step",
+                                self._train_links)
         if self._reset_pending != self._reset_bound:
             self._reset_value.update_inplace(np.array(self._reset_pending))
             self._reset_bound = self._reset_pending
@@ -708,12 +827,16 @@ class TrainingSession:
         Raises
         ------
         ValueError
-            If the session has no eval model or the number of inputs is wrong.
+            If the session has no eval model, the number of inputs is wrong, or
+            inputs disagree on a dimension the model combines (their batch sizes).
+        TypeError
+            If an input array or OrtValue does not have the dtype the model declares.
         """
         self._require_eval("eval_step")
         self._require_values("eval_step")
         layout = self._eval_layout
-        feeds = self._user_feeds(inputs, layout, self._eval_types, "eval_step")
+        feeds = self._user_feeds(inputs, layout, self._eval_types, "eval_step",
+                                self._eval_links)
         if any(_is_string_array(value) for value in feeds.values()):
             return self._run_unbound(self._eval_sess, self._eval_io(), feeds,
                                      layout.user_outputs, return_ortvalues)
