@@ -61,3 +61,51 @@ def test_session_allows_broadcast_of_one_row(tmp_path):
     loss, = session.eval_step(np.ones((8, 4), np.float32), _target("mse", 1))
     assert np.isfinite(loss)
     session.close()
+
+
+# ------------------------------------------------------------------ item 14
+def _regression(n_outputs):
+    rng = np.random.RandomState(0)
+    X = rng.randn(20, 3)
+    y = X @ rng.randn(3, max(n_outputs, 1))
+    return X, (y[:, 0] if n_outputs == 0 else y)  # 0: a 1-D target, one output
+
+
+def _snapshot(est):
+    return (est.n_iter_, est.t_, list(est.loss_curve_), est.predict(_regression(0)[0]).copy(),
+            [c.copy() for c in est.estimator_.coefs_] if hasattr(est.estimator_, "coefs_")
+            else est.estimator_.coef_.copy())
+
+
+def _assert_same(before, after):
+    assert before[:3] == after[:3]
+    np.testing.assert_array_equal(before[3], after[3])
+    for a, b in zip(before[4], after[4]):
+        np.testing.assert_array_equal(a, b)
+
+
+# (outputs of the first partial_fit, outputs of the second); 0 is a 1-D target
+@pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
+@pytest.mark.parametrize("first, second", [(0, 2), (1, 2), (2, 0), (2, 1), (2, 3)])
+def test_mlp_partial_fit_rejects_other_n_outputs(first, second):
+    from ortlearn import OrtMLPRegressor
+
+    est = OrtMLPRegressor((3,), random_state=0).partial_fit(*_regression(first))
+    est.partial_fit(*_regression(first))
+    before = _snapshot(est)
+    with pytest.raises(ValueError, match="output.*fitted with"):
+        est.partial_fit(*_regression(second))
+    _assert_same(before, _snapshot(est))
+    est.partial_fit(*_regression(first))  # the right targets still train
+    assert len(est.loss_curve_) == len(before[2]) + 1
+
+
+@pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
+def test_linear_partial_fit_rejects_multi_output():
+    from ortlearn import OrtLinearRegressor
+
+    est = OrtLinearRegressor(random_state=0).partial_fit(*_regression(0))
+    before = _snapshot(est)
+    with pytest.raises(ValueError, match="1d array"):
+        est.partial_fit(*_regression(2))
+    _assert_same(before, _snapshot(est))

@@ -287,6 +287,9 @@ class BaseOrtEstimator(BaseEstimator, ABC):
         first = not hasattr(self, "estimator_") or (not self.warm_start and not incremental)
         device = parse_device(self.device)
         X, y = self._validate_xy(X, y, reset=first)
+        if incremental and not first and not is_classifier(self):
+            # before anything changes: a failed call leaves n_iter_, weights and curves as they were
+            self._check_n_outputs(y)
         if first:
             self._dtype = np.dtype(X.dtype)
         X = X.astype(self._dtype, copy=False)
@@ -315,6 +318,16 @@ class BaseOrtEstimator(BaseEstimator, ABC):
                 runtime.engine = self._build_engine(X, device, sample_weight is not None)
             self._fit_epochs(runtime.engine, X, y, y_enc, sample_weight, incremental)
         return self
+
+    def _check_n_outputs(self, y) -> None:
+        """Refuse a partial_fit target with another number of outputs than the model's."""
+        expected = getattr(self.estimator_, "n_outputs_", 1)
+        n_outputs = 1 if y.ndim == 1 else y.shape[1]
+        if n_outputs != expected:
+            raise ValueError(
+                f"y has {n_outputs} output(s) (columns) but {type(self).__name__} was fitted "
+                f"with {expected}: partial_fit continues the same model. Pass targets of "
+                f"shape (n_samples, {expected}), or call fit to start a new model.")
 
     def _prepare_classes(self, y, classes, incremental: bool, first: bool) -> None:
         if incremental and not hasattr(self, "classes_"):
