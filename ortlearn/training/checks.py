@@ -11,7 +11,8 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from ..graph import FLOAT_TYPES
+from ..autodiff import check_scalar_loss
+from ..graph import FLOAT_TYPES, value_info_map
 
 __all__ = [
     "check_input_names",
@@ -68,11 +69,22 @@ def check_input_names(model: onnx.ModelProto, input_names) -> list[str]:
 
 
 def check_loss_output(model: onnx.ModelProto, loss_output: str) -> None:
-    """ValueError unless the graph has the output ``loss_output``."""
+    """ValueError unless the graph has the output ``loss_output``, a scalar.
+
+    Checked on the graph as the user gave it: the graphs built from it for the
+    runtime take the data through other inputs and would hide that the loss has
+    one value per row.
+    """
     outputs = [o.name for o in model.graph.output]
     if loss_output not in outputs:
         raise ValueError(f"The graph has no output {loss_output!r} (its outputs are "
                          f"{outputs}); add one with ortlearn.add_loss_output.")
+    declared = {o.name: o for o in model.graph.output}
+    # The declared output type is enough almost always; shape inference (a copy of
+    # the model) only when the output has no declared shape.
+    infos = (declared if declared[loss_output].type.tensor_type.HasField("shape")
+             else value_info_map(model))
+    check_scalar_loss(model.graph, loss_output, infos)
 
 
 def replace_initializers(model: onnx.ModelProto, weights: dict) -> None:
