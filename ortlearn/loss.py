@@ -47,6 +47,7 @@ from .graph import (
     finalize_model,
     invalid_model_errors,
     load_model,
+    mark_class_labels,
     np_dtype_to_onnx,
     onnx_to_np_dtype,
     shape_of,
@@ -663,4 +664,8 @@ def _add_loss_output(onx, score_name, loss_name, label_name, weight_name, penalt
     del graph.output[:]
     graph.output.append(helper.make_tensor_value_info(loss, elem, []))
     graph.output.extend(originals)
+    if score.class_labels:
+        # Where labels enter from the host, they are checked against the classes.
+        n_classes = shape[1] if len(shape) > 1 and isinstance(shape[1], int) else None
+        mark_class_labels(model, label, n_classes)
     return finalize_model(model)

@@ -31,7 +31,7 @@ from . import (  # noqa: F401  (registers the rules)
     _rules_reduce,
     _rules_shape,
 )
-from ._backward import append_backward, build_gradient
+from ._backward import append_backward, build_gradient, check_scalar_loss
 from ._context import GradientContext
 from ._marks import mark_padding_idx
 from ._registry import GRADIENT_RULES, NON_DIFFERENTIABLE_OPS, register_gradient
@@ -45,6 +45,7 @@ __all__ = [
     "append_backward",
     "build_forward_backward",
     "build_gradient",
+    "check_scalar_loss",
     "mark_padding_idx",
     "register_gradient",
 ]

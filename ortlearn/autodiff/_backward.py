@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
@@ -74,10 +73,37 @@ def _check_names(graph: onnx.GraphProto, loss_output: str, wrt: Sequence[str], i
     if loss_output not in produced | sources:
         raise ValueError(f"The graph has no value named {loss_output!r} (loss_output).")
     check_wrt(graph, wrt, infos)
-    loss_shape = shape_of(infos[loss_output]) if loss_output in infos else None
-    if loss_shape and all(isinstance(d, int) for d in loss_shape) and np.prod(loss_shape) != 1:
-        raise ValueError(f"The loss {loss_output!r} must be a scalar or hold one element; "
-                         f"its shape is {loss_shape}.")
+    check_scalar_loss(graph, loss_output, infos)
+
+
+def check_scalar_loss(graph: onnx.GraphProto, loss_output: str, infos: dict) -> None:
+    """Raise a ValueError if the loss ``loss_output`` holds, or may hold, several elements.
+
+    Seeding the reverse pass with ones would train the sum of the elements (a
+    per-row loss summed over the batch) without a word. A known dimension above 1
+    is refused, and so is a symbolic dimension shared with an input of ``graph``
+    (the batch dimension ``N`` of ``X``): its size follows the data. Other symbolic
+    dimensions, left by shape inference when it cannot tell, pass.
+
+    Parameters
+    ----------
+    graph : onnx.GraphProto
+        The graph holding the loss.
+    loss_output : str
+        Name of the loss.
+    infos : dict of str to onnx.ValueInfoProto
+        Types and shapes of the graph's values (:func:`ortlearn.graph.value_info_map`).
+    """
+    shape = shape_of(infos[loss_output]) if loss_output in infos else None
+    if not shape:
+        return
+    input_dims = {d for i in graph.input for d in (shape_of(i) or []) if isinstance(d, str)}
+    if any((isinstance(d, int) and d != 1) or (isinstance(d, str) and d in input_dims)
+           for d in shape):
+        raise ValueError(
+            f"The loss {loss_output!r} must be a scalar or hold one element; its shape is "
+            f"{shape}. Reduce it to a scalar first (e.g. a ReduceMean node, or "
+            "ortlearn.add_loss_output), or name a scalar output as the loss.")
 
 
 def check_wrt(graph: onnx.GraphProto, wrt: Sequence[str], infos: dict) -> None:

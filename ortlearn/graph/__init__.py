@@ -17,6 +17,7 @@ Nothing here imports another ortlearn package.
 
 from .builder import GraphBuilder
 from .model import (
+    CLASS_LABELS_KEY,
     DEFAULT_ML_OPSET,
     DEFAULT_OPSET,
     FLOAT_TYPES,
@@ -26,6 +27,7 @@ from .model import (
     TRAINABLE_TYPES,
     attr,
     check_model,
+    class_label_marks,
     constant_values,
     elem_type_of,
     finalize_model,
@@ -35,6 +37,7 @@ from .model import (
     invalid_model_errors,
     load_model,
     make_model,
+    mark_class_labels,
     needed_nodes,
     node_reads,
     np_dtype_to_onnx,
@@ -58,6 +61,9 @@ from .prepare import (
 from .shapes import refine_shapes
 
 __all__ = [
+    "CLASS_LABELS_KEY",
+    "class_label_marks",
+    "mark_class_labels",
     "DEFAULT_ML_OPSET",
     "DEFAULT_OPSET",
     "FLOAT_TYPES",

@@ -525,3 +525,54 @@ def rename_value(model: onnx.ModelProto, old: str, new: str) -> None:
                                 model.graph.value_info):
         if info.name == old:
             info.name = new
+
+
+#: ``metadata_props`` key listing the inputs that hold class indices
+#: (``{input: {"n_classes": int or null, "ignore_index": int or null}}``, JSON):
+#: written by the cross-entropy losses, read where labels enter from the host.
+CLASS_LABELS_KEY = "ortlearn.class_labels"
+
+
+def class_label_marks(model: onnx.ModelProto) -> dict:
+    """``{input: (n_classes or None, ignore_index or None)}``, from :func:`mark_class_labels`."""
+    import json
+
+    for prop in model.metadata_props:
+        if prop.key == CLASS_LABELS_KEY:
+            try:
+                marks = json.loads(prop.value)
+                return {name: (m.get("n_classes"), m.get("ignore_index"))
+                        for name, m in marks.items()}
+            except (ValueError, AttributeError):
+                return {}  # a foreign or damaged entry: no check rather than a failure
+    return {}
+
+
+def mark_class_labels(model: onnx.ModelProto, label: str, n_classes: int | None,
+                      ignore_index: int | None = None) -> None:
+    """Record in ``model.metadata_props`` that the input ``label`` holds class indices.
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        Modified in place.
+    label : str
+        The graph input holding the class indices.
+    n_classes : int or None
+        Number of classes (labels lie in ``[0, n_classes)``), None when the
+        graph does not fix it.
+    ignore_index : int, default=None
+        A label value the loss skips, allowed outside the range.
+    """
+    import json
+
+    marks = {name: {"n_classes": n, "ignore_index": i}
+             for name, (n, i) in class_label_marks(model).items()}
+    marks[label] = {"n_classes": None if n_classes is None else int(n_classes),
+                    "ignore_index": None if ignore_index is None else int(ignore_index)}
+    value = json.dumps(marks, sort_keys=True)
+    for prop in model.metadata_props:
+        if prop.key == CLASS_LABELS_KEY:
+            prop.value = value
+            return
+    model.metadata_props.add(key=CLASS_LABELS_KEY, value=value)

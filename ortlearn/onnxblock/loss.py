@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 from onnx import TensorProto
 
-from ..graph import onnx_to_np_dtype
+from ..graph import mark_class_labels, onnx_to_np_dtype
 from ..loss import SCORES, elementwise_loss
 from . import _graph_utils
 from .blocks import Block
@@ -153,6 +153,10 @@ class CrossEntropyLoss(_Loss):
         dims = _graph_utils.shape(model, scores)
         rank = 2 if dims is None else len(dims)
         target = _target_like(model, scores, labels_name, TensorProto.INT64, drop_axis=1)
+        if target in {i.name for i in model.graph.input}:
+            # Out-of-range labels would give a zero loss: checked where they enter.
+            n_classes = dims[1] if dims is not None and isinstance(dims[1], int) else None
+            mark_class_labels(model, target, n_classes, self._ignore_index)
         b = _graph_utils.builder(model)
         logp = b.op("LogSoftmax", [scores], axis=1)
         # one_hot[n, c, ...] = (target[n, ...] == c), built with Equal so that

@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 from onnx import numpy_helper
 
-from ..graph import FLOAT_TYPES
+from ..autodiff import check_scalar_loss
+from ..graph import FLOAT_TYPES, value_info_map
 
 __all__ = [
+    "check_class_labels",
+    "check_label_values",
     "check_input_names",
     "check_learning_rate",
     "check_loss_output",
@@ -68,11 +72,22 @@ def check_input_names(model: onnx.ModelProto, input_names) -> list[str]:
 
 
 def check_loss_output(model: onnx.ModelProto, loss_output: str) -> None:
-    """ValueError unless the graph has the output ``loss_output``."""
+    """ValueError unless the graph has the output ``loss_output``, a scalar.
+
+    Checked on the graph as the user gave it: the graphs built from it for the
+    runtime take the data through other inputs and would hide that the loss has
+    one value per row.
+    """
     outputs = [o.name for o in model.graph.output]
     if loss_output not in outputs:
         raise ValueError(f"The graph has no output {loss_output!r} (its outputs are "
                          f"{outputs}); add one with ortlearn.add_loss_output.")
+    declared = {o.name: o for o in model.graph.output}
+    # The declared output type is enough almost always; shape inference (a copy of
+    # the model) only when the output has no declared shape.
+    infos = (declared if declared[loss_output].type.tensor_type.HasField("shape")
+             else value_info_map(model))
+    check_scalar_loss(model.graph, loss_output, infos)
 
 
 def replace_initializers(model: onnx.ModelProto, weights: dict) -> None:
@@ -120,3 +135,60 @@ def check_learning_rate(lr) -> float:
     if not (np.isfinite(lr) and lr > 0):
         raise ValueError(f"The learning rate must be a finite number > 0, got {lr!r}.")
     return lr
+
+
+def check_class_labels(marks: dict, feeds: dict, what: str) -> None:
+    """ValueError naming the labels outside ``[0, n_classes)`` fed to a cross-entropy loss.
+
+    The inputs holding class indices are the ones a cross-entropy loss marked in
+    ``model.metadata_props`` (:func:`ortlearn.graph.mark_class_labels`). Without
+    the check, such labels give a zero loss (a one-hot product), wrap around to
+    the last classes (negative indices) or fail deep inside onnxruntime. The
+    cheap path is one min and one max per array; host arrays only: an OrtValue
+    already on a device is not read back.
+
+    Parameters
+    ----------
+    marks : dict
+        ``{input: (n_classes, ignore_index)}``, from
+        :func:`ortlearn.graph.class_label_marks` of the model.
+    feeds : dict of str to array-like
+        The inputs by name; names without a mark, and OrtValues, are skipped.
+    what : str
+        Who receives the inputs, for the message.
+    """
+    for name, (n_classes, ignore_index) in marks.items():
+        value = feeds.get(name)
+        if value is None or isinstance(value, ort.OrtValue):
+            continue  # an OrtValue may live on a device: not copied back to check it
+        value = np.asarray(value)
+        check_label_values(value, n_classes, ignore_index, f"Input {name!r} of {what}")
+
+
+def check_label_values(labels: np.ndarray, n_classes: int | None, ignore_index=None,
+                       what: str = "The labels") -> None:
+    """ValueError unless ``labels`` are integers in ``[0, n_classes)`` (or ``ignore_index``)."""
+    if labels.dtype.kind not in "iuf" or labels.size == 0:
+        return
+    low, high = labels.min(), labels.max()
+    upper = np.inf if n_classes is None else n_classes
+    in_range = low >= 0 and high < upper
+    integral = labels.dtype.kind != "f" or bool(np.all(np.floor(labels) == labels))
+    if in_range and integral:
+        return
+    bad = ~((labels >= 0) & (labels < upper))
+    if labels.dtype.kind == "f":
+        bad |= np.floor(labels) != labels
+    if ignore_index is not None:
+        bad &= labels != ignore_index
+    if not bad.any():
+        return
+    values = np.unique(labels[bad])
+    shown = ", ".join(str(v) for v in values[:10].tolist()) + (", ..." if len(values) > 10 else "")
+    classes = "[0, n_classes)" if n_classes is None else f"[0, {n_classes})"
+    ignored = "" if ignore_index is None else f" or the ignore_index {ignore_index}"
+    raise ValueError(
+        f"{what} holds class labels outside {classes}{ignored}: {shown} "
+        f"({int(bad.sum())} of {labels.size} values). Class labels are integer indices "
+        f"of the classes; encode them (e.g. sklearn.preprocessing.LabelEncoder) or fix "
+        f"the data.")

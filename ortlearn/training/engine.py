@@ -22,6 +22,7 @@ from onnx import numpy_helper
 
 from ..exceptions import ConvergenceError
 from ..graph import (
+    class_label_marks,
     elem_type_of,
     initializers_to_inputs,
     load_model,
@@ -35,6 +36,7 @@ from ..optim import Optimizer
 from ._buffers import StepBuffers
 from .checkpoint import CheckpointState
 from .checks import (
+    check_class_labels,
     check_input_names,
     check_learning_rate,
     check_loss_output,
@@ -204,6 +206,8 @@ class TrainingEngine:
         self.input_dtypes = {n: onnx_to_np_dtype(elem_type_of(declared[n]))
                              for n in self.input_names}
         self.input_shapes = {n: shape_of(declared[n]) for n in self.input_names}
+        # Inputs holding class indices of a cross-entropy loss: checked as data enters.
+        self._label_marks = class_label_marks(model)
         if initial_weights:
             replace_initializers(model, dict(initial_weights))
         self.loss_output = loss_output
@@ -317,6 +321,8 @@ class TrainingEngine:
                 a is b for a, b in zip(cached, arrays)):
             return values
         values, reordered = {}, {}
+        check_class_labels(self._label_marks, dict(zip(self.input_names, arrays)),
+                           "the training data")
         epoch_ordered = self._epoch_ordered()
         for name, array in zip(self.input_names, arrays):
             array = np.asarray(array)
@@ -516,6 +522,8 @@ class TrainingEngine:
         if len(arrays) != len(self.input_names):
             raise ValueError(f"Expected {len(self.input_names)} arrays for the inputs "
                              f"{self.input_names}, got {len(arrays)}.")
+        check_class_labels(self._label_marks, dict(zip(self.input_names, arrays)),
+                           "the evaluated data")
         if self._eval_session is None:
             self._eval_session = make_session(
                 _eval_model(self._model, self.trainable, self.loss_output), self._device,

@@ -16,8 +16,14 @@ import scipy.optimize
 
 from ..autodiff import build_gradient
 from ..exceptions import ConvergenceWarning
-from ..graph import initializers_to_inputs, load_model
-from .checks import check_input_names, check_loss_output, check_trainable, conform_state
+from ..graph import class_label_marks, initializers_to_inputs, load_model
+from .checks import (
+    check_class_labels,
+    check_input_names,
+    check_loss_output,
+    check_trainable,
+    conform_state,
+)
 from .device import make_session, make_session_options, parse_device
 
 __all__ = ["minimize_lbfgs"]
@@ -134,6 +140,8 @@ def minimize_lbfgs(loss_model, trainable, initial_weights, arrays, input_names=N
     check_loss_output(model, loss_output)
     trainable = check_trainable(model, trainable)
     input_names = check_input_names(model, input_names)
+    check_class_labels(class_label_marks(model), dict(zip(input_names, arrays)),
+                       "the training data")
     weights = initializers_to_inputs(model, trainable)
     if initial_weights:
         weights.update(conform_state(dict(initial_weights), weights, partial=True))

@@ -36,6 +36,7 @@ import onnxruntime as ort
 
 from ..exceptions import NominalCheckpointError
 from ..graph import (
+    class_label_marks,
     elem_type_of,
     invalid_model_errors,
     load_model,
@@ -61,6 +62,7 @@ from ..graph.format import (
 from ..optim import LinearLR, unpack_optimizer_model
 from ._buffers import BufferPairs, device_value, host_copy
 from .checkpoint import CheckpointState
+from .checks import check_class_labels
 from .device import make_session, make_session_options, parse_device
 
 __all__ = ["TrainingSession"]
@@ -383,6 +385,8 @@ class TrainingSession:
         self._train_layout = _read_layout(self._train_model, "training")
         self._train_types = _input_types(self._train_model)
         self._train_links = _linked_dims(self._train_model, self._train_layout.user_inputs)
+        # Inputs holding class indices of a cross-entropy loss, checked at each step.
+        self._label_marks = class_label_marks(self._train_model)
         self._eval_model, eval_sess = (None, None) if eval_model is None else self._load(
             eval_model, "eval")
         # an ORT-format eval model has no graph to export an inference model from
@@ -391,6 +395,7 @@ class TrainingSession:
             self._eval_layout = _read_layout(self._eval_model, "eval")
             self._eval_types = _input_types(self._eval_model)
             self._eval_links = _linked_dims(self._eval_model, self._eval_layout.user_inputs)
+            self._label_marks = {**self._label_marks, **class_label_marks(self._eval_model)}
         self._check_state()
 
         self._train_sess = train_sess or self._open(self._train_model)
@@ -740,8 +745,12 @@ class TrainingSession:
         Raises
         ------
         ValueError
-            If the number of inputs is not the number of user inputs, or inputs
-            disagree on a dimension the model combines (their batch sizes).
+            If the number of inputs is not the number of user inputs, if inputs
+            disagree on a dimension the model combines (their batch sizes), or if
+            the class labels of a cross-entropy loss (the inputs its metadata
+            marks) lie outside ``[0, n_classes)`` and are not its ``ignore_index``.
+            Labels given as OrtValues are not checked: they may live on a device
+            and are not copied back to the host.
         TypeError
             If an input array or OrtValue does not have the dtype the model declares.
         """
@@ -749,6 +758,7 @@ class TrainingSession:
         layout = self._train_layout
         feeds = self._user_feeds(inputs, layout, self._train_types, "train_step",
                                 self._train_links)
+        check_class_labels(self._label_marks, feeds, "train_step")
         if self._reset_pending != self._reset_bound:
             self._reset_value.update_inplace(np.array(self._reset_pending))
             self._reset_bound = self._reset_pending
@@ -837,6 +847,7 @@ class TrainingSession:
         layout = self._eval_layout
         feeds = self._user_feeds(inputs, layout, self._eval_types, "eval_step",
                                 self._eval_links)
+        check_class_labels(self._label_marks, feeds, "eval_step")
         if any(_is_string_array(value) for value in feeds.values()):
             return self._run_unbound(self._eval_sess, self._eval_io(), feeds,
                                      layout.user_outputs, return_ortvalues)
