@@ -200,7 +200,7 @@ def invalid_model_errors(model, what: str = "The model"):
 
     Code that transforms a user's model runs inside this context. A
     ValueError or TypeError passes through; any other exception is blamed on
-    the model when :func:`onnx.checker.check_model` rejects it (a ValueError
+    the model when :func:`onnx.checker.check_model` (with shape inference) rejects it (a ValueError
     quoting the checker), and re-raised unchanged otherwise (a bug of ours).
     Valid models pay nothing: the checker only runs after a failure.
 
@@ -222,7 +222,7 @@ def invalid_model_errors(model, what: str = "The model"):
         raise
     except Exception as exc:
         try:
-            check_model(load_model(model))
+            check_model(load_model(model), full_check=True)
         except Exception as invalid:
             raise ValueError(f"{what} is not a valid ONNX model: {invalid}") from exc
         raise
