@@ -22,6 +22,7 @@ import pytest
 import safetensors.numpy
 
 from ortlearn import CheckpointState
+from ortlearn.training.checkpoint import _OptimizerSnapshot
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -166,3 +167,71 @@ def test_valid_checkpoints_still_load(tmp_path):
     CheckpointState.save_checkpoint(CheckpointState(), tmp_path / "e")
     assert len(CheckpointState.load_checkpoint(tmp_path / "e").parameters) == 0
     assert safetensors.numpy.load_file(tmp_path / "c")["param/w"].shape == (2, 1)
+
+
+# ----------------------------------------------- item 2: optimizer state values
+
+def _moments(value=0.5):
+    return {"w": {"exp_avg": np.full((2, 1), value, np.float32)}}
+
+
+def _file_with(states, step, learning_rate) -> bytes:
+    """A checkpoint file (valid checksum) holding an optimizer state as given.
+
+    The snapshot is set behind ``set_optimizer_state``'s back, as a foreign
+    writer or an older ortlearn could have written it.
+    """
+    state = _state()
+    state._optimizer = _OptimizerSnapshot(states, step, learning_rate)
+    return state.to_bytes(include_optimizer_state=True)
+
+
+BAD_RATES = [float("nan"), float("inf"), -float("inf"), -0.1, 1e39]
+BAD_STEPS = [-1, 2**63, 2**70]
+BAD_MOMENTS = [float("nan"), float("inf"), -float("inf")]
+
+
+@pytest.mark.parametrize("rate", BAD_RATES)
+def test_bad_learning_rate_is_refused(rate):
+    with pytest.raises(ValueError, match=r"learning_rate must be a finite number >= 0") as err:
+        _state().set_optimizer_state(_moments(), 1, rate)
+    assert repr(rate) in str(err.value)
+    with pytest.raises(ValueError, match=r"learning_rate must be a finite number >= 0"):
+        CheckpointState.load_checkpoint(_file_with(_moments(), 1, rate))
+
+
+@pytest.mark.parametrize("step", BAD_STEPS)
+def test_bad_step_is_refused(step):
+    with pytest.raises(ValueError, match=rf"step must .*got {step}"):
+        _state().set_optimizer_state(_moments(), step, 0.01)
+    with pytest.raises(ValueError, match=rf"step must .*got {step}"):
+        CheckpointState.load_checkpoint(_file_with(_moments(), step, 0.01))
+
+
+@pytest.mark.parametrize("value", BAD_MOMENTS)
+def test_non_finite_moments_are_refused(value):
+    moments = _moments()
+    moments["w"]["exp_avg"][1, 0] = value
+    with pytest.raises(ValueError, match=r"'exp_avg' of 'w' has 1 NaN or infinite"):
+        _state().set_optimizer_state(moments, 1, 0.01)
+    with pytest.raises(ValueError, match=r"'exp_avg' of 'w' has 1 NaN or infinite"):
+        CheckpointState.load_checkpoint(_file_with(moments, 1, 0.01))
+
+
+def test_learning_rate_of_another_type_is_a_type_error():
+    with pytest.raises(TypeError, match="learning_rate must be a real number, got str"):
+        _state().set_optimizer_state(_moments(), 1, "0.1")
+
+
+@pytest.mark.parametrize("rate, step", [
+    (0.0, 0), (0.01, 2**63 - 1), (float(np.finfo(np.float32).max), 5), (np.float32(0.1), 1),
+])
+def test_valid_optimizer_state_edges_round_trip(rate, step):
+    state = _state()
+    state.set_optimizer_state(_moments(), step, rate)
+    back = CheckpointState.load_checkpoint(state.to_bytes(include_optimizer_state=True))
+    assert back.optimizer_step == step
+    assert back.optimizer_learning_rate == float(rate)
+    assert back.optimizer_state["w"]["exp_avg"].tolist() == [[0.5], [0.5]]
+    # Integer states (a counter) have no NaN to check.
+    state.set_optimizer_state({"w": {"count": np.array([3], np.int64)}}, step, rate)

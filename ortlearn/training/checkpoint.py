@@ -55,6 +55,8 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
+import math
+import numbers
 import operator
 import os
 import stat
@@ -81,6 +83,9 @@ _HEADER_KEY = "ortlearn.header"
 _CHECKSUM_KEY = "ortlearn.checksum"
 
 # Fixed by the file format (what version 1 may hold), not by what ONNX supports.
+_INT64_MAX = np.iinfo(np.int64).max
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+
 _DTYPES = {
     np.dtype(t).name: np.dtype(t)
     for t in (np.float16, np.float32, np.float64, np.int32, np.int64, np.bool_)
@@ -562,7 +567,11 @@ class CheckpointState:
         Raises
         ------
         ValueError
-            If a name is not a trainable parameter, or ``step`` < 0.
+            If a name is not a trainable parameter; if ``step`` is negative or
+            beyond int64; if ``learning_rate`` is NaN, infinite, negative or
+            beyond float32's range; if a floating state holds NaN or infinity.
+        TypeError
+            If ``learning_rate`` is not a real number.
         RuntimeError
             While bound to a training session (set it through the session).
         """
@@ -573,12 +582,37 @@ class CheckpointState:
             )
         self._optimizer = self._validated_optimizer(states, step, learning_rate)
 
-    def _validated_optimizer(self, states, step, learning_rate) -> _OptimizerSnapshot:
+    def _validated_optimizer(self, states, step, learning_rate,
+                             check_values: bool = True) -> _OptimizerSnapshot:
+        """The optimizer state as a snapshot; ValueError/TypeError if it is malformed.
+
+        With ``check_values`` (a state set by the user or loaded from a file),
+        also refuses values no training can resume from: a learning rate that
+        is NaN, infinite, negative or beyond float32 (the optimizer graphs take
+        it as float32), a step beyond int64 (its dtype there), non-finite
+        moments. A training session's own state is taken as it is.
+        """
         if not isinstance(states, Mapping):
             raise TypeError(f"states must be a mapping, got {type(states).__name__}.")
         step = operator.index(step)
         if step < 0:
-            raise ValueError(f"step must be >= 0, got {step}.")
+            raise ValueError(f"step must be >= 0 (the number of updates made), got {step}.")
+        if check_values:
+            if step > _INT64_MAX:
+                raise ValueError(
+                    f"step must fit in int64 (<= {_INT64_MAX}), got {step}; the step counts "
+                    "the optimizer updates made, give that number.")
+            if not isinstance(learning_rate, numbers.Real):
+                raise TypeError(f"learning_rate must be a real number, got "
+                                f"{type(learning_rate).__name__}.")
+            rate = float(learning_rate)
+            # 0 is allowed: a schedule may have decayed the rate to 0 (the
+            # session's set_learning_rate accepts it too).
+            if not (math.isfinite(rate) and 0 <= rate <= _FLOAT32_MAX):
+                raise ValueError(
+                    f"learning_rate must be a finite number >= 0 that float32 can hold "
+                    f"(<= {_FLOAT32_MAX:.4g}), got {learning_rate!r}; set the rate the "
+                    "training should resume with.")
         clean = {}
         for param, param_states in states.items():
             record = self._records.get(param)
@@ -589,8 +623,15 @@ class CheckpointState:
             for state_name, value in param_states.items():
                 if not isinstance(state_name, str) or not state_name:
                     raise ValueError(f"Bad optimizer state name {state_name!r} for {param!r}.")
-                clean[param][state_name] = _as_array(
-                    value, f"Optimizer state {state_name!r} of {param!r}")
+                arr = _as_array(value, f"Optimizer state {state_name!r} of {param!r}")
+                if (check_values and arr.dtype.kind == "f"
+                        and not np.isfinite(arr).all()):
+                    bad = int(arr.size - np.count_nonzero(np.isfinite(arr)))
+                    raise ValueError(
+                        f"Optimizer state {state_name!r} of {param!r} has {bad} NaN or "
+                        "infinite value(s); a diverged state cannot be resumed: resume "
+                        "from an earlier checkpoint or without the optimizer state.")
+                clean[param][state_name] = arr
         return _OptimizerSnapshot(clean, step, float(learning_rate))
 
     def check_matches(self, expected, trainable=None) -> None:
@@ -669,7 +710,9 @@ class CheckpointState:
         if self._provider is None:
             return self._optimizer
         exported = self._provider.export_optimizer_state()
-        return None if exported is None else self._validated_optimizer(*exported)
+        # The session's own values, as trained (a diverged state is still saved).
+        return None if exported is None else self._validated_optimizer(
+            *exported, check_values=False)
 
     # ---------------------------------------------------------------- binding
 
