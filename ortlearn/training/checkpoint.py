@@ -52,10 +52,14 @@ it. Properties always live in the state itself.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
+import math
+import numbers
 import operator
 import os
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
@@ -79,6 +83,9 @@ _HEADER_KEY = "ortlearn.header"
 _CHECKSUM_KEY = "ortlearn.checksum"
 
 # Fixed by the file format (what version 1 may hold), not by what ONNX supports.
+_INT64_MAX = np.iinfo(np.int64).max
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+
 _DTYPES = {
     np.dtype(t).name: np.dtype(t)
     for t in (np.float16, np.float32, np.float64, np.int32, np.int64, np.bool_)
@@ -560,7 +567,11 @@ class CheckpointState:
         Raises
         ------
         ValueError
-            If a name is not a trainable parameter, or ``step`` < 0.
+            If a name is not a trainable parameter; if ``step`` is negative or
+            beyond int64; if ``learning_rate`` is NaN, infinite, negative or
+            beyond float32's range; if a floating state holds NaN or infinity.
+        TypeError
+            If ``learning_rate`` is not a real number.
         RuntimeError
             While bound to a training session (set it through the session).
         """
@@ -571,12 +582,37 @@ class CheckpointState:
             )
         self._optimizer = self._validated_optimizer(states, step, learning_rate)
 
-    def _validated_optimizer(self, states, step, learning_rate) -> _OptimizerSnapshot:
+    def _validated_optimizer(self, states, step, learning_rate,
+                             check_values: bool = True) -> _OptimizerSnapshot:
+        """The optimizer state as a snapshot; ValueError/TypeError if it is malformed.
+
+        With ``check_values`` (a state set by the user or loaded from a file),
+        also refuses values no training can resume from: a learning rate that
+        is NaN, infinite, negative or beyond float32 (the optimizer graphs take
+        it as float32), a step beyond int64 (its dtype there), non-finite
+        moments. A training session's own state is taken as it is.
+        """
         if not isinstance(states, Mapping):
             raise TypeError(f"states must be a mapping, got {type(states).__name__}.")
         step = operator.index(step)
         if step < 0:
-            raise ValueError(f"step must be >= 0, got {step}.")
+            raise ValueError(f"step must be >= 0 (the number of updates made), got {step}.")
+        if check_values:
+            if step > _INT64_MAX:
+                raise ValueError(
+                    f"step must fit in int64 (<= {_INT64_MAX}), got {step}; the step counts "
+                    "the optimizer updates made, give that number.")
+            if not isinstance(learning_rate, numbers.Real):
+                raise TypeError(f"learning_rate must be a real number, got "
+                                f"{type(learning_rate).__name__}.")
+            rate = float(learning_rate)
+            # 0 is allowed: a schedule may have decayed the rate to 0 (the
+            # session's set_learning_rate accepts it too).
+            if not (math.isfinite(rate) and 0 <= rate <= _FLOAT32_MAX):
+                raise ValueError(
+                    f"learning_rate must be a finite number >= 0 that float32 can hold "
+                    f"(<= {_FLOAT32_MAX:.4g}), got {learning_rate!r}; set the rate the "
+                    "training should resume with.")
         clean = {}
         for param, param_states in states.items():
             record = self._records.get(param)
@@ -587,8 +623,15 @@ class CheckpointState:
             for state_name, value in param_states.items():
                 if not isinstance(state_name, str) or not state_name:
                     raise ValueError(f"Bad optimizer state name {state_name!r} for {param!r}.")
-                clean[param][state_name] = _as_array(
-                    value, f"Optimizer state {state_name!r} of {param!r}")
+                arr = _as_array(value, f"Optimizer state {state_name!r} of {param!r}")
+                if (check_values and arr.dtype.kind == "f"
+                        and not np.isfinite(arr).all()):
+                    bad = int(arr.size - np.count_nonzero(np.isfinite(arr)))
+                    raise ValueError(
+                        f"Optimizer state {state_name!r} of {param!r} has {bad} NaN or "
+                        "infinite value(s); a diverged state cannot be resumed: resume "
+                        "from an earlier checkpoint or without the optimizer state.")
+                clean[param][state_name] = arr
         return _OptimizerSnapshot(clean, step, float(learning_rate))
 
     def check_matches(self, expected, trainable=None) -> None:
@@ -667,7 +710,9 @@ class CheckpointState:
         if self._provider is None:
             return self._optimizer
         exported = self._provider.export_optimizer_state()
-        return None if exported is None else self._validated_optimizer(*exported)
+        # The session's own values, as trained (a diverged state is still saved).
+        return None if exported is None else self._validated_optimizer(
+            *exported, check_values=False)
 
     # ---------------------------------------------------------------- binding
 
@@ -758,8 +803,10 @@ class CheckpointState:
         Raises
         ------
         ValueError
-            If the content is not an ortlearn checkpoint, or is damaged. Nothing
-            is ever unpickled.
+            If the content is not an ortlearn checkpoint, or is damaged; if the
+            path is not a regular file (a FIFO, a device); if the header's length
+            or a declared tensor size does not fit in the file (checked before
+            the body is read). Nothing is ever unpickled.
         TypeError
             If the argument is neither a path nor bytes.
         OSError
@@ -777,10 +824,12 @@ class CheckpointState:
         if isinstance(source, (str, os.PathLike)):
             path = os.fspath(source)
             try:
-                with open(path, "rb") as f:
-                    data = f.read()
+                data = _read_checkpoint_file(path)
             except OSError as exc:
                 raise as_training_api_error(exc) from None
+            except ValueError as exc:
+                raise TrainingApiValueError(
+                    f"{path!r} is not a valid ortlearn checkpoint: {exc}") from None
             return cls._from_bytes(data, f"{path!r} is")
         raise TypeError(
             f"Expected a path or bytes, got {type(source).__name__}."
@@ -896,14 +945,123 @@ class CheckpointState:
         )
 
 
-def _read_metadata(data: bytes) -> dict:
-    """The ``__metadata__`` of a safetensors file, read before loading any tensor."""
-    if len(data) < 8:
-        raise ValueError(f"{len(data)} bytes, too short for a safetensors file")
-    size = int.from_bytes(data[:8], "little")
-    if size > len(data) - 8:
-        raise ValueError("the header is longer than the file (truncated or not safetensors)")
+# Largest safetensors header read (safetensors itself refuses more than 100 MB):
+# a header is a few hundred bytes per tensor, so a larger one is not a checkpoint.
+_MAX_HEADER = 1 << 26
+
+# Bytes per element of the safetensors dtypes, to check declared sizes before
+# any tensor is read.
+_ST_ITEMSIZE = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1,
+                "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
+                "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
+
+
+def _header_length(first8: bytes, file_size: int) -> int:
+    """The safetensors header length, ValueError if it cannot fit in the file."""
+    if file_size < 8 or len(first8) < 8:
+        raise ValueError(f"{file_size} bytes, too short for a safetensors file")
+    size = int.from_bytes(first8[:8], "little")
+    if size > file_size - 8:
+        raise ValueError(
+            f"the header declares {size} bytes, longer than the file's {file_size - 8} "
+            "after its length (truncated, or not a safetensors file)")
+    if size > _MAX_HEADER:
+        raise ValueError(
+            f"the header declares {size} bytes, more than the {_MAX_HEADER} a checkpoint "
+            "header may have (not an ortlearn checkpoint)")
+    return size
+
+
+def _check_layout(header: dict, body_size: int) -> None:
+    """ValueError unless every tensor the header declares fits in the body.
+
+    Checked before the body is read, so that a hostile header cannot make the
+    loader allocate more than the file's size.
+    """
+    for key, info in header.items():
+        if key == "__metadata__":
+            continue
+        if not isinstance(info, dict):
+            raise ValueError(f"tensor {key!r} has a malformed entry")
+        itemsize = _ST_ITEMSIZE.get(info.get("dtype"))
+        shape, offsets = info.get("shape"), info.get("data_offsets")
+        if (itemsize is None or not isinstance(shape, list)
+                or not all(type(d) is int and d >= 0 for d in shape)
+                or not isinstance(offsets, list) or len(offsets) != 2
+                or not all(type(o) is int for o in offsets)):
+            raise ValueError(f"tensor {key!r} has a malformed entry")
+        nbytes = itemsize
+        for d in shape:
+            nbytes *= d  # Python ints: no overflow on absurd shapes
+        begin, end = offsets
+        if not 0 <= begin <= end <= body_size or end - begin != nbytes:
+            raise ValueError(
+                f"tensor {key!r} declares {nbytes} bytes at offsets {offsets}, out of "
+                f"proportion to the file's {body_size} bytes of data (truncated or damaged)")
+
+
+def _open_regular(path: str):
+    """``path`` opened for binary reading; ValueError unless it is a regular file.
+
+    A FIFO would block the reader forever and a device such as ``/dev/zero``
+    never ends, so neither is read.
+    """
+    # O_NONBLOCK: opening a FIFO without a writer must not block; the check
+    # on the open descriptor (not on the path) leaves no window for a swap.
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)
+                 | getattr(os, "O_BINARY", 0))
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):  # what open() raises for one, as before
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
+        if not stat.S_ISREG(mode):
+            raise ValueError(
+                "it is not a regular file (a FIFO, socket or device); "
+                "give the path of a checkpoint file")
+        if hasattr(os, "set_blocking"):
+            os.set_blocking(fd, True)
+        return open(fd, "rb", closefd=True)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _read_checkpoint_file(path: str) -> bytes:
+    """The content of the checkpoint file ``path``, read with bounded effort.
+
+    Only a regular file is read: a FIFO would block forever and a device such
+    as ``/dev/zero`` would be read until memory runs out. The header length
+    and the declared tensor sizes are checked against the file's size before
+    the body is read, and no more than that size is ever read.
+    """
+    with _open_regular(path) as f:
+        file_size = os.fstat(f.fileno()).st_size
+        first8 = f.read(8)
+        size = _header_length(first8, file_size)
+        header_bytes = f.read(size)
+        if len(header_bytes) != size:
+            raise ValueError("the file is shorter than its header (it changed while read)")
+        header = json.loads(header_bytes)
+        if not isinstance(header, dict):
+            raise ValueError("not a safetensors header")
+        body_size = file_size - 8 - size
+        _check_layout(header, body_size)
+        body = f.read(body_size)
+        if len(body) != body_size:
+            raise ValueError("the file is shorter than its size (it changed while read)")
+    return first8 + header_bytes + body
+
+
+def _read_metadata(data: bytes, layout: bool = True) -> dict:
+    """The ``__metadata__`` of a safetensors file, read before loading any tensor.
+
+    With ``layout``, also checks that the declared tensors fit in ``data``
+    (``data`` is then the whole file, not only its header).
+    """
+    size = _header_length(data[:8], len(data))
     header = json.loads(data[8:8 + size])
+    if layout and isinstance(header, dict):
+        _check_layout(header, len(data) - 8 - size)
     metadata = header.get("__metadata__", {}) if isinstance(header, dict) else None
     if not isinstance(metadata, dict):
         raise ValueError("not a safetensors header")
@@ -917,10 +1075,10 @@ def _holds_values(path: str) -> bool:
     file) is False: those are overwritten as any file is.
     """
     try:
-        with open(path, "rb") as f:
+        with _open_regular(path) as f:  # a FIFO at the path must not block the save
             size = int.from_bytes(f.read(8), "little")
             header = f.read(size) if 0 < size <= 1 << 26 else b""
-        metadata = _read_metadata(size.to_bytes(8, "little") + header)
+        metadata = _read_metadata(size.to_bytes(8, "little") + header, layout=False)
         specs = json.loads(metadata[_HEADER_KEY])["tensors"]
         return any(not spec["nominal"] for spec in specs.values())
     except Exception:  # not a readable ortlearn checkpoint
