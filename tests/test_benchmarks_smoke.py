@@ -242,7 +242,9 @@ def test_memory_of_a_fit(smoke):
     memory = result["memory"]
     assert memory["rows"] == 1000 and memory["warm"]
     assert memory["data_bytes"] == 1000 * 101 * 4
-    # after the warm-up fit, only the fit's own allocations remain (a few MB at most)
-    assert 0 <= memory["overhead_bytes"] < 30e6
+    # after the warm-up fit, only the fit's own allocations remain (a few MB at most); the
+    # kernel updates the high-water mark lazily, so a fit that frees more than it takes can
+    # read a little below the baseline
+    assert -1e6 <= memory["overhead_bytes"] < 30e6
     assert memory["peak_rss_during_fit"] >= memory["rss_before_fit"]
     assert "memory: a W2 fit of 1000 rows" in (out / "results.md").read_text()

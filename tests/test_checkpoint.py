@@ -175,9 +175,11 @@ def _parameter_sets(draw):
 def test_round_trip_random_states(params, properties, with_optim, step, lr):
     trainable, frozen = params
     state = CheckpointState.from_parameters(trainable, frozen, properties)
+    # moments are finite (NaN or infinite ones are refused: test_reliability_checkpoints)
+    moments = {n: np.nan_to_num(a) if a.dtype.kind == "f" else a for n, a in trainable.items()}
     if with_optim:
         state.set_optimizer_state(
-            {n: {"m": np.flip(a), "v": a} for n, a in trainable.items()}, step, lr)
+            {n: {"m": np.flip(a), "v": a} for n, a in moments.items()}, step, lr)
     loaded = CheckpointState.load_checkpoint(state.to_bytes(include_optimizer_state=True))
     assert_states_equal(state, loaded)
     assert _same_value(loaded.optimizer_learning_rate, lr if with_optim else None)
