@@ -33,6 +33,7 @@ from torch_models import (
     assert_gradients_close,
     dropout_off,
     export,
+    gradient_grid,
     ortlearn_gradients,
     parameter_map,
     torch_gradients,
@@ -83,10 +84,7 @@ def _assert_close_to_torch(got, expected, rtol):
 # ----------------------------------------------------------------- 1. gradients vs torch
 
 
-@pytest.mark.parametrize("name", CNNS)
-@pytest.mark.parametrize("exporter", EXPORTERS)
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
-@pytest.mark.parametrize("via", ["autodiff", "api"])
+@gradient_grid(CNNS)
 def test_gradients_match_torch(name, exporter, dtype, via):
     model, inputs, target, onx = _export(name, exporter, dtype)
     loss = ZOO[name][1]

@@ -37,6 +37,7 @@ from torch_models import (
     assert_gradients_close,
     dropout_off,
     export,
+    gradient_grid,
     ort_forward,
     ortlearn_gradients,
     parameter_map,
@@ -173,10 +174,7 @@ def exported(name, exporter, dtype=torch.float32, dropout=False):
 # ----------------------------------------------------------------- 1. gradients vs torch
 
 
-@pytest.mark.parametrize("name", NAMES)
-@pytest.mark.parametrize("exporter", EXPORTERS)
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
-@pytest.mark.parametrize("via", ["autodiff", "api"])
+@gradient_grid(NAMES)
 def test_gradients_match_torch(name, exporter, dtype, via):
     model, inputs, target, onx = exported(name, exporter, dtype)
     assert sorted(parameter_map(onx, model)) == sorted(model.state_dict())

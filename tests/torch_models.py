@@ -21,6 +21,7 @@ import io
 import numpy as np
 import onnx
 import onnxruntime as ort
+import pytest
 import torch
 import torch.nn.functional as F
 from onnx import helper, numpy_helper
@@ -31,6 +32,24 @@ from ortlearn.torch import batchnorm_training_mode, quiet_exporters
 from ortlearn.training.device import make_session
 
 EXPORTERS = ("torchscript", "dynamo")
+
+
+def gradient_grid(names):
+    """The grid of the gradient tests against torch: each model of ``names``, each
+    exporter, float64 and float32, through ``build_gradient`` and through the training API
+    (the ``name``, ``exporter``, ``dtype`` and ``via`` arguments of the test)."""
+    marks = [pytest.mark.parametrize("name", names),
+             pytest.mark.parametrize("exporter", EXPORTERS),
+             pytest.mark.parametrize("dtype", [torch.float64, torch.float32],
+                                     ids=["float64", "float32"]),
+             pytest.mark.parametrize("via", ["autodiff", "api"])]
+
+    def decorate(test):
+        for mark in reversed(marks):
+            test = mark(test)
+        return test
+
+    return decorate
 #: Opset of the TorchScript exports (the dynamo exporter writes opset 20 or more).
 TORCHSCRIPT_OPSET = 18
 
