@@ -56,7 +56,7 @@ from ..training import (
 )
 from ..training.engine import DEFAULT_BATCH_ROWS
 from ._objective import LOSS, SAMPLE_WEIGHT, input_names, label_dtype
-from ._session_cache import _SessionCache
+from ._session_cache import _SessionCache, serialized
 from ._validation import check_sample_weight
 
 __all__ = ["BaseOrtEstimator"]
@@ -161,6 +161,16 @@ class BaseOrtEstimator(BaseEstimator, ABC):
     n_features_in_ : int
     feature_names_in_ : ndarray of str
         Only when X has feature names that are all strings.
+
+    Notes
+    -----
+    ``fit``, ``partial_fit`` and ``set_state`` of one estimator called from
+    several threads run one after another. After ``fit`` the estimator keeps
+    the weights and the optimizer state, not the training session (its
+    buffers and threads are returned): a kept fitted model costs its
+    weights, the optimizer's moments and, once it predicts, one inference
+    session. ``partial_fit`` builds the training session on its first call
+    and keeps it for the calls that follow.
     """
 
     #: True: stop once the count of epochs without improvement exceeds
@@ -283,6 +293,7 @@ class BaseOrtEstimator(BaseEstimator, ABC):
             raise ValueError("partial_fit does not support early_stopping=True.")
         return self._fit(X, y, sample_weight, incremental=True, classes=classes)
 
+    @serialized
     def _fit(self, X, y, sample_weight, incremental: bool, classes=None):
         first = not hasattr(self, "estimator_") or (not self.warm_start and not incremental)
         device = parse_device(self.device)
@@ -316,7 +327,15 @@ class BaseOrtEstimator(BaseEstimator, ABC):
                 # A partial_fit with weights after calls without them gets the weighted
                 # graph, which starts from the weights and optimizer state saved so far.
                 runtime.engine = self._build_engine(X, device, sample_weight is not None)
-            self._fit_epochs(runtime.engine, X, y, y_enc, sample_weight, incremental)
+            try:
+                self._fit_epochs(runtime.engine, X, y, y_enc, sample_weight, incremental)
+            finally:
+                if not incremental:
+                    # A kept fitted model holds its weights (and the optimizer state that
+                    # partial_fit continues from), not the training session, its buffers
+                    # and threads; partial_fit rebuilds the engine from them, then keeps it
+                    # for the calls that follow.
+                    runtime.engine = None
         return self
 
     def _check_n_outputs(self, y) -> None:
@@ -566,6 +585,7 @@ class BaseOrtEstimator(BaseEstimator, ABC):
         check_is_fitted(self)
         return {k: np.array(v, copy=True) for k, v in get_weights(self.estimator_).items()}
 
+    @serialized
     def set_state(self, state: dict) -> None:
         """Replace the weights (every name of :meth:`get_state`, same shapes).
 

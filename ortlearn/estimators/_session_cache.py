@@ -1,8 +1,10 @@
-"""The cache of a fitted estimator's onnxruntime objects."""
+"""The runtime side of an estimator: its onnxruntime objects and its fit lock."""
 
 from __future__ import annotations
 
+import functools
 import threading
+import weakref
 
 from ..training import make_session
 
@@ -45,3 +47,29 @@ class _SessionCache:
     def reset_predictions(self) -> None:
         """Forget the prediction session (the weights changed)."""
         self.session = None
+
+
+# One lock per estimator object, outside its __dict__: clone, pickle and deepcopy see no
+# lock, and a copy (a new object) gets its own.
+_FIT_LOCKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_FIT_LOCKS_GUARD = threading.Lock()
+
+
+def serialized(method):
+    """Run ``method`` under the estimator's fit lock.
+
+    ``fit``, ``partial_fit`` and ``set_state`` of one estimator called from
+    several threads run one after another, each complete: they share the
+    estimator's engine, weights and curves, and interleaved steps would mix
+    updates while the history claims every call ran. The lock is reentrant
+    so that a subclass's ``fit`` may call its parent's.
+    """
+    @functools.wraps(method)
+    def locked(self, *args, **kwargs):
+        with _FIT_LOCKS_GUARD:
+            lock = _FIT_LOCKS.get(self)
+            if lock is None:
+                lock = _FIT_LOCKS[self] = threading.RLock()
+        with lock:
+            return method(self, *args, **kwargs)
+    return locked

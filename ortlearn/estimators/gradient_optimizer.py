@@ -24,7 +24,7 @@ from ..graph import (
 )
 from ..optim import SGD, Adam, Optimizer, TorchAdamW
 from ..training import Batches, TrainingEngine, parse_device
-from ._session_cache import _SessionCache
+from ._session_cache import _SessionCache, serialized
 from ._validation import as_real, check_finite, check_sample_weight
 
 __all__ = ["OrtGradientOptimizer"]
@@ -246,14 +246,18 @@ class OrtGradientOptimizer(BaseEstimator):
                               deterministic=self.random_state is not None)
 
     def _engine(self) -> TrainingEngine:
-        """The fitted engine, rebuilt after unpickling."""
-        runtime = self._runtime
-        if runtime.engine is None:
-            if not hasattr(self, "_loss_model"):
-                self._read_graph()
-            runtime.engine = self._new_engine(self.state_)
-            runtime.engine.load_optimizer_state(self._optimizer_state)
-        return runtime.engine
+        """The engine of the running fit, else one rebuilt from ``state_``.
+
+        A fitted estimator keeps its weights and optimizer state, not a
+        training session: a warm start, ``set_state`` and ``score`` rebuild one.
+        """
+        if self._runtime.engine is not None:
+            return self._runtime.engine
+        if not hasattr(self, "_loss_model"):
+            self._read_graph()
+        engine = self._new_engine(self.state_)
+        engine.load_optimizer_state(self._optimizer_state)
+        return engine
 
     # ------------------------------------------------------------------ data
     def _arrays(self, X, y, sample_weight) -> list[np.ndarray]:
@@ -303,6 +307,7 @@ class OrtGradientOptimizer(BaseEstimator):
 
     # ------------------------------------------------------------------- fit
     @_fit_context(prefer_skip_nested_validation=True)
+    @serialized
     def fit(self, X, y, sample_weight=None, X_val=None, y_val=None):
         """Train the weights for ``max_iter`` epochs of mini-batch gradient descent.
 
@@ -356,6 +361,13 @@ class OrtGradientOptimizer(BaseEstimator):
             self.train_losses_, self.validation_losses_, self.n_iter_ = [], [], 0
         self._runtime = _SessionCache()
         self._runtime.engine = engine
+        try:
+            return self._run_epochs(engine, arrays, val)
+        finally:
+            # The training session, its buffers and threads are not kept with the model.
+            self._runtime.engine = None
+
+    def _run_epochs(self, engine, arrays, val):
         period = self._validation_period()
         n = arrays[0].shape[0]
         try:
@@ -402,6 +414,7 @@ class OrtGradientOptimizer(BaseEstimator):
         check_is_fitted(self, "state_")
         return {n: v.copy() for n, v in self.state_.items()}
 
+    @serialized
     def set_state(self, state: dict) -> None:
         """Replace the trained weights (e.g. with those of :meth:`get_state`).
 
