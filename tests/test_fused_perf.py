@@ -18,7 +18,8 @@ def _mlp_engine(optimizer, loop):
     rs = np.random.RandomState(0)
     X = rs.randn(60, 4)
     y = X @ rs.randn(4) + 0.1 * rs.randn(60)
-    est = OrtMLPRegressor(hidden_layer_sizes=(5,), max_iter=1, random_state=0).fit(
+    # partial_fit keeps its engine (fit releases it)
+    est = OrtMLPRegressor(hidden_layer_sizes=(5,), random_state=0).partial_fit(
         X, y, sample_weight=np.ones(60))
     engine = est._runtime.engine
     model, trainable = engine._model, engine.trainable
@@ -173,8 +174,8 @@ def test_estimators_tell_the_engine_their_batch_size(monkeypatch):
     y = X @ rs.randn(4)
 
     def options(batch_size):
-        est = OrtMLPRegressor(hidden_layer_sizes=(2000,), max_iter=1, batch_size=batch_size,
-                              random_state=0).fit(X, y)
+        est = OrtMLPRegressor(hidden_layer_sizes=(2000,), batch_size=batch_size,
+                              random_state=0).partial_fit(X, y)
         return est._runtime.engine._session_options
 
     # 12 001 weights: 16 rows make 0.19 M multiply-adds, 'auto' (200 rows) 2.4 M
@@ -199,6 +200,11 @@ def test_gradient_optimizer_tells_the_engine_its_batch_size(monkeypatch, batch_s
     onx = add_loss_output(to_onnx(LinearRegression().fit(X, y), X, black_op={"LinearRegressor"}))
     opt = OrtGradientOptimizer(onx, ["coef", "intercept"], max_iter=1, batch_size=batch_size,
                                learning_rate=1e-4)
+    engines = []  # the fit's engine (fit does not keep it)
+    new_engine = OrtGradientOptimizer._new_engine
+    monkeypatch.setattr(OrtGradientOptimizer, "_new_engine",
+                        lambda self, *a, **k: engines.append(new_engine(self, *a, **k))
+                        or engines[-1])
     opt.fit(X, y)
     # batches of 10 or 20 rows: 30 k or 60 k multiply-adds; of 400 rows: 1.2 M
-    assert opt._engine()._session_options.intra_op_num_threads == threads
+    assert engines[0]._session_options.intra_op_num_threads == threads

@@ -87,9 +87,9 @@ def test_fused_adam_step_gathers_its_scalars(build):
     """The step reads one fed value per scalar: no step counter, no Pow, no Sqrt of scalars."""
     rs = np.random.RandomState(0)
     X = rs.randn(40, 4)
-    est = OrtMLPRegressor(hidden_layer_sizes=(5,), max_iter=1, random_state=0).fit(
+    est = OrtMLPRegressor(hidden_layer_sizes=(5,), random_state=0).partial_fit(
         X, X @ rs.randn(4))
-    engine = est._runtime.engine
+    engine = est._runtime.engine  # kept by partial_fit
     model, layout = build(engine._model, engine.trainable, engine.input_names, Adam())
     assert layout.scalars == {"lr_t": "fused.scalar.lr_t"}
     assert layout.epoch_inputs == ("fused.order", "fused.starts", "fused.ends", "fused.rows",

@@ -13,9 +13,8 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from ortlearn import OrtGradientOptimizer, OrtLinearClassifier, OrtMLPRegressor, add_loss_output
-
 from benchmarks.memory import STATUS_SOURCE
+from ortlearn import OrtGradientOptimizer, OrtLinearClassifier, OrtMLPRegressor, add_loss_output
 
 
 def _data(n=96, d=6, seed=0):
