@@ -57,7 +57,7 @@ from ..training import (
 from ..training.engine import DEFAULT_BATCH_ROWS
 from ._objective import LOSS, SAMPLE_WEIGHT, input_names, label_dtype
 from ._session_cache import _SessionCache, serialized
-from ._validation import check_sample_weight
+from ._validation import check_in_range, check_sample_weight
 
 __all__ = ["BaseOrtEstimator"]
 
@@ -222,7 +222,9 @@ class BaseOrtEstimator(BaseEstimator, ABC):
 
     def _validate_xy(self, X, y, reset: bool):
         """X (float64 or float32, kept), y as scikit-learn takes it."""
-        dtype = _FLOAT_DTYPES if reset else self._dtype
+        # X keeps its float dtype here: the cast to the model's dtype (_as_model_dtype)
+        # names the columns that overflow it rather than sklearn's "infinity" message.
+        dtype = _FLOAT_DTYPES
         if is_classifier(self):
             X, y = validate_data(self, X, y, reset=reset, dtype=dtype, multi_output=True)
             if y.ndim == 2 and y.shape[1] > 1:
@@ -238,11 +240,18 @@ class BaseOrtEstimator(BaseEstimator, ABC):
                 y = column_or_1d(y, warn=True)
         return X, y
 
+    def _as_model_dtype(self, X) -> np.ndarray:
+        """X in the model's dtype; ValueError naming the columns that overflow it."""
+        check_in_range("X", X, self._dtype)
+        return X.astype(self._dtype, copy=False)
+
     def _encode_target(self, y) -> np.ndarray:
         """y as the graph's ``y`` input: floats (n, k), 0/1 column, or class indices."""
         kind = self._kind()
         if kind == "regressor":
-            y = np.asarray(y, dtype=self._dtype)
+            y = np.asarray(y)
+            check_in_range("y", y, self._dtype)
+            y = y.astype(self._dtype, copy=False)
             return y.reshape(len(y), -1)
         unknown = np.setdiff1d(y, self.classes_)
         if unknown.size:
@@ -298,12 +307,16 @@ class BaseOrtEstimator(BaseEstimator, ABC):
         first = not hasattr(self, "estimator_") or (not self.warm_start and not incremental)
         device = parse_device(self.device)
         X, y = self._validate_xy(X, y, reset=first)
-        if incremental and not first and not is_classifier(self):
-            # before anything changes: a failed call leaves n_iter_, weights and curves as they were
-            self._check_n_outputs(y)
+        if not first:
+            # before anything changes: a failed call leaves n_iter_, weights and curves as
+            # they were. A warm start or partial_fit continues the fitted weights, so it
+            # must not be asked for other shapes (sklearn's MLP fails on them too).
+            self._check_architecture(incremental)
+            if not is_classifier(self):
+                self._check_n_outputs(y, incremental)
         if first:
             self._dtype = np.dtype(X.dtype)
-        X = X.astype(self._dtype, copy=False)
+        X = self._as_model_dtype(X)
         sample_weight = check_sample_weight(sample_weight, X.shape[0], X.dtype)
         if is_classifier(self):
             self._prepare_classes(y, classes, incremental, first)
@@ -338,15 +351,49 @@ class BaseOrtEstimator(BaseEstimator, ABC):
                     runtime.engine = None
         return self
 
-    def _check_n_outputs(self, y) -> None:
-        """Refuse a partial_fit target with another number of outputs than the model's."""
+    def _check_n_outputs(self, y, incremental: bool = True) -> None:
+        """Refuse a partial_fit or warm-start target with another number of outputs."""
         expected = getattr(self.estimator_, "n_outputs_", 1)
         n_outputs = 1 if y.ndim == 1 else y.shape[1]
         if n_outputs != expected:
+            if incremental:
+                how, remedy = "partial_fit continues", "or call fit to start a new model"
+            else:
+                how, remedy = ("warm_start=True continues",
+                               "or set warm_start=False to fit a new model")
             raise ValueError(
                 f"y has {n_outputs} output(s) (columns) but {type(self).__name__} was fitted "
-                f"with {expected}: partial_fit continues the same model. Pass targets of "
-                f"shape (n_samples, {expected}), or call fit to start a new model.")
+                f"with {expected}: {how} the same model. Pass targets of "
+                f"shape (n_samples, {expected}), {remedy}.")
+
+    #: parameters that set the shapes of the weights (an MLP's hidden_layer_sizes)
+    _architecture_params: tuple = ()
+
+    def _architecture(self) -> dict:
+        """``{parameter: value}`` of :attr:`_architecture_params`, comparable values."""
+        return {name: tuple(np.atleast_1d(getattr(self, name)).tolist())
+                for name in self._architecture_params}
+
+    def _check_architecture(self, incremental: bool) -> None:
+        """Refuse to continue fitted weights whose shapes the parameters changed.
+
+        A warm start (or partial_fit) would otherwise train the old shapes and
+        ignore the new value without a word.
+        """
+        fitted = getattr(self, "_fitted_architecture", None)
+        if fitted is None:
+            return
+        for name, new in self._architecture().items():
+            old = fitted.get(name, new)
+            if new != old:
+                shown_old, shown_new = self._fitted_values[name], getattr(self, name)
+                how = ("partial_fit continues" if incremental
+                       else "warm_start=True continues")
+                raise ValueError(
+                    f"{name}={shown_new!r} is not the value the model was fitted with "
+                    f"({shown_old!r}): {how} the fitted weights, whose shapes it sets. Set "
+                    f"warm_start=False to fit a new model with {name}={shown_new!r}, or set "
+                    f"{name} back to {shown_old!r}.")
 
     def _prepare_classes(self, y, classes, incremental: bool, first: bool) -> None:
         if incremental and not hasattr(self, "classes_"):
@@ -359,6 +406,16 @@ class BaseOrtEstimator(BaseEstimator, ABC):
                              f"the first call to partial_fit: {self.classes_.tolist()}.")
         elif first and not incremental:
             self._set_classes(y, None)
+        elif not incremental:
+            # A warm start continues the fitted outputs, one per class: new labels would
+            # need other shapes (scikit-learn's MLPClassifier refuses them too).
+            new = np.setdiff1d(np.unique(y), self.classes_)
+            if new.size:
+                raise ValueError(
+                    f"y contains the labels {new.tolist()} the model was not fitted with "
+                    f"(classes_={self.classes_.tolist()}): warm_start=True continues the "
+                    "fitted outputs, one per class. Set warm_start=False to fit a new model "
+                    "on these classes.")
 
     def _initialize(self, X, y) -> None:
         """Fresh counterpart (sklearn's initial weights), curves and counters."""
@@ -369,6 +426,9 @@ class BaseOrtEstimator(BaseEstimator, ABC):
         else:
             template = init_template(self._make_counterpart(), X, y)
         self.estimator_ = template
+        # what _check_architecture compares a warm start or partial_fit with
+        self._fitted_architecture = self._architecture()
+        self._fitted_values = {n: getattr(self, n) for n in self._architecture_params}
         # MLPs keep drawing from the generator that initialised the weights, as sklearn does.
         self._random_state = getattr(template, "_random_state", None) or check_random_state(
             self.random_state)
@@ -675,7 +735,7 @@ class BaseOrtEstimator(BaseEstimator, ABC):
     def _run_inference(self, X, outputs) -> dict:
         check_is_fitted(self)
         X = validate_data(self, X, reset=False, dtype=_FLOAT_DTYPES)
-        X = X.astype(self._dtype, copy=False)
+        X = self._as_model_dtype(X)
         session = self._runtime.inference_session(self._inference_model, self.device)
         return dict(zip(outputs, session.run(outputs, {"X": X})))
 

@@ -50,6 +50,7 @@ class BaseOrtLinear(BaseOrtEstimator):
     #: SGD stops once the count of epochs without improvement reaches n_iter_no_change.
     _stop_after_exceeding = False
     _multi_output = False
+    _architecture_params = ("fit_intercept",)
 
     @property
     def coef_(self):
@@ -147,7 +148,12 @@ _COMMON_PARAMS_DOC = """
         Epochs without improvement before stopping (or lowering the
         ``'adaptive'`` rate).
     warm_start : bool, default=False
-        Start ``fit`` from the current weights.
+        Start ``fit`` from the current weights. A warm start (or
+        ``partial_fit``) after changing ``fit_intercept``, or on targets with
+        another number of outputs (or, for classifiers, other classes),
+        raises a ``ValueError`` rather than train the fitted weights of the
+        old form; set ``warm_start=False`` to fit a new model. Data with
+        another number of features are refused as by ``predict``.
     solver : {'sgd', 'adam', 'adamw', 'lbfgs'}, default='sgd'
         ``'sgd'``: mini-batch SGD (``momentum``); ``'adam'``; ``'adamw'``:
         the L2 part of the penalty becomes AdamW's decoupled weight decay

@@ -46,6 +46,7 @@ class BaseOrtMLP(BaseOrtEstimator):
     }
 
     _counterpart_class = None
+    _architecture_params = ("hidden_layer_sizes",)
 
     def __init__(self, hidden_layer_sizes=(100,), activation="relu", *, solver="adam",
                  alpha=0.0001, batch_size="auto", learning_rate="constant",
@@ -169,7 +170,14 @@ class OrtMLPRegressor(OrtRegressorMixin, BaseOrtMLP):
     verbose : bool, default=False
         Print one line per epoch: epoch, loss, validation score, elapsed time.
     warm_start : bool, default=False
-        Start ``fit`` from the current weights.
+        Start ``fit`` from the current weights. Those weights fix the
+        architecture: a warm start after ``set_params(hidden_layer_sizes=...)``
+        or on targets with another number of outputs (or, for classifiers,
+        other classes) raises a ``ValueError`` rather than train the old
+        shapes; set ``warm_start=False`` to fit a new model (scikit-learn's
+        MLPs fail on such a warm start with ``solver='lbfgs'`` and on other
+        classes; with the other solvers they keep training the old shapes).
+        Data with another number of features are refused as by ``predict``.
     momentum : float, default=0.9
         Momentum of ``solver='sgd'``.
     nesterovs_momentum : bool, default=True
@@ -272,6 +280,9 @@ class OrtMLPClassifier(OrtClassifierMixin, BaseOrtMLP):
     tol : float, default=1e-4
     verbose : bool, default=False
     warm_start : bool, default=False
+        As :class:`OrtMLPRegressor`: a warm start after changing
+        ``hidden_layer_sizes``, or on targets with other classes, raises a
+        ``ValueError``; set ``warm_start=False`` to fit a new model.
     momentum : float, default=0.9
     nesterovs_momentum : bool, default=True
     early_stopping : bool, default=False

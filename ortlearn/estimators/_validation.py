@@ -8,6 +8,9 @@ sample weights with the same messages:
 - :func:`as_real`: an array of a given real dtype; ``TypeError`` for complex
   or non-numeric data.
 - :func:`check_finite`: ``ValueError`` for NaN or infinity.
+- :func:`check_in_range`: ``ValueError`` for finite values a narrower float
+  dtype cannot hold (float64 data beyond float32's range would become
+  infinity and predict or train NaN).
 - :func:`check_sample_weight`: the sample weights of ``n_samples`` rows
   (1-D, finite, non-negative, not all zero); a scalar weights every row.
 
@@ -23,13 +26,42 @@ import numbers
 
 import numpy as np
 
-__all__ = ["as_real", "check_finite", "check_sample_weight"]
+__all__ = ["as_real", "check_finite", "check_in_range", "check_sample_weight"]
 
 
 def check_finite(name: str, array: np.ndarray) -> None:
     """Raise ``ValueError('<name> contains NaN or infinity.')`` for a non-finite float array."""
     if np.issubdtype(array.dtype, np.floating) and not np.isfinite(array).all():
         raise ValueError(f"{name} contains NaN or infinity.")
+
+
+def check_in_range(name: str, array: np.ndarray, dtype) -> None:
+    """Raise ``ValueError`` when finite values of ``array`` overflow the float ``dtype``.
+
+    Casting float64 data above ``numpy.finfo(dtype).max`` to float32 gives
+    infinity without a word; the message names the columns (or positions of
+    a 1-D array) and the range instead. NaN and infinity already in the data
+    are left to :func:`check_finite`.
+    """
+    dtype = np.dtype(dtype)
+    if not (np.issubdtype(array.dtype, np.floating) and np.issubdtype(dtype, np.floating)):
+        return
+    limit = np.finfo(dtype).max
+    if np.finfo(array.dtype).max <= limit:
+        return
+    magnitude = np.abs(array)
+    too_large = np.isfinite(magnitude) & (magnitude > limit)
+    if not too_large.any():
+        return
+    if array.ndim == 2:
+        where = f"column(s) {np.flatnonzero(too_large.any(axis=0)).tolist()[:10]}"
+    else:
+        where = f"position(s) {np.flatnonzero(too_large.ravel()).tolist()[:10]}"
+    largest = float(magnitude[too_large].max())
+    raise ValueError(
+        f"{name} has values beyond the range of {dtype} (|x| <= {limit:.4g}) in {where}, "
+        f"largest |x| = {largest:.4g}: the model computes in {dtype} and they would become "
+        f"infinity. Scale the data, or use a model of a wider dtype (e.g. fit on float64).")
 
 
 def as_real(name: str, value, dtype) -> np.ndarray:
@@ -39,11 +71,14 @@ def as_real(name: str, value, dtype) -> np.ndarray:
     ------
     TypeError
         Complex or non-numeric data (the message names ``name``).
+    ValueError
+        Finite values beyond the range of ``dtype`` (:func:`check_in_range`).
     """
     array = np.asarray(value)
     if np.iscomplexobj(array):
         raise TypeError(f"{name} has the complex dtype {array.dtype}: only real numbers can "
                         "be fed to the graph.")
+    check_in_range(name, array, dtype)
     try:
         return array.astype(dtype, copy=False)
     except (TypeError, ValueError) as exc:

@@ -79,7 +79,10 @@ class OrtGradientOptimizer(BaseEstimator):
     warm_start : bool, default=False
         Continue from the previous fit: weights, optimizer state, epoch
         count and random generator (two warm fits of ``k`` epochs equal one
-        fit of ``2k``).
+        fit of ``2k``). The fitted weights belong to their graph: a warm
+        start after ``set_params`` changed ``model_onnx`` or
+        ``weights_to_train`` raises a ``ValueError`` rather than train the
+        old graph; set ``warm_start=False`` to train the new one.
     verbose : int, default=0
         Print the loss of each epoch when > 0.
     validation_every : float or int, default=0.1
@@ -345,8 +348,13 @@ class OrtGradientOptimizer(BaseEstimator):
         """
         parse_device(self.device)
         continuing = self.warm_start and hasattr(self, "state_")
-        if not continuing:
+        if continuing:
+            self._check_same_graph()
+        else:
             self._read_graph()
+            # what a warm start must continue: the graph and weights these were fitted on
+            self._fitted_graph = {"model_onnx": self.model_onnx,
+                                  "weights_to_train": _as_list(self.weights_to_train)}
         arrays = self._arrays(X, y, sample_weight)
         val = None
         if X_val is not None:
@@ -395,6 +403,27 @@ class OrtGradientOptimizer(BaseEstimator):
                           "weights reached so far are kept.", stacklevel=2)
         self._store(engine)
         return self
+
+    def _check_same_graph(self) -> None:
+        """Refuse a warm start after ``set_params(model_onnx=...)`` or ``weights_to_train``.
+
+        The fitted weights belong to the graph they were trained on: continuing
+        them would train the old graph and ignore the new parameter.
+        """
+        fitted = getattr(self, "_fitted_graph", None)
+        if fitted is None:  # fitted by an older version: nothing to compare with
+            return
+        current = {"model_onnx": self.model_onnx,
+                   "weights_to_train": _as_list(self.weights_to_train)}
+        for name, old in fitted.items():
+            new = current[name]
+            if new is old or _same(new, old):
+                continue
+            raise ValueError(
+                f"{name} was changed since the fit: warm_start=True continues the weights "
+                f"trained on the previous {name} and would ignore the new one. Set "
+                f"warm_start=False to train the new {name} from its initial weights, or set "
+                f"{name} back to the value fitted.")
 
     def _store(self, engine: TrainingEngine) -> None:
         """Fitted attributes on the host (what pickling keeps)."""
@@ -537,3 +566,18 @@ class OrtGradientOptimizer(BaseEstimator):
         """
         check_is_fitted(self, "state_")
         return -self._engine().eval_loss(self._arrays(X, y, sample_weight))
+
+
+def _as_list(weights):
+    """``weights_to_train`` as a comparable list (None stays None)."""
+    return None if weights is None else [str(w) for w in weights]
+
+
+def _same(new, old) -> bool:
+    """Equal parameter values (a graph given again as the same path, bytes or proto)."""
+    if type(new) is not type(old):
+        return False
+    try:
+        return bool(new == old)
+    except (TypeError, ValueError):  # values without a plain ==
+        return False

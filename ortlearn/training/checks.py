@@ -130,11 +130,22 @@ def conform_state(state, expected: dict, partial: bool = False) -> dict:
 
 
 def check_learning_rate(lr) -> float:
-    """``lr`` as a float; ValueError unless finite and > 0."""
+    """``lr`` as a float; ValueError unless finite, > 0 and within float32's range.
+
+    The optimizer graphs may take the rate as float32, where a larger value
+    becomes infinity and every weight NaN after one step.
+    """
     lr = float(lr)
     if not (np.isfinite(lr) and lr > 0):
         raise ValueError(f"The learning rate must be a finite number > 0, got {lr!r}.")
+    if lr > FLOAT32_MAX:
+        raise ValueError(f"The learning rate {lr!r} overflows float32 (at most "
+                         f"{FLOAT32_MAX:.4g}): it would become infinity in the optimizer.")
     return lr
+
+
+#: the largest learning rate the optimizer graphs' float32 inputs can hold
+FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 def check_class_labels(marks: dict, feeds: dict, what: str) -> None:

@@ -485,7 +485,7 @@ class TrainingEngine:
         loss = float(buffers.host(layout.loss_sum)) / n_rows
         finite = self._weight_copies()
         if not (np.isfinite(loss) and all(np.isfinite(c).all() for c in finite[1].values())):
-            self._diverged(loss)
+            self._diverged(loss, finite)
         self._last_finite = finite
         return loss
 
@@ -495,14 +495,24 @@ class TrainingEngine:
         _, layout, buffers = self._steps[self._current]
         return layout, {c: buffers.host_copy(c) for c in set(layout.weights.values())}
 
-    def _diverged(self, loss: float) -> None:
+    def _diverged(self, loss: float, reached: tuple) -> None:
+        # Name what is not finite (the data were checked finite before training, so
+        # the steps themselves overflowed): the loss, and which weights.
+        layout_now, copies_now = reached
+        bad = sorted(name for name, value in _weight_values(layout_now, None, copies_now).items()
+                     if not np.isfinite(value).all())
+        what = (f"the epoch loss is {loss}" if not np.isfinite(loss)
+                else f"the epoch loss is finite ({loss:.6g})")
+        what += (f" and weight(s) {bad} hold NaN or infinity" if bad
+                 else " and every weight is finite")
         layout, copies = self._last_finite
         # The optimizer state is as corrupted as the weights: start it again.
         self.set_state(_weight_values(layout, None, copies))
         self._reset_optimizer()
         raise ConvergenceError(
-            f"Training diverged: the epoch loss is {loss} (or a weight is not finite). "
-            "The weights of the last finite epoch were restored; lower the learning rate.")
+            f"Training diverged: {what} after an epoch at learning rate {self._lr:.6g}. "
+            "The weights of the last finite epoch were restored; lower the learning rate "
+            "or scale the data.")
 
     def _reset_optimizer(self) -> None:
         _, layout, buffers = self._steps[self._current]

@@ -118,14 +118,17 @@ def minimize_lbfgs(loss_model, trainable, initial_weights, arrays, input_names=N
     weights : dict of str to numpy.ndarray
         The optimised weights, in the graph's dtype.
     n_iter : int
-        Iterations made.
+        Iterations scipy made (0 when it stopped before the first one).
     loss : float
         The loss at the returned weights.
 
     Warns
     -----
     ConvergenceWarning
-        When the iteration or evaluation budget ran out before convergence.
+        Whenever scipy does not report success, as scikit-learn warns: the
+        iteration or evaluation budget ran out (status 1) or the run stopped
+        abnormally (status 2, e.g. no decrease found on badly scaled data);
+        the message gives the status and scipy's message.
     UserWarning
         On KeyboardInterrupt: the weights of the lowest loss evaluated so far
         are returned (as scikit-learn's MLP keeps the weights reached).
@@ -162,11 +165,33 @@ def minimize_lbfgs(loss_model, trainable, initial_weights, arrays, input_names=N
             raise
         warnings.warn("Training interrupted by user.", stacklevel=2)
         return fun.unflatten(fun.best_x), progress.iteration, fun.best_loss
+    _warn_unless_converged(result, max_iter, max_fun)
+    # scipy's own count of the iterations it ran (0 when the first line search
+    # failed), capped at max_iter as scikit-learn's _check_optimize_result does.
+    return fun.unflatten(result.x), min(int(result.nit), max_iter), float(result.fun)
+
+
+def _warn_unless_converged(result, max_iter: int, max_fun: int) -> None:
+    """ConvergenceWarning for every status but 0 (success), as scikit-learn warns.
+
+    Status 1 is the iteration or evaluation budget; 2 an abnormal stop (the
+    line search found no decrease, e.g. on badly scaled data or a loss that
+    is not finite); any other status (a newer scipy's) is reported the same way.
+    """
+    if result.status == 0:
+        return
+    message = result.message
+    if isinstance(message, bytes):  # old scipy versions return bytes
+        message = message.decode("latin1")
     if result.status == 1:
-        warnings.warn(f"L-BFGS did not converge in {max_iter} iterations / {max_fun} "
-                      f"evaluations ({result.message}); increase max_iter or scale the data.",
-                      ConvergenceWarning, stacklevel=2)
-    return fun.unflatten(result.x), int(result.nit), float(result.fun)
+        remedy = (f"the budget of max_iter={max_iter} iterations / max_fun={max_fun} "
+                  "evaluations ran out: increase max_iter (or max_fun) or scale the data.")
+    else:
+        remedy = ("the optimisation stopped abnormally: scale the data (e.g. with "
+                  "sklearn.preprocessing.StandardScaler) or increase the regularisation.")
+    warnings.warn(f"L-BFGS failed to converge after {int(result.nit)} iteration(s) "
+                  f"(status={result.status}, scipy: {message.strip()!r}): {remedy}",
+                  ConvergenceWarning, stacklevel=3)
 
 
 class _Progress:

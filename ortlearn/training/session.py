@@ -62,6 +62,7 @@ from ..graph.format import (
 from ..optim import LinearLR, unpack_optimizer_model
 from ._buffers import BufferPairs, device_value, host_copy
 from .checkpoint import CheckpointState
+from .checks import FLOAT32_MAX as _FLOAT32_MAX
 from .checks import check_class_labels
 from .device import make_session, make_session_options, parse_device
 
@@ -894,7 +895,7 @@ class TrainingSession:
         ------
         ValueError
             If the session has no optimizer model, or ``learning_rate`` is
-            negative, NaN or infinite.
+            negative, NaN, infinite or beyond float32's range.
         TypeError
             If ``learning_rate`` is not a real number.
         """
@@ -905,6 +906,10 @@ class TrainingSession:
         if not (math.isfinite(learning_rate) and learning_rate >= 0):
             raise ValueError(f"learning_rate must be a finite number >= 0, got "
                              f"{learning_rate!r}.")
+        if learning_rate > _FLOAT32_MAX:
+            # the optimizer model takes it as float32: it would become infinity
+            raise ValueError(f"learning_rate {learning_rate!r} overflows float32 (at most "
+                             f"{_FLOAT32_MAX:.4g}), the optimizer model's learning-rate type.")
         self._set_lr(float(learning_rate))
 
     def _set_lr(self, learning_rate: float) -> None:
