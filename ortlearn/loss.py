@@ -19,8 +19,11 @@ loss blocks and the estimators' objectives as well as
 Examples
 --------
 >>> from ortlearn.loss import SCORES, SCORE_NAMES, get_score
->>> list(SCORES)
+>>> list(SCORES)[:6]
 ['squared_error', 'absolute_error', 'elastic', 'huber', 'log', 'cross_entropy']
+>>> list(SCORES)[6:]  # doctest: +NORMALIZE_WHITESPACE
+['hinge', 'squared_hinge', 'modified_huber', 'perceptron', 'epsilon_insensitive',
+ 'squared_epsilon_insensitive', 'pinball', 'poisson', 'gamma', 'tweedie']
 >>> get_score('l1').name
 'absolute_error'
 >>> dict(SCORES['huber'].params)
@@ -204,6 +207,91 @@ def _cross_entropy(builder: GraphBuilder, logits: str, label: str, dtype) -> str
     return builder.op("Neg", [picked])
 
 
+def _margin(builder: GraphBuilder, score: str, label: str, dtype) -> str:
+    """``z = (2 y - 1) s``: the score signed by the label (labels in {0, 1})."""
+    sign = builder.op("Sub", [builder.op("Mul", [builder.const(2.0, dtype), label]),
+                              builder.const(1.0, dtype)])
+    return builder.op("Mul", [sign, score])
+
+
+def _hinge(builder: GraphBuilder, score: str, label: str, dtype) -> str:
+    margin = _margin(builder, score, label, dtype)
+    return builder.op("Relu", [builder.op("Sub", [builder.const(1.0, dtype), margin])])
+
+
+def _squared_hinge(builder: GraphBuilder, score: str, label: str, dtype) -> str:
+    hinge = _hinge(builder, score, label, dtype)
+    return builder.op("Mul", [hinge, hinge])
+
+
+def _perceptron(builder: GraphBuilder, score: str, label: str, dtype) -> str:
+    return builder.op("Relu", [builder.op("Neg", [_margin(builder, score, label, dtype)])])
+
+
+def _modified_huber(builder: GraphBuilder, score: str, label: str, dtype) -> str:
+    # a = max(0, 1 - z), m = min(a, 2): m^2 + 4 (a - m) is a^2 for z >= -1 and -4 z below,
+    # scikit-learn's piecewise form without a Where.
+    hinge = _hinge(builder, score, label, dtype)
+    clipped = builder.op("Min", [hinge, builder.const(2.0, dtype)])
+    linear = builder.op("Mul", [builder.const(4.0, dtype),
+                                builder.op("Sub", [hinge, clipped])])
+    return builder.op("Add", [builder.op("Mul", [clipped, clipped]), linear])
+
+
+def _epsilon_insensitive(builder: GraphBuilder, pred: str, label: str, dtype, *,
+                         epsilon: float) -> str:
+    absd = builder.op("Abs", [builder.op("Sub", [pred, label])])
+    return builder.op("Relu", [builder.op("Sub", [absd, builder.const(epsilon, dtype)])])
+
+
+def _squared_epsilon_insensitive(builder: GraphBuilder, pred: str, label: str, dtype, *,
+                                 epsilon: float) -> str:
+    excess = _epsilon_insensitive(builder, pred, label, dtype, epsilon=epsilon)
+    return builder.op("Mul", [excess, excess])
+
+
+def _pinball(builder: GraphBuilder, pred: str, label: str, dtype, *, quantile: float) -> str:
+    # max(q d, (q - 1) d) = q d + max(0, -d) with d = y - p.
+    if not 0 < quantile < 1:
+        raise ValueError(f"quantile must be in (0, 1) for the pinball loss, got {quantile}.")
+    diff = builder.op("Sub", [label, pred])
+    return builder.op("Add", [builder.op("Mul", [builder.const(quantile, dtype), diff]),
+                              builder.op("Relu", [builder.op("Neg", [diff])])])
+
+
+def _poisson(builder: GraphBuilder, raw: str, label: str, dtype) -> str:
+    # Half the Poisson deviance of mean exp(raw), without the terms of y alone.
+    return builder.op("Sub", [builder.op("Exp", [raw]), builder.op("Mul", [label, raw])])
+
+
+def _gamma(builder: GraphBuilder, raw: str, label: str, dtype) -> str:
+    # Half the Gamma deviance of mean exp(raw), without the terms of y alone.
+    return builder.op("Add", [raw, builder.op("Mul", [label, builder.op(
+        "Exp", [builder.op("Neg", [raw])])])])
+
+
+def _tweedie(builder: GraphBuilder, raw: str, label: str, dtype, *, power: float) -> str:
+    """Half the Tweedie deviance of mean exp(raw), without the terms of y alone."""
+    if power == 0:
+        mean = builder.op("Exp", [raw])
+        diff = builder.op("Sub", [mean, label])
+        return builder.op("Mul", [builder.const(0.5, dtype), builder.op("Mul", [diff, diff])])
+    if power == 1:
+        return _poisson(builder, raw, label, dtype)
+    if power == 2:
+        return _gamma(builder, raw, label, dtype)
+    if power < 1:
+        raise ValueError(f"power must be 0 or >= 1 for the Tweedie loss (no distribution "
+                         f"exists for 0 < power < 1), got {power}.")
+
+    def scaled_exp(k: float) -> str:  # exp(k raw) / k
+        return builder.op("Mul", [builder.const(1.0 / k, dtype), builder.op(
+            "Exp", [builder.op("Mul", [builder.const(k, dtype), raw])])])
+
+    return builder.op("Sub", [scaled_exp(2 - power),
+                              builder.op("Mul", [label, scaled_exp(1 - power)])])
+
+
 def _check_binary_scores(pred: str, shape) -> None:
     """(n,) or (n, 1), an unknown second dimension accepted."""
     if len(shape) == 1 or (len(shape) == 2
@@ -241,6 +329,19 @@ SCORES: Mapping[str, Score] = _table(
     Score("huber", _huber, params=MappingProxyType({"epsilon": 1.0}), positive=("epsilon",)),
     Score("log", _binary_log_loss, check_shape=_check_binary_scores),
     Score("cross_entropy", _cross_entropy, class_labels=True, check_shape=_check_logits),
+    Score("hinge", _hinge),
+    Score("squared_hinge", _squared_hinge),
+    Score("modified_huber", _modified_huber),
+    Score("perceptron", _perceptron),
+    Score("epsilon_insensitive", _epsilon_insensitive,
+          params=MappingProxyType({"epsilon": 0.1})),
+    Score("squared_epsilon_insensitive", _squared_epsilon_insensitive,
+          params=MappingProxyType({"epsilon": 0.1})),
+    Score("pinball", _pinball, aliases=("quantile",),
+          params=MappingProxyType({"quantile": 0.5}), positive=("quantile",)),
+    Score("poisson", _poisson),
+    Score("gamma", _gamma),
+    Score("tweedie", _tweedie, params=MappingProxyType({"power": 1.5})),
 )
 
 #: Valid values of ``score_name`` in :func:`add_loss_output` (names and aliases).
@@ -564,6 +665,23 @@ def add_loss_output(onx, score_name: str = "squared_error", loss_name: str = "lo
           [0, n_classes) of shape (n,); an index out of range makes
           onnxruntime fail rather than count zero.
 
+        - the margin losses of :class:`sklearn.linear_model.SGDClassifier`,
+          of scores ``s`` and labels in {0, 1} (``z = (2 y - 1) s``):
+          ``'hinge'`` ``max(0, 1 - z)``, ``'squared_hinge'`` its square,
+          ``'perceptron'`` ``max(0, -z)``, ``'modified_huber'``
+          ``max(0, 1 - z) ** 2`` for ``z >= -1`` and ``-4 z`` below (one
+          column per class gives scikit-learn's one-vs-all sum);
+        - ``'epsilon_insensitive'``: ``max(0, |d| - epsilon)`` (``epsilon``
+          0.1 by default), ``'squared_epsilon_insensitive'`` its square;
+        - ``'pinball'`` or ``'quantile'``: ``max(q d, (q - 1) d)`` for the
+          ``quantile`` ``q`` in (0, 1) (0.5 by default);
+        - ``'poisson'``, ``'gamma'`` and ``'tweedie'`` (``power`` 0 or >= 1,
+          1.5 by default): half the deviance of the mean ``exp(p)`` (the
+          prediction is the linear predictor of a log link), without the
+          terms of ``y`` alone, as scikit-learn's GLMs minimise it:
+          ``exp(p) - y p``, ``p + y exp(-p)`` and
+          ``exp((2 - power) p) / (2 - power) - y exp((1 - power) p) / (1 - power)``.
+
         ``'log'`` and ``'cross_entropy'`` take logits, not probabilities:
         select the input of the final Sigmoid/Softmax with ``output_index``.
     loss_name : str, default='loss'
@@ -584,7 +702,9 @@ def add_loss_output(onx, score_name: str = "squared_error", loss_name: str = "lo
         output.
     **kwargs
         Parameters of the score: ``l1_weight`` and ``l2_weight`` (both 0.5
-        by default) for ``'elastic'``, ``epsilon`` (1.0) for ``'huber'``.
+        by default) for ``'elastic'``, ``epsilon`` (1.0) for ``'huber'``,
+        (0.1) for the epsilon-insensitive losses, ``quantile`` for
+        ``'pinball'``, ``power`` for ``'tweedie'``.
 
     Returns
     -------

@@ -7,15 +7,21 @@ import numpy as np
 import onnx
 import pytest
 from conftest import run_onnx
+from gradcheck import analytic_gradient, assert_close, numeric_gradient
 from onnx import TensorProto, helper, numpy_helper
 from scipy.special import expit, softmax
 from skl2onnx import to_onnx
 from sklearn.datasets import load_breast_cancer, load_diabetes, load_iris
 from sklearn.linear_model import LinearRegression, LogisticRegression
 from sklearn.metrics import (
+    hinge_loss,
     log_loss,
     mean_absolute_error,
+    mean_gamma_deviance,
+    mean_pinball_loss,
+    mean_poisson_deviance,
     mean_squared_error,
+    mean_tweedie_deviance,
 )
 
 import ortlearn.loss
@@ -376,8 +382,8 @@ def test_classifier_label_output_is_rejected(iris_logreg):
 # ----------------------------------------------------------------- errors
 
 def test_unknown_score_name_lists_valid_ones():
-    with pytest.raises(ValueError, match="'hinge'.*squared_error.*cross_entropy"):
-        add_loss_output(identity_model(np.float64), score_name="hinge")
+    with pytest.raises(ValueError, match="'svm'.*squared_error.*cross_entropy.*tweedie"):
+        add_loss_output(identity_model(np.float64), score_name="svm")
 
 
 @pytest.mark.parametrize("score,kw,exc,match", [
@@ -402,7 +408,9 @@ def test_score_names_are_the_table():
     assert SCORE_NAMES == tuple(name for score in SCORES.values() for name in score.names)
     assert len(set(SCORE_NAMES)) == len(SCORE_NAMES)
     assert set(SCORES) == {"squared_error", "absolute_error", "elastic", "huber", "log",
-                           "cross_entropy"}
+                           "cross_entropy", "hinge", "squared_hinge", "modified_huber",
+                           "perceptron", "epsilon_insensitive", "squared_epsilon_insensitive",
+                           "pinball", "poisson", "gamma", "tweedie"}
     with pytest.raises(TypeError):
         SCORES["mine"] = SCORES["huber"]  # read only
     with pytest.raises(dataclasses.FrozenInstanceError):
@@ -448,7 +456,7 @@ def test_table_entry_is_consistent(name):
             score.resolve_params(**{key: float("nan")})
 
 
-@pytest.mark.parametrize("bad", ["hinge", "L2", None, 3])
+@pytest.mark.parametrize("bad", ["hinge_loss", "L2", None, 3])
 def test_unknown_score_name_raises_naming_it(bad):
     for call in (lambda: get_score(bad),
                  lambda: elementwise_loss(GraphBuilder(), bad, "P", "L"),
@@ -545,3 +553,83 @@ def test_no_module_imports_private_loss_names():
                 offenders += [f"{path.name}: {a.name}" for a in node.names
                               if a.name.startswith("_")]
     assert not offenders
+
+
+# ------------------------------------------ the losses of scikit-learn's SGD* and GLMs
+def _margin_reference(name, y01, s):
+    z = (2 * y01 - 1) * s
+    return {"hinge": np.maximum(0, 1 - z),
+            "squared_hinge": np.maximum(0, 1 - z) ** 2,
+            "perceptron": np.maximum(0, -z),
+            "modified_huber": np.where(z >= -1, np.maximum(0, 1 - z) ** 2, -4 * z)}[name]
+
+
+_SKLEARN_SCORES = [  # (score, kwargs, mean loss from scikit-learn's metrics or formulas)
+    ("hinge", {}, lambda y, p: hinge_loss(y, p)),
+    ("squared_hinge", {}, lambda y, p: _margin_reference("squared_hinge", y, p).mean()),
+    ("perceptron", {}, lambda y, p: _margin_reference("perceptron", y, p).mean()),
+    ("modified_huber", {}, lambda y, p: _margin_reference("modified_huber", y, p).mean()),
+    ("epsilon_insensitive", {"epsilon": 0.3},
+     lambda y, p: np.maximum(0, np.abs(y - p) - 0.3).mean()),
+    ("squared_epsilon_insensitive", {"epsilon": 0.3},
+     lambda y, p: (np.maximum(0, np.abs(y - p) - 0.3) ** 2).mean()),
+    ("pinball", {"quantile": 0.8}, lambda y, p: mean_pinball_loss(y, p, alpha=0.8)),
+    # GLMs: half the deviance of the mean exp(p) minus the terms of y alone.
+    ("poisson", {}, lambda y, p: mean_poisson_deviance(y, np.exp(p)) / 2
+     - np.mean(y * np.log(y) - y)),
+    ("gamma", {}, lambda y, p: mean_gamma_deviance(y, np.exp(p)) / 2 + np.mean(np.log(y) + 1)),
+    ("tweedie", {"power": 1.5}, lambda y, p: mean_tweedie_deviance(y, np.exp(p), power=1.5) / 2
+     - np.mean(y ** 0.5 / (-0.5 * 0.5))),
+    ("tweedie", {"power": 3.0}, lambda y, p: mean_tweedie_deviance(y, np.exp(p), power=3.0) / 2
+     - np.mean(y ** -1.0 / (-2.0 * -1.0))),
+    ("tweedie", {"power": 0.0}, lambda y, p: mean_tweedie_deviance(y, np.exp(p), power=0) / 2),
+    ("tweedie", {"power": 1.0}, lambda y, p: mean_poisson_deviance(y, np.exp(p)) / 2
+     - np.mean(y * np.log(y) - y)),
+    ("tweedie", {"power": 2.0}, lambda y, p: mean_gamma_deviance(y, np.exp(p)) / 2
+     + np.mean(np.log(y) + 1)),
+]
+
+
+def _labels_for(name, rng, n):
+    if name in ("hinge", "squared_hinge", "perceptron", "modified_huber"):
+        return rng.integers(0, 2, n).astype(np.float64)
+    return rng.gamma(2.0, 1.0, n)  # > 0: every deviance is defined
+
+
+@pytest.mark.parametrize("name, kw, reference", _SKLEARN_SCORES,
+                         ids=[f"{n}-{kw}" for n, kw, _ in _SKLEARN_SCORES])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_sgd_and_glm_scores_match_scikit_learn(name, kw, reference, dtype):
+    rng = np.random.default_rng(0)
+    n = 500
+    y = _labels_for(name, rng, n)
+    p = 1.5 * rng.standard_normal(n)  # scores or log-means: every branch of every loss
+    model = add_loss_output(identity_model(dtype), score_name=name, **kw)
+    got = _loss(model, {"X": p.reshape(-1, 1).astype(dtype),
+                        "label": y.reshape(-1, 1).astype(dtype)})
+    np.testing.assert_allclose(got, reference(y, p), rtol=_rtol(dtype))
+
+
+@pytest.mark.parametrize("name, kw", [(n, kw) for n, kw, _ in _SKLEARN_SCORES],
+                         ids=[f"{n}-{kw}" for n, kw, _ in _SKLEARN_SCORES])
+def test_sgd_and_glm_scores_gradients_match_finite_differences(name, kw):
+    rng = np.random.default_rng(1)
+    X = 0.5 * rng.standard_normal((40, 3))
+    y = _labels_for(name, rng, 40)
+    model = add_loss_output(linear_model(rng.standard_normal((3, 1)), np.array([0.1])),
+                            score_name=name, **kw)
+    feeds = {"X": X, "label": y.reshape(-1, 1)}
+    grads, _ = analytic_gradient(model, feeds, ["coef", "intercept"])
+    numeric = numeric_gradient(model, feeds, ["coef", "intercept"])
+    for weight in ("coef", "intercept"):
+        assert_close(grads[weight], numeric[weight], rtol=1e-6)
+
+
+@pytest.mark.parametrize("name, kw, match", [
+    ("pinball", {"quantile": 1.0}, r"quantile must be in \(0, 1\)"),
+    ("pinball", {"quantile": 0.0}, "quantile must be > 0"),
+    ("tweedie", {"power": 0.5}, r"power must be 0 or >= 1.*0.5"),
+])
+def test_sgd_and_glm_score_parameters_out_of_their_domain(name, kw, match):
+    with pytest.raises(ValueError, match=match):
+        add_loss_output(identity_model(np.float64), score_name=name, **kw)

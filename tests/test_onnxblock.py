@@ -333,5 +333,5 @@ def test_elementwise_loss_blocks_read_the_score_table():
 
     assert onnxblock.loss.MSELoss._score in SCORES
     assert onnxblock.loss.L1Loss._score in SCORES
-    with pytest.raises(ValueError, match="'hinge' is not a key of ortlearn.loss.SCORES"):
-        type("HingeLoss", (_ElementwiseLoss,), {"_score": "hinge"})
+    with pytest.raises(ValueError, match="'svm' is not a key of ortlearn.loss.SCORES"):
+        type("SvmLoss", (_ElementwiseLoss,), {"_score": "svm"})
