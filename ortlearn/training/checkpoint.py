@@ -33,9 +33,13 @@ The safetensors ``__metadata__`` holds three strings:
   dtype, shape, bytes), so that a damaged file is refused instead of being
   loaded with wrong values.
 
-Supported dtypes: float16, float32, float64, int32, int64, bool. A file is
-written atomically: to a temporary file in the target directory, flushed and
-fsynced, then renamed over the target with :func:`os.replace`
+Supported dtypes: float16, float32, float64, int32, int64, bool. The bytes
+are those ``safetensors.numpy.save`` writes for the same tensors and metadata,
+with the metadata keys sorted (:func:`_safetensors_header`); the tensors are
+streamed to the file one at a time and read back one at a time into their own
+arrays, so that no copy of the whole file is held. A file is written
+atomically: to a temporary file in the target directory, flushed and fsynced,
+then renamed over the target with :func:`os.replace`
 (:func:`ortlearn.fileio.atomic_write`).
 
 Binding protocol (for ``TrainingSession``)
