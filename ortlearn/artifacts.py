@@ -17,7 +17,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from .fileio import atomic_write
+from .fileio import save_model
 from .graph import (
     invalid_model_errors,
     load_model,
@@ -40,9 +40,6 @@ __all__ = ["LossType", "OptimType", "build_artifacts", "export_training_artifact
 
 #: Name of the loss output when a loss is added.
 LOSS_OUTPUT = "loss"
-# Models whose initializers exceed this size are saved with external data
-# (protobuf cannot serialize more than 2 GB).
-_EXTERNAL_DATA_THRESHOLD = 1 << 30
 
 
 class LossType(Enum):
@@ -195,18 +192,7 @@ def _loss_inputs(model: onnx.ModelProto, loss, loss_input_names) -> list[str]:
 
 def _save(model: onnx.ModelProto, path: Path) -> None:
     """Write ``model`` atomically: a failure leaves the file already at ``path`` intact."""
-    big = sum(len(t.raw_data) for t in model.graph.initializer) > _EXTERNAL_DATA_THRESHOLD
-    if not big:
-        atomic_write(path, model.SerializeToString(), what=f"the model {path.name!r}")
-        return
-    # protobuf cannot hold more than 2 GB: the weights go to a ``.data`` file,
-    # written next to the target first, then both files are renamed into place.
-    with tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.name}.") as tmp:
-        staged = Path(tmp) / path.name
-        onnx.save_model(model, os.fspath(staged), save_as_external_data=True,
-                        all_tensors_to_one_file=True, location=path.name + ".data")
-        os.replace(staged.with_name(path.name + ".data"), path.with_name(path.name + ".data"))
-        os.replace(staged, path)
+    save_model(model, path)
 
 
 def _check_destination(artifact_directory, prefix) -> Path:

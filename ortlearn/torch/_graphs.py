@@ -7,6 +7,7 @@ to torch by DLPack, on the CPU and on CUDA alike.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -16,6 +17,7 @@ import onnxruntime as ort
 import torch
 
 from ..autodiff import build_forward_backward
+from ..fileio import save_model
 from ..graph.passes import add_running_statistics_updates, rewrite_model
 from ..training.device import make_session, make_session_options
 from ._export import Exported, TreeSpec
@@ -101,7 +103,7 @@ def build_graphs(exported: Exported, output_spec: TreeSpec, wrt: Sequence[str], 
 
 def _save(prefix: str | None, what: str, model: onnx.ModelProto) -> None:
     if prefix is not None:
-        onnx.save(model, f"{prefix}_{what}.onnx")
+        save_model(model, os.path.abspath(f"{prefix}_{what}.onnx"))
 
 
 def run_session(session: ort.InferenceSession, feeds: Sequence[tuple[str, torch.Tensor]],

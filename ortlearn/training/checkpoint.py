@@ -33,9 +33,13 @@ The safetensors ``__metadata__`` holds three strings:
   dtype, shape, bytes), so that a damaged file is refused instead of being
   loaded with wrong values.
 
-Supported dtypes: float16, float32, float64, int32, int64, bool. A file is
-written atomically: to a temporary file in the target directory, flushed and
-fsynced, then renamed over the target with :func:`os.replace`
+Supported dtypes: float16, float32, float64, int32, int64, bool. The bytes
+are those ``safetensors.numpy.save`` writes for the same tensors and metadata,
+with the metadata keys sorted (:func:`_safetensors_header`); the tensors are
+streamed to the file one at a time and read back one at a time into their own
+arrays, so that no copy of the whole file is held. A file is written
+atomically: to a temporary file in the target directory, flushed and fsynced,
+then renamed over the target with :func:`os.replace`
 (:func:`ortlearn.fileio.atomic_write`).
 
 Binding protocol (for ``TrainingSession``)
@@ -54,6 +58,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import io
 import json
 import math
 import numbers
@@ -758,13 +763,26 @@ class CheckpointState:
         bytes
             What :meth:`save_checkpoint` writes; :meth:`load_checkpoint` reads it.
         """
+        buffer = io.BytesIO()
+        self._writer(include_optimizer_state)(buffer)
+        return buffer.getvalue()
+
+    def _writer(self, include_optimizer_state: bool):
+        """A function writing the checkpoint to a binary file, tensor by tensor.
+
+        The tensors are gathered (the parameters of an unbound state without a
+        copy) and checksummed first, so that the header can be written before
+        them; no copy of the whole file is ever built.
+        """
         tensors = {}
         specs = {}
         for name, record in self._records.items():
             specs[name] = {"dtype": record.dtype.name, "shape": list(record.shape),
                            "nominal": not record.has_data}
             if record.has_data:
-                tensors["param/" + name] = self._read_parameter(name)
+                # unbound: the state's own array, only read (a copy would double the memory)
+                tensors["param/" + name] = (record.value if self._provider is None
+                                            else self._read_parameter(name))
         optimizer = None
         snapshot = self._current_optimizer() if include_optimizer_state else None
         if snapshot is not None:
@@ -785,7 +803,7 @@ class CheckpointState:
         })
         metadata = {FORMAT_TAG: FORMAT_VERSION, _HEADER_KEY: header,
                     _CHECKSUM_KEY: _checksum(header, tensors)}
-        return safetensors.numpy.save(tensors, metadata=metadata)
+        return lambda f: _write_safetensors(f, tensors, metadata)
 
     @classmethod
     def load_checkpoint(cls, checkpoint_uri_or_bytes) -> CheckpointState:
@@ -824,13 +842,17 @@ class CheckpointState:
         if isinstance(source, (str, os.PathLike)):
             path = os.fspath(source)
             try:
-                data = _read_checkpoint_file(path)
+                metadata, tensors = _read_checkpoint_file(path)
             except OSError as exc:
                 raise as_training_api_error(exc) from None
             except ValueError as exc:
                 raise TrainingApiValueError(
                     f"{path!r} is not a valid ortlearn checkpoint: {exc}") from None
-            return cls._from_bytes(data, f"{path!r} is")
+            try:
+                return cls._build(metadata, tensors)
+            except Exception as exc:  # untrusted input: a foreign or damaged file
+                raise TrainingApiValueError(
+                    f"{path!r} is not a valid ortlearn checkpoint: {exc}") from exc
         raise TypeError(
             f"Expected a path or bytes, got {type(source).__name__}."
         )
@@ -839,9 +861,11 @@ class CheckpointState:
     def save_checkpoint(cls, state, checkpoint_uri, include_optimizer_state=False) -> None:
         """Write ``state`` to ``checkpoint_uri``, atomically.
 
-        The content goes to a temporary file in the same directory, which is
-        flushed, fsynced and renamed over the target: a failure leaves any
-        previous checkpoint intact and no temporary file behind.
+        The content is streamed, tensor by tensor, to a temporary file in the
+        same directory (``.<name>.<12 hex digits>.tmp``), which is flushed,
+        fsynced and renamed over the target: a failure leaves any previous
+        checkpoint intact and no temporary file behind. Temporary files that
+        an interrupted (killed) save to the same path left are removed.
 
         A nominal state (some parameter without a value) is saved as a nominal
         checkpoint, but never over a file that holds parameter values: that
@@ -867,6 +891,9 @@ class CheckpointState:
         ortlearn.exceptions.NominalCheckpointError
             If the state is nominal and ``checkpoint_uri`` is a checkpoint
             holding values.
+        ValueError
+            If the serialisation panics (a Rust ``PanicException``); the file
+            already at ``checkpoint_uri`` is then unchanged.
 
         Notes
         -----
@@ -888,9 +915,16 @@ class CheckpointState:
                 "to another path."
             )
         try:
-            atomic_write(path, state.to_bytes(include_optimizer_state))
+            atomic_write(path, state._writer(include_optimizer_state))
         except OSError as exc:
             raise as_training_api_error(exc) from None
+        except BaseException as exc:
+            if not _is_panic(exc):
+                raise
+            # atomic_write has removed its temporary file: the old checkpoint is intact
+            raise TrainingApiValueError(
+                f"Cannot save the checkpoint to {path!r}: the serialisation failed ({exc}); "
+                "the file already there, if any, is unchanged.") from exc
 
     @classmethod
     def _from_bytes(cls, data: bytes, source: str) -> CheckpointState:
@@ -899,10 +933,21 @@ class CheckpointState:
         except Exception as exc:  # untrusted input: any failure means a foreign or damaged file
             raise TrainingApiValueError(
                 f"{source} not a valid ortlearn checkpoint: {exc}") from exc
+        except BaseException as exc:
+            # safetensors' PanicException (a Rust panic) derives from BaseException
+            if not _is_panic(exc):
+                raise
+            raise TrainingApiValueError(
+                f"{source} not a valid ortlearn checkpoint: safetensors failed on it "
+                f"({exc})") from exc
 
     @classmethod
     def _decode(cls, data: bytes) -> CheckpointState:
-        metadata = _read_metadata(data)
+        return cls._build(_read_metadata(data), safetensors.numpy.load(data))
+
+    @classmethod
+    def _build(cls, metadata: dict, tensors: dict) -> CheckpointState:
+        """The state of a checkpoint's metadata and tensors (checked against its checksum)."""
         version = metadata.get(FORMAT_TAG)
         if version is None:
             raise ValueError("it has no ortlearn header")
@@ -912,7 +957,6 @@ class CheckpointState:
             )
         header_text = metadata.get(_HEADER_KEY)
         header = json.loads(header_text)
-        tensors = safetensors.numpy.load(data)
         if _checksum(header_text, tensors) != metadata.get(_CHECKSUM_KEY):
             raise ValueError("checksum mismatch, the file is damaged")
         state = cls()
@@ -1026,13 +1070,14 @@ def _open_regular(path: str):
         raise
 
 
-def _read_checkpoint_file(path: str) -> bytes:
-    """The content of the checkpoint file ``path``, read with bounded effort.
+def _read_checkpoint_file(path: str) -> tuple[dict, dict[str, np.ndarray]]:
+    """The metadata and tensors of the checkpoint file ``path``, read with bounded effort.
 
     Only a regular file is read: a FIFO would block forever and a device such
     as ``/dev/zero`` would be read until memory runs out. The header length
-    and the declared tensor sizes are checked against the file's size before
-    the body is read, and no more than that size is ever read.
+    and the declared tensor layout are checked against the file's size before
+    the body is read, and each tensor is read straight into its own array:
+    the file's bytes are never held a second time.
     """
     with _open_regular(path) as f:
         file_size = os.fstat(f.fileno()).st_size
@@ -1046,10 +1091,28 @@ def _read_checkpoint_file(path: str) -> bytes:
             raise ValueError("not a safetensors header")
         body_size = file_size - 8 - size
         _check_layout(header, body_size)
-        body = f.read(body_size)
-        if len(body) != body_size:
-            raise ValueError("the file is shorter than its size (it changed while read)")
-    return first8 + header_bytes + body
+        metadata = header.pop("__metadata__", {})
+        if not isinstance(metadata, dict):
+            raise ValueError("not a safetensors header")
+        # as safetensors requires: the tensors tile the body, in file order
+        entries = sorted(header.items(), key=lambda kv: tuple(kv[1]["data_offsets"]))
+        end = 0
+        for key, info in entries:
+            if info["data_offsets"][0] != end:
+                raise ValueError(f"tensor {key!r} does not start where the previous one ends")
+            end = info["data_offsets"][1]
+        if end != body_size:
+            raise ValueError("the tensors do not cover the file's data")
+        tensors = {}
+        for key, info in entries:
+            dtype = _NP_DTYPE.get(info["dtype"])
+            if dtype is None:
+                raise ValueError(f"tensor {key!r} has the unsupported dtype {info['dtype']!r}")
+            arr = np.empty(info["shape"], dtype=dtype)
+            if arr.nbytes and f.readinto(memoryview(arr.reshape(-1).view(np.uint8))) != arr.nbytes:
+                raise ValueError("the file is shorter than its size (it changed while read)")
+            tensors[key] = arr.astype(dtype.newbyteorder("="), copy=False)
+    return metadata, tensors
 
 
 def _read_metadata(data: bytes, layout: bool = True) -> dict:
@@ -1110,3 +1173,58 @@ def _decode_optimizer(state: CheckpointState, spec: dict, tensors: dict) -> _Opt
     states = {param: {name: tensors.pop(f"optim/{param}/{name}") for name in _str_list(names)}
               for param, names in spec["states"].items()}
     return state._validated_optimizer(states, spec["step"], float(spec["learning_rate"]))
+
+
+# safetensors' dtype names, and its order of the tensors in a file: by
+# decreasing rank of the dtype (its Rust enum), then by name
+_ST_DTYPE = {"bool": "BOOL", "uint8": "U8", "int8": "I8", "int16": "I16", "uint16": "U16",
+             "float16": "F16", "int32": "I32", "uint32": "U32", "float32": "F32",
+             "float64": "F64", "int64": "I64", "uint64": "U64"}
+_ST_RANK = {name: rank for rank, name in enumerate(_ST_DTYPE.values())}
+_NP_DTYPE = {st: np.dtype(name).newbyteorder("<") for name, st in _ST_DTYPE.items()}
+
+
+def _safetensors_header(tensors: Mapping[str, np.ndarray], metadata: Mapping[str, str]
+                        ) -> tuple[bytes, list[str]]:
+    """The header (length prefix and padding included) and tensor order of a safetensors file.
+
+    What ``safetensors.numpy.save`` writes (``safetensors/src/tensor.rs``):
+    ``__metadata__`` first, then the tensors sorted by decreasing dtype rank
+    and name, with contiguous ``data_offsets``; compact JSON with non-ASCII
+    text as is; the header padded with spaces to a multiple of 8 bytes. The
+    metadata keys are written sorted (safetensors writes them in its hash
+    map's order, which varies from run to run).
+    """
+    order = sorted(tensors, key=lambda k: (-_ST_RANK[_ST_DTYPE[tensors[k].dtype.name]], k))
+    header = {"__metadata__": dict(sorted(metadata.items()))}
+    offset = 0
+    for key in order:
+        arr = tensors[key]
+        header[key] = {"dtype": _ST_DTYPE[arr.dtype.name], "shape": list(arr.shape),
+                       "data_offsets": [offset, offset + arr.nbytes]}
+        offset += arr.nbytes
+    text = json.dumps(header, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    text += b" " * (-len(text) % 8)
+    return len(text).to_bytes(8, "little") + text, order
+
+
+def _write_safetensors(f, tensors: Mapping[str, np.ndarray], metadata: Mapping[str, str]
+                       ) -> None:
+    """Write a safetensors file to ``f``, one tensor at a time (no copy of the whole)."""
+    header, order = _safetensors_header(tensors, metadata)
+    f.write(header)
+    for key in order:
+        arr = tensors[key]
+        # little-endian and contiguous: no copy for the usual native arrays
+        arr = np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<"))
+        if arr.nbytes:
+            f.write(memoryview(arr.reshape(-1).view(np.uint8)))
+
+
+def _is_panic(exc: BaseException) -> bool:
+    """True for pyo3's ``PanicException`` (a Rust panic inside safetensors).
+
+    It derives from BaseException and is not importable by name, so it is
+    recognised by its class name.
+    """
+    return type(exc).__name__ == "PanicException"

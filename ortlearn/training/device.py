@@ -7,10 +7,14 @@ from __future__ import annotations
 
 import os
 import re
+import tempfile
 from dataclasses import dataclass
 
 import onnx
 import onnxruntime as ort
+
+from .. import fileio
+from ..fileio import model_data_size
 
 _DEVICE_RE = re.compile(r"^(cpu|cuda)(?::(\d+))?$")
 
@@ -174,16 +178,33 @@ def make_session(model, device="cpu", session_options: ort.SessionOptions | None
                  ) -> ort.InferenceSession:
     """Open an ``InferenceSession`` on ``device`` for a ModelProto, bytes or a path.
 
-    Without the optimizers of :data:`DISABLED_OPTIMIZERS`.
+    Without the optimizers of :data:`DISABLED_OPTIMIZERS`. A ModelProto
+    whose weights exceed :data:`ortlearn.fileio.EXTERNAL_DATA_THRESHOLD`
+    (protobuf cannot serialize 2 GB) is saved with external data to a
+    temporary directory and opened from there.
     """
     device = parse_device(device)
     if isinstance(model, onnx.ModelProto):
+        if model_data_size(model) > fileio.EXTERNAL_DATA_THRESHOLD:
+            return _session_from_file(model, device, session_options)
         model = model.SerializeToString()
     elif hasattr(model, "__fspath__"):
         model = str(model)
     return ort.InferenceSession(
         model, sess_options=session_options or make_session_options(), providers=device.providers(),
         disabled_optimizers=list(DISABLED_OPTIMIZERS))
+
+
+def _session_from_file(model: onnx.ModelProto, device, session_options) -> ort.InferenceSession:
+    # onnxruntime reads the external data while the session is created; the
+    # files are not needed afterwards (ignore_cleanup_errors: Windows cannot
+    # delete a file onnxruntime still maps)
+    with tempfile.TemporaryDirectory(prefix="ortlearn-model-", ignore_cleanup_errors=True) as tmp:
+        path = os.path.join(tmp, "model.onnx")
+        fileio.save_model(model, path)
+        return ort.InferenceSession(
+            path, sess_options=session_options or make_session_options(),
+            providers=device.providers(), disabled_optimizers=list(DISABLED_OPTIMIZERS))
 
 
 #: With ``epoch_loop='auto'`` on a GPU, an epoch is one ONNX ``Loop`` call when

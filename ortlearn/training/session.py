@@ -35,6 +35,7 @@ import onnx
 import onnxruntime as ort
 
 from ..exceptions import NominalCheckpointError
+from ..fileio import save_model
 from ..graph import (
     class_label_marks,
     elem_type_of,
@@ -1223,5 +1224,5 @@ class TrainingSession:
                              "(eval_model.onnx): an ORT-format model has no ONNX graph to export.")
         model = prune_model(self._eval_model, list(graph_output_names),
                             {n: self.get_parameter(n) for n in self._param_types})
-        onnx.save(model, os.fspath(inference_model_path))
+        save_model(model, inference_model_path, what="the inference model")
 
