@@ -2,12 +2,14 @@
 written completely or not at all, with errors about what the user did."""
 
 import gc
+import os
 
 import numpy as np
+import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from ortlearn import api, artifacts
+from ortlearn import api, artifacts, onnxblock
 from ortlearn.graph import make_model
 from ortlearn.training import TrainingSession
 
@@ -182,3 +184,138 @@ def test_two_live_sessions_on_one_state_are_refused(linear_artifacts):
                                   first._session.get_gradient("W"))
     first.close()
     _session(linear_artifacts, state).close()
+
+
+# -------------------------------------------------------------- item 15
+
+def _old_files(directory, names):
+    directory.mkdir(exist_ok=True)
+    for name in names:
+        (directory / name).write_bytes(b"old " + name.encode())
+
+
+def _contents(directory):
+    return {p.name: p.read_bytes() if p.is_file() else "dir" for p in directory.iterdir()}
+
+
+@pytest.mark.parametrize("in_the_way", ["eval_model.onnx", "checkpoint",
+                                        "optimizer_model.ort"])
+def test_a_directory_in_the_way_is_refused_before_anything_is_written(tmp_path, in_the_way):
+    out = tmp_path / "out"
+    _old_files(out, ["training_model.onnx", "eval_model.onnx", "optimizer_model.onnx",
+                     "checkpoint", "training_model.ort", "eval_model.ort",
+                     "optimizer_model.ort"])
+    (out / in_the_way).unlink()
+    (out / in_the_way).mkdir()
+    before = _contents(out)
+    model, params = _linear_model()
+    given = str(tmp_path / "." / "out")  # the path as the user wrote it
+    with pytest.raises(ValueError) as err:
+        artifacts.generate_artifacts(model, requires_grad=list(params),
+                                     loss=artifacts.LossType.MSELoss,
+                                     optimizer=artifacts.OptimType.SGD,
+                                     artifact_directory=given, ort_format=True)
+    message = str(err.value)
+    assert f"{os.path.join(given, in_the_way)!r} is a directory" in message
+    assert "Nothing was written" in message
+    assert _contents(out) == before  # no new file, no temporary left
+
+
+@pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0,
+                    reason="root ignores file permissions")
+def test_an_unwritable_file_in_the_way_is_refused(tmp_path):
+    out = tmp_path / "out"
+    _old_files(out, ["training_model.onnx", "checkpoint"])
+    (out / "checkpoint").chmod(0o444)
+    model, params = _linear_model()
+    with pytest.raises(ValueError, match=r"'[^']*checkpoint' is not writable"):
+        artifacts.generate_artifacts(model, requires_grad=list(params),
+                                     loss=artifacts.LossType.MSELoss, artifact_directory=out)
+    assert (out / "training_model.onnx").read_bytes() == b"old training_model.onnx"
+
+
+def test_an_unwritable_file_is_refused_whoever_runs_the_test(tmp_path, monkeypatch):
+    """As above where root ignores permissions: os.access answers as for another user."""
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "out"
+    _old_files(out, ["training_model.onnx", "checkpoint"])
+    access = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode: access(path, mode) and not (
+        os.fspath(path).endswith("checkpoint") and mode & os.W_OK))
+    model, params = _linear_model()
+    with pytest.raises(ValueError, match=r"'out/checkpoint' is not writable.*Nothing was "
+                                         r"written"):
+        artifacts.generate_artifacts(model, requires_grad=list(params),
+                                     loss=artifacts.LossType.MSELoss, artifact_directory="out")
+    monkeypatch.undo()
+    assert _contents(out) == {"training_model.onnx": b"old training_model.onnx",
+                              "checkpoint": b"old checkpoint"}
+
+
+def test_a_failed_ort_conversion_leaves_the_old_files(tmp_path):
+    """onnxruntime cannot convert a model with an operator it does not know: refused as a
+    ValueError before any file is replaced (the .onnx files used to be new, the .ort old)."""
+    model, params = _linear_model()
+    model.graph.node.append(helper.make_node("Foo", ["X"], ["z"], domain="my.domain"))
+    model.graph.output.append(helper.make_tensor_value_info("z", TensorProto.FLOAT, ["N", 3]))
+    model.opset_import.append(helper.make_opsetid("my.domain", 1))
+    out = tmp_path / "out"
+    _old_files(out, ["training_model.onnx", "checkpoint", "training_model.ort"])
+    before = _contents(out)
+    with pytest.raises(ValueError, match=r"cannot convert 'training_model.ort' .*my.domain:Foo"
+                                         r".*custom_op_library"):
+        artifacts.generate_artifacts(model, requires_grad=list(params),
+                                     loss=artifacts.LossType.MSELoss, artifact_directory=out,
+                                     ort_format=True)
+    assert _contents(out) == before
+
+
+@pytest.mark.parametrize("trained", [["W", "b"], ["b"]])
+def test_duplicate_initializer_names_are_named(trained):
+    model, params = _linear_model()
+    model.graph.initializer.append(numpy_helper.from_array(np.ones((3, 2), np.float32), "W"))
+    # with W trained, one of the two was trained silently
+    with pytest.raises(ValueError, match=r"several initializers named \['W'\].*Rename or "
+                                         r"remove the duplicates"):
+        artifacts.build_artifacts(model, requires_grad=trained,
+                                  loss=artifacts.LossType.MSELoss)
+
+
+class _ReturnsUnknown(onnxblock.TrainingBlock):
+    def build(self, output_name):
+        return [output_name, "logits"]
+
+
+class _RefersToUnknown(onnxblock.TrainingBlock):
+    def __init__(self):
+        super().__init__()
+        self.loss = onnxblock.loss.MSELoss()
+
+    def build(self, output_name):
+        return self.loss("prediction", "target")
+
+
+class _InvalidNode(onnxblock.TrainingBlock):
+    def build(self, output_name):
+        self.base.graph.node.append(helper.make_node(
+            "ReduceSum", [output_name], ["total"], keepdims=0, bogus=1))
+        return "total"
+
+
+def test_training_block_on_an_unknown_output_is_named():
+    model, _ = _linear_model()
+    with pytest.raises(ValueError, match=r"build\(\) returned \['logits'\].*not a value of "
+                                         r"the model; the model's outputs are \['y'\]"):
+        artifacts.build_artifacts(model, requires_grad=["W"], loss=_ReturnsUnknown())
+    with pytest.raises(ValueError, match=r"build\(\) refers to \['prediction'\].*the model's "
+                                         r"outputs are \['y'\]"):
+        artifacts.build_artifacts(model, requires_grad=["W"], loss=_RefersToUnknown())
+
+
+def test_build_artifacts_raises_no_onnx_checker_error():
+    model, _ = _linear_model()
+    with pytest.raises(ValueError) as err:
+        artifacts.build_artifacts(model, requires_grad=["W"], loss=_InvalidNode())
+    assert not isinstance(err.value, onnx.checker.ValidationError)
+    assert "The loss block _InvalidNode built an invalid ONNX model" in str(err.value)
+    assert "Unrecognized attribute: bogus" in str(err.value)
