@@ -294,7 +294,7 @@ def _check_files(directory: Path, given: str, names: list[str]) -> None:
     if problems:
         where = f"artifact_directory {given!r}" if given else "the current directory"
         raise ValueError(
-            f"generate_artifacts cannot write its files into {where}: {'; '.join(problems)}. "
+            f"The artifacts cannot be written into {where}: {'; '.join(problems)}. "
             "Nothing was written. Move or remove what is in the way (or make it writable), "
             "or choose another artifact_directory or prefix.")
 
@@ -418,9 +418,11 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None, loss=None,
     # Everything is built before the first file is written; each file is
     # replaced atomically, so a failure never leaves a half-written file.
     directory.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=directory, prefix=f".{prefix}artifacts.") as staging:
-        # onnxruntime's conversion to the ORT format may fail (an operator it cannot
-        # optimise): it runs before any file is replaced, into the staging directory.
+    # onnxruntime's conversion to the ORT format may fail (an operator it cannot
+    # optimise): it runs before any file is replaced, into a staging directory.
+    staging_dir = (tempfile.TemporaryDirectory(dir=directory, prefix=f".{prefix}artifacts.")
+                   if ort_format else contextlib.nullcontext())
+    with staging_dir as staging:
         staged_ort = {}
         if ort_format:
             for name, built in models.items():
