@@ -20,6 +20,7 @@ onnxruntime-training runs after changing its import::
 from __future__ import annotations
 
 import functools
+import weakref
 
 import numpy as np
 import onnxruntime as ort
@@ -86,6 +87,24 @@ def _ort_errors(method):
     return wrapper
 
 
+def _require_open(obj, what: str) -> None:
+    """Raise if the module ``obj`` works on (``obj._module``) is closed."""
+    if obj._module._closed:
+        raise RuntimeError(
+            f"{what} was called after Module.close(): the module gave its parameters back "
+            "to its CheckpointState and released its sessions. Build a new Module (and "
+            "Optimizer) on the state to go on training.")
+
+
+def _open_module(method):
+    """Refuse ``method`` once the module it works on is closed (or collected)."""
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        _require_open(self, f"{type(self).__name__}.{method.__name__}")
+        return method(self, *args, **kwargs)
+    return wrapper
+
+
 class Module:
     """A trainable ONNX model: forward and backward through the training model.
 
@@ -111,9 +130,17 @@ class Module:
     ------
     ValueError
         For an unknown device or a checkpoint that does not match the model.
+    RuntimeError
+        If ``state`` is bound to another live Module or TrainingSession
+        (close that one first: two would train diverging copies).
 
     Notes
     -----
+    The module binds ``state`` until :meth:`close` (or the end of a ``with``
+    block, or the module's collection) gives the trained values back to it;
+    a closed module, and its Optimizer and LinearLRScheduler, raise
+    ``RuntimeError`` from every method.
+
     Where onnxruntime-training raises ``RuntimeError`` (a wrong input, a
     missing file, a mismatched checkpoint, a nominal checkpoint without
     values), the errors raised here are ``RuntimeError`` too, and also the
@@ -133,13 +160,45 @@ class Module:
     @_ort_errors
     def __init__(self, train_model_uri, state: CheckpointState, eval_model_uri=None,
                  device: str = "cpu", session_options=None):
+        self._closed = False
         self._device = parse_device(device)
         self._state = state
         self._session = TrainingSession(state, train_model_uri, eval_model_uri,
                                         device=self._device, session_options=session_options)
         self.training = True
+        # A module dropped without close() releases its state when collected, so
+        # that a new Module can bind it (the finalizer holds the session, not self).
+        self._finalizer = weakref.finalize(self, self._session.close)
+        # At interpreter exit there is nothing left to bind the state to.
+        self._finalizer.atexit = False
+
+    @property
+    def _module(self) -> Module:
+        return self
+
+    def close(self) -> None:
+        """Release the CheckpointState: the trained values go back into it, unbound.
+
+        The state can then be bound by a new Module. Every other method of
+        this module, and of its Optimizer and LinearLRScheduler, raises a
+        ``RuntimeError`` afterwards. Closing twice does nothing. A module used
+        as a context manager (``with Module(...) as model:``) is closed on
+        leaving the block; one that is garbage-collected is closed too.
+        """
+        self._finalizer()
+        self._closed = True
+
+    def __enter__(self) -> Module:
+        if self._closed:
+            raise RuntimeError("A closed Module cannot be reopened: build a new Module on "
+                               "the CheckpointState.")
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
 
     @_ort_errors
+    @_open_module
     def __call__(self, *user_inputs):
         """Run a training step (train mode) or an eval step (eval mode).
 
@@ -176,20 +235,24 @@ class Module:
         outputs = step(*user_inputs, return_ortvalues=as_ortvalues)
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
+    @_open_module
     def train(self, mode: bool = True) -> Module:
         """Switch to train mode (``mode=True``) or eval mode; return self."""
         self.training = bool(mode)
         return self
 
+    @_open_module
     def eval(self) -> Module:
         """Switch to eval mode; return self."""
         return self.train(False)
 
+    @_open_module
     def lazy_reset_grad(self) -> None:
         """Reset the gradients at the next training step."""
         self._session.lazy_reset_grad()
 
     @_ort_errors
+    @_open_module
     def get_contiguous_parameters(self, trainable_only: bool = False) -> ort.OrtValue:
         """The parameters, flattened and concatenated, as an OrtValue on the module's device.
 
@@ -212,11 +275,13 @@ class Module:
         return ort.OrtValue.ortvalue_from_numpy(buffer, self._device.ort_device_type,
                                                 self._device.index)
 
+    @_open_module
     def get_parameters_size(self, trainable_only: bool = True) -> int:
         """Number of scalars in the (trainable) parameters."""
         return self._session.parameters_size(trainable_only)
 
     @_ort_errors
+    @_open_module
     def copy_buffer_to_parameters(self, buffer, trainable_only: bool = True) -> None:
         """Load the parameters from a buffer (OrtValue or numpy array).
 
@@ -248,6 +313,7 @@ class Module:
         self._session.from_buffer(buffer, only_trainable=trainable_only)
 
     @_ort_errors
+    @_open_module
     def export_model_for_inferencing(self, inference_model_uri, graph_output_names) -> None:
         """Write an inference model: the eval model with the current parameters baked in.
 
@@ -265,12 +331,14 @@ class Module:
         """
         self._session.export_model_for_inferencing(inference_model_uri, graph_output_names)
 
+    @_open_module
     def input_names(self) -> list:
         """User input names of the current mode's model ([] in eval mode without eval model)."""
         if not self.training and self._session._eval_sess is None:
             return []  # what onnxruntime-training answers
         return self._session.input_names(self.training)
 
+    @_open_module
     def output_names(self) -> list:
         """User output names of the current mode's model ([] in eval mode without eval model)."""
         if not self.training and self._session._eval_sess is None:
@@ -297,10 +365,14 @@ class Optimizer:
 
     @_ort_errors
     def __init__(self, optimizer_uri, module: Module):
+        # The module, kept alive with its session, tells whether it was closed.
+        self._module = module
+        _require_open(self, "Optimizer()")
         self._session = module._session
         self._session.attach_optimizer(optimizer_uri)
 
     @_ort_errors
+    @_open_module
     def step(self) -> None:
         """One update of the trainable parameters with the accumulated gradients.
 
@@ -313,10 +385,12 @@ class Optimizer:
         self._session.optimizer_step()
 
     @_ort_errors
+    @_open_module
     def set_learning_rate(self, learning_rate: float) -> None:
         """Set the learning rate of the next steps."""
         self._session.set_learning_rate(learning_rate)
 
+    @_open_module
     def get_learning_rate(self) -> float:
         """The learning rate of the next step."""
         return self._session.get_learning_rate()
@@ -357,11 +431,14 @@ class LinearLRScheduler:
     @_ort_errors
     def __init__(self, optimizer: Optimizer, warmup_step_count: int, total_step_count: int,
                  initial_lr: float):
+        self._module = optimizer._module
+        _require_open(self, "LinearLRScheduler()")
         self._session = optimizer._session
         # onnxruntime-training's order (the counts swapped): the same rates as there.
         self._session.register_linear_lr_scheduler(total_step_count, warmup_step_count,
                                                    initial_lr)
 
+    @_open_module
     def step(self) -> None:
         """Advance the schedule by one step (call it after each optimizer step)."""
         self._session.scheduler_step()

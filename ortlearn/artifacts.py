@@ -8,6 +8,7 @@ becomes ``from ortlearn import artifacts``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 from enum import Enum
@@ -17,7 +18,8 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from .fileio import save_model
+from . import fileio
+from .fileio import model_data_size, save_model
 from .graph import (
     invalid_model_errors,
     load_model,
@@ -163,6 +165,23 @@ def _optimizer_block(optimizer) -> Block | None:
         f"{[t.name for t in OptimType]}.")
 
 
+@contextlib.contextmanager
+def _block_errors(what: str, block: Block):
+    """onnx's checker and shape-inference errors about what ``block`` built, as ValueErrors.
+
+    ortlearn documents ValueError for a model it cannot build; onnx's own
+    exception classes would otherwise leak out of build_artifacts.
+    """
+    try:
+        yield
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
+        raise ValueError(
+            f"The {what} block {type(block).__name__} built an invalid ONNX model: "
+            f"{str(exc).rstrip('.')}. "
+            "Check the nodes its build() adds (operator names, attributes, unique output "
+            "names).") from exc
+
+
 def _name_list(names, what: str) -> list[str]:
     if names is None:
         return []
@@ -190,34 +209,82 @@ def _loss_inputs(model: onnx.ModelProto, loss, loss_input_names) -> list[str]:
     return outputs[:1] if isinstance(loss, LossType) else outputs
 
 
+def _is_big(model: onnx.ModelProto) -> bool:
+    """Whether ``model`` is saved with its weights in an external ``.data`` file."""
+    return model_data_size(model) > fileio.EXTERNAL_DATA_THRESHOLD
+
+
 def _save(model: onnx.ModelProto, path: Path) -> None:
     """Write ``model`` atomically: a failure leaves the file already at ``path`` intact."""
     save_model(model, path)
 
 
-def _check_destination(artifact_directory, prefix) -> Path:
-    """The directory to write to; ValueError/TypeError before any work is done."""
+def _check_destination(artifact_directory, prefix) -> tuple[Path, str]:
+    """The directory to write to, and how to name it in messages (as the user gave it).
+
+    ValueError/TypeError before any work is done.
+    """
     if not isinstance(prefix, str):
         raise TypeError(f"prefix must be a string, got {type(prefix).__name__}.")
     if any(sep and sep in prefix for sep in (os.sep, os.altsep)):
         raise ValueError(f"prefix {prefix!r} contains a path separator: put directories in "
                          "artifact_directory.")
     if artifact_directory is None:
-        return Path(os.getcwd())
+        return Path(os.getcwd()), ""
     if not isinstance(artifact_directory, (str, bytes, os.PathLike)):
         raise TypeError(f"artifact_directory must be a path, got "
                         f"{type(artifact_directory).__name__}.")
-    directory = Path(os.fsdecode(artifact_directory))
+    given = os.fsdecode(os.fspath(artifact_directory))
+    directory = Path(given)
     existing = directory
     while not existing.exists() and existing.parent != existing:
         existing = existing.parent
     if not existing.is_dir():
-        raise ValueError(f"artifact_directory {str(directory)!r} cannot be used: "
+        raise ValueError(f"artifact_directory {given!r} cannot be used: "
                          f"{str(existing)!r} is a file, not a directory.")
     if not os.access(existing, os.W_OK | os.X_OK):
-        raise ValueError(f"artifact_directory {str(directory)!r} cannot be used: "
+        raise ValueError(f"artifact_directory {given!r} cannot be used: "
                          f"{str(existing)!r} is not writable.")
-    return directory
+    return directory, given
+
+
+def _file_names(prefix: str, optimizer: bool, nominal: bool, ort_format: bool) -> list[str]:
+    """The names of the files generate_artifacts writes (besides external data)."""
+    models = ["training_model", "eval_model"] + ["optimizer_model"] * optimizer
+    return ([f"{prefix}{m}.onnx" for m in models] + [f"{prefix}checkpoint"]
+            + [f"{prefix}nominal_checkpoint"] * nominal
+            + [f"{prefix}{m}.ort" for m in models] * ort_format)
+
+
+def _check_files(directory: Path, given: str, names: list[str]) -> None:
+    """Refuse, before anything is written, a destination file that cannot be replaced.
+
+    Each file is replaced atomically; checking them all first means a
+    refusal leaves every file as it was, never some old and some new ones.
+    Messages name the path as the user gave it (``given``).
+    """
+    if not directory.is_dir():
+        return  # created empty: nothing in the way
+    problems = []
+    for name in names:
+        shown = os.path.join(given, name) if given else name
+        # through symbolic links, as the files are written
+        target = os.path.realpath(directory / name)
+        if os.path.isdir(target):
+            problems.append(f"{shown!r} is a directory")
+        elif os.path.lexists(target) and not os.path.isfile(target):
+            problems.append(f"{shown!r} is not a regular file")
+        elif os.path.exists(target) and not os.access(target, os.W_OK):
+            problems.append(f"{shown!r} is not writable")
+        elif not os.access(os.path.dirname(target), os.W_OK | os.X_OK):
+            problems.append(f"{shown!r} is in the directory {os.path.dirname(target)!r}, "
+                            "which is not writable")
+    if problems:
+        where = f"artifact_directory {given!r}" if given else "the current directory"
+        raise ValueError(
+            f"The artifacts cannot be written into {where}: {'; '.join(problems)}. "
+            "Nothing was written. Move or remove what is in the way (or make it writable), "
+            "or choose another artifact_directory or prefix.")
 
 
 def generate_artifacts(model, requires_grad=None, frozen_params=None, loss=None, optimizer=None,
@@ -303,9 +370,14 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None, loss=None,
         duplicated or both trainable and frozen parameter name, an
         ``optimizer`` with no parameter to train, an unknown loss input or
         output name, an ``artifact_directory`` that is a file or not writable,
-        a ``prefix`` holding a path separator. Checked before anything is
-        written; files already in ``artifact_directory`` are replaced
-        atomically, one by one, so a failure never leaves a damaged file.
+        a ``prefix`` holding a path separator, a destination file that is a
+        directory or not writable (the message names the paths as given),
+        duplicated initializer names in ``model``, a loss or optimizer block
+        that refers to or returns a name the model lacks or builds an invalid
+        model, a model onnxruntime cannot convert to the ORT format. All
+        checked before anything is written (the ORT conversion included), so
+        a refusal leaves the files already in ``artifact_directory`` as they
+        were; those are then replaced atomically, one by one.
     TypeError
         For an unsupported loss or optimizer, a trainable initializer that
         is not float32/float64, an ``artifact_directory`` that is not a path.
@@ -318,24 +390,41 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None, loss=None,
     >>> #     optimizer=artifacts.OptimType.AdamW, artifact_directory="out")
     """
     library = None if custom_op_library is None else _check_custom_op_library(custom_op_library)
-    directory = _check_destination(artifact_directory, prefix)
+    directory, given = _check_destination(artifact_directory, prefix)
+    # Every destination is checked before the (possibly long) build, and again
+    # with the external-data files of big models before the first write.
+    _check_files(directory, given, _file_names(prefix, optimizer is not None,
+                                               nominal_checkpoint, ort_format))
     training_model, eval_model, optim_model, trainable_params, frozen_tensors = _build(
         model, requires_grad, frozen_params, loss, optimizer, additional_output_names,
         loss_input_names)
+    models = {"training_model": training_model, "eval_model": eval_model,
+              "optimizer_model": optim_model}
+    _check_files(directory, given, [f"{prefix}{name}.onnx.data" for name, built
+                                    in models.items() if built is not None and _is_big(built)])
 
     # Everything is built before the first file is written; each file is
     # replaced atomically, so a failure never leaves a half-written file.
     directory.mkdir(parents=True, exist_ok=True)
-    models = {"training_model": training_model, "eval_model": eval_model,
-              "optimizer_model": optim_model}
-    for name, built in models.items():
-        if built is not None:
-            _save(built, directory / f"{prefix}{name}.onnx")
-    _write_checkpoints(directory, prefix, trainable_params, frozen_tensors, nominal_checkpoint)
-    if ort_format:
+    # onnxruntime's conversion to the ORT format may fail (an operator it cannot
+    # optimise): it runs before any file is replaced, into a staging directory.
+    staging_dir = (tempfile.TemporaryDirectory(dir=directory, prefix=f".{prefix}artifacts.")
+                   if ort_format else contextlib.nullcontext())
+    with staging_dir as staging:
+        staged_ort = {}
+        if ort_format:
+            for name, built in models.items():
+                if built is not None:
+                    staged = Path(staging) / f"{prefix}{name}.ort"
+                    _save_ort(built, staged, library)
+                    staged_ort[staged] = directory / staged.name
         for name, built in models.items():
             if built is not None:
-                _save_ort(built, directory / f"{prefix}{name}.ort", library)
+                _save(built, directory / f"{prefix}{name}.onnx")
+        _write_checkpoints(directory, prefix, trainable_params, frozen_tensors,
+                           nominal_checkpoint)
+        for staged, target in staged_ort.items():
+            os.replace(staged, target)
 
 
 def _check_custom_op_library(path) -> str:
@@ -376,9 +465,15 @@ def _save_ort(model: onnx.ModelProto, path: Path, custom_op_library: str | None)
         so.add_session_config_entry("session.qdqisint8allowed", "0")
         if custom_op_library is not None:
             so.register_custom_ops_library(custom_op_library)
-        ort.InferenceSession(model.SerializeToString(), sess_options=so,
-                             providers=["CPUExecutionProvider"],
-                             disabled_optimizers=[*DISABLED_OPTIMIZERS, "NchwcTransformer"])
+        try:
+            ort.InferenceSession(model.SerializeToString(), sess_options=so,
+                                 providers=["CPUExecutionProvider"],
+                                 disabled_optimizers=[*DISABLED_OPTIMIZERS, "NchwcTransformer"])
+        except Exception as exc:  # onnxruntime's own classes (Fail, ...)
+            raise ValueError(
+                f"onnxruntime cannot convert {path.name!r} to the ORT format: {exc}. A custom "
+                "operator needs its library (custom_op_library=...); otherwise pass "
+                "ort_format=False.") from exc
         os.replace(staged, path)
 
 
@@ -429,6 +524,15 @@ def _build(model, requires_grad, frozen_params, loss, optimizer, additional_outp
     optim_block = _optimizer_block(optimizer)
     frozen = _name_list(frozen_params, "frozen_params")
     base_model = load_model(model)
+    # Checked before anything reads the initializers: with two of one name, which
+    # one is trained (and which one the checkpoint holds) is undefined.
+    names = [i.name for i in base_model.graph.initializer]
+    duplicated = sorted({n for n in names if names.count(n) > 1})
+    if duplicated:
+        raise ValueError(
+            f"The model has several initializers named {duplicated}: an ONNX model gives "
+            "each initializer its own name, and ortlearn could not tell which one to train "
+            "or store in the checkpoint. Rename or remove the duplicates in the model.")
     # The running statistics of a training-mode BatchNormalization are training state,
     # updated by every step as torch's train mode does, whatever the lists say (torch
     # freezes them only with the layer in eval mode: export it so).
@@ -460,14 +564,16 @@ def _build(model, requires_grad, frozen_params, loss, optimizer, additional_outp
         block.requires_grad(name)
     for name in frozen:
         block.requires_grad(name, False)
-    with invalid_model_errors(model), base(base_model):
+    # invalid_model_errors blames the user's model when it fails onnx's checker;
+    # what is left then comes from the blocks (the loss given as a block).
+    with _block_errors("loss", loss_block), invalid_model_errors(model), base(base_model):
         block(*_loss_inputs(base_model, loss, loss_input_names))
         training_model, eval_model = block.to_model_proto()
     trainable_params, frozen_tensors = block.parameters()
 
     optim_model = None
     if optim_block is not None:
-        with empty_base() as accessor:
+        with _block_errors("optimizer", optim_block), empty_base() as accessor:
             optim_block((trainable_params, frozen_tensors))
         optim_model = accessor.model
     return training_model, eval_model, optim_model, trainable_params, frozen_tensors
@@ -537,7 +643,8 @@ def export_training_artifacts(loss_model, trainable, optimizer, artifact_directo
     if not isinstance(optimizer, Optimizer):
         raise TypeError("optimizer must be an ortlearn.optim.Optimizer instance, got "
                         f"{type(optimizer).__name__}.")
-    directory = _check_destination(artifact_directory, prefix)
+    directory, given = _check_destination(artifact_directory, prefix)
+    _check_files(directory, given, _file_names(prefix, True, False, False))
     model = load_model(loss_model)
     check_loss_output(model, loss_output)
     if weights:

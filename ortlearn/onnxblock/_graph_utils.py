@@ -110,8 +110,50 @@ def add_graph_input(model: onnx.ModelProto, name: str, elem: int, dims) -> str:
     return name
 
 
-def register_graph_outputs(model: onnx.ModelProto, names: Sequence[str]) -> None:
-    """Make ``names`` the graph outputs, in that order, with their types."""
+def _check_block_names(model: onnx.ModelProto, names: Sequence[str], first_node: int) -> None:
+    """Refuse a build() that refers to, or returns, a name the model does not have.
+
+    Checked before shape inference, whose error would name a value the
+    block made from the unknown one rather than the name the user wrote.
+    """
+    g = model.graph
+    defined = ({i.name for i in g.input} | {i.name for i in g.initializer}
+               | {o for n in g.node for o in n.output})
+    # the graph's own outputs, before build()'s replace them: what a user usually names
+    known = (f"the model's outputs are {[o.name for o in g.output]} and its inputs "
+             f"{[i.name for i in g.input if i.name not in {t.name for t in g.initializer}]}")
+    undefined = []
+    # only the block's nodes: a broken model is the model's error, reported elsewhere
+    for node in g.node[first_node:]:
+        undefined += [n for n in node.input if n and n not in defined and n not in undefined]
+    if undefined:
+        raise ValueError(
+            f"The block's build() refers to {undefined}, which "
+            f"{'is not a value' if len(undefined) == 1 else 'are not values'} of the model; "
+            f"{known}. Pass one of them (or a name a block returned).")
+    unknown = [n for n in names if n not in defined]
+    if unknown:
+        raise ValueError(
+            f"The block's build() returned {unknown} as output name(s), which "
+            f"{'is not a value' if len(unknown) == 1 else 'are not values'} of the model; "
+            f"{known}. Return the name a block call gave (or one of those).")
+
+
+def register_graph_outputs(model: onnx.ModelProto, names: Sequence[str],
+                           first_node: int = 0) -> None:
+    """Make ``names`` the graph outputs, in that order, with their types.
+
+    ``first_node`` is the first node the block added (the nodes checked
+    for inputs that are no value of the model).
+
+    Raises
+    ------
+    ValueError
+        If a node the block added refers to, or ``names`` holds, a name that
+        is no value of the model (the message names it and lists the
+        model's outputs).
+    """
+    _check_block_names(model, names, first_node)
     known = {o.name: o for o in model.graph.output}
     missing = [n for n in names if n not in known]
     if missing:

@@ -54,8 +54,9 @@ class ForwardBlock(Block):
         """Run :meth:`build` and make its result the outputs of the model."""
         model = model_accessor.current_model()
         self.base = model
+        first_node = len(model.graph.node)
         output = self.build(*args, **kwargs)
-        _graph_utils.register_graph_outputs(model, _output_names(output))
+        _graph_utils.register_graph_outputs(model, _output_names(output), first_node)
         self._model = onnx.shape_inference.infer_shapes(model)
         return output
 
@@ -179,8 +180,9 @@ class TrainingBlock(Block):
         """Run :meth:`build`, then build the training and eval models on its outputs."""
         model = model_accessor.current_model()
         self.base = model
+        first_node = len(model.graph.node)
         output = self.build(*args, **kwargs)
-        _graph_utils.register_graph_outputs(model, _output_names(output))
+        _graph_utils.register_graph_outputs(model, _output_names(output), first_node)
         initializers = {i.name for i in model.graph.initializer}
         inputs = [i.name for i in model.graph.input if i.name not in initializers]
         trainable = [n for n in self._names(True) if n not in inputs]

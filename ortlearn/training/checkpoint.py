@@ -728,9 +728,19 @@ class CheckpointState:
                 f"{type(provider).__name__} lacks the _StateProvider methods "
                 "(get_parameter, set_parameter, get_gradient, export_optimizer_state)."
             )
-        if self._provider is not None and self._provider is not provider:
-            raise RuntimeError("This state is already bound to another training session.")
+        if self._provider is not provider:
+            self._require_unbound()
         self._provider = provider
+
+    def _require_unbound(self) -> None:
+        """Refuse a second live session: it would train a diverging copy of the values."""
+        if self._provider is not None:
+            raise RuntimeError(
+                "This CheckpointState is already bound to a live training session (an "
+                "api.Module or a TrainingSession); two sessions on one state would train "
+                "diverging copies of its parameters. Close the first one (module.close(), "
+                "session.close(), or open it in a `with` block), or load a separate copy "
+                "of the checkpoint for the second.")
 
     def _unbind(self) -> None:
         """Copy the provider's values back into the state, then detach it."""

@@ -24,6 +24,7 @@ the optimizer state.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import numbers
@@ -69,6 +70,24 @@ from .device import make_session, make_session_options, parse_device
 
 __all__ = ["TrainingSession"]
 
+
+def _open_only(method):
+    """Refuse ``method`` once the session is closed, with an error saying so.
+
+    A closed session has given its values back to the CheckpointState and
+    released its onnxruntime sessions: a step would train nothing the state
+    sees (or fail on a released buffer), so it raises instead.
+    """
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        if self._closed:
+            raise RuntimeError(
+                f"TrainingSession.{method.__name__} was called after close(): the session "
+                "gave its parameters back to its CheckpointState and released its "
+                "onnxruntime sessions. Create a new TrainingSession (or api.Module) on the "
+                "state to go on training.")
+        return method(self, *args, **kwargs)
+    return wrapper
 
 
 @dataclass(frozen=True)
@@ -353,13 +372,15 @@ class TrainingSession:
         For an unknown device, a device onnxruntime cannot use, or a checkpoint
         whose parameters do not match the models (every mismatch is listed).
     RuntimeError
-        If ``state`` is bound to another session (release it with :meth:`close`).
+        If ``state`` is bound to another live session (release it with that
+        session's :meth:`close`): two sessions would train diverging copies.
 
     Notes
     -----
     Besides the methods of the C++ API, the session offers
     :meth:`attach_optimizer` (what ``api.Optimizer`` uses), :meth:`close`
-    (unbind the state), :meth:`parameters_size`, and the methods a bound
+    (unbind the state; every method raises ``RuntimeError`` afterwards),
+    :meth:`parameters_size`, and the methods a bound
     CheckpointState calls: :meth:`get_parameter`, :meth:`set_parameter`,
     :meth:`get_gradient`, :meth:`export_optimizer_state`.
 
@@ -380,6 +401,7 @@ class TrainingSession:
                  device="cpu", session_options=None):
         if not isinstance(state, CheckpointState):
             raise TypeError(f"state must be a CheckpointState, got {type(state).__name__}.")
+        self._closed = False
         self._device = parse_device(device)
         self._session_options = session_options or make_session_options()
         self._state = state
@@ -399,6 +421,8 @@ class TrainingSession:
             self._eval_links = _linked_dims(self._eval_model, self._eval_layout.user_inputs)
             self._label_marks = {**self._label_marks, **class_label_marks(self._eval_model)}
         self._check_state()
+        # Refused before the sessions are built (state._bind checks again at the end).
+        state._require_unbound()
 
         self._train_sess = train_sess or self._open(self._train_model)
         self._eval_sess = None if self._eval_model is None else (
@@ -482,6 +506,7 @@ class TrainingSession:
         self._reset_value = self._ortvalue(np.array(True))
         self._reset_bound = True
 
+    @_open_only
     def attach_optimizer(self, optimizer_model) -> None:
         """Load the optimizer model into this session (what ``api.Optimizer`` does).
 
@@ -724,6 +749,7 @@ class TrainingSession:
             return [self._ortvalue(value) for value in user]
         return user
     # ------------------------------------------------------------ training loop
+    @_open_only
     def train_step(self, *inputs, return_ortvalues=False) -> list:
         """Run the training model: user outputs, and gradients accumulated on the device.
 
@@ -794,6 +820,7 @@ class TrainingSession:
             zeros[f"{name}{GRAD_BUFFER_SUFFIX}"] = np.zeros(shape, self._train_types[name][0])
         return zeros
 
+    @_open_only
     def get_input_gradient(self, name: str) -> np.ndarray:
         """The gradient of the loss w.r.t. a user input, computed by the last training step.
 
@@ -821,6 +848,7 @@ class TrainingSession:
             raise RuntimeError(f"No gradient of {name!r} yet: run train_step first.")
         return host_copy(self._input_grads[name])
 
+    @_open_only
     def eval_step(self, *inputs, return_ortvalues=False) -> list:
         """Run the eval model with the current parameters.
 
@@ -859,6 +887,7 @@ class TrainingSession:
         self._eval_sess.run_with_iobinding(binding)
         return self._fetch(binding, len(layout.user_outputs), return_ortvalues)
 
+    @_open_only
     def lazy_reset_grad(self) -> None:
         """Reset the accumulated gradients at the next :meth:`train_step`.
 
@@ -867,6 +896,7 @@ class TrainingSession:
         """
         self._reset_pending = True
 
+    @_open_only
     def optimizer_step(self) -> None:
         """Update the trainable parameters with the accumulated gradients.
 
@@ -884,6 +914,7 @@ class TrainingSession:
         self._opt_states.swap()
         self._step += 1
 
+    @_open_only
     def set_learning_rate(self, learning_rate: float) -> None:
         """Set the learning rate the next optimizer steps use.
 
@@ -919,6 +950,7 @@ class TrainingSession:
                                                        np.float32))
             self._lr = learning_rate
 
+    @_open_only
     def get_learning_rate(self) -> float:
         """The learning rate the next optimizer step uses.
 
@@ -930,6 +962,7 @@ class TrainingSession:
         self._require_optimizer("get_learning_rate")
         return float(np.float32(self._lr))
 
+    @_open_only
     def register_linear_lr_scheduler(self, warmup_step_count: int, total_step_count: int,
                                      initial_lr: float) -> None:
         """Drive the learning rate with a linear warmup then linear decay to 0.
@@ -961,6 +994,7 @@ class TrainingSession:
         self._lr_scheduler = LinearLR(warmup_step_count, total_step_count, initial_lr)
         self._set_lr(self._scheduled_lr())
 
+    @_open_only
     def scheduler_step(self) -> None:
         """Set the learning rate the registered scheduler gives for the steps made so far.
 
@@ -1005,6 +1039,7 @@ class TrainingSession:
             raise ValueError(f"{method} needs an eval model: pass eval_model to TrainingSession.")
 
     # ------------------------------------------------------------------ model IO
+    @_open_only
     def input_names(self, training: bool) -> list:
         """Names of the user inputs of the training (or eval) model.
 
@@ -1017,6 +1052,7 @@ class TrainingSession:
             self._require_eval("input_names(training=False)")
         return list((self._train_layout if training else self._eval_layout).user_inputs)
 
+    @_open_only
     def output_names(self, training: bool) -> list:
         """Names of the user outputs of the training (or eval) model.
 
@@ -1049,11 +1085,13 @@ class TrainingSession:
                             f"({sorted(map(str, dtypes))}): they cannot share a buffer.")
         return dtypes.pop() if dtypes else np.dtype(np.float32)
 
+    @_open_only
     def parameters_size(self, only_trainable: bool = True) -> int:
         """Number of scalars in the (trainable) parameters."""
         return sum(int(np.prod(self._param_types[n][1], dtype=np.int64))
                    for n in self._param_names(only_trainable))
 
+    @_open_only
     def to_buffer(self, only_trainable: bool) -> np.ndarray:
         """Copy the parameters into one contiguous 1-D array.
 
@@ -1075,6 +1113,7 @@ class TrainingSession:
             return np.zeros(0, dtype=dtype)
         return np.concatenate([self._live(n).numpy().ravel() for n in names])
 
+    @_open_only
     def from_buffer(self, buffer, only_trainable: bool | None = None) -> None:
         """Load the parameters from one contiguous 1-D buffer (the inverse of :meth:`to_buffer`).
 
@@ -1135,10 +1174,12 @@ class TrainingSession:
 
     # ------------------------------------------------------- state provider
     # The bound CheckpointState calls these to read and write the live values.
+    @_open_only
     def get_parameter(self, name: str) -> np.ndarray:
         """A host copy of the current value of parameter ``name``."""
         return host_copy(self._live(self._known(name)))
 
+    @_open_only
     def set_parameter(self, name: str, value) -> None:
         """Overwrite parameter ``name`` on the device.
 
@@ -1158,6 +1199,7 @@ class TrainingSession:
                              f"got a value of shape {value.shape}.")
         self._live(name).update_inplace(np.ascontiguousarray(value))
 
+    @_open_only
     def get_gradient(self, name: str) -> np.ndarray | None:
         """The accumulated gradient of parameter ``name``: zeros before the first
         training step (as in onnxruntime-training), None for a frozen parameter."""
@@ -1165,6 +1207,7 @@ class TrainingSession:
             return None
         return self._grads.host_copy(name)
 
+    @_open_only
     def export_optimizer_state(self) -> tuple | None:
         """The optimizer state on the host, as a bound CheckpointState saves it.
 
@@ -1186,10 +1229,22 @@ class TrainingSession:
     def close(self) -> None:
         """Release the CheckpointState: copy the live values back into it, then unbind it.
 
-        The state can then be used by another session. This session must not
-        be used afterwards.
+        The state can then be bound by another session. The onnxruntime
+        sessions and device buffers are released too; every other method of
+        this session raises a ``RuntimeError`` afterwards. Closing twice does
+        nothing.
         """
+        if self._closed:
+            return
         self._state._unbind()
+        self._closed = True
+        # Release the sessions and buffers now (device memory above all), not
+        # whenever the object is collected.
+        self._bindings = {}
+        self._input_grads = {}
+        self._train_sess = self._eval_sess = self._optimizer = None
+        self._params = self._grads = self._state_pairs = self._frozen = None
+        self._opt_states = None
 
     def _known(self, name: str) -> str:
         if name not in self._param_types:
@@ -1198,6 +1253,7 @@ class TrainingSession:
         return name
 
     # ------------------------------------------------------------- inference
+    @_open_only
     def export_model_for_inferencing(self, inference_model_path, graph_output_names) -> None:
         """Write the eval model pruned to ``graph_output_names``, parameters baked in.
 
