@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from ortlearn import OrtGradientOptimizer, artifacts
+from ortlearn import OrtGradientOptimizer, add_loss_output, artifacts
 
 
 def _linear(n_out: int, loss_shape=None):
@@ -133,13 +133,61 @@ def test_onnxblock_cross_entropy_ignore_index(tmp_path):
         module(_X(), np.array([0, -100, -1, 1], np.int64))
 
 
-def test_training_session_skips_ortvalue_labels(tmp_path):
-    """An OrtValue is not read back to the host (documented): no check, no failure."""
+@pytest.mark.parametrize("labels", [[0, 1, 3, 1], [0, -1, 2, 1], [-3, 1, 2, 1]])
+def test_training_session_checks_ortvalue_labels_in_the_graph(tmp_path, labels):
+    """An OrtValue is not read back to the host: the graph fails the step, and the
+    session turns that into a ValueError; nothing is accumulated."""
     import onnxruntime as ort
 
     module = _artifacts(tmp_path, artifacts.LossType.CrossEntropyLoss)
-    labels = ort.OrtValue.ortvalue_from_numpy(np.array([0, 1, 2, 1], np.int64))
-    assert np.isfinite(module(_X(), labels))
+    good = ort.OrtValue.ortvalue_from_numpy(np.array([0, 1, 2, 1], np.int64))
+    reference = module(_X(), good)
+    bad = ort.OrtValue.ortvalue_from_numpy(np.array(labels, np.int64))
+    with pytest.raises(ValueError, match=r"'labels' of train_step holds class labels outside "
+                                         r"\[0, 3\).*OrtValue"):
+        module(_X(), bad)
+    module.eval()
+    with pytest.raises(ValueError, match=r"'labels' of eval_step .*outside \[0, 3\)"):
+        module(_X(), bad)
+    module.train()
+    np.testing.assert_array_equal(module(_X(), good), reference)
+
+
+def test_graph_guard_keeps_ignore_index(tmp_path):
+    import onnxruntime as ort
+
+    from ortlearn import onnxblock
+
+    class Block(onnxblock.Block):
+        def __init__(self):
+            self.loss = onnxblock.loss.CrossEntropyLoss(ignore_index=-100)
+
+        def build(self, output_name):
+            return self.loss(output_name)
+
+    module = _artifacts(tmp_path, Block())
+    ok = ort.OrtValue.ortvalue_from_numpy(np.array([0, -100, 2, 1], np.int64))
+    assert np.isfinite(module(_X(), ok))
+    bad = ort.OrtValue.ortvalue_from_numpy(np.array([0, -100, -1, 1], np.int64))
+    with pytest.raises(ValueError, match="ignore_index -100"):
+        module(_X(), bad)
+
+
+def test_graph_guard_is_a_copy_with_the_same_values():
+    from ortlearn.graph import CLASS_LABEL_GUARD, class_label_marks, guard_class_labels
+    from ortlearn.training import make_session
+
+    plain = _logits_model()
+    assert guard_class_labels(plain) is plain
+    model = add_loss_output(_logits_model(), score_name="cross_entropy")
+    assert class_label_marks(model) == {"label": (3, None)}
+    guarded = guard_class_labels(model)
+    assert not any(n.name.startswith(CLASS_LABEL_GUARD) for n in model.graph.node)
+    feeds = {"X": _X(), "label": np.array([0, 1, 2, 1], np.int64)}
+    np.testing.assert_array_equal(make_session(guarded).run(None, feeds)[0],
+                                  make_session(model).run(None, feeds)[0])
+    with pytest.raises(Exception, match=CLASS_LABEL_GUARD.replace(".", r"\.") + "label"):
+        make_session(guarded).run(None, {**feeds, "label": np.array([0, 1, 5, 1], np.int64)})
 
 
 def test_check_label_values_non_integer_floats():

@@ -17,6 +17,7 @@ Nothing here imports another ortlearn package.
 
 from .builder import GraphBuilder
 from .model import (
+    CLASS_LABEL_GUARD,
     CLASS_LABELS_KEY,
     DEFAULT_ML_OPSET,
     DEFAULT_OPSET,
@@ -32,6 +33,7 @@ from .model import (
     elem_type_of,
     finalize_model,
     get_train_initializer,
+    guard_class_labels,
     initializer_map,
     initializers_to_inputs,
     invalid_model_errors,
@@ -62,7 +64,9 @@ from .shapes import refine_shapes
 
 __all__ = [
     "CLASS_LABELS_KEY",
+    "CLASS_LABEL_GUARD",
     "class_label_marks",
+    "guard_class_labels",
     "mark_class_labels",
     "DEFAULT_ML_OPSET",
     "DEFAULT_OPSET",

@@ -576,3 +576,85 @@ def mark_class_labels(model: onnx.ModelProto, label: str, n_classes: int | None,
             prop.value = value
             return
     model.metadata_props.add(key=CLASS_LABELS_KEY, value=value)
+
+
+#: Prefix of the names of the nodes :func:`guard_class_labels` adds (then the input's name).
+CLASS_LABEL_GUARD = "ortlearn.class_label_guard."
+
+
+def guard_class_labels(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` whose marked class-label inputs make the run fail when out of range.
+
+    Labels that pass through Python are checked on the host
+    (:func:`ortlearn.training.checks.check_class_labels`); labels fed as
+    OrtValues may live on a device, where reading them back each step would
+    cost a synchronisation. The graph checks those: each input recorded by
+    :func:`mark_class_labels` goes through a ``Reshape`` to its own shape
+    when every label lies in ``[0, n_classes)`` (or is the ``ignore_index``),
+    and to an impossible shape otherwise, so that onnxruntime stops the run
+    before any loss reads a wrapped-around index. The failing node is named
+    ``CLASS_LABEL_GUARD + input`` for the caller to turn the error into a
+    ``ValueError``. An unknown ``n_classes`` checks the sign only.
+
+    Returns
+    -------
+    onnx.ModelProto
+        ``model`` itself when it has no marked integer input, else a copy.
+    """
+    inputs = {i.name: i for i in model.graph.input}
+    marks = {name: mark for name, mark in class_label_marks(model).items()
+             if name in inputs and elem_type_of(inputs[name]) in (TensorProto.INT64,
+                                                                   TensorProto.INT32)}
+    if not marks or not model.graph.node:
+        return model
+    guarded = onnx.ModelProto()
+    guarded.CopyFrom(model)
+    graph = guarded.graph
+    nodes, renamed = [], {}
+    for name, (n_classes, ignore_index) in marks.items():
+        label_dtype = onnx_to_np_dtype(elem_type_of(inputs[name]))
+        prefix = CLASS_LABEL_GUARD + name
+
+        def const(value, suffix, dtype=label_dtype):
+            nodes.append(helper.make_node(
+                "Constant", [], [f"{prefix}.{suffix}"], name=f"{prefix}.{suffix}",
+                value=numpy_helper.from_array(np.array(value, dtype=dtype))))
+            return f"{prefix}.{suffix}"
+
+        def op(op_type, args, suffix, **kwargs):
+            nodes.append(helper.make_node(op_type, args, [f"{prefix}.{suffix}"],
+                                          name=f"{prefix}.{suffix}", **kwargs))
+            return f"{prefix}.{suffix}"
+
+        bad = op("Less", [name, const(0, "zero")], "negative")
+        if n_classes is not None:
+            bad = op("Or", [bad, op("GreaterOrEqual", [name, const(n_classes, "n")], "high")],
+                     "outside")
+        if ignore_index is not None:
+            ignored = op("Equal", [name, const(ignore_index, "ignore")], "ignored")
+            bad = op("And", [bad, op("Not", [ignored], "kept")], "bad")
+        count = op("ReduceSum", [op("Cast", [bad], "as_int", to=TensorProto.INT64)], "count",
+                   keepdims=0)
+        flag = op("Min", [count, const(1, "one", np.int64)], "flag")
+        # flag 0: the input's own shape; flag 1: every dimension d becomes 2d + 1,
+        # which no tensor of the input's size can take.
+        shape = op("Shape", [name], "shape")
+        target = op("Add", [shape, op("Mul", [flag, op("Add", [shape, const(1, "one_dim",
+                                                                              np.int64)],
+                                                        "grown")], "excess")], "target")
+        nodes.append(helper.make_node("Reshape", [name, target], [prefix], name=prefix))
+        renamed[name] = prefix
+    _rename_inputs(graph, renamed)
+    old = list(graph.node)
+    del graph.node[:]
+    graph.node.extend(nodes + old)
+    return guarded
+
+
+def _rename_inputs(graph: onnx.GraphProto, renamed: dict) -> None:
+    """Make the nodes of ``graph`` (and of its subgraphs) read ``renamed[x]`` for ``x``."""
+    for node in graph.node:
+        node.input[:] = [renamed.get(name, name) for name in node.input]
+        for attribute in node.attribute:
+            for sub in ([attribute.g] if attribute.HasField("g") else []) + list(attribute.graphs):
+                _rename_inputs(sub, renamed)

@@ -7,16 +7,19 @@ them.
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import onnx
 import onnxruntime as ort
 from onnx import numpy_helper
 
 from ..autodiff import check_scalar_loss
-from ..graph import FLOAT_TYPES, value_info_map
+from ..graph import CLASS_LABEL_GUARD, FLOAT_TYPES, value_info_map
 
 __all__ = [
     "check_class_labels",
+    "class_label_errors",
     "check_label_values",
     "check_input_names",
     "check_learning_rate",
@@ -171,9 +174,39 @@ def check_class_labels(marks: dict, feeds: dict, what: str) -> None:
     for name, (n_classes, ignore_index) in marks.items():
         value = feeds.get(name)
         if value is None or isinstance(value, ort.OrtValue):
-            continue  # an OrtValue may live on a device: not copied back to check it
+            # An OrtValue may live on a device: not copied back; the graph checks it
+            # (ortlearn.graph.guard_class_labels, errors by class_label_errors).
+            continue
         value = np.asarray(value)
         check_label_values(value, n_classes, ignore_index, f"Input {name!r} of {what}")
+
+
+@contextlib.contextmanager
+def class_label_errors(marks: dict, what: str):
+    """Turn the failure of a :func:`ortlearn.graph.guard_class_labels` node into a ValueError.
+
+    Parameters
+    ----------
+    marks : dict
+        ``{input: (n_classes, ignore_index)}`` of the model that runs.
+    what : str
+        Who received the inputs, for the message.
+    """
+    try:
+        yield
+    except Exception as error:  # onnxruntime's own exception types
+        message = str(error)
+        name = next((n for n in marks if f"'{CLASS_LABEL_GUARD}{n}'" in message), None)
+        if name is None:
+            raise
+        n_classes, ignore_index = marks[name]
+        classes = "[0, n_classes)" if n_classes is None else f"[0, {n_classes})"
+        ignored = "" if ignore_index is None else f" and are not the ignore_index {ignore_index}"
+        raise ValueError(
+            f"Input {name!r} of {what} holds class labels outside {classes}{ignored} (checked "
+            "in the graph, as the labels came as an OrtValue). Labels must be class indices "
+            "of the loss: encode them (e.g. sklearn.preprocessing.LabelEncoder) before "
+            "training.") from None
 
 
 def check_label_values(labels: np.ndarray, n_classes: int | None, ignore_index=None,

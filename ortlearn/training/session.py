@@ -40,6 +40,7 @@ from ..fileio import save_model
 from ..graph import (
     class_label_marks,
     elem_type_of,
+    guard_class_labels,
     invalid_model_errors,
     load_model,
     onnx_to_np_dtype,
@@ -65,7 +66,7 @@ from ..optim import LinearLR, unpack_optimizer_model
 from ._buffers import BufferPairs, device_value, host_copy
 from .checkpoint import CheckpointState
 from .checks import FLOAT32_MAX as _FLOAT32_MAX
-from .checks import check_class_labels
+from .checks import check_class_labels, class_label_errors
 from .device import make_session, make_session_options, parse_device
 
 __all__ = ["TrainingSession"]
@@ -424,9 +425,10 @@ class TrainingSession:
         # Refused before the sessions are built (state._bind checks again at the end).
         state._require_unbound()
 
-        self._train_sess = train_sess or self._open(self._train_model)
+        # Labels fed as OrtValues are not read back to the host: the graphs check them.
+        self._train_sess = train_sess or self._open(guard_class_labels(self._train_model))
         self._eval_sess = None if self._eval_model is None else (
-            eval_sess or self._open(self._eval_model))
+            eval_sess or self._open(guard_class_labels(self._eval_model)))
         self._input_grads: dict = {}
         self._bindings: dict = {}
         self._init_parameters()
@@ -777,8 +779,8 @@ class TrainingSession:
             disagree on a dimension the model combines (their batch sizes), or if
             the class labels of a cross-entropy loss (the inputs its metadata
             marks) lie outside ``[0, n_classes)`` and are not its ``ignore_index``.
-            Labels given as OrtValues are not checked: they may live on a device
-            and are not copied back to the host.
+            Labels given as OrtValues are checked by the graph (they may live on
+            a device and are not copied back to the host).
         TypeError
             If an input array or OrtValue does not have the dtype the model declares.
         """
@@ -793,15 +795,16 @@ class TrainingSession:
         n_user = len(layout.user_outputs)
         names = layout.user_outputs + self._input_grad_outputs()
         zeros = self._input_grad_zeros(feeds)
-        if any(_is_string_array(value) for value in feeds.values()):
-            values = self._run_unbound(self._train_sess, self._train_io(), {**feeds, **zeros},
-                                       names, True)
-        else:
-            binding = self._binding("train")
-            self._bind_user_inputs(binding, {**feeds, **zeros})
-            self._bind_outputs(binding, names)
-            self._train_sess.run_with_iobinding(binding)
-            values = self._fetch(binding, len(names), True)
+        with class_label_errors(self._label_marks, "train_step"):
+            if any(_is_string_array(value) for value in feeds.values()):
+                values = self._run_unbound(self._train_sess, self._train_io(),
+                                           {**feeds, **zeros}, names, True)
+            else:
+                binding = self._binding("train")
+                self._bind_user_inputs(binding, {**feeds, **zeros})
+                self._bind_outputs(binding, names)
+                self._train_sess.run_with_iobinding(binding)
+                values = self._fetch(binding, len(names), True)
         self._grads.swap()
         self._state_pairs.swap()
         self._reset_pending = False
@@ -878,14 +881,15 @@ class TrainingSession:
         feeds = self._user_feeds(inputs, layout, self._eval_types, "eval_step",
                                 self._eval_links)
         check_class_labels(self._label_marks, feeds, "eval_step")
-        if any(_is_string_array(value) for value in feeds.values()):
-            return self._run_unbound(self._eval_sess, self._eval_io(), feeds,
-                                     layout.user_outputs, return_ortvalues)
-        binding = self._binding("eval")
-        self._bind_user_inputs(binding, feeds)
-        self._bind_outputs(binding, layout.user_outputs)
-        self._eval_sess.run_with_iobinding(binding)
-        return self._fetch(binding, len(layout.user_outputs), return_ortvalues)
+        with class_label_errors(self._label_marks, "eval_step"):
+            if any(_is_string_array(value) for value in feeds.values()):
+                return self._run_unbound(self._eval_sess, self._eval_io(), feeds,
+                                         layout.user_outputs, return_ortvalues)
+            binding = self._binding("eval")
+            self._bind_user_inputs(binding, feeds)
+            self._bind_outputs(binding, layout.user_outputs)
+            self._eval_sess.run_with_iobinding(binding)
+            return self._fetch(binding, len(layout.user_outputs), return_ortvalues)
 
     @_open_only
     def lazy_reset_grad(self) -> None:
