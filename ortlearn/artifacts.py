@@ -455,6 +455,13 @@ def _save_ort(model: onnx.ModelProto, path: Path, custom_op_library: str | None)
 
     from .training.device import DISABLED_OPTIMIZERS
 
+    if _is_big(model):
+        # A flatbuffer (the ORT format) has 32-bit offsets and no external data.
+        raise ValueError(
+            f"{path.name!r} cannot be converted to the ORT format: its weights take "
+            f"{model_data_size(model) / 2**30:.1f} GiB, and an ORT-format file holds its "
+            f"weights inline (at most {fileio.EXTERNAL_DATA_THRESHOLD / 2**30:.0f} GiB here). "
+            "Pass ort_format=False: the .onnx files keep large weights in a .data file.")
     with tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.name}.") as tmp:
         staged = Path(tmp) / path.name
         so = ort.SessionOptions()

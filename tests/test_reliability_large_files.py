@@ -148,6 +148,17 @@ def test_generate_artifacts_and_export_for_inferencing_write_external_data(tmp_p
     np.testing.assert_allclose(session.run(None, {"x": x})[0], x @ w + b, rtol=1e-5, atol=1e-5)
 
 
+def test_large_model_in_ort_format_is_refused_before_writing(tmp_path, monkeypatch):
+    monkeypatch.setattr(fileio, "EXTERNAL_DATA_THRESHOLD", 0)
+    model, _, _ = _linear()
+    with pytest.raises(ValueError, match=r"cannot be converted to the ORT format.*"
+                                         r"ort_format=False"):
+        artifacts.generate_artifacts(model, requires_grad=["b"],
+                                     loss=artifacts.LossType.MSELoss, ort_format=True,
+                                     artifact_directory=tmp_path)
+    assert list(tmp_path.iterdir()) == []  # nothing written, nothing staged left
+
+
 def test_ortmodule_save_onnx_writes_external_data(tmp_path, monkeypatch):
     """DebugOptions(save_onnx=True): the graphs holding the module's constant
     (an initializer of 8 KiB) get external data."""
