@@ -1,0 +1,67 @@
+"""Peak memory of a fit on wide inputs (issue 22, item 10).
+
+The peak resident memory is measured in a fresh process (onnxruntime
+allocates outside Python, tracemalloc cannot see it), as
+``benchmarks/memory.py`` does: ``/proc/self/clear_refs`` resets ``VmHWM``
+after a warm-up fit, then the fit under test runs.
+"""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from benchmarks.memory import STATUS_SOURCE
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
+                                reason="reads /proc/self/status")
+
+_WIDE_CHILD = STATUS_SOURCE + r"""
+import json, sys, warnings
+import numpy as np
+import ortlearn
+
+rows, features = int(sys.argv[1]), int(sys.argv[2])
+rs = np.random.default_rng(0)
+X = rs.standard_normal((rows, features), dtype=np.float32)
+y = rs.standard_normal(rows, dtype=np.float32)
+
+def fit(X, y):
+    est = ortlearn.OrtMLPRegressor(hidden_layer_sizes=(10,), max_iter=2, random_state=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # max_iter=2 does not converge
+        return est.fit(X, y)
+
+# The first fit of a process imports skl2onnx and loads onnxruntime's kernels:
+# library code, in the baseline rather than in the fit's cost.
+fit(X[:, :50], y)
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")  # VmHWM := VmRSS
+before = status("VmRSS")
+est = fit(X, y)
+weights = 4 * sum(v.size for v in est.get_state().values())
+print(json.dumps({"overhead": status("VmHWM") - before, "data": X.nbytes + y.nbytes,
+                  "weights": weights}))
+"""
+
+#: Bound on the fit's peak above the process before it: the data + K x the
+#: weights (float32) + ALLOWANCE. Measured on 4 x 100 000 features (1 000 021
+#: weights, 4 MB; data 1.6 MB): 1 188 MB before the fix (onnx's data
+#: propagation on the flat weights, ``ortlearn.graph.model.LONG_VECTOR``),
+#: 135 MB after (about 33 x the weights: the copies of skl2onnx's
+#: conversion, the step graph's ping-pong buffers and Adam's moments in
+#: onnxruntime, the state read back).
+K = 40
+ALLOWANCE = 32 * 2**20
+
+
+def test_wide_fit_peak_memory_is_proportional_to_data_and_weights():
+    out = subprocess.run([sys.executable, "-c", _WIDE_CHILD, "4", "100000"],
+                         capture_output=True, text=True, check=True, timeout=120)
+    m = json.loads(out.stdout.strip().splitlines()[-1])
+    assert m["weights"] == 4 * (100_000 * 10 + 10 + 10 + 1)
+    bound = m["data"] + K * m["weights"] + ALLOWANCE
+    assert m["overhead"] <= bound, (
+        f"the fit's peak rose {m['overhead'] / 2**20:.0f} MiB above the process before it, "
+        f"over data + {K} x weights + {ALLOWANCE / 2**20:.0f} MiB = {bound / 2**20:.0f} MiB")
