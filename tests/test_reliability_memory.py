@@ -49,9 +49,9 @@ print(json.dumps({"overhead": status("VmHWM") - before, "data": X.nbytes + y.nby
 #: weights (float32) + ALLOWANCE. Measured on 4 x 100 000 features (1 000 021
 #: weights, 4 MB; data 1.6 MB): 1 188 MB before the fix (onnx's data
 #: propagation on the flat weights, ``ortlearn.graph.model.LONG_VECTOR``),
-#: 135 MB after (about 33 x the weights: the copies of skl2onnx's
+#: 127 MB after (about 31 x the weights: the copies of skl2onnx's
 #: conversion, the step graph's ping-pong buffers and Adam's moments in
-#: onnxruntime, the state read back).
+#: onnxruntime, its arena, the state read back).
 K = 40
 ALLOWANCE = 32 * 2**20
 
