@@ -65,3 +65,43 @@ def test_wide_fit_peak_memory_is_proportional_to_data_and_weights():
     assert m["overhead"] <= bound, (
         f"the fit's peak rose {m['overhead'] / 2**20:.0f} MiB above the process before it, "
         f"over data + {K} x weights + {ALLOWANCE / 2**20:.0f} MiB = {bound / 2**20:.0f} MiB")
+
+
+def test_long_vectors_keep_the_shapes_of_full_data_propagation():
+    """Hiding long 1-D values from data propagation changes no inferred shape."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    from ortlearn.graph import model as graph_model
+
+    n = graph_model.LONG_VECTOR + 10
+    const = {"value": numpy_helper.from_array(np.array(0.9, np.float32))}
+    nodes = [
+        helper.make_node("Constant", [], ["c"], **const),
+        helper.make_node("Mul", ["c", "w"], ["scaled"]),
+        helper.make_node("Concat", ["scaled", "w"], ["both"], axis=0),
+        helper.make_node("Constant", [], ["s0"], value=numpy_helper.from_array(np.array([0]))),
+        helper.make_node("Constant", [], ["s1"], value=numpy_helper.from_array(np.array([6]))),
+        helper.make_node("Slice", ["both", "s0", "s1"], ["head"]),
+        helper.make_node("Constant", [], ["shape"],
+                         value=numpy_helper.from_array(np.array([2, 3]))),
+        helper.make_node("Reshape", ["head", "shape"], ["matrix"]),
+        helper.make_node("Shape", ["x"], ["x_shape"]),
+        helper.make_node("Reshape", ["both", "x_shape"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("w", TensorProto.FLOAT, [n]),
+                     helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, n])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None),
+         helper.make_tensor_value_info("matrix", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+    def dims(info):
+        return [d.dim_value or d.dim_param for d in info.type.tensor_type.shape.dim]
+
+    hidden = graph_model.value_info_map(model)
+    full = graph_model._info_table(graph_model._infer_shapes_completed(model).graph)
+    assert {k: dims(v) for k, v in hidden.items()} == {k: dims(v) for k, v in full.items()}
+    assert dims(hidden["both"]) == [2 * n] and dims(hidden["scaled"]) == [n]
+    assert dims(hidden["matrix"]) == [2, 3] and dims(hidden["y"]) == [2, n]
+    assert [i.name for i in model.graph.input] == ["w", "x"]  # the model is left alone

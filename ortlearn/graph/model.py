@@ -327,19 +327,20 @@ def _typed(info: onnx.ValueInfoProto | None) -> bool:
 LONG_VECTOR = 4096
 
 
-def _long_vectors(model: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:
-    """``{value: info}`` of the 1-D values longer than :data:`LONG_VECTOR`, from
-    shape inference without data propagation (empty where that fails)."""
+def _long_vectors(model: onnx.ModelProto) -> tuple[dict, dict]:
+    """``{value: info}`` of the 1-D values longer than :data:`LONG_VECTOR`, and of
+    all values, from shape inference without data propagation (empty where
+    that fails)."""
     try:
-        plain = onnx.shape_inference.infer_shapes(model)
+        plain = _info_table(onnx.shape_inference.infer_shapes(model).graph)
     except Exception:  # shape inference is best effort
-        return {}
+        return {}, {}
     long = {}
-    for name, info in _info_table(plain.graph).items():
+    for name, info in plain.items():
         dims = info.type.tensor_type.shape.dim if info.type.HasField("tensor_type") else ()
         if len(dims) == 1 and dims[0].dim_value > LONG_VECTOR:
             long[name] = info
-    return long
+    return long, plain
 
 
 def _long_vectors_cut(model: onnx.ModelProto, long: dict) -> onnx.ModelProto:
@@ -360,23 +361,28 @@ def _long_vectors_cut(model: onnx.ModelProto, long: dict) -> onnx.ModelProto:
     return probe
 
 
-def _fill_static_dims(model: onnx.ModelProto, long: dict, n_inputs: int) -> None:
+def _fill_static_dims(model: onnx.ModelProto, long: dict, plain: dict, n_inputs: int) -> None:
     """Undo :func:`_long_vectors_cut` in the inferred ``model``: drop the added
-    inputs and give the long values (and the values whose length inference
-    took from them) their static length."""
+    inputs and give the long values their static length, and any dimension
+    that inference left unknown (a slice of a long value) the one ``plain``
+    (inference without data propagation) found."""
     g = model.graph
     del g.input[n_inputs:]
-    lengths = {f"ortlearn_long.{n}": i.type.tensor_type.shape.dim[0].dim_value
-               for n, i in long.items()}
     seen = set()
     for info in itertools.chain(g.input, g.value_info, g.output):
         seen.add(info.name)
         if info.name in long:
             info.type.CopyFrom(long[info.name].type)
-        elif info.type.HasField("tensor_type"):
-            for dim in info.type.tensor_type.shape.dim:
-                if dim.HasField("dim_param") and dim.dim_param in lengths:
-                    dim.dim_value = lengths[dim.dim_param]
+            continue
+        known = plain.get(info.name)
+        if not (info.type.HasField("tensor_type") and known is not None
+                and known.type.HasField("tensor_type")):
+            continue
+        dims, static = info.type.tensor_type.shape.dim, known.type.tensor_type.shape.dim
+        if len(dims) == len(static):
+            for dim, other in zip(dims, static):
+                if not dim.HasField("dim_value") and other.HasField("dim_value"):
+                    dim.dim_value = other.dim_value  # clears dim_param (a oneof)
     g.value_info.extend(info for name, info in long.items() if name not in seen)
 
 
@@ -389,11 +395,11 @@ def _infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
     gradients) are hidden from data propagation (:data:`LONG_VECTOR`); their
     shapes come from inference without it.
     """
-    long = _long_vectors(model)
+    long, plain = _long_vectors(model)
     if not long:
         return _infer_shapes_completed(model)
     inferred = _infer_shapes_completed(_long_vectors_cut(model, long))
-    _fill_static_dims(inferred, long, len(model.graph.input))
+    _fill_static_dims(inferred, long, plain, len(model.graph.input))
     return inferred
 
 
