@@ -125,10 +125,21 @@ def _with_distinct_weights(estimator, weights: dict):
     ``intercept`` of a one-feature template become one tensor): the graph is
     converted from this copy, then gets the real weights back.
     """
-    probe = copy.deepcopy(estimator)
+    # The weight arrays are shared, not copied: set_weights replaces them in the
+    # probe (and the probe is converted, never trained), so a copy would only
+    # add the weights' size to the fit's peak memory.
+    final = _final_estimator(estimator)
+    shared = [v for v in vars(final).values() if isinstance(v, np.ndarray)]
+    shared += [a for v in vars(final).values() if isinstance(v, list)
+               for a in v if isinstance(a, np.ndarray)]
+    probe = copy.deepcopy(estimator, {id(a): a for a in shared})
     start, placeholders = 1.0, {}
     for name, value in weights.items():
-        placeholders[name] = start + np.arange(value.size).reshape(value.shape) / 1024
+        # start + arange / 1024, computed in place: one array, no temporaries
+        placeholder = np.arange(value.size, dtype=np.float64)
+        placeholder /= 1024
+        placeholder += start
+        placeholders[name] = placeholder.reshape(value.shape)
         start += value.size
     set_weights(probe, placeholders)
     return probe

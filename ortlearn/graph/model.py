@@ -318,13 +318,92 @@ def _typed(info: onnx.ValueInfoProto | None) -> bool:
     return info is not None and bool(elem_type_of(info)) and shape_of(info) is not None
 
 
+#: A 1-D value longer than this is hidden from onnx's data propagation
+#: (:func:`_infer_shapes`). onnx 1.23 propagates a 1-D tensor of static length
+#: as one TensorShapeProto dimension per element through every elementwise
+#: node, Concat, Slice...: about 1 KB and 2.5 us per element, 2.2 GB and 5 s
+#: for the flat weights (2 million) of a fused step. Shape tensors, the
+#: values data propagation is for, have one element per axis.
+LONG_VECTOR = 4096
+
+
+def _long_vectors(model: onnx.ModelProto) -> tuple[dict, dict]:
+    """``{value: info}`` of the 1-D values longer than :data:`LONG_VECTOR`, and of
+    all values, from shape inference without data propagation (empty where
+    that fails)."""
+    try:
+        plain = _info_table(onnx.shape_inference.infer_shapes(model).graph)
+    except Exception:  # shape inference is best effort
+        return {}, {}
+    long = {}
+    for name, info in plain.items():
+        dims = info.type.tensor_type.shape.dim if info.type.HasField("tensor_type") else ()
+        if len(dims) == 1 and dims[0].dim_value > LONG_VECTOR:
+            long[name] = info
+    return long, plain
+
+
+def _long_vectors_cut(model: onnx.ModelProto, long: dict) -> onnx.ModelProto:
+    """A copy of ``model`` whose nodes read each value of ``long`` from a graph
+    input of symbolic length (``<value>.ortlearn_long``) instead."""
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    g = probe.graph
+    cut = set()
+    for node in g.node:
+        for i, name in enumerate(node.input):
+            if name in long:
+                node.input[i] = name + ".ortlearn_long"
+                cut.add(name)
+    for name in sorted(cut):
+        g.input.append(helper.make_tensor_value_info(
+            name + ".ortlearn_long", elem_type_of(long[name]), [f"ortlearn_long.{name}"]))
+    return probe
+
+
+def _fill_static_dims(model: onnx.ModelProto, long: dict, plain: dict, n_inputs: int) -> None:
+    """Undo :func:`_long_vectors_cut` in the inferred ``model``: drop the added
+    inputs and give the long values their static length, and any dimension
+    that inference left unknown (a slice of a long value) the one ``plain``
+    (inference without data propagation) found."""
+    g = model.graph
+    del g.input[n_inputs:]
+    seen = set()
+    for info in itertools.chain(g.input, g.value_info, g.output):
+        seen.add(info.name)
+        if info.name in long:
+            info.type.CopyFrom(long[info.name].type)
+            continue
+        known = plain.get(info.name)
+        if not (info.type.HasField("tensor_type") and known is not None
+                and known.type.HasField("tensor_type")):
+            continue
+        dims, static = info.type.tensor_type.shape.dim, known.type.tensor_type.shape.dim
+        if len(dims) == len(static):
+            for dim, other in zip(dims, static):
+                if not dim.HasField("dim_value") and other.HasField("dim_value"):
+                    dim.dim_value = other.dim_value  # clears dim_param (a oneof)
+    g.value_info.extend(info for name, info in long.items() if name not in seen)
+
+
 def _infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
     """onnx's shape inference, completed with :data:`OUTPUT_LIKE_INPUT0`.
 
     An output of those operators inference leaves without a type (or
     rank) gets its input's; inference then runs again from there, so that
-    the nodes downstream get theirs.
+    the nodes downstream get theirs. Long 1-D values (flat weights, their
+    gradients) are hidden from data propagation (:data:`LONG_VECTOR`); their
+    shapes come from inference without it.
     """
+    long, plain = _long_vectors(model)
+    if not long:
+        return _infer_shapes_completed(model)
+    inferred = _infer_shapes_completed(_long_vectors_cut(model, long))
+    _fill_static_dims(inferred, long, plain, len(model.graph.input))
+    return inferred
+
+
+def _infer_shapes_completed(model: onnx.ModelProto) -> onnx.ModelProto:
     for _ in range(len(model.graph.node) + 1):
         try:
             model = onnx.shape_inference.infer_shapes(model, data_prop=True)
