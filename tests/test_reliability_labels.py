@@ -116,23 +116,6 @@ def test_loss_type_cross_entropy_module_refuses_bad_labels(tmp_path, labels, sho
     assert np.isfinite(module(_X(), np.array([0, 1, 2, 1], np.int64)))
 
 
-def test_onnxblock_cross_entropy_ignore_index(tmp_path):
-    from ortlearn import onnxblock
-
-    class Block(onnxblock.Block):
-        def __init__(self):
-            self.loss = onnxblock.loss.CrossEntropyLoss(ignore_index=-100)
-
-        def build(self, output_name):
-            return self.loss(output_name)
-
-    module = _artifacts(tmp_path, Block())
-    # ignore_index is allowed, other out-of-range values are not
-    assert np.isfinite(module(_X(), np.array([0, -100, 2, 1], np.int64)))
-    with pytest.raises(ValueError, match=r"\[0, 3\) or the ignore_index -100: -1 "):
-        module(_X(), np.array([0, -100, -1, 1], np.int64))
-
-
 @pytest.mark.parametrize("labels", [[0, 1, 3, 1], [0, -1, 2, 1], [-3, 1, 2, 1]])
 def test_training_session_checks_ortvalue_labels_in_the_graph(tmp_path, labels):
     """An OrtValue is not read back to the host: the graph fails the step, and the
@@ -153,7 +136,8 @@ def test_training_session_checks_ortvalue_labels_in_the_graph(tmp_path, labels):
     np.testing.assert_array_equal(module(_X(), good), reference)
 
 
-def test_graph_guard_keeps_ignore_index(tmp_path):
+def test_onnxblock_cross_entropy_ignore_index(tmp_path):
+    """ignore_index is allowed, other out-of-range values are not: on the host and in the graph."""
     import onnxruntime as ort
 
     from ortlearn import onnxblock
@@ -166,11 +150,13 @@ def test_graph_guard_keeps_ignore_index(tmp_path):
             return self.loss(output_name)
 
     module = _artifacts(tmp_path, Block())
-    ok = ort.OrtValue.ortvalue_from_numpy(np.array([0, -100, 2, 1], np.int64))
+    ok, bad = np.array([0, -100, 2, 1], np.int64), np.array([0, -100, -1, 1], np.int64)
     assert np.isfinite(module(_X(), ok))
-    bad = ort.OrtValue.ortvalue_from_numpy(np.array([0, -100, -1, 1], np.int64))
-    with pytest.raises(ValueError, match="ignore_index -100"):
+    assert np.isfinite(module(_X(), ort.OrtValue.ortvalue_from_numpy(ok)))
+    with pytest.raises(ValueError, match=r"\[0, 3\) or the ignore_index -100: -1 "):
         module(_X(), bad)
+    with pytest.raises(ValueError, match=r"\[0, 3\) and are not the ignore_index -100"):
+        module(_X(), ort.OrtValue.ortvalue_from_numpy(bad))
 
 
 def test_graph_guard_is_a_copy_with_the_same_values():

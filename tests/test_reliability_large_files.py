@@ -24,6 +24,7 @@ import pytest
 import safetensors.numpy
 from onnx import TensorProto, helper, numpy_helper
 
+from benchmarks.memory import STATUS_SOURCE
 from ortlearn import api, artifacts, fileio
 from ortlearn.training import checkpoint as ckmod
 from ortlearn.training.checkpoint import CheckpointState
@@ -326,17 +327,10 @@ def test_stale_temporary_files_of_the_target_are_removed(tmp_path):
 
 # ----------------------------------------------------------------- memory peaks
 
-MEMORY_CHILD = textwrap.dedent('''
+MEMORY_CHILD = STATUS_SOURCE + textwrap.dedent('''
     import gc, sys
     import numpy as np
     from ortlearn.training.checkpoint import CheckpointState
-
-    def status(key):
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(key + ":"):
-                    return int(line.split()[1]) * 1024
-        raise KeyError(key)
 
     def reset():
         with open("/proc/self/clear_refs", "w") as f:

@@ -130,6 +130,7 @@ def test_separate_estimators_in_threads_equal_serial_runs():
         _equal_weights(a, b)
 
 
+@pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
 def test_estimators_with_a_fit_lock_still_clone_pickle_and_copy():
     import copy
     import pickle
@@ -137,10 +138,7 @@ def test_estimators_with_a_fit_lock_still_clone_pickle_and_copy():
     from sklearn.base import clone
 
     X, y = _data()
-    est = _mlp(max_iter=2)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        est.fit(X, y)
+    est = _mlp(max_iter=2).fit(X, y)
     for twin in (pickle.loads(pickle.dumps(est)), copy.deepcopy(est)):
         np.testing.assert_array_equal(twin.predict(X), est.predict(X))
         twin.partial_fit(X, y)  # its own lock, its own engine
@@ -148,19 +146,14 @@ def test_estimators_with_a_fit_lock_still_clone_pickle_and_copy():
 
 
 # ------------------------------------------- item 9: a fitted model keeps what predicting needs
+@pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
 def test_fit_releases_the_training_session_and_partial_fit_rebuilds_it():
     X, y = _data()
-    est = _mlp(max_iter=3)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        est.fit(X, y)
+    est = _mlp(max_iter=3).fit(X, y)
     assert est._runtime.engine is None
     # partial_fit after fit continues the optimizer from the saved state, as with the
     # engine kept: same numbers as a fit of 3 epochs followed by one pass in one engine.
-    reference = _mlp(max_iter=4)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        reference.fit(X, y)
+    reference = _mlp(max_iter=4).fit(X, y)
     est.partial_fit(X, y)
     assert est._runtime.engine is not None
     np.testing.assert_allclose(est.train_losses_[-1], reference.train_losses_[-1], rtol=1e-6)
