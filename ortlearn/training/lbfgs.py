@@ -28,6 +28,9 @@ from .device import make_session, make_session_options, parse_device
 
 __all__ = ["minimize_lbfgs"]
 
+#: scikit-learn's ``ftol`` for L-BFGS: a bit above float64's machine precision.
+_FTOL = 64 * np.finfo(float).eps
+
 
 class _LossAndGradient:
     """``f(w) -> (loss, gradient)`` for scipy, one onnxruntime call each."""
@@ -77,7 +80,7 @@ class _LossAndGradient:
 def minimize_lbfgs(loss_model, trainable, initial_weights, arrays, input_names=None,
                    device="cpu", max_iter=100, tol=1e-4, verbose=0, loss_output="loss",
                    max_fun=15000, session_options=None, deterministic=False, bounds=None,
-                   ftol=64 * np.finfo(float).eps, maxls=50):
+                   ftol=_FTOL, maxls=50):
     """Minimise the graph's loss over the whole data set with scipy's L-BFGS-B.
 
     Same options as scikit-learn's ``LogisticRegression(solver='lbfgs')``
