@@ -350,6 +350,31 @@ def test_huber_warm_start_continues():
     assert ort.scale_ == pytest.approx(scale, rel=1e-4)  # ftol=2.2e-9, as sklearn
 
 
+# ------------------------------------------------------------------ to_onnx
+@pytest.mark.parametrize("estimator, dataset", [
+    (OrtLogisticRegression(), "breast_cancer"),
+    (OrtLogisticRegression(), "digits"),
+    (OrtRidge(), "diabetes"),
+    (OrtPoissonRegressor(), "regression"),
+    (OrtHuberRegressor(), "diabetes"),
+], ids=["binary", "multinomial", "ridge", "poisson", "huber"])
+def test_to_onnx_predicts_as_predict(estimator, dataset):
+    import onnxruntime
+
+    X, y = _data(dataset)
+    X = X.astype(np.float32)
+    estimator.fit(X, y)
+    session = onnxruntime.InferenceSession(estimator.to_onnx().SerializeToString(),
+                                           providers=["CPUExecutionProvider"])
+    outputs = dict(zip([o.name for o in session.get_outputs()],
+                       session.run(None, {"X": X})))
+    if "label" in outputs:
+        assert_array_equal(outputs["label"], estimator.predict(X))
+        assert_allclose(outputs["probabilities"], estimator.predict_proba(X), atol=1e-5)
+    else:
+        assert_allclose(outputs["variable"].ravel(), estimator.predict(X), rtol=1e-5)
+
+
 # ------------------------------------------------------- estimator checks
 @parametrize_with_checks([
     OrtLogisticRegression(max_iter=5),

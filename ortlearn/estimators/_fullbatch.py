@@ -150,11 +150,55 @@ class BaseOrtFullBatch(BaseEstimator):
         return X @ np.asarray(self.coef_).T + self.intercept_
 
     def get_state(self) -> dict:
-        """The trained weights, named as in the objective graph (``coef``, ``intercept``).
+        """The trained weights, named as in the objective graph.
 
         Returns
         -------
         dict of str to ndarray
+            ``coef`` of shape (n_features, n_outputs), ``intercept`` of shape
+            (n_outputs,) (with ``fit_intercept``), ``scale`` (Huber). For
+            ``OrtRidge`` with ``fit_intercept``, the weights of the centred
+            problem (the intercept is computed from them).
         """
         check_is_fitted(self)
         return {k: np.array(v, copy=True) for k, v in self._weights.items()}
+
+    #: ONNX operator of the inverse link applied to the linear predictor (None: identity)
+    _inverse_link_op = None
+
+    def to_onnx(self) -> onnx.ModelProto:
+        """The trained inference model, in standard ONNX operators.
+
+        Returns
+        -------
+        onnx.ModelProto
+            Input ``X`` (the training data's float type). Regressors: output
+            ``variable`` of shape (n_samples, n_outputs), the prediction.
+            Classifiers: ``label``, ``probabilities`` (sigmoid or softmax) and
+            ``raw_scores`` (the logits).
+        """
+        check_is_fitted(self)
+        dtype = np.dtype(self._dtype)
+        elem = helper.np_dtype_to_tensor_dtype(dtype)
+        coef = np.asarray(self.coef_, dtype)
+        coef = coef.reshape(1, -1) if coef.ndim == 1 else coef
+        intercept = np.asarray(self.intercept_, dtype).reshape(-1)
+        b = GraphBuilder(used_names=["X", COEF, INTERCEPT], prefix="inference_")
+        raw = b.op("Add", [b.op("MatMul", ["X", COEF]), INTERCEPT])
+        inits = [numpy_helper.from_array(np.ascontiguousarray(coef.T), COEF),
+                 numpy_helper.from_array(intercept, INTERCEPT)]
+        outputs = self._inference_outputs(b, raw, elem)
+        graph = helper.make_graph(
+            b.nodes, type(self).__name__,
+            [helper.make_tensor_value_info("X", elem, ["N", coef.shape[1]])],
+            [helper.make_tensor_value_info(name, kind, shape)
+             for name, kind, shape in outputs], inits)
+        model = helper.make_model(graph,
+                                  opset_imports=[helper.make_opsetid("", DEFAULT_OPSET)])
+        return finalize_model(model)
+
+    def _inference_outputs(self, b: GraphBuilder, raw: str, elem: int) -> list:
+        """Regressors: ``variable`` (the inverse link of ``raw``)."""
+        op = self._inverse_link_op
+        b.op(op or "Identity", [raw], outputs=["variable"])
+        return [("variable", elem, ["N", np.atleast_2d(self.coef_).shape[0]])]

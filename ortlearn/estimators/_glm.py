@@ -72,6 +72,10 @@ class _BaseOrtGLM(RegressorMixin, BaseOrtFullBatch):
             return elementwise_loss(b, "tweedie", raw, label, np.float64, power=power)
         return deviance
 
+    @property
+    def _inverse_link_op(self):
+        return "Exp" if self._family()[0] == "log" else None
+
     def _check_y(self, y, power: float) -> None:
         # the ranges of scikit-learn's losses: y >= 0 for 0 < power < 2, y > 0 from 2 on.
         if power <= 0:
@@ -241,7 +245,7 @@ class OrtPoissonRegressor(_BaseOrtGLM):
     >>> y = np.array([12, 17, 22, 21])
     >>> reg = OrtPoissonRegressor().fit(X, y)
     >>> reg.predict([[1, 1], [3, 4]]).round(1)
-    array([10.7, 21.8])
+    array([10.7, 21.9])
     """
 
     def _family(self):
@@ -322,7 +326,7 @@ class OrtTweedieRegressor(_BaseOrtGLM):
     >>> y = np.array([2, 3.5, 5, 5.5])
     >>> reg = OrtTweedieRegressor(power=1.5, link='log').fit(X, y)
     >>> reg.predict([[1, 1], [3, 4]]).round(2)
-    array([2.5 , 4.71])
+    array([2.25, 4.71])
     """
 
     _parameter_constraints: dict = {

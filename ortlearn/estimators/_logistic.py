@@ -17,6 +17,7 @@ from __future__ import annotations
 from numbers import Integral, Real
 
 import numpy as np
+from onnx import TensorProto
 from sklearn.base import ClassifierMixin
 from sklearn.preprocessing import LabelEncoder
 from sklearn.utils._param_validation import Interval, StrOptions
@@ -231,6 +232,31 @@ class OrtLogisticRegression(ClassifierMixin, BaseOrtFullBatch):
 
     def _validate(self, X, y):
         return validate_data(self, X, y, dtype=[np.float64, np.float32])
+
+    def _inference_outputs(self, b, raw, elem):
+        """``raw_scores``, ``probabilities`` and ``label`` (one of ``classes_``)."""
+        n_classes = len(self.classes_)
+        b.op("Identity", [raw], outputs=["raw_scores"])
+        if n_classes == 2:
+            positive = b.op("Sigmoid", [raw])
+            negative = b.op("Sub", [b.const(1.0, np.dtype(self._dtype)), positive])
+            b.op("Concat", [negative, positive], outputs=["probabilities"], axis=1)
+            index = b.cast(b.op("Greater", [raw, b.const(0.0, np.dtype(self._dtype))]),
+                           TensorProto.INT64)
+            index = b.op("Reshape", [index, b.ints([-1], hint="shape")])
+        else:
+            b.op("Softmax", [raw], outputs=["probabilities"], axis=1)
+            index = b.op("ArgMax", [raw], axis=1, keepdims=0)
+        classes = self.classes_
+        if classes.dtype.kind in "OUS":
+            classes, label_elem = classes.astype(object).astype(str).astype(object), \
+                TensorProto.STRING
+        else:
+            classes, label_elem = classes.astype(np.int64), TensorProto.INT64
+        b.op("Gather", [b.const(classes, hint="classes"), index], outputs=["label"], axis=0)
+        return [("label", label_elem, ["N"]),
+                ("probabilities", elem, ["N", n_classes]),
+                ("raw_scores", elem, ["N", 1 if n_classes == 2 else n_classes])]
 
     def decision_function(self, X):
         """Logits: shape (n_samples,) for two classes, (n_samples, n_classes) otherwise.

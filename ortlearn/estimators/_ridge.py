@@ -95,7 +95,7 @@ class OrtRidge(MultiOutputMixin, RegressorMixin, BaseOrtFullBatch):
     >>> y = X @ [1.0, -2.0, 0.5] + 1.0
     >>> reg = OrtRidge(alpha=0.1).fit(X, y)
     >>> reg.coef_.round(2)
-    array([ 0.98, -1.99,  0.47])
+    array([ 1.  , -1.99,  0.5 ])
     """
 
     _parameter_constraints: dict = {
