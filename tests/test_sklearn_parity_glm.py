@@ -388,3 +388,24 @@ def test_sklearn_checks(estimator, check):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
         check(estimator)
+
+
+def test_log_loss_gradient_at_zero_score():
+    """At zero weights (where L-BFGS starts) the log-loss gradient is X^T (1/2 - y) / n."""
+    import onnxruntime
+
+    from ortlearn.autodiff import build_gradient
+    from ortlearn.estimators._fullbatch import linear_objective
+    from ortlearn.loss import elementwise_loss
+
+    X, y = _data("breast_cancer")
+    model = linear_objective(
+        X.shape[1], 1, lambda b, raw, label: elementwise_loss(b, "log", raw, label, np.float64),
+        fit_intercept=False, data_scale=1.0 / len(y), l2=0.0)
+    session = onnxruntime.InferenceSession(
+        build_gradient(model, wrt=["coef"]).SerializeToString(),
+        providers=["CPUExecutionProvider"])
+    loss, grad = session.run(None, {"X": X, "y": y.reshape(-1, 1).astype(float),
+                                    "sample_weight": np.ones(len(y))})
+    assert loss == pytest.approx(np.log(2))
+    assert_allclose(grad[:, 0], X.T @ (0.5 - y) / len(y), atol=1e-12)
