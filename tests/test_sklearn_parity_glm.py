@@ -48,6 +48,17 @@ PAIRS = [
 RTOL = 1e-6
 
 
+@pytest.fixture(autouse=True)
+def _one_blas_thread():
+    """One BLAS/OpenMP thread for scipy's L-BFGS-B and scikit-learn's losses.
+
+    On 2 shared, busy cores their thread pools spin against each other: a fit of
+    digits takes 0.3 s with one thread and 1 to 10 s with two (both libraries).
+    """
+    with threadpool_limits(1):
+        yield
+
+
 # ----------------------------------------------------------------- data
 def _scaled(X):
     return StandardScaler().fit_transform(X)
@@ -123,15 +134,8 @@ def _assert_reaches(ours, theirs):
     assert (ours - theirs) / abs(theirs) <= RTOL, (ours, theirs)
 
 
-def _fit_sklearn(estimator, X, y, sample_weight=None):
-    # One OpenMP thread: on 2 shared cores scikit-learn's threaded losses can take
-    # 40 times longer than on one.
-    with threadpool_limits(1):
-        return estimator.fit(X, y, sample_weight=sample_weight)
-
-
 def _fit_both(ort_cls, sk_cls, X, y, sample_weight=None, **params):
-    sk = _fit_sklearn(sk_cls(**params), X, y, sample_weight)
+    sk = sk_cls(**params).fit(X, y, sample_weight=sample_weight)
     ort = ort_cls(**params).fit(X, y, sample_weight=sample_weight)
     return ort, sk
 
@@ -185,7 +189,7 @@ def test_logistic_digits_accuracy_as_sklearn():
     X_train, X_test, y_train, y_test = train_test_split(X, y, random_state=0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
-        sk = _fit_sklearn(LogisticRegression(), X_train, y_train)
+        sk = LogisticRegression().fit(X_train, y_train)
         ort = OrtLogisticRegression().fit(X_train, y_train)
     assert ort.n_iter_[0] == sk.n_iter_[0] == 100  # neither converges in 100 iterations
     assert ort.score(X_test, y_test) == pytest.approx(sk.score(X_test, y_test), abs=0.005)
@@ -195,7 +199,7 @@ def test_logistic_no_penalty_is_infinite_C():
     X, y = _data("breast_cancer")
     X = X[:, :5]  # not separable: the unpenalised minimum exists
     ort = OrtLogisticRegression(C=np.inf).fit(X, y)
-    sk = _fit_sklearn(LogisticRegression(C=np.inf), X, y)
+    sk = LogisticRegression(C=np.inf).fit(X, y)
     ones = np.ones(len(y))
     _assert_reaches(_logistic_objective(ort, X, y, np.inf, ones),
                     _logistic_objective(sk, X, y, np.inf, ones))
