@@ -152,10 +152,12 @@ def test_counterpart_parameters(ort_cls, sk_cls):
 
 
 # ---------------------------------------------------- logistic regression
-def _class_weights(class_weight, classes, y):
+def _class_weights(class_weight, classes, y, sample_weight):
+    """Per-row class weights, as scikit-learn 1.9 computes them (weighted counts)."""
     if class_weight is None:
         return np.ones(len(y))
-    weights = compute_class_weight(class_weight, classes=classes, y=y)
+    weights = compute_class_weight(class_weight, classes=classes, y=y,
+                                   sample_weight=sample_weight)
     return weights[np.searchsorted(classes, y)]
 
 
@@ -170,8 +172,8 @@ def test_logistic_objective(dataset, params, weighted):
     X, y = _data(dataset)
     sw = np.random.RandomState(0).uniform(0.5, 2.0, len(y)) if weighted else None
     ort, sk = _fit_both(OrtLogisticRegression, LogisticRegression, X, y, sw, **params)
-    weights = (np.ones(len(y)) if sw is None else sw) * _class_weights(
-        params.get("class_weight"), sk.classes_, y)
+    weights = np.ones(len(y)) if sw is None else sw
+    weights = weights * _class_weights(params.get("class_weight"), sk.classes_, y, weights)
     C = params.get("C", 1.0)
     _assert_reaches(_logistic_objective(ort, X, y, C, weights),
                     _logistic_objective(sk, X, y, C, weights))
