@@ -191,10 +191,16 @@ def _huber(builder: GraphBuilder, pred: str, label: str, dtype, *, epsilon: floa
 def _binary_log_loss(builder: GraphBuilder, score: str, label: str, dtype) -> str:
     # max(s, 0) - y s + log(1 + exp(-|s|)): exp never overflows. Softplus is
     # avoided on purpose: some onnxruntime builds lack its float64 kernel.
+    # max(s, 0) is written (s + |s|) / 2: with the subgradients Relu'(0) = 0 and
+    # Sign(0) = 0 of the reverse pass, Relu would make the gradient at s = 0 (the
+    # zero weights every linear solver starts from) -y instead of 1/2 - y.
     one = builder.const(1.0, dtype)
-    tail = builder.op("Exp", [builder.op("Neg", [builder.op("Abs", [score])])])
+    absolute = builder.op("Abs", [score])
+    tail = builder.op("Exp", [builder.op("Neg", [absolute])])
     log1p = builder.op("Log", [builder.op("Add", [one, tail])])
-    hinge = builder.op("Sub", [builder.op("Relu", [score]), builder.op("Mul", [label, score])])
+    positive = builder.op("Mul", [builder.const(0.5, dtype),
+                                  builder.op("Add", [score, absolute])])
+    hinge = builder.op("Sub", [positive, builder.op("Mul", [label, score])])
     return builder.op("Add", [hinge, log1p])
 
 

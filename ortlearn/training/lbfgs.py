@@ -28,6 +28,9 @@ from .device import make_session, make_session_options, parse_device
 
 __all__ = ["minimize_lbfgs"]
 
+#: scikit-learn's ``ftol`` for L-BFGS: a bit above float64's machine precision.
+_FTOL = 64 * np.finfo(float).eps
+
 
 class _LossAndGradient:
     """``f(w) -> (loss, gradient)`` for scipy, one onnxruntime call each."""
@@ -76,7 +79,8 @@ class _LossAndGradient:
 
 def minimize_lbfgs(loss_model, trainable, initial_weights, arrays, input_names=None,
                    device="cpu", max_iter=100, tol=1e-4, verbose=0, loss_output="loss",
-                   max_fun=15000, session_options=None, deterministic=False):
+                   max_fun=15000, session_options=None, deterministic=False, bounds=None,
+                   ftol=_FTOL, maxls=50):
     """Minimise the graph's loss over the whole data set with scipy's L-BFGS-B.
 
     Same options as scikit-learn's ``LogisticRegression(solver='lbfgs')``
@@ -112,6 +116,16 @@ def minimize_lbfgs(loss_model, trainable, initial_weights, arrays, input_names=N
     deterministic : bool, default=False
         With ``session_options=None``, deterministic kernels on a GPU (the
         CPU kernels are deterministic already).
+    bounds : dict of str to (low, high), default=None
+        Box constraints of L-BFGS-B per weight: ``low`` and ``high`` are
+        scalars or arrays broadcastable to the weight's shape, None or
+        ``+-inf`` for no bound (``HuberRegressor``'s scale, ``Ridge(positive=True)``).
+        Weights not named are unbounded.
+    ftol : float, default=64 * eps
+        scipy's ``ftol`` (relative decrease of the loss); scikit-learn's
+        ``HuberRegressor`` keeps scipy's default ``2.2e-9``.
+    maxls : int, default=50
+        Maximum line-search steps per iteration (scipy's default is 20).
 
     Returns
     -------
@@ -153,13 +167,14 @@ def minimize_lbfgs(loss_model, trainable, initial_weights, arrays, input_names=N
         session_options = make_session_options(deterministic=True)
     fun = _LossAndGradient(grad_model, weights, arrays, input_names, device, session_options)
     x0 = np.concatenate([w.astype(np.float64).ravel() for w in weights.values()])
-    options = {"maxiter": max_iter, "maxfun": max_fun, "maxls": 50, "gtol": tol,
-               "ftol": 64 * np.finfo(float).eps}
+    options = {"maxiter": max_iter, "maxfun": max_fun, "maxls": maxls, "gtol": tol,
+               "ftol": ftol}
+    box = _flat_bounds(bounds, weights) if bounds else None
     # scipy deprecates iprint: the callback counts iterations and prints the progress.
     progress = _Progress(fun, verbose)
     try:
         result = scipy.optimize.minimize(fun, x0, method="L-BFGS-B", jac=True,
-                                         options=options, callback=progress)
+                                         options=options, callback=progress, bounds=box)
     except KeyboardInterrupt:
         if fun.best_x is None:
             raise
@@ -169,6 +184,22 @@ def minimize_lbfgs(loss_model, trainable, initial_weights, arrays, input_names=N
     # scipy's own count of the iterations it ran (0 when the first line search
     # failed), capped at max_iter as scikit-learn's _check_optimize_result does.
     return fun.unflatten(result.x), min(int(result.nit), max_iter), float(result.fun)
+
+
+def _flat_bounds(bounds: dict, weights: dict) -> list[tuple[float, float]]:
+    """``{name: (low, high)}`` -> one ``(low, high)`` per flattened weight, scipy's form."""
+    unknown = sorted(set(bounds) - set(weights))
+    if unknown:
+        raise ValueError(f"bounds name unknown weight(s) {unknown}; trained weights: "
+                         f"{sorted(weights)}.")
+    lows, highs = [], []
+    for name, value in weights.items():
+        low, high = bounds.get(name, (None, None))
+        low = -np.inf if low is None else low
+        high = np.inf if high is None else high
+        lows.append(np.broadcast_to(np.asarray(low, dtype=np.float64), value.shape).ravel())
+        highs.append(np.broadcast_to(np.asarray(high, dtype=np.float64), value.shape).ravel())
+    return list(zip(np.concatenate(lows), np.concatenate(highs)))
 
 
 def _warn_unless_converged(result, max_iter: int, max_fun: int) -> None:
