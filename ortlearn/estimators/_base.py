@@ -55,6 +55,7 @@ from ..training import (
     parse_device,
 )
 from ..training.engine import DEFAULT_BATCH_ROWS
+from ..training.sparse import dense_blocks, is_sparse, sparse_epoch
 from ._objective import LOSS, SAMPLE_WEIGHT, input_names, label_dtype
 from ._session_cache import _SessionCache, serialized
 from ._validation import check_in_range, check_sample_weight
@@ -74,7 +75,7 @@ def _graph_inputs(names, X, y_enc, sample_weight) -> list:
     if SAMPLE_WEIGHT not in names:
         return [X, y_enc]
     if sample_weight is None:
-        sample_weight = np.ones(len(X), X.dtype)
+        sample_weight = np.ones(X.shape[0], X.dtype)
     return [X, y_enc, sample_weight]
 
 
@@ -225,8 +226,11 @@ class BaseOrtEstimator(BaseEstimator, ABC):
         # X keeps its float dtype here: the cast to the model's dtype (_as_model_dtype)
         # names the columns that overflow it rather than sklearn's "infinity" message.
         dtype = _FLOAT_DTYPES
+        # Sparse X stays sparse (CSR: rows are sliced per block, training/sparse.py).
+        sparse = {"accept_sparse": "csr"}
         if is_classifier(self):
-            X, y = validate_data(self, X, y, reset=reset, dtype=dtype, multi_output=True)
+            X, y = validate_data(self, X, y, reset=reset, dtype=dtype, multi_output=True,
+                                 **sparse)
             if y.ndim == 2 and y.shape[1] > 1:
                 raise ValueError(
                     f"{type(self).__name__} does not support multilabel or multi-output "
@@ -235,14 +239,14 @@ class BaseOrtEstimator(BaseEstimator, ABC):
             check_classification_targets(y)
         else:
             X, y = validate_data(self, X, y, reset=reset, dtype=dtype, y_numeric=True,
-                                 multi_output=self._multi_output)
+                                 multi_output=self._multi_output, **sparse)
             if not self._multi_output:
                 y = column_or_1d(y, warn=True)
         return X, y
 
     def _as_model_dtype(self, X) -> np.ndarray:
         """X in the model's dtype; ValueError naming the columns that overflow it."""
-        check_in_range("X", X, self._dtype)
+        check_in_range("X", X.data if is_sparse(X) else X, self._dtype)
         return X.astype(self._dtype, copy=False)
 
     def _encode_target(self, y) -> np.ndarray:
@@ -332,6 +336,14 @@ class BaseOrtEstimator(BaseEstimator, ABC):
             runtime.engine, self._optimizer_state = None, None
             self._schedule = self._make_schedule()
         if self.solver == "lbfgs":
+            if is_sparse(X):
+                # L-BFGS evaluates the whole data at every iteration: densified it
+                # would take the dense size; refused rather than silently densified.
+                raise ValueError(
+                    "solver='lbfgs' does not accept sparse X (it evaluates the whole "
+                    "data at each iteration, which would be densified). Use a "
+                    "mini-batch solver ('sgd', 'adam'), which densifies one block of "
+                    "rows at a time, or pass X.toarray() if it fits in memory.")
             self._fit_lbfgs(X, y_enc, sample_weight, device)
         else:
             engine = runtime.engine
@@ -423,6 +435,9 @@ class BaseOrtEstimator(BaseEstimator, ABC):
             # A row per class: init_template learns the classes from y.
             X0 = np.zeros((len(self.classes_), X.shape[1]), dtype=self._dtype)
             template = init_template(self._make_counterpart(), X0, self.classes_)
+        elif is_sparse(X):
+            # The initial weights depend on the shapes only: one dense row stands for X.
+            template = init_template(self._make_counterpart(), X[:1].toarray(), y[:1])
         else:
             template = init_template(self._make_counterpart(), X, y)
         self.estimator_ = template
@@ -459,7 +474,7 @@ class BaseOrtEstimator(BaseEstimator, ABC):
         model, trainable = self._loss_model(weighted=weighted)
         engine = TrainingEngine(model, trainable, self._optimizer(), device=str(device),
                                 input_names=input_names(weighted), loss_output=LOSS,
-                                batch_size=min(len(X), self._auto_batch_size
+                                batch_size=min(X.shape[0], self._auto_batch_size
                                                if self.batch_size == "auto" else self.batch_size),
                                 deterministic=self.random_state is not None)
         if self._optimizer_state is not None:
@@ -505,6 +520,9 @@ class BaseOrtEstimator(BaseEstimator, ABC):
             X, y_enc, y, *weights, random_state=self._random_state,
             test_size=self.validation_fraction, stratify=stratify)
         sw_tr, sw_val = sw or (None, None)
+        if is_sparse(X_val):
+            # scored after every epoch by whole-data graphs: the validation rows densified
+            X_val = X_val.toarray()
         if X_val.shape[0] < 2:
             raise ValueError("The validation set is too small. Increase "
                              "'validation_fraction' or the size of your dataset.")
@@ -554,6 +572,8 @@ class BaseOrtEstimator(BaseEstimator, ABC):
         lr_epoch, lr_for_step = self._learning_rates()
         if lr_epoch is not None:
             engine.set_learning_rate(lr_epoch)
+        if is_sparse(train[0]):
+            return sparse_epoch(engine, train, batches, lr_for_step=lr_for_step)
         return engine.train_epoch(train, batches, lr_for_step=lr_for_step)
 
     def _plateau(self) -> bool:
@@ -734,10 +754,14 @@ class BaseOrtEstimator(BaseEstimator, ABC):
 
     def _run_inference(self, X, outputs) -> dict:
         check_is_fitted(self)
-        X = validate_data(self, X, reset=False, dtype=_FLOAT_DTYPES)
+        X = validate_data(self, X, reset=False, dtype=_FLOAT_DTYPES, accept_sparse="csr")
         X = self._as_model_dtype(X)
         session = self._runtime.inference_session(self._inference_model, self.device)
-        return dict(zip(outputs, session.run(outputs, {"X": X})))
+        if not is_sparse(X):
+            return dict(zip(outputs, session.run(outputs, {"X": X})))
+        # A block of rows at a time: the memory of the non-zeros plus one dense block.
+        parts = [session.run(outputs, {"X": block}) for block in dense_blocks(X)]
+        return {name: np.concatenate([p[i] for p in parts]) for i, name in enumerate(outputs)}
 
     @abstractmethod
     def _predict_from_outputs(self, values: dict):
@@ -749,6 +773,7 @@ class BaseOrtEstimator(BaseEstimator, ABC):
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
         tags.non_deterministic = False
+        tags.input_tags.sparse = True
         return tags
 
 
