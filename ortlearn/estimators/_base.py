@@ -20,6 +20,7 @@ classifier mixins); these are abstract methods. The steps of the epoch loop
 
 from __future__ import annotations
 
+import copy
 import time
 import warnings
 from abc import ABC, abstractmethod
@@ -33,6 +34,7 @@ from sklearn.base import (
     _fit_context,
     is_classifier,
 )
+from sklearn.linear_model import SGDClassifier, SGDRegressor
 from sklearn.metrics import accuracy_score, r2_score
 from sklearn.model_selection import train_test_split
 from sklearn.utils import check_random_state
@@ -46,6 +48,7 @@ from sklearn.utils.validation import (
 from ..convert import get_weights, init_template, set_weights, to_train_onnx
 from ..exceptions import ConvergenceError, ConvergenceWarning
 from ..graph import initializers_to_inputs
+from ..log import user_stacklevel, verbose_log
 from ..training import (
     Batches,
     TrainingEngine,
@@ -59,6 +62,12 @@ from ..training.sparse import dense_blocks, is_sparse, sparse_epoch
 from ._objective import LOSS, SAMPLE_WEIGHT, input_names, label_dtype
 from ._session_cache import _SessionCache, serialized
 from ._validation import check_in_range, check_sample_weight
+
+try:  # scikit-learn >= 1.9: set_callbacks(ProgressBar(), ScoringMonitor(...))
+    from sklearn.callback import CallbackSupportMixin
+except ImportError:  # pragma: no cover
+    class CallbackSupportMixin:
+        """No callbacks before scikit-learn 1.9."""
 
 __all__ = ["BaseOrtEstimator"]
 
@@ -79,7 +88,7 @@ def _graph_inputs(names, X, y_enc, sample_weight) -> list:
     return [X, y_enc, sample_weight]
 
 
-class BaseOrtEstimator(BaseEstimator, ABC):
+class BaseOrtEstimator(CallbackSupportMixin, BaseEstimator, ABC):
     """Base class of ortlearn's scikit-learn-native estimators (not for direct use).
 
     Subclasses define the parameters (``__init__`` and
@@ -212,7 +221,7 @@ class BaseOrtEstimator(BaseEstimator, ABC):
             return min(self._auto_batch_size, n_samples)
         if self.batch_size > n_samples:
             warnings.warn(f"Got batch_size={self.batch_size} larger than the {n_samples} "
-                          "samples; it is clipped.")
+                          "samples; it is clipped.", stacklevel=user_stacklevel())
         return int(np.clip(self.batch_size, 1, n_samples))
 
     # ------------------------------------------------------------------- data
@@ -311,6 +320,14 @@ class BaseOrtEstimator(BaseEstimator, ABC):
         first = not hasattr(self, "estimator_") or (not self.warm_start and not incremental)
         device = parse_device(self.device)
         X, y = self._validate_xy(X, y, reset=first)
+        if self.solver == "lbfgs" and is_sparse(X):
+            # L-BFGS evaluates the whole data at every iteration: densified it would
+            # take the dense size; refused rather than silently densified.
+            raise ValueError(
+                "solver='lbfgs' does not accept sparse X (it evaluates the whole data at "
+                "each iteration, which would be densified). Use a mini-batch solver "
+                "('sgd', 'adam'), which densifies one block of rows at a time, or pass "
+                "X.toarray() if it fits in memory.")
         if not first:
             # before anything changes: a failed call leaves n_iter_, weights and curves as
             # they were. A warm start or partial_fit continues the fitted weights, so it
@@ -335,15 +352,8 @@ class BaseOrtEstimator(BaseEstimator, ABC):
             # fit (warm start included) starts a new optimizer and schedule, as sklearn does.
             runtime.engine, self._optimizer_state = None, None
             self._schedule = self._make_schedule()
+        callbacks = self._callbacks_begin(X, y, sample_weight, incremental)
         if self.solver == "lbfgs":
-            if is_sparse(X):
-                # L-BFGS evaluates the whole data at every iteration: densified it
-                # would take the dense size; refused rather than silently densified.
-                raise ValueError(
-                    "solver='lbfgs' does not accept sparse X (it evaluates the whole "
-                    "data at each iteration, which would be densified). Use a "
-                    "mini-batch solver ('sgd', 'adam'), which densifies one block of "
-                    "rows at a time, or pass X.toarray() if it fits in memory.")
             self._fit_lbfgs(X, y_enc, sample_weight, device)
         else:
             engine = runtime.engine
@@ -361,7 +371,51 @@ class BaseOrtEstimator(BaseEstimator, ABC):
                     # and threads; partial_fit rebuilds the engine from them, then keeps it
                     # for the calls that follow.
                     runtime.engine = None
+        if callbacks is not None:
+            callbacks.call_on_fit_task_end(estimator=self, X=X, y=y,
+                                           metadata=self._callback_metadata,
+                                           reconstruction_attributes={})
         return self
+
+    # ------------------------------------------------------------- callbacks
+    def _callbacks_begin(self, X, y, sample_weight, incremental: bool):
+        """The root context of scikit-learn's callbacks (``sklearn.callback``), or None.
+
+        A fit is one task with a subtask per epoch (``_fit_epochs``); an
+        L-BFGS fit is a task without subtasks. The callbacks' ``teardown``
+        runs in scikit-learn's ``_fit_context`` wrapper of ``fit`` and
+        ``partial_fit``.
+        """
+        if not hasattr(self, "_init_callback_context"):  # scikit-learn < 1.9
+            return None
+        n_epochs = 0 if self.solver == "lbfgs" else 1 if incremental else self.max_iter
+        context = self._init_callback_context(max_subtasks=n_epochs)
+        self._callback_metadata = (None if sample_weight is None
+                                   else {"sample_weight": sample_weight})
+        context.call_on_fit_task_begin(estimator=self, X=X, y=y,
+                                       metadata=self._callback_metadata)
+        return context
+
+    def _callbacks_epoch(self, context, X, y, engine, end: bool) -> bool:
+        """Begin (``end=False``) or end an epoch's subtask; True: a callback asks to stop."""
+        if context is None:
+            return False
+        if not end:
+            self._epoch_context = context.subcontext(task_name="epoch")
+            self._epoch_context.call_on_fit_task_begin(
+                estimator=self, X=X, y=y, metadata=self._callback_metadata)
+            return False
+
+        def fitted():
+            # What a callback's fitted_estimator predicts with: the epoch's weights in a
+            # copy of the counterpart, and its own onnxruntime sessions.
+            estimator = copy.deepcopy(self.estimator_)
+            set_weights(estimator, engine.get_state())
+            return {"estimator_": estimator, "_runtime": _SessionCache()}
+
+        return self._epoch_context.call_on_fit_task_end(
+            estimator=self, X=X, y=y, metadata=self._callback_metadata,
+            reconstruction_attributes=fitted)
 
     def _check_n_outputs(self, y, incremental: bool = True) -> None:
         """Refuse a partial_fit or warm-start target with another number of outputs."""
@@ -540,8 +594,10 @@ class BaseOrtEstimator(BaseEstimator, ABC):
         self._best_state = None
         max_iter = 1 if incremental else self.max_iter
         start = time.perf_counter()
+        context = getattr(self, "_callback_fit_ctx", None)
         try:
             for _ in range(max_iter):
+                self._callbacks_epoch(context, X, y, engine, end=False)
                 if self.shuffle:
                     # In place: the rows and draws of sklearn's order[permutation(n)], no copy.
                     self._random_state.shuffle(order)
@@ -552,9 +608,11 @@ class BaseOrtEstimator(BaseEstimator, ABC):
                 self.loss_ = loss
                 self._update_no_improvement(engine, loss, validation)
                 self._log_epoch(time.perf_counter() - start)
+                if self._callbacks_epoch(context, X, y, engine, end=True):
+                    break
                 if self._plateau() and self._schedule.on_plateau():
                     if self.verbose:
-                        print(self._stop_message())
+                        verbose_log(self._stop_message())
                     break
                 if self._plateau():
                     self._no_improvement_count = 0
@@ -564,7 +622,7 @@ class BaseOrtEstimator(BaseEstimator, ABC):
             self._finish_epochs(engine)
             raise
         except KeyboardInterrupt:
-            warnings.warn("Training interrupted by user.")
+            warnings.warn("Training interrupted by user.", stacklevel=user_stacklevel())
         self._finish_epochs(engine)
 
     def _run_epoch(self, engine, train, batches) -> float:
@@ -627,16 +685,43 @@ class BaseOrtEstimator(BaseEstimator, ABC):
 
     def _warn_max_iter(self) -> None:
         warnings.warn(f"Maximum iterations ({self.max_iter}) reached and the optimization "
-                      "hasn't converged yet.", ConvergenceWarning)
+                      "hasn't converged yet.", ConvergenceWarning, stacklevel=user_stacklevel())
 
     def _log_epoch(self, elapsed: float) -> None:
-        """With ``verbose``: one line per epoch (epoch, loss, validation score, time)."""
+        """With ``verbose``: the counterpart's lines for the epoch, on the ``ortlearn`` logger.
+
+        MLPs: ``Iteration %d, loss = %.8f`` (and ``Validation score: %f``);
+        SGD's linear models: ``-- Epoch %d``, ``Norm: ..., NNZs: ..., Bias:
+        ..., T: ..., Avg. loss: ..., Objective: ...`` and ``Total training
+        time: %.2f seconds.`` (see :mod:`ortlearn.log`).
+        """
         if not self.verbose:
             return
-        line = f"Iteration {self.n_iter_}, loss = {self.loss_:.8f}"
+        if isinstance(self.estimator_, (SGDClassifier, SGDRegressor)):
+            for line in self._sgd_epoch_lines(elapsed):
+                verbose_log(line)
+            return
+        verbose_log(f"Iteration {self.n_iter_}, loss = {self.loss_:.8f}")
         if self.early_stopping:
-            line += f", validation score = {self.validation_scores_[-1]:.6f}"
-        print(f"{line}, elapsed = {elapsed:.2f} s")
+            verbose_log(f"Validation score: {self.validation_scores_[-1]:f}")
+
+    def _sgd_epoch_lines(self, elapsed: float) -> list[str]:
+        """SGD's verbose lines (``sklearn/linear_model/_sgd_fast.pyx.tp``)."""
+        engine = self._runtime.engine
+        state = engine.get_state() if engine is not None else get_weights(self.estimator_)
+        coef = np.ravel(state["coef"])
+        bias = float(np.ravel(state["intercept"])[0]) if state["intercept"].size else 0.0
+        # Avg. loss: the objective less the penalty of the epoch's last weights.
+        ratio = {"l2": 0.0, "l1": 1.0, None: 0.0}.get(self.penalty, self.l1_ratio)
+        alpha = 0.0 if self.penalty is None else self.alpha
+        penalty = alpha * (ratio * np.abs(coef).sum() + (1 - ratio) * 0.5 * coef @ coef)
+        line = (f"Norm: {np.linalg.norm(coef):.2f}, NNZs: {np.count_nonzero(coef)}, "
+                f"Bias: {bias:.6f}, T: {self.t_}, Avg. loss: {self.loss_ - penalty:f}, "
+                f"Objective: {self.loss_:f}")
+        if self.early_stopping:
+            line += f", Validation score: {self.validation_scores_[-1]:f}"
+        return [f"-- Epoch {self.n_iter_}", line,
+                f"Total training time: {elapsed:.2f} seconds."]
 
     def _finish_epochs(self, engine) -> None:
         """Best weights back on the device (early stopping), weights into ``estimator_``."""
