@@ -227,3 +227,72 @@ def test_sparse_and_dense_fits_log_the_same(diabetes, capsys):
                                      random_state=0).fit(data, y)
         outs.append(capsys.readouterr().out)
     assert outs[0] == outs[1] and np.char.count(outs[0], "Iteration") == 2
+
+
+# ------------------------------------------------- day-one details (item 6)
+
+REPO = __import__("pathlib").Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize("cls", [ortlearn.OrtMLPRegressor, ortlearn.OrtLinearRegressor,
+                                 ortlearn.OrtMLPClassifier, ortlearn.OrtLinearClassifier])
+def test_to_onnx_has_nothing_unused(cls, digits, capfd):
+    import onnxruntime as ort
+
+    X, y = digits
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        model = cls(max_iter=1, random_state=0).fit(X, y.astype(float)
+                                                    if "Regressor" in cls.__name__ else y)
+    onx = model.to_onnx()
+    read = {i for node in onx.graph.node for i in node.input} | {o.name for o in onx.graph.output}
+    assert [i.name for i in onx.graph.initializer if i.name not in read] == []
+    assert [n.output[0] for n in onx.graph.node if n.op_type == "Constant"
+            and n.output[0] not in read] == []
+    capfd.readouterr()
+    ort.InferenceSession(onx.SerializeToString(), providers=["CPUExecutionProvider"])
+    assert "not used by any node" not in capfd.readouterr().err
+
+
+def test_inference_export_error_lists_what_can_be_exported(digits, tmp_path):
+    from ortlearn import api
+
+    X, y = digits
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        est = ortlearn.OrtMLPClassifier(hidden_layer_sizes=(8,), max_iter=1).fit(X, y)
+    est.export_artifacts(tmp_path)
+    state = api.CheckpointState.load_checkpoint(str(tmp_path / "checkpoint"))
+    module = api.Module(str(tmp_path / "training_model.onnx"), state,
+                        str(tmp_path / "eval_model.onnx"))
+    with pytest.raises(ValueError, match=r"not values of the eval model.*'raw_scores'"):
+        module.export_model_for_inferencing(str(tmp_path / "inference.onnx"), ["proba"])
+    module.export_model_for_inferencing(str(tmp_path / "inference.onnx"), ["raw_scores"])
+
+
+def test_benchmarks_run_from_any_directory_and_describe_the_workloads(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, PYTHONPATH=str(REPO))  # as installed: the package, not the cwd
+    out = subprocess.run([sys.executable, "-m", "benchmarks", "--help"], cwd=tmp_path,
+                         env=env, capture_output=True, text=True, check=True).stdout
+    for key in ("W1  linear regression by SGD", "W4  binary logistic regression",
+                "W9  W6's CNN in ortlearn.torch.ORTModule"):
+        assert key in out
+    # installed with ortlearn, so that no PYTHONPATH is needed
+    assert '"benchmarks*"' in (REPO / "pyproject.toml").read_text()
+
+
+def test_readme_and_quickstart_give_the_same_commands():
+    def commands(path):
+        return {line.strip() for line in path.read_text().splitlines()
+                if line.strip().startswith(("pip install", "python -m sphinx"))}
+
+    readme = commands(REPO / "README.md")
+    quickstart = commands(REPO / "doc" / "quickstart.rst")
+    assert quickstart <= readme | {"python -m sphinx -W --keep-going -b html doc doc/_build/html"}
+    assert "python -m sphinx -W --keep-going -b html doc doc/_build/html" in (
+        REPO / "README.md").read_text()
+    assert len([c for c in quickstart if c.startswith("pip install")]) == 2

@@ -47,7 +47,7 @@ from sklearn.utils.validation import (
 
 from ..convert import get_weights, init_template, set_weights, to_train_onnx
 from ..exceptions import ConvergenceError, ConvergenceWarning
-from ..graph import initializers_to_inputs
+from ..graph import initializers_to_inputs, prune_model
 from ..log import user_stacklevel, verbose_log
 from ..training import (
     Batches,
@@ -516,7 +516,10 @@ class BaseOrtEstimator(CallbackSupportMixin, BaseEstimator, ABC):
     def _inference_model(self) -> onnx.ModelProto:
         """``to_train_onnx`` of ``estimator_`` (the trained inference graph)."""
         sample = np.zeros((1, self.n_features_in_), dtype=self._dtype)
-        return to_train_onnx(self.estimator_, sample, dtype=self._dtype)
+        model = to_train_onnx(self.estimator_, sample, dtype=self._dtype)
+        # Without the nodes no output reads (a converter's spare Constant), which
+        # onnxruntime would warn about at every load.
+        return prune_model(model, [o.name for o in model.graph.output])
 
     def _loss_model(self, sum_in_float64: bool = False, weighted: bool = True):
         model = self._objective(self._inference_model(), self._kind(), sum_in_float64,
