@@ -353,6 +353,21 @@ class BaseOrtEstimator(CallbackSupportMixin, BaseEstimator, ABC):
             runtime.engine, self._optimizer_state = None, None
             self._schedule = self._make_schedule()
         callbacks = self._callbacks_begin(X, y, sample_weight, incremental)
+        try:
+            self._fit_solver(X, y, y_enc, sample_weight, incremental, device)
+        except BaseException:
+            self._forget_callback_state()
+            raise
+        if callbacks is not None:
+            callbacks.call_on_fit_task_end(estimator=self, X=X, y=y,
+                                           metadata=self._callback_metadata,
+                                           reconstruction_attributes={})
+            self._forget_callback_state()
+        return self
+
+    def _fit_solver(self, X, y, y_enc, sample_weight, incremental: bool, device) -> None:
+        """L-BFGS, or the epochs of a mini-batch solver on the training engine."""
+        runtime = self._runtime
         if self.solver == "lbfgs":
             self._fit_lbfgs(X, y_enc, sample_weight, device)
         else:
@@ -371,11 +386,11 @@ class BaseOrtEstimator(CallbackSupportMixin, BaseEstimator, ABC):
                     # and threads; partial_fit rebuilds the engine from them, then keeps it
                     # for the calls that follow.
                     runtime.engine = None
-        if callbacks is not None:
-            callbacks.call_on_fit_task_end(estimator=self, X=X, y=y,
-                                           metadata=self._callback_metadata,
-                                           reconstruction_attributes={})
-        return self
+
+    def _forget_callback_state(self) -> None:
+        """A fitted estimator keeps no callback context nor the sample weights it was given."""
+        for name in ("_epoch_context", "_callback_metadata"):
+            self.__dict__.pop(name, None)
 
     # ------------------------------------------------------------- callbacks
     def _callbacks_begin(self, X, y, sample_weight, incremental: bool):
