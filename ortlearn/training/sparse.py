@@ -10,8 +10,9 @@ epoch: each step sees the rows, in the order, of the dense fit of the same
 data, and computes the same numbers.
 
 Measured (``tests/test_sklearn_parity_sparse.py``): an ``OrtLinearRegressor``
-on that matrix fits two epochs with a peak memory of a few hundred MB
-above the process's baseline.
+on that matrix, batches of 1 000 rows, fits an epoch with a peak of about
+0.6 GB above the process's baseline (the 200 MB block, onnxruntime's copy
+of the batch it gathers, the CSR).
 """
 
 from __future__ import annotations
