@@ -62,11 +62,20 @@ from benchmarks import _env, memory, networks, report
 from benchmarks.workloads import BUILDERS, Options, Unavailable
 
 
+def _summary(build) -> str:
+    """The first line of a workload builder's docstring, less its ``Wn:`` prefix."""
+    doc = (build.__doc__ or "").strip().splitlines()
+    return doc[0].split(": ", 1)[-1] if doc else ""
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     """Parse the command line (``argv`` None: ``sys.argv[1:]``)."""
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks",
-        description="ortlearn against scikit-learn and PyTorch, in one process run.")
+        description="ortlearn against scikit-learn and PyTorch, in one process run.",
+        epilog="workloads:\n" + "\n".join(
+            f"  {name}  {_summary(build)}" for name, build in BUILDERS.items()),
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workloads", default=",".join(BUILDERS),
                         help="comma-separated subset of %(default)s")
     parser.add_argument("--reps", type=int, default=3, help="timed repetitions (median)")

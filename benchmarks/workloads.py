@@ -564,11 +564,25 @@ def _forward_us(estimator, batch, device: str, warmup: bool) -> float:
     return seconds / calls * 1e6
 
 
+#: What the torch workloads are (their modules import torch: not imported for --help).
+_TORCH_WORKLOADS = {
+    "W6": "LeNet-style CNN on digits 8x8 through ortlearn.artifacts/api, against torch "
+          "eager, ms per AdamW step.",
+    "W7": "transformer encoder layer through ortlearn.artifacts/api, against torch eager, "
+          "ms per AdamW step.",
+    "W8": "W2's MLP in ortlearn.torch.ORTModule, against torch eager and torch.compile, "
+          "ms per Adam step (batch 256).",
+    "W9": "W6's CNN in ortlearn.torch.ORTModule, against torch eager and torch.compile, "
+          "ms per AdamW step (batch 64).",
+}
+
+
 def _network(key: str):
     def build(opts: Options) -> Workload:
         from benchmarks.networks import build_network
 
         return build_network(key, opts)
+    build.__doc__ = f"{key}: {_TORCH_WORKLOADS[key]}"
     return build
 
 
@@ -577,6 +591,7 @@ def _ortmodule(key: str):
         from benchmarks.ortmodule import build_ortmodule_workload
 
         return build_ortmodule_workload(key, opts)
+    build.__doc__ = f"{key}: {_TORCH_WORKLOADS[key]}"
     return build
 
 

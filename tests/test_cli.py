@@ -12,9 +12,14 @@ def test_demo_matches_scikit_learn(tmp_path, capsys):
     rows = run_demo(max_iter=3, plot=None, verbose=True)
     out = capsys.readouterr().out
     assert [r["title"] for r in rows] == [
-        "MLP classifier, digits", "MLP regressor, diabetes", "linear regressor (SGD), diabetes"]
+        "MLP classifier, digits", "MLP regressor, make_regression 200k",
+        "linear regressor (SGD), make_regression 200k"]
+    assert rows[1]["n_train"] == 150_000  # large enough that the time per epoch shows
+    assert all(r["ortlearn_epoch_s"] > 0 and r["sklearn_epoch_s"] > 0 for r in rows)
+    assert "s/epoch" in out
     # one line per epoch, then the table
-    assert out.count("Iteration 3, loss = ") == 3
+    # scikit-learn's verbose lines: the MLP's, then SGD's
+    assert out.count("Iteration 3, loss = ") == 2 and out.count("-- Epoch 3") == 1
     assert "ortlearn   sklearn" in out
     for row in rows:
         assert len(row["ortlearn_losses"]) == 3
@@ -22,8 +27,10 @@ def test_demo_matches_scikit_learn(tmp_path, capsys):
     for row in rows[:2]:
         assert row["ortlearn_score"] == pytest.approx(row["sklearn_score"], abs=1e-6)
         assert row["ortlearn_losses"] == pytest.approx(row["sklearn_losses"], rel=1e-4)
-    # SGD: same objective, mini-batches instead of sklearn's per-sample steps
+    # SGD: same objective, mini-batches instead of sklearn's per-sample steps; sklearn
+    # records no loss per epoch, its final objective is plotted instead
     assert abs(rows[2]["ortlearn_score"] - rows[2]["sklearn_score"]) < 0.1
+    assert rows[2]["sklearn_losses"] == [] and rows[2]["sklearn_final_loss"] > 0
 
 
 def test_demo_writes_the_plot_or_says_it_was_skipped(tmp_path, capsys):

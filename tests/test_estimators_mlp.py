@@ -260,10 +260,12 @@ def test_verbose_prints_one_line_per_epoch(regression, capsys):
                     early_stopping=True,
                     n_iter_no_change=2, verbose=True, random_state=0).fit(X, y)
     lines = capsys.readouterr().out.strip().splitlines()
-    pattern = re.compile(r"^Iteration (\d+), loss = [0-9.]+, validation score = -?[0-9.]+, "
-                         r"elapsed = [0-9.]+ s$")
+    # scikit-learn's lines: "Iteration %d, loss = %.8f", then "Validation score: %f"
+    pattern = re.compile(r"^Iteration (\d+), loss = [0-9]+\.[0-9]{8}$")
     epochs = [int(pattern.match(line).group(1)) for line in lines if pattern.match(line)]
     assert epochs == list(range(1, len(epochs) + 1)) and len(epochs) >= 3
+    scores = [line for line in lines if re.match(r"^Validation score: -?[0-9]+\.[0-9]{6}$", line)]
+    assert len(scores) == len(epochs)
     assert lines[-1].startswith("Validation score did not improve")
 
 

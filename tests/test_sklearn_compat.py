@@ -13,6 +13,7 @@ _SAMPLE_WEIGHT = ("mini-batches and shuffling: sample_weight is not equivalent t
                   "removing/repeating samples (scikit-learn declares the same for SGD*).")
 _EXPECTED_FAILURES = {
     "check_sample_weight_equivalence_on_dense_data": _SAMPLE_WEIGHT,
+    "check_sample_weight_equivalence_on_sparse_data": _SAMPLE_WEIGHT,
 }
 
 

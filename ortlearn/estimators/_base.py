@@ -20,6 +20,7 @@ classifier mixins); these are abstract methods. The steps of the epoch loop
 
 from __future__ import annotations
 
+import copy
 import time
 import warnings
 from abc import ABC, abstractmethod
@@ -33,6 +34,7 @@ from sklearn.base import (
     _fit_context,
     is_classifier,
 )
+from sklearn.linear_model import SGDClassifier, SGDRegressor
 from sklearn.metrics import accuracy_score, r2_score
 from sklearn.model_selection import train_test_split
 from sklearn.utils import check_random_state
@@ -45,7 +47,8 @@ from sklearn.utils.validation import (
 
 from ..convert import get_weights, init_template, set_weights, to_train_onnx
 from ..exceptions import ConvergenceError, ConvergenceWarning
-from ..graph import initializers_to_inputs
+from ..graph import initializers_to_inputs, prune_model
+from ..log import user_stacklevel, verbose_log
 from ..training import (
     Batches,
     TrainingEngine,
@@ -55,9 +58,16 @@ from ..training import (
     parse_device,
 )
 from ..training.engine import DEFAULT_BATCH_ROWS
+from ..training.sparse import dense_blocks, is_sparse, sparse_epoch
 from ._objective import LOSS, SAMPLE_WEIGHT, input_names, label_dtype
 from ._session_cache import _SessionCache, serialized
 from ._validation import check_in_range, check_sample_weight
+
+try:  # scikit-learn >= 1.9: set_callbacks(ProgressBar(), ScoringMonitor(...))
+    from sklearn.callback import CallbackSupportMixin
+except ImportError:  # pragma: no cover
+    class CallbackSupportMixin:
+        """No callbacks before scikit-learn 1.9."""
 
 __all__ = ["BaseOrtEstimator"]
 
@@ -74,11 +84,11 @@ def _graph_inputs(names, X, y_enc, sample_weight) -> list:
     if SAMPLE_WEIGHT not in names:
         return [X, y_enc]
     if sample_weight is None:
-        sample_weight = np.ones(len(X), X.dtype)
+        sample_weight = np.ones(X.shape[0], X.dtype)
     return [X, y_enc, sample_weight]
 
 
-class BaseOrtEstimator(BaseEstimator, ABC):
+class BaseOrtEstimator(CallbackSupportMixin, BaseEstimator, ABC):
     """Base class of ortlearn's scikit-learn-native estimators (not for direct use).
 
     Subclasses define the parameters (``__init__`` and
@@ -211,7 +221,7 @@ class BaseOrtEstimator(BaseEstimator, ABC):
             return min(self._auto_batch_size, n_samples)
         if self.batch_size > n_samples:
             warnings.warn(f"Got batch_size={self.batch_size} larger than the {n_samples} "
-                          "samples; it is clipped.")
+                          "samples; it is clipped.", stacklevel=user_stacklevel())
         return int(np.clip(self.batch_size, 1, n_samples))
 
     # ------------------------------------------------------------------- data
@@ -225,8 +235,11 @@ class BaseOrtEstimator(BaseEstimator, ABC):
         # X keeps its float dtype here: the cast to the model's dtype (_as_model_dtype)
         # names the columns that overflow it rather than sklearn's "infinity" message.
         dtype = _FLOAT_DTYPES
+        # Sparse X stays sparse (CSR: rows are sliced per block, training/sparse.py).
+        sparse = {"accept_sparse": "csr"}
         if is_classifier(self):
-            X, y = validate_data(self, X, y, reset=reset, dtype=dtype, multi_output=True)
+            X, y = validate_data(self, X, y, reset=reset, dtype=dtype, multi_output=True,
+                                 **sparse)
             if y.ndim == 2 and y.shape[1] > 1:
                 raise ValueError(
                     f"{type(self).__name__} does not support multilabel or multi-output "
@@ -235,14 +248,14 @@ class BaseOrtEstimator(BaseEstimator, ABC):
             check_classification_targets(y)
         else:
             X, y = validate_data(self, X, y, reset=reset, dtype=dtype, y_numeric=True,
-                                 multi_output=self._multi_output)
+                                 multi_output=self._multi_output, **sparse)
             if not self._multi_output:
                 y = column_or_1d(y, warn=True)
         return X, y
 
     def _as_model_dtype(self, X) -> np.ndarray:
         """X in the model's dtype; ValueError naming the columns that overflow it."""
-        check_in_range("X", X, self._dtype)
+        check_in_range("X", X.data if is_sparse(X) else X, self._dtype)
         return X.astype(self._dtype, copy=False)
 
     def _encode_target(self, y) -> np.ndarray:
@@ -307,6 +320,14 @@ class BaseOrtEstimator(BaseEstimator, ABC):
         first = not hasattr(self, "estimator_") or (not self.warm_start and not incremental)
         device = parse_device(self.device)
         X, y = self._validate_xy(X, y, reset=first)
+        if self.solver == "lbfgs" and is_sparse(X):
+            # L-BFGS evaluates the whole data at every iteration: densified it would
+            # take the dense size; refused rather than silently densified.
+            raise ValueError(
+                "solver='lbfgs' does not accept sparse X (it evaluates the whole data at "
+                "each iteration, which would be densified). Use a mini-batch solver "
+                "('sgd', 'adam'), which densifies one block of rows at a time, or pass "
+                "X.toarray() if it fits in memory.")
         if not first:
             # before anything changes: a failed call leaves n_iter_, weights and curves as
             # they were. A warm start or partial_fit continues the fitted weights, so it
@@ -331,6 +352,22 @@ class BaseOrtEstimator(BaseEstimator, ABC):
             # fit (warm start included) starts a new optimizer and schedule, as sklearn does.
             runtime.engine, self._optimizer_state = None, None
             self._schedule = self._make_schedule()
+        callbacks = self._callbacks_begin(X, y, sample_weight, incremental)
+        try:
+            self._fit_solver(X, y, y_enc, sample_weight, incremental, device)
+        except BaseException:
+            self._forget_callback_state()
+            raise
+        if callbacks is not None:
+            callbacks.call_on_fit_task_end(estimator=self, X=X, y=y,
+                                           metadata=self._callback_metadata,
+                                           reconstruction_attributes={})
+            self._forget_callback_state()
+        return self
+
+    def _fit_solver(self, X, y, y_enc, sample_weight, incremental: bool, device) -> None:
+        """L-BFGS, or the epochs of a mini-batch solver on the training engine."""
+        runtime = self._runtime
         if self.solver == "lbfgs":
             self._fit_lbfgs(X, y_enc, sample_weight, device)
         else:
@@ -349,7 +386,51 @@ class BaseOrtEstimator(BaseEstimator, ABC):
                     # and threads; partial_fit rebuilds the engine from them, then keeps it
                     # for the calls that follow.
                     runtime.engine = None
-        return self
+
+    def _forget_callback_state(self) -> None:
+        """A fitted estimator keeps no callback context nor the sample weights it was given."""
+        for name in ("_epoch_context", "_callback_metadata"):
+            self.__dict__.pop(name, None)
+
+    # ------------------------------------------------------------- callbacks
+    def _callbacks_begin(self, X, y, sample_weight, incremental: bool):
+        """The root context of scikit-learn's callbacks (``sklearn.callback``), or None.
+
+        A fit is one task with a subtask per epoch (``_fit_epochs``); an
+        L-BFGS fit is a task without subtasks. The callbacks' ``teardown``
+        runs in scikit-learn's ``_fit_context`` wrapper of ``fit`` and
+        ``partial_fit``.
+        """
+        if not hasattr(self, "_init_callback_context"):  # scikit-learn < 1.9
+            return None
+        n_epochs = 0 if self.solver == "lbfgs" else 1 if incremental else self.max_iter
+        context = self._init_callback_context(max_subtasks=n_epochs)
+        self._callback_metadata = (None if sample_weight is None
+                                   else {"sample_weight": sample_weight})
+        context.call_on_fit_task_begin(estimator=self, X=X, y=y,
+                                       metadata=self._callback_metadata)
+        return context
+
+    def _callbacks_epoch(self, context, X, y, engine, end: bool) -> bool:
+        """Begin (``end=False``) or end an epoch's subtask; True: a callback asks to stop."""
+        if context is None:
+            return False
+        if not end:
+            self._epoch_context = context.subcontext(task_name="epoch")
+            self._epoch_context.call_on_fit_task_begin(
+                estimator=self, X=X, y=y, metadata=self._callback_metadata)
+            return False
+
+        def fitted():
+            # What a callback's fitted_estimator predicts with: the epoch's weights in a
+            # copy of the counterpart, and its own onnxruntime sessions.
+            estimator = copy.deepcopy(self.estimator_)
+            set_weights(estimator, engine.get_state())
+            return {"estimator_": estimator, "_runtime": _SessionCache()}
+
+        return self._epoch_context.call_on_fit_task_end(
+            estimator=self, X=X, y=y, metadata=self._callback_metadata,
+            reconstruction_attributes=fitted)
 
     def _check_n_outputs(self, y, incremental: bool = True) -> None:
         """Refuse a partial_fit or warm-start target with another number of outputs."""
@@ -423,6 +504,9 @@ class BaseOrtEstimator(BaseEstimator, ABC):
             # A row per class: init_template learns the classes from y.
             X0 = np.zeros((len(self.classes_), X.shape[1]), dtype=self._dtype)
             template = init_template(self._make_counterpart(), X0, self.classes_)
+        elif is_sparse(X):
+            # The initial weights depend on the shapes only: one dense row stands for X.
+            template = init_template(self._make_counterpart(), X[:1].toarray(), y[:1])
         else:
             template = init_template(self._make_counterpart(), X, y)
         self.estimator_ = template
@@ -447,7 +531,10 @@ class BaseOrtEstimator(BaseEstimator, ABC):
     def _inference_model(self) -> onnx.ModelProto:
         """``to_train_onnx`` of ``estimator_`` (the trained inference graph)."""
         sample = np.zeros((1, self.n_features_in_), dtype=self._dtype)
-        return to_train_onnx(self.estimator_, sample, dtype=self._dtype)
+        model = to_train_onnx(self.estimator_, sample, dtype=self._dtype)
+        # Without the nodes no output reads (a converter's spare Constant), which
+        # onnxruntime would warn about at every load.
+        return prune_model(model, [o.name for o in model.graph.output])
 
     def _loss_model(self, sum_in_float64: bool = False, weighted: bool = True):
         model = self._objective(self._inference_model(), self._kind(), sum_in_float64,
@@ -459,7 +546,7 @@ class BaseOrtEstimator(BaseEstimator, ABC):
         model, trainable = self._loss_model(weighted=weighted)
         engine = TrainingEngine(model, trainable, self._optimizer(), device=str(device),
                                 input_names=input_names(weighted), loss_output=LOSS,
-                                batch_size=min(len(X), self._auto_batch_size
+                                batch_size=min(X.shape[0], self._auto_batch_size
                                                if self.batch_size == "auto" else self.batch_size),
                                 deterministic=self.random_state is not None)
         if self._optimizer_state is not None:
@@ -505,6 +592,9 @@ class BaseOrtEstimator(BaseEstimator, ABC):
             X, y_enc, y, *weights, random_state=self._random_state,
             test_size=self.validation_fraction, stratify=stratify)
         sw_tr, sw_val = sw or (None, None)
+        if is_sparse(X_val):
+            # scored after every epoch by whole-data graphs: the validation rows densified
+            X_val = X_val.toarray()
         if X_val.shape[0] < 2:
             raise ValueError("The validation set is too small. Increase "
                              "'validation_fraction' or the size of your dataset.")
@@ -522,8 +612,10 @@ class BaseOrtEstimator(BaseEstimator, ABC):
         self._best_state = None
         max_iter = 1 if incremental else self.max_iter
         start = time.perf_counter()
+        context = getattr(self, "_callback_fit_ctx", None)
         try:
             for _ in range(max_iter):
+                self._callbacks_epoch(context, X, y, engine, end=False)
                 if self.shuffle:
                     # In place: the rows and draws of sklearn's order[permutation(n)], no copy.
                     self._random_state.shuffle(order)
@@ -534,9 +626,11 @@ class BaseOrtEstimator(BaseEstimator, ABC):
                 self.loss_ = loss
                 self._update_no_improvement(engine, loss, validation)
                 self._log_epoch(time.perf_counter() - start)
+                if self._callbacks_epoch(context, X, y, engine, end=True):
+                    break
                 if self._plateau() and self._schedule.on_plateau():
                     if self.verbose:
-                        print(self._stop_message())
+                        verbose_log(self._stop_message())
                     break
                 if self._plateau():
                     self._no_improvement_count = 0
@@ -546,7 +640,7 @@ class BaseOrtEstimator(BaseEstimator, ABC):
             self._finish_epochs(engine)
             raise
         except KeyboardInterrupt:
-            warnings.warn("Training interrupted by user.")
+            warnings.warn("Training interrupted by user.", stacklevel=user_stacklevel())
         self._finish_epochs(engine)
 
     def _run_epoch(self, engine, train, batches) -> float:
@@ -554,6 +648,8 @@ class BaseOrtEstimator(BaseEstimator, ABC):
         lr_epoch, lr_for_step = self._learning_rates()
         if lr_epoch is not None:
             engine.set_learning_rate(lr_epoch)
+        if is_sparse(train[0]):
+            return sparse_epoch(engine, train, batches, lr_for_step=lr_for_step)
         return engine.train_epoch(train, batches, lr_for_step=lr_for_step)
 
     def _plateau(self) -> bool:
@@ -607,16 +703,43 @@ class BaseOrtEstimator(BaseEstimator, ABC):
 
     def _warn_max_iter(self) -> None:
         warnings.warn(f"Maximum iterations ({self.max_iter}) reached and the optimization "
-                      "hasn't converged yet.", ConvergenceWarning)
+                      "hasn't converged yet.", ConvergenceWarning, stacklevel=user_stacklevel())
 
     def _log_epoch(self, elapsed: float) -> None:
-        """With ``verbose``: one line per epoch (epoch, loss, validation score, time)."""
+        """With ``verbose``: the counterpart's lines for the epoch, on the ``ortlearn`` logger.
+
+        MLPs: ``Iteration %d, loss = %.8f`` (and ``Validation score: %f``);
+        SGD's linear models: ``-- Epoch %d``, ``Norm: ..., NNZs: ..., Bias:
+        ..., T: ..., Avg. loss: ..., Objective: ...`` and ``Total training
+        time: %.2f seconds.`` (see :mod:`ortlearn.log`).
+        """
         if not self.verbose:
             return
-        line = f"Iteration {self.n_iter_}, loss = {self.loss_:.8f}"
+        if isinstance(self.estimator_, (SGDClassifier, SGDRegressor)):
+            for line in self._sgd_epoch_lines(elapsed):
+                verbose_log(line)
+            return
+        verbose_log(f"Iteration {self.n_iter_}, loss = {self.loss_:.8f}")
         if self.early_stopping:
-            line += f", validation score = {self.validation_scores_[-1]:.6f}"
-        print(f"{line}, elapsed = {elapsed:.2f} s")
+            verbose_log(f"Validation score: {self.validation_scores_[-1]:f}")
+
+    def _sgd_epoch_lines(self, elapsed: float) -> list[str]:
+        """SGD's verbose lines (``sklearn/linear_model/_sgd_fast.pyx.tp``)."""
+        engine = self._runtime.engine
+        state = engine.get_state() if engine is not None else get_weights(self.estimator_)
+        coef = np.ravel(state["coef"])
+        bias = float(np.ravel(state["intercept"])[0]) if state["intercept"].size else 0.0
+        # Avg. loss: the objective less the penalty of the epoch's last weights.
+        ratio = {"l2": 0.0, "l1": 1.0, None: 0.0}.get(self.penalty, self.l1_ratio)
+        alpha = 0.0 if self.penalty is None else self.alpha
+        penalty = alpha * (ratio * np.abs(coef).sum() + (1 - ratio) * 0.5 * coef @ coef)
+        line = (f"Norm: {np.linalg.norm(coef):.2f}, NNZs: {np.count_nonzero(coef)}, "
+                f"Bias: {bias:.6f}, T: {self.t_}, Avg. loss: {self.loss_ - penalty:f}, "
+                f"Objective: {self.loss_:f}")
+        if self.early_stopping:
+            line += f", Validation score: {self.validation_scores_[-1]:f}"
+        return [f"-- Epoch {self.n_iter_}", line,
+                f"Total training time: {elapsed:.2f} seconds."]
 
     def _finish_epochs(self, engine) -> None:
         """Best weights back on the device (early stopping), weights into ``estimator_``."""
@@ -734,10 +857,14 @@ class BaseOrtEstimator(BaseEstimator, ABC):
 
     def _run_inference(self, X, outputs) -> dict:
         check_is_fitted(self)
-        X = validate_data(self, X, reset=False, dtype=_FLOAT_DTYPES)
+        X = validate_data(self, X, reset=False, dtype=_FLOAT_DTYPES, accept_sparse="csr")
         X = self._as_model_dtype(X)
         session = self._runtime.inference_session(self._inference_model, self.device)
-        return dict(zip(outputs, session.run(outputs, {"X": X})))
+        if not is_sparse(X):
+            return dict(zip(outputs, session.run(outputs, {"X": X})))
+        # A block of rows at a time: the memory of the non-zeros plus one dense block.
+        parts = [session.run(outputs, {"X": block}) for block in dense_blocks(X)]
+        return {name: np.concatenate([p[i] for p in parts]) for i, name in enumerate(outputs)}
 
     @abstractmethod
     def _predict_from_outputs(self, values: dict):
@@ -749,6 +876,7 @@ class BaseOrtEstimator(BaseEstimator, ABC):
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
         tags.non_deterministic = False
+        tags.input_tags.sparse = True
         return tags
 
 

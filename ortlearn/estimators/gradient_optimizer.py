@@ -22,6 +22,7 @@ from ..graph import (
     prune_model,
     shape_of,
 )
+from ..log import user_stacklevel, verbose_log
 from ..optim import SGD, Adam, Optimizer, TorchAdamW
 from ..training import Batches, TrainingEngine, parse_device
 from ._session_cache import _SessionCache, serialized
@@ -389,18 +390,18 @@ class OrtGradientOptimizer(BaseEstimator):
                 if val is not None and period and epoch % period == 0:
                     self.validation_losses_.append(engine.eval_loss(val))
                 if self.verbose:
-                    print(f"[OrtGradientOptimizer] epoch {epoch}: loss={loss:.6g}")
+                    verbose_log(f"[OrtGradientOptimizer] epoch {epoch}: loss={loss:.6g}")
         except ConvergenceError as error:
             self._store(engine)
             message = f"{error} (epoch {self.n_iter_ + 1})"
             if self.exc:
                 raise ConvergenceError(message) from error
-            warnings.warn(message, ConvergenceWarning, stacklevel=2)
+            warnings.warn(message, ConvergenceWarning, stacklevel=user_stacklevel())
             return self
         except KeyboardInterrupt:
             # As scikit-learn's MLP: keep the weights reached so far.
             warnings.warn(f"Training interrupted by user after {self.n_iter_} epochs; the "
-                          "weights reached so far are kept.", stacklevel=2)
+                          "weights reached so far are kept.", stacklevel=user_stacklevel())
         self._store(engine)
         return self
 

@@ -17,6 +17,7 @@ import scipy.optimize
 from ..autodiff import build_gradient
 from ..exceptions import ConvergenceWarning
 from ..graph import class_label_marks, initializers_to_inputs, load_model
+from ..log import user_stacklevel, verbose_log
 from .checks import (
     check_class_labels,
     check_input_names,
@@ -178,7 +179,7 @@ def minimize_lbfgs(loss_model, trainable, initial_weights, arrays, input_names=N
     except KeyboardInterrupt:
         if fun.best_x is None:
             raise
-        warnings.warn("Training interrupted by user.", stacklevel=2)
+        warnings.warn("Training interrupted by user.", stacklevel=user_stacklevel())
         return fun.unflatten(fun.best_x), progress.iteration, fun.best_loss
     _warn_unless_converged(result, max_iter, max_fun)
     # scipy's own count of the iterations it ran (0 when the first line search
@@ -222,7 +223,7 @@ def _warn_unless_converged(result, max_iter: int, max_fun: int) -> None:
                   "sklearn.preprocessing.StandardScaler) or increase the regularisation.")
     warnings.warn(f"L-BFGS failed to converge after {int(result.nit)} iteration(s) "
                   f"(status={result.status}, scipy: {message.strip()!r}): {remedy}",
-                  ConvergenceWarning, stacklevel=3)
+                  ConvergenceWarning, stacklevel=user_stacklevel())
 
 
 class _Progress:
@@ -234,5 +235,5 @@ class _Progress:
     def __call__(self, intermediate_result):
         self.iteration += 1
         if self.verbose > 0:
-            print(f"L-BFGS iteration {self.iteration}: loss={intermediate_result.fun:.6g} "
-                  f"({self.fun.n_calls} evaluations)")
+            verbose_log(f"L-BFGS iteration {self.iteration}: loss="
+                        f"{intermediate_result.fun:.6g} ({self.fun.n_calls} evaluations)")

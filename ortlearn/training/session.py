@@ -1282,7 +1282,35 @@ class TrainingSession:
         if self._eval_is_ort:
             raise ValueError("export_model_for_inferencing needs the eval model in ONNX format "
                              "(eval_model.onnx): an ORT-format model has no ONNX graph to export.")
-        model = prune_model(self._eval_model, list(graph_output_names),
+        names = list(graph_output_names)
+        known = {v for n in self._eval_model.graph.node for v in n.output} | {
+            o.name for o in self._eval_model.graph.output}
+        unknown = [n for n in names if n not in known]
+        if unknown:
+            raise ValueError(
+                f"{unknown} are not values of the eval model. Its outputs are "
+                f"{[o.name for o in self._eval_model.graph.output]}; the values it computes "
+                f"from {self._eval_layout.user_inputs[:1]} alone (no labels), which an "
+                "inference model can output, are (the last ones) "
+                f"{_exportable_values(self._eval_model, self._eval_layout.user_inputs)}.")
+        model = prune_model(self._eval_model, names,
                             {n: self.get_parameter(n) for n in self._param_types})
         save_model(model, inference_model_path, what="the inference model")
 
+
+
+def _exportable_values(model: onnx.ModelProto, user_inputs: list, last: int = 12) -> list:
+    """The last ``last`` values of ``model`` (graph order) computed from its first user input
+    and the parameters only: what an inference model exported from it can output."""
+    if not user_inputs:
+        return []
+    tainted = set(user_inputs[1:])  # values that read a label (or another later input)
+    from_x = {user_inputs[0]}  # values computed from X (the penalties are not)
+    values = []
+    for node in model.graph.node:
+        if any(i in tainted for i in node.input):
+            tainted.update(node.output)
+        elif any(i in from_x for i in node.input):
+            from_x.update(node.output)
+            values.extend(o for o in node.output if o)
+    return values[-last:]
