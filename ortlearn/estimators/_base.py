@@ -422,7 +422,9 @@ class BaseOrtEstimator(BaseEstimator, ABC):
         if is_classifier(self):
             # A row per class: init_template learns the classes from y.
             X0 = np.zeros((len(self.classes_), X.shape[1]), dtype=self._dtype)
-            template = init_template(self._make_counterpart(), X0, self.classes_)
+            # multilabel (y an indicator matrix): a row per label, one label each
+            y0 = np.eye(len(self.classes_), dtype=np.int64) if y.ndim == 2 else self.classes_
+            template = init_template(self._make_counterpart(), X0, y0)
         else:
             template = init_template(self._make_counterpart(), X, y)
         self.estimator_ = template
@@ -499,7 +501,8 @@ class BaseOrtEstimator(BaseEstimator, ABC):
         """Training and validation parts (stratified for classifiers), as sklearn's MLP."""
         if not self.early_stopping:
             return (X, y_enc, sample_weight), None
-        stratify = y if is_classifier(self) else None
+        # as sklearn's MLP: no stratification of multilabel targets
+        stratify = y if is_classifier(self) and y.ndim == 1 else None
         weights = [] if sample_weight is None else [sample_weight]
         X_tr, X_val, yenc_tr, yenc_val, _, y_val, *sw = train_test_split(
             X, y_enc, y, *weights, random_state=self._random_state,

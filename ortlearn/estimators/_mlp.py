@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from numbers import Integral, Real
 
+import numpy as np
 from sklearn.neural_network import MLPClassifier, MLPRegressor
 from sklearn.utils._param_validation import Interval, StrOptions
+from sklearn.utils.multiclass import type_of_target
+from sklearn.utils.validation import validate_data
 
 from ..optim import SGD, Adam, TorchAdamW
 from ..optim.schedules import Adaptive, Constant, InvScaling
-from ._base import BaseOrtEstimator, OrtClassifierMixin, OrtRegressorMixin
+from ._base import _FLOAT_DTYPES, BaseOrtEstimator, OrtClassifierMixin, OrtRegressorMixin
 from ._objective import mlp_objective
 
 __all__ = ["OrtMLPClassifier", "OrtMLPRegressor"]
@@ -89,7 +92,8 @@ class BaseOrtMLP(BaseOrtEstimator):
     def _objective(self, inference_model, kind, sum_in_float64=False, weighted=True):
         # AdamW decays the weights itself (decoupled): no L2 term in the loss.
         alpha = 0.0 if self.solver == "adamw" else self.alpha
-        return mlp_objective(inference_model, kind, alpha, sum_in_float64, weighted)
+        return mlp_objective(inference_model, kind, alpha, sum_in_float64, weighted,
+                             loss=getattr(self, "loss", "squared_error"))
 
     def _optimizer(self):
         if self.solver == "sgd":
@@ -114,6 +118,43 @@ class BaseOrtMLP(BaseOrtEstimator):
 
     def _predict_from_outputs(self, values):
         raise NotImplementedError
+
+    def _fit_lbfgs(self, X, y_enc, sample_weight, device) -> None:
+        # MLP*'s L-BFGS leaves t_ as it was (0 after a fresh fit): it counts
+        # the samples of the stochastic solvers only.
+        t = self.t_
+        try:
+            super()._fit_lbfgs(X, y_enc, sample_weight, device)
+        finally:
+            self.t_ = t
+
+    # The fitted attributes of the counterpart that ``estimator_`` holds, read
+    # from it (the weights trained in onnxruntime are written back there).
+    @property
+    def coefs_(self) -> list:
+        """``coefs_[i]``: the weights of layer ``i`` (``estimator_.coefs_``)."""
+        return self.estimator_.coefs_
+
+    @property
+    def intercepts_(self) -> list:
+        """``intercepts_[i]``: the bias of layer ``i + 1`` (``estimator_.intercepts_``)."""
+        return self.estimator_.intercepts_
+
+    @property
+    def n_layers_(self) -> int:
+        """Number of layers, input and output included."""
+        return self.estimator_.n_layers_
+
+    @property
+    def n_outputs_(self) -> int:
+        """Number of outputs (targets, labels, or 1 for two classes)."""
+        return self.estimator_.n_outputs_
+
+    @property
+    def out_activation_(self) -> str:
+        """Activation of the output layer (``'identity'``, ``'exp'``, ``'logistic'``,
+        ``'softmax'``)."""
+        return self.estimator_.out_activation_
 
 
 class OrtMLPRegressor(OrtRegressorMixin, BaseOrtMLP):
@@ -236,9 +277,43 @@ class OrtMLPRegressor(OrtRegressorMixin, BaseOrtMLP):
     _counterpart_class = MLPRegressor
     _multi_output = True
 
+    _parameter_constraints: dict = {
+        **BaseOrtMLP._parameter_constraints,
+        "loss": [StrOptions({"squared_error", "poisson"})],
+    }
+
+    # ``loss`` is keyword-only: MLPRegressor takes it as its first positional
+    # parameter, ortlearn keeps ``OrtMLPRegressor((16,))`` meaning the hidden layers.
+    def __init__(self, hidden_layer_sizes=(100,), activation="relu", *,
+                 loss="squared_error", solver="adam", alpha=0.0001, batch_size="auto",
+                 learning_rate="constant", learning_rate_init=0.001, power_t=0.5,
+                 max_iter=200, shuffle=True, random_state=None, tol=1e-4, verbose=False,
+                 warm_start=False, momentum=0.9, nesterovs_momentum=True,
+                 early_stopping=False, validation_fraction=0.1, beta_1=0.9, beta_2=0.999,
+                 epsilon=1e-8, n_iter_no_change=10, max_fun=15000, device="cpu"):
+        super().__init__(
+            hidden_layer_sizes=hidden_layer_sizes, activation=activation, solver=solver,
+            alpha=alpha, batch_size=batch_size, learning_rate=learning_rate,
+            learning_rate_init=learning_rate_init, power_t=power_t, max_iter=max_iter,
+            shuffle=shuffle, random_state=random_state, tol=tol, verbose=verbose,
+            warm_start=warm_start, momentum=momentum, nesterovs_momentum=nesterovs_momentum,
+            early_stopping=early_stopping, validation_fraction=validation_fraction,
+            beta_1=beta_1, beta_2=beta_2, epsilon=epsilon, n_iter_no_change=n_iter_no_change,
+            max_fun=max_fun, device=device)
+        self.loss = loss
+
+    def _validate_xy(self, X, y, reset: bool):
+        X, y = super()._validate_xy(X, y, reset)
+        if self.loss == "poisson" and (np.asarray(y) < 0).any():
+            # MLPRegressor would train on them and report a NaN loss.
+            raise ValueError("loss='poisson' needs non-negative targets (counts, rates); "
+                             "y has negative values.")
+        return X, y
+
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
         tags.target_tags.multi_output = True
+        tags.target_tags.positive_only = self.loss == "poisson"
         return tags
 
 
@@ -328,3 +403,79 @@ class OrtMLPClassifier(OrtClassifierMixin, BaseOrtMLP):
     """
 
     _counterpart_class = MLPClassifier
+
+    # -------------------------------------------------------------- multilabel
+    # A 0/1 indicator matrix y (n_samples, n_labels) trains one logistic output
+    # per label with the summed binary log-losses, as MLPClassifier does;
+    # classes_ is then arange(n_labels) and predict returns the indicator matrix.
+    def _validate_xy(self, X, y, reset: bool):
+        if np.ndim(y) == 2 and np.shape(y)[1] > 1 and \
+                type_of_target(y) == "multilabel-indicator":
+            return validate_data(self, X, y, reset=reset, dtype=_FLOAT_DTYPES,
+                                 multi_output=True)
+        return super()._validate_xy(X, y, reset)
+
+    def _is_multilabel(self) -> bool:
+        return getattr(self, "_multilabel", False)
+
+    def _kind(self) -> str:
+        return "multilabel" if self._is_multilabel() else super()._kind()
+
+    def _prepare_classes(self, y, classes, incremental: bool, first: bool) -> None:
+        multilabel = y.ndim == 2
+        if not first and multilabel != self._is_multilabel():
+            fitted = "a multilabel indicator matrix" if self._is_multilabel() else "labels"
+            raise ValueError(
+                f"The model was fitted on {fitted} and y is "
+                f"{'a multilabel indicator matrix' if multilabel else 'a vector of labels'}: "
+                "partial_fit and warm_start=True continue the same outputs. Call fit with "
+                "warm_start=False to fit a new model.")
+        if not multilabel:
+            if first:
+                self._multilabel = False
+            super()._prepare_classes(y, classes, incremental, first)
+            return
+        n_labels = y.shape[1]
+        if first:
+            if incremental and classes is None:
+                raise ValueError("classes must be passed on the first call to partial_fit.")
+            self._multilabel = True
+            self.classes_ = np.arange(n_labels)
+        elif n_labels != len(self.classes_):
+            raise ValueError(
+                f"y has {n_labels} labels (columns) but the model was fitted with "
+                f"{len(self.classes_)}: partial_fit and warm_start=True continue the same "
+                "outputs. Call fit with warm_start=False to fit a new model.")
+
+    def _encode_target(self, y):
+        if self._is_multilabel():
+            return np.asarray(y).astype(self._dtype)
+        return super()._encode_target(y)
+
+    def _predict_from_outputs(self, values):
+        if self._is_multilabel():
+            # sklearn thresholds the probabilities at 0.5 (int indicator matrix)
+            return (values["probabilities"] > 0.5).astype(int)
+        return super()._predict_from_outputs(values)
+
+    def predict_log_proba(self, X):
+        """Logarithm of :meth:`predict_proba`, from the logits (finite where exp underflows).
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+
+        Returns
+        -------
+        ndarray of shape (n_samples, n_classes)
+            For multilabel targets, ``log(sigmoid(z))`` of each label's logit.
+        """
+        if not self._is_multilabel():
+            return super().predict_log_proba(X)
+        raw = self._run_inference(X, ["raw_scores"])["raw_scores"]
+        return -np.logaddexp(0, -raw)
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.classifier_tags.multi_label = True
+        return tags
