@@ -36,7 +36,7 @@ from sklearn.base import (
 from sklearn.metrics import accuracy_score, r2_score
 from sklearn.model_selection import train_test_split
 from sklearn.utils import check_random_state
-from sklearn.utils.multiclass import check_classification_targets
+from sklearn.utils.multiclass import check_classification_targets, type_of_target
 from sklearn.utils.validation import (
     check_is_fitted,
     column_or_1d,
@@ -173,6 +173,9 @@ class BaseOrtEstimator(BaseEstimator, ABC):
     and keeps it for the calls that follow.
     """
 
+    #: True: a classifier that takes multilabel indicator matrices y (MLP).
+    _multilabel_targets = False
+
     #: True: stop once the count of epochs without improvement exceeds
     #: ``n_iter_no_change`` (MLP); False: once it reaches it (SGD).
     _stop_after_exceeding = True
@@ -228,9 +231,16 @@ class BaseOrtEstimator(BaseEstimator, ABC):
         if is_classifier(self):
             X, y = validate_data(self, X, y, reset=reset, dtype=dtype, multi_output=True)
             if y.ndim == 2 and y.shape[1] > 1:
-                raise ValueError(
-                    f"{type(self).__name__} does not support multilabel or multi-output "
-                    f"targets: y has {y.shape[1]} columns. Fit one estimator per column.")
+                if not self._multilabel_targets:
+                    raise ValueError(
+                        f"{type(self).__name__} does not support multilabel or multi-output "
+                        f"targets: y has {y.shape[1]} columns. Fit one estimator per column.")
+                if type_of_target(y) != "multilabel-indicator":
+                    raise ValueError(
+                        f"{type(self).__name__} takes a multilabel indicator matrix (0/1) "
+                        f"but not multi-output targets of other values: y has {y.shape[1]} "
+                        "columns. Fit one estimator per column.")
+                return X, y
             y = column_or_1d(y, warn=True)
             check_classification_targets(y)
         else:

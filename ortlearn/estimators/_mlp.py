@@ -7,12 +7,10 @@ from numbers import Integral, Real
 import numpy as np
 from sklearn.neural_network import MLPClassifier, MLPRegressor
 from sklearn.utils._param_validation import Interval, StrOptions
-from sklearn.utils.multiclass import type_of_target
-from sklearn.utils.validation import validate_data
 
 from ..optim import SGD, Adam, TorchAdamW
 from ..optim.schedules import Adaptive, Constant, InvScaling
-from ._base import _FLOAT_DTYPES, BaseOrtEstimator, OrtClassifierMixin, OrtRegressorMixin
+from ._base import BaseOrtEstimator, OrtClassifierMixin, OrtRegressorMixin
 from ._objective import mlp_objective
 
 __all__ = ["OrtMLPClassifier", "OrtMLPRegressor"]
@@ -408,12 +406,7 @@ class OrtMLPClassifier(OrtClassifierMixin, BaseOrtMLP):
     # A 0/1 indicator matrix y (n_samples, n_labels) trains one logistic output
     # per label with the summed binary log-losses, as MLPClassifier does;
     # classes_ is then arange(n_labels) and predict returns the indicator matrix.
-    def _validate_xy(self, X, y, reset: bool):
-        if np.ndim(y) == 2 and np.shape(y)[1] > 1 and \
-                type_of_target(y) == "multilabel-indicator":
-            return validate_data(self, X, y, reset=reset, dtype=_FLOAT_DTYPES,
-                                 multi_output=True)
-        return super()._validate_xy(X, y, reset)
+    _multilabel_targets = True
 
     def _is_multilabel(self) -> bool:
         return getattr(self, "_multilabel", False)
