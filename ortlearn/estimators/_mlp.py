@@ -300,17 +300,10 @@ class OrtMLPRegressor(OrtRegressorMixin, BaseOrtMLP):
             max_fun=max_fun, device=device)
         self.loss = loss
 
-    def _validate_xy(self, X, y, reset: bool):
-        X, y = super()._validate_xy(X, y, reset)
-        if self.loss == "poisson" and (np.asarray(y) < 0).any():
-            # MLPRegressor would train on them and report a NaN loss.
-            raise ValueError("loss='poisson' needs non-negative targets (counts, rates); "
-                             "y has negative values.")
-        return X, y
-
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
         tags.target_tags.multi_output = True
+        # the Poisson deviance is defined for y >= 0 (MLPRegressor does not check y)
         tags.target_tags.positive_only = self.loss == "poisson"
         return tags
 
