@@ -171,7 +171,10 @@ class OrtMLPRegressor(OrtRegressorMixin, BaseOrtMLP):
 
     i.e. half the mean squared error (summed over the outputs, as
     ``MLPRegressor``'s gradient is) plus the L2 penalty divided by the
-    number of rows of the batch; intercepts are not penalised.
+    number of rows of the batch; intercepts are not penalised. With
+    ``loss='poisson'`` the data term is the half Poisson deviance
+    ``sum_k sum_i w_i (p_ik - y_ik log p_ik + xlogy(y_ik, y_ik) - y_ik) / sum_i w_i``
+    of ``p = exp(r)``, ``r`` the output layer before its activation.
 
     Parameters
     ----------
@@ -179,6 +182,17 @@ class OrtMLPRegressor(OrtRegressorMixin, BaseOrtMLP):
         Number of units of each hidden layer.
     activation : {'identity', 'logistic', 'tanh', 'relu'}, default='relu'
         Activation of the hidden layers.
+    loss : {'squared_error', 'poisson'}, default='squared_error'
+        ``MLPRegressor``'s loss: ``'squared_error'`` (identity output) or
+        ``'poisson'``, the half Poisson deviance of an exponential output
+        activation (``out_activation_ == 'exp'``): predictions are
+        ``exp(r)``, positive, and the inference graph of :meth:`to_onnx`
+        ends with an ``Exp``. Targets should be non-negative (counts,
+        rates); as ``MLPRegressor``, negative values are not refused (the
+        gradient ``exp(r) - y`` is defined; ortlearn's ``loss_`` stays finite
+        where scikit-learn's is NaN). Keyword-only here: ``MLPRegressor``
+        takes it as its first positional parameter, ortlearn keeps
+        ``OrtMLPRegressor((16,))`` meaning ``hidden_layer_sizes``.
     solver : {'adam', 'sgd', 'adamw', 'lbfgs'}, default='adam'
         ``'adam'`` and ``'sgd'``: scikit-learn's update rules;
         ``'adamw'``: Adam with decoupled weight decay ``alpha`` applied to
@@ -241,17 +255,33 @@ class OrtMLPRegressor(OrtRegressorMixin, BaseOrtMLP):
     ----------
     estimator_ : MLPRegressor
         The scikit-learn MLP holding the trained weights.
+    coefs_ : list of ndarray of shape (n_units[i], n_units[i + 1])
+        Weights of each layer (``estimator_.coefs_``), in the training dtype.
+    intercepts_ : list of ndarray of shape (n_units[i + 1],)
+        Biases of each layer (``estimator_.intercepts_``).
+    n_layers_ : int
+        Number of layers, input and output included.
+    n_outputs_ : int
+        Number of targets.
+    out_activation_ : {'identity', 'exp'}
+        Output activation (``'exp'`` for ``loss='poisson'``).
     train_losses_, loss_curve_ : list of float
-        Training loss of each epoch.
+        Training loss of each epoch (``solver='lbfgs'``: the final loss;
+        scikit-learn sets no ``loss_curve_`` for L-BFGS).
     loss_ : float
         Last training loss.
     validation_losses_, validation_scores_ : list of float or None
-        Loss and R² on the validation split (``early_stopping=True``).
-    best_validation_score_, best_loss_ : float or None
+        Loss and R² on the validation split (``early_stopping=True``; None
+        otherwise, as scikit-learn).
+    best_validation_score_ : float or None
+        Best validation R² (``early_stopping=True``; None otherwise).
+    best_loss_ : float or None
+        Smallest training loss (``early_stopping=False``; None otherwise).
     n_iter_ : int
-        Epochs run.
+        Epochs run (iterations for ``solver='lbfgs'``).
     t_ : int
-        Training samples seen.
+        Training samples seen by the stochastic solvers (0 after an L-BFGS
+        fit, as scikit-learn).
     n_features_in_ : int
     feature_names_in_ : ndarray of str
 
@@ -270,6 +300,11 @@ class OrtMLPRegressor(OrtRegressorMixin, BaseOrtMLP):
     >>> reg = OrtMLPRegressor(hidden_layer_sizes=(16,), max_iter=300, random_state=0).fit(X, y)
     >>> bool(reg.score(X, y) > 0.9)
     True
+    >>> counts = rng.poisson(np.exp(0.3 * X[:, 0]))
+    >>> reg = OrtMLPRegressor(hidden_layer_sizes=(8,), loss='poisson', max_iter=50,
+    ...                       learning_rate_init=0.01, random_state=0).fit(X, counts)
+    >>> reg.out_activation_, bool((reg.predict(X) > 0).all())
+    ('exp', True)
     """
 
     _counterpart_class = MLPRegressor
@@ -315,7 +350,10 @@ class OrtMLPClassifier(OrtClassifierMixin, BaseOrtMLP):
     batches and the update rules are those of
     :class:`sklearn.neural_network.MLPClassifier`; the training steps run in
     onnxruntime and the predictions come from the trained ONNX graph.
-    Binary and multiclass targets; not multilabel.
+    Binary, multiclass and multilabel targets (a 0/1 indicator matrix
+    ``y`` of shape (n_samples, n_labels): one sigmoid output per label,
+    ``classes_`` is ``arange(n_labels)`` and ``predict`` returns the
+    indicator matrix, as ``MLPClassifier``).
 
     Objective (``MLPClassifier``'s), per mini-batch with sample weights
     ``w`` (ones by default), computed from the logits ``z``::
@@ -323,9 +361,10 @@ class OrtMLPClassifier(OrtClassifierMixin, BaseOrtMLP):
         sum_i w_i logloss(y_i, z_i) / sum_i w_i
             + 0.5 * alpha * sum_layers ||W||^2 / sum_i w_i
 
-    with the binary log-loss of one logit for two classes and the
-    multinomial cross-entropy of the softmax otherwise; intercepts are not
-    penalised.
+    with the binary log-loss of one logit for two classes, the
+    multinomial cross-entropy of the softmax for more, and the sum of the
+    binary log-losses of the labels for multilabel targets; intercepts are
+    not penalised.
 
     Parameters
     ----------
@@ -365,13 +404,22 @@ class OrtMLPClassifier(OrtClassifierMixin, BaseOrtMLP):
     Attributes
     ----------
     classes_ : ndarray of shape (n_classes,)
+        Class labels (``arange(n_labels)`` for multilabel targets).
     estimator_ : MLPClassifier
         The scikit-learn MLP holding the trained weights.
+    coefs_ : list of ndarray of shape (n_units[i], n_units[i + 1])
+    intercepts_ : list of ndarray of shape (n_units[i + 1],)
+    n_layers_ : int
+    n_outputs_ : int
+        1 for two classes, the number of classes or of labels otherwise.
+    out_activation_ : {'logistic', 'softmax'}
     train_losses_, loss_curve_ : list of float
     loss_ : float
     validation_losses_, validation_scores_ : list of float or None
-        Loss and accuracy on the validation split (``early_stopping=True``).
+        Loss and accuracy (subset accuracy for multilabel targets) on the
+        validation split (``early_stopping=True``; None otherwise).
     best_validation_score_, best_loss_ : float or None
+        As :class:`OrtMLPRegressor`.
     n_iter_ : int
     t_ : int
     n_features_in_ : int
@@ -391,6 +439,10 @@ class OrtMLPClassifier(OrtClassifierMixin, BaseOrtMLP):
     >>> clf = OrtMLPClassifier(hidden_layer_sizes=(8,), max_iter=300, random_state=0).fit(X, y)
     >>> bool(clf.score(X, y) > 0.9)
     True
+    >>> Y = np.c_[y, X[:, 0] > 0]  # two labels
+    >>> clf = OrtMLPClassifier(hidden_layer_sizes=(8,), max_iter=300, random_state=0).fit(X, Y)
+    >>> clf.classes_, clf.predict(X[:2]).shape, clf.out_activation_
+    (array([0, 1]), (2, 2), 'logistic')
     """
 
     _counterpart_class = MLPClassifier
