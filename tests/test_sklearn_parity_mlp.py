@@ -328,6 +328,9 @@ def test_fitted_attributes_of_lbfgs_as_sklearn(ours_cls, ref_cls):
                  "t_", "loss_", "n_iter_"):
         _same_attribute(name, ours, ref)
     assert ours.t_ == 0
+    # scikit-learn's L-BFGS sets none of these
+    assert ours.best_loss_ is ours.validation_scores_ is ours.best_validation_score_ is None
+    assert not hasattr(ref, "best_loss_")
 
 
 def test_attributes_absent_before_fit():

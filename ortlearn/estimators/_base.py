@@ -693,7 +693,8 @@ class BaseOrtEstimator(BaseEstimator, ABC):
         rate of the last update). The user inputs are ``X``, ``y`` (as the
         objective reads it: a float column ``(n, k)`` for regressors and
         binary classifiers (0/1, the index in ``classes_``), int64 class
-        indices for more classes) and, with ``weighted``, ``sample_weight``.
+        indices for more classes, the 0/1 floats ``(n, n_labels)`` of a
+        multilabel classifier) and, with ``weighted``, ``sample_weight``.
 
         A training step of ``ortlearn.api`` on a batch (``lazy_reset_grad``,
         ``Module(X, y)``, ``Optimizer.step()``), with the learning rate the

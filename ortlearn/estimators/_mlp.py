@@ -119,12 +119,16 @@ class BaseOrtMLP(BaseOrtEstimator):
 
     def _fit_lbfgs(self, X, y_enc, sample_weight, device) -> None:
         # MLP*'s L-BFGS leaves t_ as it was (0 after a fresh fit): it counts
-        # the samples of the stochastic solvers only.
+        # the samples of the stochastic solvers only. It has no epochs to
+        # compare and no validation split (early_stopping is ignored), and sets
+        # none of best_loss_, validation_scores_, best_validation_score_: None here.
         t = self.t_
         try:
             super()._fit_lbfgs(X, y_enc, sample_weight, device)
         finally:
             self.t_ = t
+            self.best_loss_ = self.best_validation_score_ = None
+            self.validation_scores_ = self.validation_losses_ = None
 
     # The fitted attributes of the counterpart that ``estimator_`` holds, read
     # from it (the weights trained in onnxruntime are written back there).
@@ -277,6 +281,8 @@ class OrtMLPRegressor(OrtRegressorMixin, BaseOrtMLP):
         Best validation R² (``early_stopping=True``; None otherwise).
     best_loss_ : float or None
         Smallest training loss (``early_stopping=False``; None otherwise).
+        After ``solver='lbfgs'``, which scikit-learn fits without either,
+        these three are None.
     n_iter_ : int
         Epochs run (iterations for ``solver='lbfgs'``).
     t_ : int
