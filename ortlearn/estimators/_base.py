@@ -823,12 +823,13 @@ class OrtClassifierMixin(ClassifierMixin):
 
         Returns
         -------
-        ndarray of shape (n_samples,)
+        ndarray of shape (n_samples,) or (n_samples, n_labels)
+            The 0/1 indicator matrix for a classifier fitted on multilabel targets.
         """
         return self._predict_from_outputs(self._run_inference(X, self._output_names()))
 
     def predict_proba(self, X):
-        """Class probabilities (sigmoid for two classes, softmax otherwise).
+        """Class probabilities (sigmoid for two classes, softmax for more, a sigmoid per label).
 
         Parameters
         ----------
@@ -864,7 +865,8 @@ class OrtClassifierMixin(ClassifierMixin):
         Parameters
         ----------
         X : array-like of shape (n_samples, n_features)
-        y : array-like of shape (n_samples,)
+        y : array-like of shape (n_samples,) or (n_samples, n_labels)
+            Labels, or a multilabel indicator matrix (classifiers that take one).
         sample_weight : array-like of shape (n_samples,), default=None
         classes : array-like of shape (n_classes,), default=None
             Every class; required on the first call.
