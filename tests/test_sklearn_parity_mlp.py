@@ -175,6 +175,18 @@ def test_poisson_onnx_predicts_exp_of_raw(counts):
     assert (pred > 0).all()
 
 
+@pytest.mark.parametrize("loss", ["squared_error", "poisson"])
+def test_lbfgs_stops_where_sklearn_does(counts, loss):
+    # MLP*'s L-BFGS keeps scipy's ftol and maxls (not LogisticRegression's): a
+    # converged fit stops at the same iteration with the same loss.
+    X, y = counts
+    ours, ref = _fit_both(OrtMLPRegressor, MLPRegressor, X, y, loss=loss,
+                          hidden_layer_sizes=(3,), solver="lbfgs", alpha=1e-2, max_iter=500,
+                          random_state=0)
+    assert ours.n_iter_ == ref.n_iter_ < 500
+    assert ours.loss_ == pytest.approx(ref.loss_, rel=1e-10)
+
+
 def test_poisson_lbfgs_reaches_sklearn_objective_on_diabetes(diabetes):
     X_tr, X_te, y_tr, y_te = diabetes
     params = dict(loss="poisson", hidden_layer_sizes=(10,), solver="lbfgs", alpha=1e-3,

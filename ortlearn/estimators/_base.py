@@ -486,7 +486,7 @@ class BaseOrtEstimator(BaseEstimator, ABC):
             model, trainable, None, _graph_inputs(names, X, y_enc, sample_weight), names,
             device=str(device), max_iter=self.max_iter, tol=self._lbfgs_tol(),
             verbose=int(self.verbose), loss_output=LOSS, max_fun=self._max_fun(),
-            deterministic=self.random_state is not None)
+            deterministic=self.random_state is not None, **self._lbfgs_options())
         self.n_iter_ = n_iter
         self.t_ += X.shape[0] * max(n_iter, 1)
         if not (np.isfinite(loss) and all(np.isfinite(w).all() for w in weights.values())):
@@ -502,6 +502,10 @@ class BaseOrtEstimator(BaseEstimator, ABC):
 
     def _lbfgs_tol(self) -> float:
         return self.tol if self.tol is not None else 0.0
+
+    def _lbfgs_options(self) -> dict:
+        """Other options of :func:`minimize_lbfgs` (``ftol``, ``maxls``): its defaults."""
+        return {}
 
     def _max_fun(self) -> int:
         return getattr(self, "max_fun", 15000)

@@ -130,6 +130,11 @@ class BaseOrtMLP(BaseOrtEstimator):
             self.best_loss_ = self.best_validation_score_ = None
             self.validation_scores_ = self.validation_losses_ = None
 
+    def _lbfgs_options(self) -> dict:
+        # MLP*'s scipy.optimize.minimize call sets maxfun, maxiter and gtol only:
+        # scipy's L-BFGS-B defaults for the rest (LogisticRegression's differ).
+        return {"ftol": 2.220446049250313e-09, "maxls": 20}
+
     # The fitted attributes of the counterpart that ``estimator_`` holds, read
     # from it (the weights trained in onnxruntime are written back there).
     @property

@@ -76,12 +76,14 @@ class _LossAndGradient:
 
 def minimize_lbfgs(loss_model, trainable, initial_weights, arrays, input_names=None,
                    device="cpu", max_iter=100, tol=1e-4, verbose=0, loss_output="loss",
-                   max_fun=15000, session_options=None, deterministic=False):
+                   max_fun=15000, session_options=None, deterministic=False, *,
+                   ftol=None, maxls=50):
     """Minimise the graph's loss over the whole data set with scipy's L-BFGS-B.
 
     Same options as scikit-learn's ``LogisticRegression(solver='lbfgs')``
     (``maxiter``, ``maxls=50``, ``gtol=tol``, ``ftol=64 * eps``) and
-    ``MLPRegressor(solver='lbfgs')`` (``maxfun``).
+    ``MLPRegressor(solver='lbfgs')`` (``maxfun``; with ``ftol`` and ``maxls``
+    scipy's defaults, which the MLPs keep).
 
     Parameters
     ----------
@@ -112,6 +114,11 @@ def minimize_lbfgs(loss_model, trainable, initial_weights, arrays, input_names=N
     deterministic : bool, default=False
         With ``session_options=None``, deterministic kernels on a GPU (the
         CPU kernels are deterministic already).
+    ftol : float, default=None
+        Stop when the relative decrease of the loss is below it; None:
+        ``64 * eps`` (LogisticRegression's).
+    maxls : int, default=50
+        Maximum number of line-search steps per iteration.
 
     Returns
     -------
@@ -153,8 +160,8 @@ def minimize_lbfgs(loss_model, trainable, initial_weights, arrays, input_names=N
         session_options = make_session_options(deterministic=True)
     fun = _LossAndGradient(grad_model, weights, arrays, input_names, device, session_options)
     x0 = np.concatenate([w.astype(np.float64).ravel() for w in weights.values()])
-    options = {"maxiter": max_iter, "maxfun": max_fun, "maxls": 50, "gtol": tol,
-               "ftol": 64 * np.finfo(float).eps}
+    options = {"maxiter": max_iter, "maxfun": max_fun, "maxls": maxls, "gtol": tol,
+               "ftol": 64 * np.finfo(float).eps if ftol is None else ftol}
     # scipy deprecates iprint: the callback counts iterations and prints the progress.
     progress = _Progress(fun, verbose)
     try:
