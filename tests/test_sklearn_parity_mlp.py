@@ -159,6 +159,18 @@ def test_poisson_multioutput_and_weights_reproduce_sklearn(counts):
     assert ours.predict(X).shape == ref.predict(X).shape == (len(y), 2)
 
 
+def test_warm_start_with_another_loss_is_refused(counts):
+    X, y = counts
+    est = OrtMLPRegressor(hidden_layer_sizes=(3,), max_iter=1, warm_start=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        est.fit(X, y)
+        with pytest.raises(ValueError, match="loss='poisson'"):
+            est.set_params(loss="poisson").fit(X, y)
+        est.set_params(warm_start=False).fit(X, y)
+    assert est.out_activation_ == "exp"
+
+
 def test_poisson_onnx_predicts_exp_of_raw(counts):
     X, y = counts
     ours = OrtMLPRegressor(loss="poisson", hidden_layer_sizes=(6,), max_iter=20,

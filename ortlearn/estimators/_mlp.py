@@ -320,6 +320,8 @@ class OrtMLPRegressor(OrtRegressorMixin, BaseOrtMLP):
 
     _counterpart_class = MLPRegressor
     _multi_output = True
+    # the output activation (identity or exp) of the fitted weights follows loss
+    _architecture_params = ("hidden_layer_sizes", "loss")
 
     _parameter_constraints: dict = {
         **BaseOrtMLP._parameter_constraints,
