@@ -16,12 +16,15 @@ skl2onnx does the conversion. What ortlearn adds:
 
 Outputs of the graphs :func:`to_train_onnx` writes, in this order:
 
-* regressors: ``variable``, shape ``(N, n_outputs)``;
+* regressors: ``variable``, shape ``(N, n_outputs)`` (``exp(raw_predictions)``
+  for ``MLPRegressor(loss='poisson')``);
 * classifiers: ``label`` (shape ``(N,)``, the class labels),
   ``probabilities`` (``(N, n_classes)``) and ``raw_scores``: ``(N, 1)`` for a
   binary problem (the logit of the positive class, ``decision_function``),
   ``(N, n_classes)`` otherwise (the logits before the softmax, or the
-  one-vs-rest decision functions of ``SGDClassifier``).
+  one-vs-rest decision functions of ``SGDClassifier``); a multilabel
+  ``MLPClassifier`` has ``label`` and ``probabilities`` of shape
+  ``(N, n_labels)`` (indicator matrix, one sigmoid per label).
 
 Trainable initializers, in graph order (:func:`get_weights` uses the same
 names and layouts):
@@ -34,7 +37,7 @@ names and layouts):
 The modules of the package:
 
 - :mod:`~ortlearn.convert.conversion`: :func:`to_train_onnx` (the skl2onnx
-  call and the fix-ups of its graph), :data:`RAW_SCORES`;
+  call and the fix-ups of its graph), :data:`RAW_SCORES`, :data:`RAW_PREDICTIONS`;
 - :mod:`~ortlearn.convert.lowering`: :func:`lower_ml_operators`, one lowering
   function per ``ai.onnx.ml`` operator, registered in a table;
 - :mod:`~ortlearn.convert.weights`: :func:`get_weights`, :func:`set_weights`,
@@ -48,6 +51,7 @@ re-exported here.
 """
 
 from ..graph import get_train_initializer
+from .conversion import RAW_PREDICTIONS as RAW_PREDICTIONS  # public, not in __all__
 from .conversion import RAW_SCORES as RAW_SCORES  # public, not in __all__ (as before)
 from .conversion import to_train_onnx
 from .lowering import lower_ml_operators

@@ -23,16 +23,20 @@ from ..graph import (
     MIN_OPSET,
     GraphBuilder,
     finalize_model,
+    needed_nodes,
     np_dtype_to_onnx,
     rename_value,
 )
 from .lowering import _ML_DOMAIN, lower_ml_operators
 from .weights import _LINEAR, _final_estimator, get_weights, set_weights
 
-__all__ = ["RAW_SCORES", "to_train_onnx"]
+__all__ = ["RAW_PREDICTIONS", "RAW_SCORES", "to_train_onnx"]
 
 #: Name of the output of classifiers that holds the logits (see :func:`to_train_onnx`).
 RAW_SCORES = "raw_scores"
+#: Name of the value (not an output) a regressor with a log link exponentiates:
+#: ``MLPRegressor(loss='poisson')`` predicts ``exp(raw_predictions)``.
+RAW_PREDICTIONS = "raw_predictions"
 
 
 def to_train_onnx(estimator, X, dtype=None, target_opset: int = DEFAULT_OPSET) -> onnx.ModelProto:
@@ -68,7 +72,11 @@ def to_train_onnx(estimator, X, dtype=None, target_opset: int = DEFAULT_OPSET) -
         ``probabilities`` ``(N, n_classes)`` and ``raw_scores`` for
         classifiers: ``(N, 1)`` for binary problems (the logit of the
         positive class, ``decision_function``), ``(N, n_classes)`` otherwise
-        (the logits the softmax or the sigmoids take).
+        (the logits the softmax or the sigmoids take). A multilabel
+        ``MLPClassifier`` has ``label`` ``(N, n_labels)`` (the 0/1 indicator
+        matrix) and ``probabilities`` ``(N, n_labels)`` (one sigmoid per
+        label). ``MLPRegressor(loss='poisson')`` computes ``variable`` as
+        ``exp(raw_predictions)``.
 
     Raises
     ------
@@ -110,8 +118,12 @@ def to_train_onnx(estimator, X, dtype=None, target_opset: int = DEFAULT_OPSET) -
         # the Add of the last intercept (frozen when fit_intercept=False) gives the logits
         intercept = "intercept" if isinstance(final, _LINEAR) else list(weights)[-1]
         _add_raw_scores(model, intercept, np_dtype_to_onnx(dtype), n_scores)
+        if _is_multilabel(final):
+            _multilabel_outputs(model, n_scores)
     else:
         _set_output_columns(model, n_scores)
+        if getattr(final, "out_activation_", None) == "exp":
+            _exp_output(model, list(weights)[-1])
     _name_batch_dimension(model)
     del model.opset_import[:]
     model.opset_import.append(helper.make_opsetid("", target_opset))
@@ -165,6 +177,12 @@ def _skl2onnx_convert(estimator, X, target_opset) -> onnx.ModelProto:
         estimator = copy.deepcopy(estimator)
         final = _final_estimator(estimator)
         final.intercept_ = np.asarray(final.intercept_)
+    if getattr(final, "out_activation_", None) == "exp":
+        # skl2onnx has no 'exp' output activation (MLPRegressor(loss='poisson')): the
+        # graph of the identity gets its Exp from _exp_output.
+        estimator = copy.deepcopy(estimator)
+        final = _final_estimator(estimator)
+        final.out_activation_ = "identity"
     options = {id(final): {"zipmap": False}} if is_classifier(final) else None
     # skl2onnx writes these with standard operators when asked (it always
     # does in float64); Normalizer is left to lower_ml_operators, skl2onnx
@@ -252,6 +270,75 @@ def _add_raw_scores(model, intercept: str, elem_type: int, n_scores: int) -> Non
         for node in graph.node:
             if node.op_type == "ArgMax" and node.input[0] == "probabilities":
                 node.input[0] = source
+
+
+def _is_multilabel(final) -> bool:
+    binarizer = getattr(final, "_label_binarizer", None)
+    return getattr(binarizer, "y_type_", None) == "multilabel-indicator"
+
+
+def _multilabel_outputs(model, n_labels: int) -> None:
+    """A multilabel MLPClassifier's outputs: one probability and one 0/1 label per label.
+
+    skl2onnx declares the labels ``(N,)`` and, for two labels, builds the
+    probabilities of a binary problem ``(1 - p, p)``, four columns; the
+    probabilities are the sigmoids of the logits, as sklearn's
+    ``predict_proba`` returns them.
+    """
+    graph = model.graph
+    sigmoids = [n for n in graph.node if n.op_type == "Sigmoid"
+                and any(m.op_type == "Identity" and m.output[0] == RAW_SCORES
+                        and m.input[0] == n.input[0] for m in graph.node)]
+    if len(sigmoids) != 1:
+        raise RuntimeError("skl2onnx's multilabel MLPClassifier graph has changed form.")
+    (producer,) = [n for n in graph.node if "probabilities" in n.output]
+    del producer.input[:]
+    producer.input.append(sigmoids[0].output[0])
+    producer.op_type = "Identity"
+    del producer.attribute[:]
+    for output in graph.output:
+        if output.name in ("label", "probabilities"):
+            dims = output.type.tensor_type.shape.dim
+            del dims[:]
+            dims.add().dim_param = "N"
+            dims.add().dim_value = n_labels
+    # the Sub of a two-label graph now feeds nothing
+    kept = needed_nodes(graph.node, [o.name for o in graph.output])
+    del graph.node[:]
+    graph.node.extend(kept)
+
+
+def _exp_output(model, intercept: str) -> None:
+    """``variable = exp(raw_predictions)``: the output activation of a log link.
+
+    The graph was converted with the identity output activation; the output
+    of the last ``+ intercept`` is renamed :data:`RAW_PREDICTIONS` (the raw
+    value the Poisson loss takes) and exponentiated before the output's
+    reshape.
+    """
+    graph = model.graph
+    adds = [n for n in graph.node if n.op_type == "Add" and intercept in n.input]
+    if len(adds) != 1:
+        raise RuntimeError(f"Expected one Add node taking {intercept!r}, found {len(adds)}.")
+    source = adds[0].output[0]
+    outputs = {o.name for o in graph.output}
+    b = GraphBuilder.for_model(model)
+    if source in outputs:  # the Add wrote the output itself: the Exp takes its place
+        adds[0].output[0] = RAW_PREDICTIONS
+        mean = source
+        b.op("Exp", [RAW_PREDICTIONS], outputs=[mean])
+    else:
+        rename_value(model, source, RAW_PREDICTIONS)
+        mean = b.unique_name("exp_predictions")
+        for node in graph.node:
+            for j, name in enumerate(node.input):
+                if name == RAW_PREDICTIONS:
+                    node.input[j] = mean
+        b.op("Exp", [RAW_PREDICTIONS], outputs=[mean])
+    nodes = list(graph.node)
+    index = nodes.index(adds[0])
+    del graph.node[:]
+    graph.node.extend(nodes[:index + 1] + b.nodes + nodes[index + 1:])
 
 
 def _set_output_columns(model, n_outputs: int) -> None:

@@ -2,7 +2,8 @@
 
 :func:`lower_ml_operators` rewrites each ``ai.onnx.ml`` node with the function
 registered for its operator in ``_LOWERINGS`` (``LinearRegressor``,
-``LinearClassifier``, ``Scaler``, ``Normalizer``, ``ArrayFeatureExtractor``),
+``LinearClassifier``, ``Scaler``, ``Normalizer``, ``ArrayFeatureExtractor``,
+``Binarizer``),
 so that the graph can be differentiated and the weights become initializers.
 A lowering function takes ``(node, attributes, builder, value_infos)``, adds
 its nodes to the builder and returns the new initializers.
@@ -42,8 +43,9 @@ def lower_ml_operators(onx) -> onnx.ModelProto:
 
     Lowered: ``LinearRegressor`` (post_transform NONE), ``LinearClassifier``
     (NONE, LOGISTIC, SOFTMAX), ``Scaler``, ``Normalizer``,
-    ``ArrayFeatureExtractor`` (as ``Gather``). The ml operators compute in
-    float32: so does the lowered graph (other inputs are cast to float32).
+    ``ArrayFeatureExtractor`` (as ``Gather``), ``Binarizer`` (as ``Greater``). The ml
+    operators compute in float32: so does the lowered graph (other inputs
+    are cast to float32).
 
     Parameters
     ----------
@@ -255,8 +257,21 @@ def _lower_array_feature_extractor(node, att, b, infos):
     return []
 
 
+def _lower_binarizer(node, att, b, infos):
+    # Binarizer(x) = 1 where x > threshold, else 0, in x's type (skl2onnx's multilabel
+    # MLPClassifier labels: probabilities > 0.5).
+    x = node.input[0]
+    info = infos.get(x)
+    elem = elem_type_of(info) if info is not None else TensorProto.FLOAT
+    dtype = np.float64 if elem == TensorProto.DOUBLE else np.float32
+    threshold = b.const(np.array([att.get("threshold", 0.0)], dtype), hint="threshold")
+    b.op("Cast", [b.op("Greater", [x, threshold])], outputs=[node.output[0]], to=elem)
+    return []
+
+
 _LOWERINGS = {
     "ArrayFeatureExtractor": _lower_array_feature_extractor,
+    "Binarizer": _lower_binarizer,
     "LinearClassifier": _lower_linear_classifier,
     "LinearRegressor": _lower_linear_regressor,
     "Normalizer": _lower_normalizer,

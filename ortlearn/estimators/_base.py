@@ -38,7 +38,7 @@ from sklearn.linear_model import SGDClassifier, SGDRegressor
 from sklearn.metrics import accuracy_score, r2_score
 from sklearn.model_selection import train_test_split
 from sklearn.utils import check_random_state
-from sklearn.utils.multiclass import check_classification_targets
+from sklearn.utils.multiclass import check_classification_targets, type_of_target
 from sklearn.utils.validation import (
     check_is_fitted,
     column_or_1d,
@@ -183,6 +183,9 @@ class BaseOrtEstimator(CallbackSupportMixin, BaseEstimator, ABC):
     and keeps it for the calls that follow.
     """
 
+    #: True: a classifier that takes multilabel indicator matrices y (MLP).
+    _multilabel_targets = False
+
     #: True: stop once the count of epochs without improvement exceeds
     #: ``n_iter_no_change`` (MLP); False: once it reaches it (SGD).
     _stop_after_exceeding = True
@@ -241,9 +244,16 @@ class BaseOrtEstimator(CallbackSupportMixin, BaseEstimator, ABC):
             X, y = validate_data(self, X, y, reset=reset, dtype=dtype, multi_output=True,
                                  **sparse)
             if y.ndim == 2 and y.shape[1] > 1:
-                raise ValueError(
-                    f"{type(self).__name__} does not support multilabel or multi-output "
-                    f"targets: y has {y.shape[1]} columns. Fit one estimator per column.")
+                if not self._multilabel_targets:
+                    raise ValueError(
+                        f"{type(self).__name__} does not support multilabel or multi-output "
+                        f"targets: y has {y.shape[1]} columns. Fit one estimator per column.")
+                if type_of_target(y) != "multilabel-indicator":
+                    raise ValueError(
+                        f"{type(self).__name__} takes a multilabel indicator matrix (0/1) "
+                        f"but not multi-output targets of other values: y has {y.shape[1]} "
+                        "columns. Fit one estimator per column.")
+                return X, y
             y = column_or_1d(y, warn=True)
             check_classification_targets(y)
         else:
@@ -503,7 +513,9 @@ class BaseOrtEstimator(CallbackSupportMixin, BaseEstimator, ABC):
         if is_classifier(self):
             # A row per class: init_template learns the classes from y.
             X0 = np.zeros((len(self.classes_), X.shape[1]), dtype=self._dtype)
-            template = init_template(self._make_counterpart(), X0, self.classes_)
+            # multilabel (y an indicator matrix): a row per label, one label each
+            y0 = np.eye(len(self.classes_), dtype=np.int64) if y.ndim == 2 else self.classes_
+            template = init_template(self._make_counterpart(), X0, y0)
         elif is_sparse(X):
             # The initial weights depend on the shapes only: one dense row stands for X.
             template = init_template(self._make_counterpart(), X[:1].toarray(), y[:1])
@@ -561,7 +573,7 @@ class BaseOrtEstimator(CallbackSupportMixin, BaseEstimator, ABC):
             model, trainable, None, _graph_inputs(names, X, y_enc, sample_weight), names,
             device=str(device), max_iter=self.max_iter, tol=self._lbfgs_tol(),
             verbose=int(self.verbose), loss_output=LOSS, max_fun=self._max_fun(),
-            deterministic=self.random_state is not None)
+            deterministic=self.random_state is not None, **self._lbfgs_options())
         self.n_iter_ = n_iter
         self.t_ += X.shape[0] * max(n_iter, 1)
         if not (np.isfinite(loss) and all(np.isfinite(w).all() for w in weights.values())):
@@ -578,6 +590,10 @@ class BaseOrtEstimator(CallbackSupportMixin, BaseEstimator, ABC):
     def _lbfgs_tol(self) -> float:
         return self.tol if self.tol is not None else 0.0
 
+    def _lbfgs_options(self) -> dict:
+        """Other options of :func:`minimize_lbfgs` (``ftol``, ``maxls``): its defaults."""
+        return {}
+
     def _max_fun(self) -> int:
         return getattr(self, "max_fun", 15000)
 
@@ -586,7 +602,8 @@ class BaseOrtEstimator(CallbackSupportMixin, BaseEstimator, ABC):
         """Training and validation parts (stratified for classifiers), as sklearn's MLP."""
         if not self.early_stopping:
             return (X, y_enc, sample_weight), None
-        stratify = y if is_classifier(self) else None
+        # as sklearn's MLP: no stratification of multilabel targets
+        stratify = y if is_classifier(self) and y.ndim == 1 else None
         weights = [] if sample_weight is None else [sample_weight]
         X_tr, X_val, yenc_tr, yenc_val, _, y_val, *sw = train_test_split(
             X, y_enc, y, *weights, random_state=self._random_state,
@@ -803,7 +820,8 @@ class BaseOrtEstimator(CallbackSupportMixin, BaseEstimator, ABC):
         rate of the last update). The user inputs are ``X``, ``y`` (as the
         objective reads it: a float column ``(n, k)`` for regressors and
         binary classifiers (0/1, the index in ``classes_``), int64 class
-        indices for more classes) and, with ``weighted``, ``sample_weight``.
+        indices for more classes, the 0/1 floats ``(n, n_labels)`` of a
+        multilabel classifier) and, with ``weighted``, ``sample_weight``.
 
         A training step of ``ortlearn.api`` on a batch (``lazy_reset_grad``,
         ``Module(X, y)``, ``Optimizer.step()``), with the learning rate the
@@ -937,12 +955,13 @@ class OrtClassifierMixin(ClassifierMixin):
 
         Returns
         -------
-        ndarray of shape (n_samples,)
+        ndarray of shape (n_samples,) or (n_samples, n_labels)
+            The 0/1 indicator matrix for a classifier fitted on multilabel targets.
         """
         return self._predict_from_outputs(self._run_inference(X, self._output_names()))
 
     def predict_proba(self, X):
-        """Class probabilities (sigmoid for two classes, softmax otherwise).
+        """Class probabilities (sigmoid for two classes, softmax for more, a sigmoid per label).
 
         Parameters
         ----------
@@ -978,7 +997,8 @@ class OrtClassifierMixin(ClassifierMixin):
         Parameters
         ----------
         X : array-like of shape (n_samples, n_features)
-        y : array-like of shape (n_samples,)
+        y : array-like of shape (n_samples,) or (n_samples, n_labels)
+            Labels, or a multilabel indicator matrix (classifiers that take one).
         sample_weight : array-like of shape (n_samples,), default=None
         classes : array-like of shape (n_classes,), default=None
             Every class; required on the first call.

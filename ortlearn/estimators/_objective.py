@@ -23,6 +23,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
+from ..convert import RAW_PREDICTIONS
 from ..graph import GraphBuilder, finalize_model, load_model, needed_nodes
 from ..loss import elementwise_loss, penalty_terms
 
@@ -34,7 +35,9 @@ SAMPLE_WEIGHT = "sample_weight"
 
 _PREDICTION = {"regressor": "variable", "classifier": "raw_scores"}
 # The score (a key of ortlearn.loss.SCORES) of a classifier; a regressor's is its `loss`.
-_CLASSIFIER_SCORE = {"binary": "log", "multiclass": "cross_entropy"}
+# A multilabel classifier has one logit, and one binary log-loss, per label.
+_CLASSIFIER_SCORE = {"binary": "log", "multiclass": "cross_entropy", "multilabel": "log"}
+_KINDS = ("regressor", "binary", "multiclass", "multilabel")
 
 def input_names(weighted: bool = True) -> list[str]:
     """Inputs of an objective graph, in order."""
@@ -55,6 +58,7 @@ def _widen(b: GraphBuilder, values: list[str], elem: int, sum_in_float64: bool):
 
 
 def _label_input(kind: str, n_outputs: int, elem: int) -> onnx.ValueInfoProto:
+    # multilabel: (N, n_labels) 0/1 floats, as a regressor's targets
     if kind == "multiclass":
         return helper.make_tensor_value_info(LABEL, TensorProto.INT64, ["N"])
     return helper.make_tensor_value_info(LABEL, elem, ["N", n_outputs])
@@ -69,6 +73,20 @@ def _data_loss(b: GraphBuilder, kind: str, score: str, pred: str, dtype, **kwarg
         # scikit-learn's squared loss carries a 1/2.
         per_elem = b.op("Mul", [b.const(0.5, dtype), per_elem])
     return per_elem
+
+
+def _poisson_deviance_rest(b: GraphBuilder, per_elem: str, dtype) -> str:
+    """``per_elem + xlogy(y, y) - y``: the half Poisson deviance, as MLPRegressor reports it.
+
+    The score table's ``'poisson'`` leaves out the terms of ``y`` alone (they
+    have no gradient); they are added back so that the loss values
+    (``loss_``, ``loss_curve_``) are scikit-learn's. ``xlogy(0, 0) = 0``.
+    """
+    zero = b.const(0.0, dtype)
+    positive = b.op("Greater", [LABEL, zero])
+    safe = b.op("Where", [positive, LABEL, b.const(1.0, dtype)])  # log(1) = 0 where y = 0
+    rest = b.op("Sub", [b.op("Mul", [LABEL, b.op("Log", [safe])]), LABEL])
+    return b.op("Add", [per_elem, rest])
 
 
 def _row_losses(b: GraphBuilder, per_elem: str, one_column: bool, weighted: bool) -> str:
@@ -119,8 +137,8 @@ def _finish(model: onnx.ModelProto, b: GraphBuilder, loss: str, label_info, weig
 
 def _start(model, kind: str):
     model = load_model(model)
-    if kind not in ("regressor", "binary", "multiclass"):
-        raise ValueError(f"kind must be 'regressor', 'binary' or 'multiclass', got {kind!r}.")
+    if kind not in _KINDS:
+        raise ValueError(f"kind must be one of {', '.join(map(repr, _KINDS))}, got {kind!r}.")
     pred = _PREDICTION["regressor" if kind == "regressor" else "classifier"]
     outputs = {o.name: o for o in model.graph.output}
     if pred not in outputs:
@@ -143,14 +161,17 @@ def _weights_dtypes(model) -> dict[str, int]:
 
 
 def mlp_objective(model, kind: str, alpha: float, sum_in_float64: bool = False,
-                  weighted: bool = True) -> onnx.ModelProto:
+                  weighted: bool = True, loss: str = "squared_error") -> onnx.ModelProto:
     """The per-batch objective of scikit-learn's MLPs.
 
     With ``w`` the sample weights of the batch (ones without weights)::
 
         regressor:  0.5 * sum_k sum_i w_i (y_ik - p_ik)^2 / sum_i w_i
+        poisson:    sum_k sum_i w_i (exp(r_ik) - y_ik r_ik + xlogy(y_ik, y_ik) - y_ik)
+                        / sum_i w_i                           (r: the raw prediction)
         binary:     sum_i w_i logloss(y_i, z_i) / sum_i w_i       (z: the logit)
         multiclass: sum_i w_i crossentropy(y_i, z_i) / sum_i w_i  (z: the logits)
+        multilabel: sum_k sum_i w_i logloss(y_ik, z_ik) / sum_i w_i  (a logit per label)
         loss = data + 0.5 * alpha * sum_layers ||W||^2 / sum_i w_i
 
     The multi-output regressor sums over the outputs: ``MLPRegressor``
@@ -162,10 +183,10 @@ def mlp_objective(model, kind: str, alpha: float, sum_in_float64: bool = False,
     ----------
     model : onnx.ModelProto
         Inference graph of an MLP from :func:`ortlearn.convert.to_train_onnx`.
-    kind : {'regressor', 'binary', 'multiclass'}
+    kind : {'regressor', 'binary', 'multiclass', 'multilabel'}
         The label of a regressor is ``(N, n_outputs)`` floats, of a binary
         classifier ``(N, 1)`` in {0, 1}, of a multiclass one ``(N,)`` int64
-        class indices.
+        class indices, of a multilabel one ``(N, n_labels)`` in {0, 1}.
     alpha : float
         L2 coefficient (0 disables the penalty).
     sum_in_float64 : bool, default=False
@@ -173,6 +194,11 @@ def mlp_objective(model, kind: str, alpha: float, sum_in_float64: bool = False,
         float64): full-batch L-BFGS needs the precision.
     weighted : bool, default=True
         False: no ``sample_weight`` input, every row weighs 1.
+    loss : {'squared_error', 'poisson'}, default='squared_error'
+        ``MLPRegressor``'s ``loss`` (regressors only). ``'poisson'``: the
+        half Poisson deviance of ``exp`` of the graph's
+        ``raw_predictions`` (:func:`ortlearn.convert.to_train_onnx` of an
+        ``MLPRegressor(loss='poisson')``).
 
     Returns
     -------
@@ -180,9 +206,23 @@ def mlp_objective(model, kind: str, alpha: float, sum_in_float64: bool = False,
         Inputs ``X``, ``label`` and, when ``weighted``, ``sample_weight``;
         output ``loss``.
     """
+    if loss not in ("squared_error", "poisson"):
+        raise ValueError(f"loss must be 'squared_error' or 'poisson', got {loss!r}.")
+    if loss == "poisson" and kind != "regressor":
+        raise ValueError("loss='poisson' is a regressor's loss.")
     model, b, pred, elem, n_outputs, dtype = _start(model, kind)
-    per_elem = _data_loss(b, kind, "squared_error", pred, dtype)
-    rows = _row_losses(b, per_elem, kind != "regressor" or n_outputs == 1, weighted)
+    if loss == "poisson":
+        if not any(RAW_PREDICTIONS in node.output for node in model.graph.node):
+            raise ValueError(
+                f"loss='poisson' needs the value {RAW_PREDICTIONS!r} (the log of the "
+                "prediction): build the graph of an MLPRegressor(loss='poisson') with "
+                "ortlearn.convert.to_train_onnx.")
+        per_elem = _poisson_deviance_rest(
+            b, _data_loss(b, kind, "poisson", RAW_PREDICTIONS, dtype), dtype)
+    else:
+        per_elem = _data_loss(b, kind, "squared_error", pred, dtype)
+    one_column = kind in ("binary", "multiclass") or n_outputs == 1
+    rows = _row_losses(b, per_elem, one_column, weighted)
     values = [rows, SAMPLE_WEIGHT] if weighted else [rows]
     values, dtype, loss_elem = _widen(b, values, elem, sum_in_float64)
     data, count = _mean_and_count(b, values[0], values[1] if weighted else None, loss_elem)

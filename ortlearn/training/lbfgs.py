@@ -86,7 +86,8 @@ def minimize_lbfgs(loss_model, trainable, initial_weights, arrays, input_names=N
 
     Same options as scikit-learn's ``LogisticRegression(solver='lbfgs')``
     (``maxiter``, ``maxls=50``, ``gtol=tol``, ``ftol=64 * eps``) and
-    ``MLPRegressor(solver='lbfgs')`` (``maxfun``).
+    ``MLPRegressor(solver='lbfgs')`` (``maxfun``; with ``ftol`` and ``maxls``
+    scipy's defaults, which the MLPs keep).
 
     Parameters
     ----------
