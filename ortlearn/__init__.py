@@ -21,6 +21,8 @@ _LAZY = {
     "OrtLinearClassifier": "ortlearn.estimators",
     "OrtMLPRegressor": "ortlearn.estimators",
     "OrtMLPClassifier": "ortlearn.estimators",
+    "OrtSGDClassifier": "ortlearn.estimators",
+    "OrtSGDRegressor": "ortlearn.estimators",
     "ConvergenceError": "ortlearn.exceptions",
     "NoGradientRuleError": "ortlearn.exceptions",
 }

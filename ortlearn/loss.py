@@ -189,13 +189,16 @@ def _huber(builder: GraphBuilder, pred: str, label: str, dtype, *, epsilon: floa
 
 
 def _binary_log_loss(builder: GraphBuilder, score: str, label: str, dtype) -> str:
-    # max(s, 0) - y s + log(1 + exp(-|s|)): exp never overflows. Softplus is
-    # avoided on purpose: some onnxruntime builds lack its float64 kernel.
-    one = builder.const(1.0, dtype)
-    tail = builder.op("Exp", [builder.op("Neg", [builder.op("Abs", [score])])])
-    log1p = builder.op("Log", [builder.op("Add", [one, tail])])
-    hinge = builder.op("Sub", [builder.op("Relu", [score]), builder.op("Mul", [label, score])])
-    return builder.op("Add", [hinge, log1p])
+    # softplus(s) - y s, softplus(s) = log(exp(0) + exp(s)) as a ReduceLogSumExp over the pair
+    # (0, s): stable (the max is subtracted), and its gradient sigmoid(s) is exact at s = 0,
+    # where zero-initialised weights put every score at the first step; the form
+    # max(s, 0) + log(1 + exp(-|s|)) gives there the subgradients of Relu and Abs (0), so
+    # -y instead of 0.5 - y. Softplus is avoided: some onnxruntime builds lack its float64 kernel.
+    last = builder.op("Unsqueeze", [score, builder.ints([-1], hint="axes")])
+    pair = builder.op("Concat", [builder.op("Mul", [last, builder.const(0.0, dtype)]), last],
+                      axis=-1)
+    softplus = builder.reduce("ReduceLogSumExp", pair, axes=[-1], keepdims=0)
+    return builder.op("Sub", [softplus, builder.op("Mul", [label, score])])
 
 
 def _cross_entropy(builder: GraphBuilder, logits: str, label: str, dtype) -> str:
@@ -214,9 +217,22 @@ def _margin(builder: GraphBuilder, score: str, label: str, dtype) -> str:
     return builder.op("Mul", [sign, score])
 
 
-def _hinge(builder: GraphBuilder, score: str, label: str, dtype) -> str:
+def _threshold_loss(builder: GraphBuilder, score: str, label: str, dtype,
+                    threshold: float) -> str:
+    """``max(0, threshold - z)`` with scikit-learn's subgradient ``-1`` at ``z = threshold``.
+
+    A ``Where`` on ``z <= threshold`` rather than a ``Relu``, whose gradient
+    is 0 there: the perceptron (threshold 0) would never leave the zero
+    weights it starts from, where every margin is 0.
+    """
     margin = _margin(builder, score, label, dtype)
-    return builder.op("Relu", [builder.op("Sub", [builder.const(1.0, dtype), margin])])
+    limit = builder.const(threshold, dtype)
+    return builder.op("Where", [builder.op("LessOrEqual", [margin, limit]),
+                                builder.op("Sub", [limit, margin]), builder.const(0.0, dtype)])
+
+
+def _hinge(builder: GraphBuilder, score: str, label: str, dtype) -> str:
+    return _threshold_loss(builder, score, label, dtype, 1.0)
 
 
 def _squared_hinge(builder: GraphBuilder, score: str, label: str, dtype) -> str:
@@ -225,7 +241,7 @@ def _squared_hinge(builder: GraphBuilder, score: str, label: str, dtype) -> str:
 
 
 def _perceptron(builder: GraphBuilder, score: str, label: str, dtype) -> str:
-    return builder.op("Relu", [builder.op("Neg", [_margin(builder, score, label, dtype)])])
+    return _threshold_loss(builder, score, label, dtype, 0.0)
 
 
 def _modified_huber(builder: GraphBuilder, score: str, label: str, dtype) -> str:
