@@ -264,6 +264,8 @@ _MARGIN_SCORES = {"hinge": "hinge", "squared_hinge": "squared_hinge",
                   "perceptron": "perceptron", "modified_huber": "modified_huber",
                   "log_loss": "log"}
 _EPSILON_LOSSES = ("huber", "epsilon_insensitive", "squared_epsilon_insensitive")
+#: scikit-learn's SGD clips the derivative of the loss to +-MAX_DLOSS
+_MAX_DLOSS = 1e12
 
 
 def ova_sgd_objective(model, kind: str, loss: str, alpha_l2: float = 0.0,
@@ -284,7 +286,8 @@ def ova_sgd_objective(model, kind: str, loss: str, alpha_l2: float = 0.0,
     ``'log_loss'``) read these labels as they are; the regression losses of a
     classifier read ``2 Y - 1`` (scikit-learn's -1 / +1). ``c_ik`` is the
     class weight of the column: ``neg_k + Y_ik (pos_k - neg_k)``.
-    ``'squared_error'`` is ``0.5 (y - p)^2``. Only the L2 part of the
+    ``'squared_error'`` is ``0.5 (y - p)^2`` (linear beyond ``|y - p| = 1e12``,
+    where scikit-learn clips its derivative). Only the L2 part of the
     penalty is here: the L1 part is :class:`~ortlearn.optim.PlainSGD`'s
     truncated update.
 
@@ -325,9 +328,12 @@ def ova_sgd_objective(model, kind: str, loss: str, alpha_l2: float = 0.0,
         label = b.op("Sub", [b.op("Mul", [b.const(2.0, dtype), column]), b.const(1.0, dtype)])
     score = _MARGIN_SCORES.get(loss, loss)
     kwargs = {"epsilon": epsilon} if loss in _EPSILON_LOSSES else {}
-    per_elem = elementwise_loss(b, score, pred, label, dtype, **kwargs)
     if score == "squared_error":
-        per_elem = b.op("Mul", [b.const(0.5, dtype), per_elem])
+        # 0.5 (y - p)^2 whose gradient is clipped to +-1e12, as scikit-learn clips
+        # every dloss (MAX_DLOSS): the Huber loss of that threshold. A diverging fit
+        # then grows its weights linearly, finite, as scikit-learn's does.
+        score, kwargs = "huber", {"epsilon": _MAX_DLOSS}
+    per_elem = elementwise_loss(b, score, pred, label, dtype, **kwargs)
     if class_weight is not None and kind != "regressor":
         neg, pos = (np.asarray(c, dtype=dtype).reshape(1, -1) for c in class_weight)
         if not (np.all(neg == 1) and np.all(pos == 1)):
