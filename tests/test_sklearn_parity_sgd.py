@@ -58,7 +58,7 @@ def _assert_same_model(ref, ours):
     assert ours.t_ == ref.t_
 
 
-_FIXED = {"shuffle": False, "max_iter": 4, "tol": None}
+_FIXED = {"shuffle": False, "max_iter": 3, "tol": None}
 
 
 @pytest.mark.parametrize("params", [
@@ -134,7 +134,8 @@ def test_multiclass_one_vs_all(digits, loss):
     if loss != "hinge":
         proba = ours.predict_proba(X)
         np.testing.assert_allclose(proba.sum(axis=1), 1.0)
-        np.testing.assert_allclose(ours.predict_log_proba(X), np.log(proba))
+        with np.errstate(divide="ignore"):
+            np.testing.assert_allclose(ours.predict_log_proba(X), np.log(proba))
     else:
         assert not hasattr(ours, "predict_proba")
 

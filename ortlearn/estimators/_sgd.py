@@ -458,7 +458,8 @@ class OrtSGDClassifier(OrtClassifierMixin, BaseOrtSGD):
         -------
         ndarray of shape (n_samples, n_classes)
         """
-        return np.log(self.predict_proba(X))
+        with np.errstate(divide="ignore"):  # a probability of 0 is a log of -inf
+            return np.log(self.predict_proba(X))
 
 
 for _cls in (OrtSGDRegressor, OrtSGDClassifier):
