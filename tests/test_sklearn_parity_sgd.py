@@ -230,3 +230,14 @@ def test_sklearn_compatible(estimator, check):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
         check(estimator)
+
+
+def test_classifier_partial_fit_as_sklearn(cancer):
+    X, y = cancer
+    params = {"shuffle": False, "loss": "log_loss", "alpha": 0.01}
+    ref, ours = SGDClassifier(**params), OrtSGDClassifier(**params)
+    for part in (slice(0, 300), slice(300, None)):
+        ref.partial_fit(X[part], y[part], [0, 1])  # classes third, as scikit-learn
+        ours.partial_fit(X[part], y[part], [0, 1])
+    np.testing.assert_allclose(ours.coef_, ref.coef_, atol=1e-6 * np.abs(ref.coef_).max())
+    assert ours.t_ == ref.t_

@@ -17,6 +17,7 @@ from __future__ import annotations
 from numbers import Integral, Real
 
 import numpy as np
+from sklearn.base import _fit_context
 from sklearn.linear_model import SGDClassifier, SGDRegressor
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.class_weight import compute_class_weight
@@ -395,6 +396,24 @@ class OrtSGDClassifier(OrtClassifierMixin, BaseOrtSGD):
         if kind == "binary":
             return cw[:1], cw[1:]
         return np.ones_like(cw), cw
+
+    @_fit_context(prefer_skip_nested_validation=True)
+    def partial_fit(self, X, y, classes=None, sample_weight=None):
+        """One epoch over X and y (``SGDClassifier.partial_fit``'s argument order).
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+        y : array-like of shape (n_samples,)
+        classes : array-like of shape (n_classes,), default=None
+            Every class; required on the first call.
+        sample_weight : array-like of shape (n_samples,), default=None
+
+        Returns
+        -------
+        self : object
+        """
+        return self._partial_fit(X, y, sample_weight, classes=classes)
 
     def decision_function(self, X):
         """Scores of each class (of ``classes_[1]`` for two classes).
