@@ -150,17 +150,19 @@ def test_multiclass_probabilities_follow_sklearn_formula():
         np.testing.assert_allclose(ours.predict_proba(X), ref.predict_proba(X), atol=1e-12)
 
 
-@pytest.mark.parametrize("data, ort_cls, sk_cls, params", [
-    ("cancer", OrtSGDClassifier, SGDClassifier, {}),
-    # digits: scikit-learn's default fit takes 181 epochs of 1797 updates (about 50 s
-    # here at 150 us per update); both stop at 15 epochs
-    ("digits", OrtSGDClassifier, SGDClassifier, {"max_iter": 15}),
-    ("diabetes", OrtSGDRegressor, SGDRegressor, {}),
+@pytest.mark.parametrize("data, ort_cls, sk_cls, params, n_seeds", [
+    # one seed's score moves by up to 0.02 with the shuffled order (10 seeds measured:
+    # 0.9810 scikit-learn, 0.9808 ortlearn): a mean over seeds
+    ("cancer", OrtSGDClassifier, SGDClassifier, {}, 5),
+    # digits: scikit-learn's default fit takes 181 epochs of 1797 updates (about 20 s
+    # here at 60 us per update); both stop at 15 epochs
+    ("digits", OrtSGDClassifier, SGDClassifier, {"max_iter": 15}, 2),
+    ("diabetes", OrtSGDRegressor, SGDRegressor, {}, 2),
 ])
-def test_default_parameters_same_score(request, data, ort_cls, sk_cls, params):
+def test_default_parameters_same_score(request, data, ort_cls, sk_cls, params, n_seeds):
     X, y = request.getfixturevalue(data)
     scores = []
-    for seed in range(2):
+    for seed in range(n_seeds):
         ref, ours = _both(sk_cls, ort_cls, X, y, random_state=seed, **params)
         scores.append((ref.score(X, y), ours.score(X, y)))
     ref_score, our_score = np.mean(scores, axis=0)
