@@ -243,3 +243,50 @@ def test_classifier_partial_fit_as_sklearn(cancer):
         ours.partial_fit(X[part], y[part], [0, 1])
     np.testing.assert_allclose(ours.coef_, ref.coef_, atol=1e-6 * np.abs(ref.coef_).max())
     assert ours.t_ == ref.t_
+
+
+def _plain_sgd_reference(p, g, avg, q, u, lr, step, l1, start, truncate):
+    """One update of scikit-learn's _plain_sgd (wscale 1) in numpy."""
+    p = p - lr * g
+    if step >= start:
+        avg = avg + (p - avg) / (step - start + 1)
+    if truncate:
+        u = u + lr * l1
+        z = p.copy()
+        p = np.where(z > 0, np.maximum(0, z - (u + q)),
+                     np.where(z < 0, np.minimum(0, z + (u - q)), z))
+        q = q + (p - z)
+    return p, avg, q, u
+
+
+def test_plain_sgd_optimizer_model_matches_reference():
+    import onnxruntime as ort
+
+    from ortlearn.optim import build_optimizer_model
+
+    opt = PlainSGD(l1=0.3, average=2)
+    model = build_optimizer_model(opt, {"coef": (11, [4, 1]), "intercept": (11, [1])},
+                                  layout="tensors")
+    session = ort.InferenceSession(model.SerializeToString(),
+                                   providers=["CPUExecutionProvider"])
+    rng = np.random.RandomState(0)
+    state = {name: {"p": rng.randn(*shape), "average": np.zeros(shape), "l1_q": np.zeros(shape),
+                    "l1_u": np.zeros(shape)} for name, shape in (("coef", (4, 1)),
+                                                                 ("intercept", (1,)))}
+    for step in range(1, 5):
+        feeds = {"learning_rate": np.array(0.5, np.float32), "step": np.array(step)}
+        grads = {name: rng.randn(*s["p"].shape) for name, s in state.items()}
+        for name, s in state.items():
+            feeds[name] = s["p"]
+            feeds[f"{name}.gradient"] = grads[name]
+            feeds.update({f"{name}.{k}": s[k] for k in ("average", "l1_q", "l1_u")})
+        out = dict(zip([o.name for o in model.graph.output], session.run(None, feeds)))
+        for name, s in state.items():
+            p, avg, q, u = _plain_sgd_reference(s["p"], grads[name], s["average"], s["l1_q"],
+                                                s["l1_u"], 0.5, step, 0.3, 2, name == "coef")
+            np.testing.assert_allclose(out[f"{name}.updated"], p, atol=1e-12)
+            np.testing.assert_allclose(out[f"{name}.average.updated"], avg, atol=1e-12)
+            s.update(p=p, average=avg, l1_q=q, l1_u=u)
+            if name == "coef":
+                np.testing.assert_allclose(out["coef.l1_q.updated"], q, atol=1e-12)
+    assert (state["coef"]["p"] == 0).any()  # the truncation reached exact zeros

@@ -888,7 +888,14 @@ class PlainSGD(Optimizer):
     ``p * (1 - lr * alpha) - lr * g_data``. The average takes the weights
     after the gradient step and before the L1 truncation, as scikit-learn's.
     Each parameter keeps its own tensors (no flat buffer: the L1 part
-    applies to some parameters only).
+    applies to some parameters only), and the training engine feeds the
+    schedule's rates in float64 (``exact_learning_rate``); the
+    ``optimizer_model.onnx`` of the artifacts takes its ``learning_rate`` in
+    float32, as onnxruntime-training's, so a continuation through
+    :mod:`ortlearn.api` agrees with the engine to that rounding, not bit
+    for bit. With ``average`` and an L1 part together, scikit-learn's lazy
+    average misses the truncations it does not rescale; this rule averages
+    the weights it holds.
 
     Parameters
     ----------
