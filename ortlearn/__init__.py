@@ -26,6 +26,8 @@ _LAZY = {
     "OrtMLPClassifier": "ortlearn.estimators",
     "OrtPoissonRegressor": "ortlearn.estimators",
     "OrtRidge": "ortlearn.estimators",
+    "OrtSGDClassifier": "ortlearn.estimators",
+    "OrtSGDRegressor": "ortlearn.estimators",
     "OrtTweedieRegressor": "ortlearn.estimators",
     "ConvergenceError": "ortlearn.exceptions",
     "NoGradientRuleError": "ortlearn.exceptions",

@@ -220,9 +220,22 @@ def _margin(builder: GraphBuilder, score: str, label: str, dtype) -> str:
     return builder.op("Mul", [sign, score])
 
 
-def _hinge(builder: GraphBuilder, score: str, label: str, dtype) -> str:
+def _threshold_loss(builder: GraphBuilder, score: str, label: str, dtype,
+                    threshold: float) -> str:
+    """``max(0, threshold - z)`` with scikit-learn's subgradient ``-1`` at ``z = threshold``.
+
+    A ``Where`` on ``z <= threshold`` rather than a ``Relu``, whose gradient
+    is 0 there: the perceptron (threshold 0) would never leave the zero
+    weights it starts from, where every margin is 0.
+    """
     margin = _margin(builder, score, label, dtype)
-    return builder.op("Relu", [builder.op("Sub", [builder.const(1.0, dtype), margin])])
+    limit = builder.const(threshold, dtype)
+    return builder.op("Where", [builder.op("LessOrEqual", [margin, limit]),
+                                builder.op("Sub", [limit, margin]), builder.const(0.0, dtype)])
+
+
+def _hinge(builder: GraphBuilder, score: str, label: str, dtype) -> str:
+    return _threshold_loss(builder, score, label, dtype, 1.0)
 
 
 def _squared_hinge(builder: GraphBuilder, score: str, label: str, dtype) -> str:
@@ -231,7 +244,7 @@ def _squared_hinge(builder: GraphBuilder, score: str, label: str, dtype) -> str:
 
 
 def _perceptron(builder: GraphBuilder, score: str, label: str, dtype) -> str:
-    return builder.op("Relu", [builder.op("Neg", [_margin(builder, score, label, dtype)])])
+    return _threshold_loss(builder, score, label, dtype, 0.0)
 
 
 def _modified_huber(builder: GraphBuilder, score: str, label: str, dtype) -> str:

@@ -85,9 +85,12 @@ def test_classifier_matches_sgdclassifier(load):
     ours = OrtLinearClassifier(random_state=0).fit(X_tr, y_tr)
     ref = SGDClassifier(loss="log_loss", random_state=0).fit(X_tr, y_tr)
     if len(ours.classes_) == 2:
-        # the same model (one logit, log-loss), other paths (mini-batches against one
-        # row per step): breast_cancer 0.965 vs 0.951, two of 143 test rows.
-        assert ours.score(X_te, y_te) >= ref.score(X_te, y_te) - 0.01
+        # the same model (one logit, log-loss): same score, over a few seeds (one
+        # test sample is 0.007 of the score: a single seed measures the shuffles)
+        gaps = [OrtLinearClassifier(random_state=s).fit(X_tr, y_tr).score(X_te, y_te)
+                - SGDClassifier(loss="log_loss", random_state=s).fit(X_tr, y_tr).score(X_te, y_te)
+                for s in range(3)]
+        assert abs(np.mean(gaps)) <= 0.01, gaps
     else:
         # SGDClassifier is one-vs-rest, ours a multinomial softmax: another
         # model, compared one-sided (digits: 0.956 vs 0.944; wine: 0.978 both)

@@ -7,6 +7,8 @@
   :class:`OrtGammaRegressor`, :class:`OrtTweedieRegressor`,
   :class:`OrtHuberRegressor`: the objectives of their scikit-learn namesakes,
   minimised with ortlearn's full-batch L-BFGS;
+- :class:`OrtSGDRegressor`, :class:`OrtSGDClassifier`: ``SGDRegressor`` /
+  ``SGDClassifier`` with every loss, their updates and parameters;
 - :class:`OrtGradientOptimizer`: trains any ONNX graph that computes its own loss.
 """
 
@@ -16,6 +18,7 @@ from ._linear import OrtLinearClassifier, OrtLinearRegressor
 from ._logistic import OrtLogisticRegression
 from ._mlp import OrtMLPClassifier, OrtMLPRegressor
 from ._ridge import OrtRidge
+from ._sgd import OrtSGDClassifier, OrtSGDRegressor
 from .gradient_optimizer import OrtGradientOptimizer
 
 __all__ = [
@@ -29,5 +32,7 @@ __all__ = [
     "OrtMLPRegressor",
     "OrtPoissonRegressor",
     "OrtRidge",
+    "OrtSGDClassifier",
+    "OrtSGDRegressor",
     "OrtTweedieRegressor",
 ]

@@ -165,8 +165,12 @@ _COMMON_PARAMS_DOC = """
         for one sample per step, needs many steps per epoch) and
         ``min(200, n_samples)`` for :class:`OrtLinearClassifier`.
         scikit-learn's SGD* update the weights after every sample
-        (``batch_size=1``, which reproduces them); mini-batches average the
-        gradients of their rows, so the two reach the same minimum along
+        (``batch_size=1`` with ``shuffle=False`` reproduces them to 1e-9 for
+        ``penalty='l2'`` or None with ``'constant'``/``'invscaling'`` rates;
+        not the L1 truncation nor, to 1e-6, ``'optimal'``, whose large rates
+        go through float32: :class:`OrtSGDRegressor` and
+        :class:`OrtSGDClassifier` reproduce every case); mini-batches average
+        the gradients of their rows, so the two reach the same minimum along
         different paths.
     momentum : float, default=0.0
         Momentum of ``solver='sgd'`` (scikit-learn's MLP convention).

@@ -27,7 +27,8 @@ from ..convert import RAW_PREDICTIONS
 from ..graph import GraphBuilder, finalize_model, load_model, needed_nodes
 from ..loss import elementwise_loss, penalty_terms
 
-__all__ = ["LOSS", "input_names", "label_dtype", "mlp_objective", "sgd_objective"]
+__all__ = ["LOSS", "input_names", "label_dtype", "mlp_objective", "ova_sgd_objective",
+           "sgd_objective"]
 
 LOSS = "loss"
 LABEL = "y"
@@ -295,6 +296,103 @@ def sgd_objective(model, kind: str, loss: str = "squared_error", penalty: str | 
         _weights_dtypes(model), dtype) if strength else None
     b.op("Identity", [data if terms is None else b.op("Add", [data, terms])], outputs=[LOSS])
     return _finish(model, b, LOSS, _label_input(kind, n_outputs, elem), weighted, loss_elem)
+
+
+#: Losses of ``SGDClassifier`` that score a margin (labels in {0, 1}, as ortlearn.loss
+#: takes them); the others are regression losses of the labels -1 / +1, as scikit-learn's.
+_MARGIN_SCORES = {"hinge": "hinge", "squared_hinge": "squared_hinge",
+                  "perceptron": "perceptron", "modified_huber": "modified_huber",
+                  "log_loss": "log"}
+_EPSILON_LOSSES = ("huber", "epsilon_insensitive", "squared_epsilon_insensitive")
+#: scikit-learn's SGD clips the derivative of the loss to +-MAX_DLOSS
+_MAX_DLOSS = 1e12
+
+
+def ova_sgd_objective(model, kind: str, loss: str, alpha_l2: float = 0.0,
+                      epsilon: float = 0.1, class_weight=None, sum_in_float64: bool = False,
+                      weighted: bool = True) -> onnx.ModelProto:
+    """The objective ``SGDRegressor`` / ``SGDClassifier`` descend, one-vs-all for classes.
+
+    ::
+
+        loss = mean_i w_i sum_k c_ik l(Y_ik, z_ik) + alpha_l2 / 2 * ||coef||^2
+
+    ``z_ik`` is the score of row ``i`` for column ``k`` (one column for a
+    regressor or two classes, one per class otherwise: scikit-learn's
+    one-vs-all, each column a binary problem), ``Y_ik`` the label of the
+    column: the target of a regressor, 1 when row ``i`` is of class ``k``
+    (of ``classes_[1]`` for two classes) and 0 otherwise. Margin losses
+    (``'hinge'``, ``'squared_hinge'``, ``'perceptron'``, ``'modified_huber'``,
+    ``'log_loss'``) read these labels as they are; the regression losses of a
+    classifier read ``2 Y - 1`` (scikit-learn's -1 / +1). ``c_ik`` is the
+    class weight of the column: ``neg_k + Y_ik (pos_k - neg_k)``.
+    ``'squared_error'`` is ``0.5 (y - p)^2`` (linear beyond ``|y - p| = 1e12``,
+    where scikit-learn clips its derivative). Only the L2 part of the
+    penalty is here: the L1 part is :class:`~ortlearn.optim.PlainSGD`'s
+    truncated update.
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        Inference graph of a linear model from :func:`ortlearn.convert.to_train_onnx`.
+    kind : {'regressor', 'binary', 'multiclass'}
+        The label of a regressor is ``(N, 1)`` floats, of a binary classifier
+        ``(N, 1)`` in {0, 1}, of a multiclass one ``(N,)`` int64 class
+        indices (one-hot encoded in the graph).
+    loss : str
+        A loss of ``SGDClassifier`` (or of ``SGDRegressor`` for a regressor).
+    alpha_l2 : float, default=0.0
+        ``alpha * (1 - l1_ratio)`` (0: no penalty term).
+    epsilon : float, default=0.1
+        Of ``'huber'``, ``'epsilon_insensitive'``, ``'squared_epsilon_insensitive'``.
+    class_weight : tuple of two arrays, default=None
+        ``(neg, pos)``, each of shape ``(n_columns,)``: the weights of the rows
+        whose column label is 0 and 1 (classifiers only).
+    sum_in_float64, weighted : bool
+        As in :func:`mlp_objective`.
+
+    Returns
+    -------
+    onnx.ModelProto
+        As in :func:`mlp_objective`.
+    """
+    model, b, pred, elem, n_outputs, dtype = _start(model, kind)
+    column = LABEL  # Y: the target, or 0/1 per column
+    if kind == "multiclass":
+        # one-hot columns (onnxruntime's OneHot has no float64 kernel)
+        index = b.op("Unsqueeze", [LABEL, b.ints([-1], hint="axes")])
+        classes = b.const(np.arange(n_outputs, dtype=np.int64).reshape(1, -1), hint="classes")
+        column = b.cast(b.op("Equal", [index, classes]), elem)
+    label = column
+    if kind != "regressor" and loss not in _MARGIN_SCORES:
+        label = b.op("Sub", [b.op("Mul", [b.const(2.0, dtype), column]), b.const(1.0, dtype)])
+    score = _MARGIN_SCORES.get(loss, loss)
+    kwargs = {"epsilon": epsilon} if loss in _EPSILON_LOSSES else {}
+    per_elem = elementwise_loss(b, score, pred, label, dtype, **kwargs)
+    if score == "squared_error":
+        per_elem = b.op("Mul", [b.const(0.5, dtype), per_elem])
+        # Linear beyond |p - y| = MAX_DLOSS, where scikit-learn clips the derivative:
+        # a diverging fit grows its weights linearly, finite, as scikit-learn's does.
+        # A Where, not the Huber score, whose gradient cancels eps * g terms (1e-4 off).
+        excess = b.op("Abs", [b.op("Sub", [pred, label])])
+        limit = b.const(_MAX_DLOSS, dtype)
+        tail = b.op("Sub", [b.op("Mul", [limit, excess]), b.const(0.5 * _MAX_DLOSS ** 2, dtype)])
+        per_elem = b.op("Where", [b.op("LessOrEqual", [excess, limit]), per_elem, tail])
+    if class_weight is not None and kind != "regressor":
+        neg, pos = (np.asarray(c, dtype=dtype).reshape(1, -1) for c in class_weight)
+        if not (np.all(neg == 1) and np.all(pos == 1)):
+            factor = b.op("Add", [b.const(neg), b.op("Mul", [column, b.const(pos - neg)])])
+            per_elem = b.op("Mul", [per_elem, factor])
+    rows = _row_losses(b, per_elem, n_outputs == 1, weighted)
+    if weighted:
+        rows = b.op("Mul", [rows, SAMPLE_WEIGHT])
+    (rows,), dtype, loss_elem = _widen(b, [rows], elem, sum_in_float64)
+    data = b.reduce("ReduceMean", rows, keepdims=0)
+    terms = penalty_terms(b, {"coef": {"l2": alpha_l2 / 2}}, _weights_dtypes(model),
+                          dtype) if alpha_l2 else None
+    b.op("Identity", [data if terms is None else b.op("Add", [data, terms])], outputs=[LOSS])
+    info = _label_input("multiclass" if kind == "multiclass" else "regressor", n_outputs, elem)
+    return _finish(model, b, LOSS, info, weighted, loss_elem)
 
 
 def label_dtype(kind: str, dtype) -> np.dtype:

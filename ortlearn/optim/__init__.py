@@ -2,7 +2,8 @@
 
 - :class:`Optimizer`: the base of the update rules (subclass it for a new
   one); :class:`SGD`, :class:`Adam`, :class:`AdamW` (onnxruntime-training's
-  kernel), :class:`TorchAdamW` (``torch.optim.AdamW``): update rules that append
+  kernel), :class:`TorchAdamW` (``torch.optim.AdamW``), :class:`PlainSGD`
+  (scikit-learn's SGD estimators: ASGD, truncated L1): update rules that append
   their nodes to a :class:`~ortlearn.graph.GraphBuilder`;
   :func:`build_optimizer_model` writes them as ``optimizer_model.onnx``
   (onnxruntime-training's sequence layout), :func:`unpack_optimizer_model`
@@ -17,6 +18,7 @@ from .optimizers import (
     Adam,
     AdamW,
     Optimizer,
+    PlainSGD,
     TorchAdamW,
     build_optimizer_model,
     clip_grad_norm,
@@ -34,6 +36,7 @@ __all__ = [
     "LinearLR",
     "Optimal",
     "Optimizer",
+    "PlainSGD",
     "TorchAdamW",
     "build_optimizer_model",
     "clip_grad_norm",

@@ -400,8 +400,11 @@ class TrainingEngine:
 
     def _host_scalars(self, rates, first: int, dtype) -> dict:
         # The learning rate goes through float32, as the optimizer model's
-        # learning_rate input does, so fused and unfused training agree.
-        lrs = np.array(rates, dtype=np.float32).astype(np.float64)
+        # learning_rate input does, so fused and unfused training agree; an
+        # optimizer that reproduces a float64 reference (PlainSGD) keeps it exact.
+        lrs = np.array(rates, dtype=np.float64)
+        if not getattr(self.optimizer, "exact_learning_rate", False):
+            lrs = lrs.astype(np.float32).astype(np.float64)
         steps = np.arange(first, first + len(lrs))
         return {name: np.ascontiguousarray(value, dtype)
                 for name, value in self.optimizer.host_scalars(lrs, steps).items()}

@@ -237,7 +237,8 @@ def _flat_offsets(params, optimizer) -> dict:
     about a microsecond whatever its size, which is most of a small model's
     step. Weights of mixed dtypes keep one tensor each.
     """
-    if not optimizer.state_names or len(params) < 2 or len({p.data_type for p in params}) > 1:
+    if (not optimizer.state_names or len(params) < 2 or len({p.data_type for p in params}) > 1
+            or getattr(optimizer, "per_parameter", False)):
         return {}
     offsets, offset = {}, 0
     for p in params:
