@@ -208,12 +208,15 @@ def _session_from_file(model: onnx.ModelProto, device, session_options) -> ort.I
 
 
 #: On the CPU, a training session of at least this many bytes of weights runs
-#: without onnxruntime's memory arena: the arena keeps the largest set of a
-#: step's intermediates (gradients, Adam's temporaries: a dozen copies of the
-#: weights) for the session's life and rounds its regions up, 100 MB more for
-#: 8 MB of weights; malloc reuses the freed blocks as well at these sizes
-#: (no slower measured, ``doc/benchmarks.rst``). Smaller models keep the arena.
-ARENA_MAX_WEIGHT_BYTES = 1 << 20
+#: without onnxruntime's memory arena (and ``epoch_loop='auto'`` makes one
+#: call per batch instead of a ``Loop``, whose body outputs hold the weights
+#: and the optimizer's moments once more): the arena keeps the largest set of
+#: a step's intermediates (gradients, Adam's temporaries: a dozen copies of
+#: the weights) for the session's life and rounds its regions up, 100 MB more
+#: for 8 MB of weights, and malloc reuses freed blocks of that size as well
+#: (no slower measured). Smaller models keep both: on 2 MB of weights and 100
+#: steps an epoch the peak grew without them (``doc/benchmarks.rst``).
+ARENA_MAX_WEIGHT_BYTES = 3 << 20
 
 #: With ``epoch_loop='auto'`` on a GPU, an epoch is one ONNX ``Loop`` call when
 #: a step computes at least this many multiply-adds (batch rows x weights);
