@@ -47,12 +47,15 @@ print(json.dumps({"overhead": status("VmHWM") - before, "data": X.nbytes + y.nby
 
 #: Bound on the fit's peak above the process before it: the data + K x the
 #: weights (float32) + ALLOWANCE. Measured on 4 x 100 000 features (1 000 021
-#: weights, 4 MB; data 1.6 MB): 1 188 MB before the fix (onnx's data
+#: weights, 4 MB; data 1.6 MB): 1 188 MB before the first fix (onnx's data
 #: propagation on the flat weights, ``ortlearn.graph.model.LONG_VECTOR``),
-#: 127 MB after (about 31 x the weights: the copies of skl2onnx's
-#: conversion, the step graph's ping-pong buffers and Adam's moments in
-#: onnxruntime, its arena, the state read back).
-K = 40
+#: 127 MB after it (about 31 x the weights), 99 MB (24 x) once the engine keeps
+#: no copy of the weights in its graph, runs without onnxruntime's arena and
+#: without the Loop from ``ARENA_MAX_WEIGHT_BYTES`` of weights, and hands its
+#: buffers to the estimator at the end of a fit instead of copies. What is
+#: left: skl2onnx's copies during the conversion, the ping-pong buffers of
+#: the weights and Adam's moments (6 x), a step's intermediates.
+K = 20
 ALLOWANCE = 32 * 2**20
 
 

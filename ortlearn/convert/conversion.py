@@ -153,7 +153,7 @@ def _with_distinct_weights(estimator, weights: dict):
         placeholder += start
         placeholders[name] = placeholder.reshape(value.shape)
         start += value.size
-    set_weights(probe, placeholders)
+    set_weights(probe, placeholders, copy=False)
     return probe
 
 

@@ -155,8 +155,11 @@ def get_weights(estimator) -> dict[str, np.ndarray]:
     return weights
 
 
-def _write_back(old, value, name):
-    """``value`` in the shape and dtype of the attribute ``old``, or ValueError."""
+def _write_back(old, value, name, copy=True):
+    """``value`` in the shape and dtype of the attribute ``old``, or ValueError.
+
+    With ``copy=False``, ``value`` itself (or a view of it) where its dtype is already right.
+    """
     old = np.asarray(old)
     value = np.asarray(value)
     if value.size != old.size:
@@ -165,10 +168,10 @@ def _write_back(old, value, name):
             f"expects {old.size} ({old.shape})."
         )
     dtype = old.dtype if np.issubdtype(old.dtype, np.floating) else value.dtype
-    return value.reshape(old.shape).astype(dtype)
+    return value.reshape(old.shape).astype(dtype, copy=copy)
 
 
-def set_weights(estimator, weights: dict) -> None:
+def set_weights(estimator, weights: dict, *, copy: bool = True) -> None:
     """Write weights named as in the ONNX graph back into a fitted estimator.
 
     The inverse of :func:`get_weights`: shapes are those of the graph, the
@@ -182,6 +185,11 @@ def set_weights(estimator, weights: dict) -> None:
         A fitted (or :func:`init_template`) supported estimator, modified in place.
     weights : dict of str to array-like
         Initializer name to value, e.g. the trained weights of a session.
+    copy : bool, default=True
+        Store copies of the values. False stores the arrays given (reshaped,
+        transposed views) where their dtype is the estimator's: for fresh
+        arrays of the caller's, a copy would only add their size to the peak
+        memory.
 
     Raises
     ------
@@ -211,17 +219,19 @@ def set_weights(estimator, weights: dict) -> None:
     if isinstance(final, _MLP):
         for i, (wname, bname) in enumerate(_mlp_names(len(final.coefs_))):
             if wname in weights:
-                final.coefs_[i] = _write_back(final.coefs_[i], weights[wname], wname)
+                final.coefs_[i] = _write_back(final.coefs_[i], weights[wname], wname, copy)
             if bname in weights:
-                final.intercepts_[i] = _write_back(final.intercepts_[i], weights[bname], bname)
+                final.intercepts_[i] = _write_back(final.intercepts_[i], weights[bname], bname,
+                                                    copy)
         return
     if "coef" in weights:
         coef = np.asarray(weights["coef"])
         # The graph holds coef_.T: transpose back before restoring coef_'s shape.
         coef = coef.T if coef.ndim == 2 else coef
-        final.coef_ = _write_back(final.coef_, coef, "coef")
+        final.coef_ = _write_back(final.coef_, coef, "coef", copy)
     if "intercept" in weights:
-        intercept = _write_back(final.intercept_, weights["intercept"], "intercept")
+        intercept = _write_back(final.intercept_, weights["intercept"], "intercept",
+                                copy)
         final.intercept_ = intercept[()] if intercept.ndim == 0 else intercept
 
 

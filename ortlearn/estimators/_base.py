@@ -654,11 +654,11 @@ class BaseOrtEstimator(CallbackSupportMixin, BaseEstimator, ABC):
                 if not incremental and self.n_iter_ == self.max_iter:
                     self._warn_max_iter()
         except ConvergenceError:
-            self._finish_epochs(engine)
+            self._finish_epochs(engine, last=not incremental)
             raise
         except KeyboardInterrupt:
             warnings.warn("Training interrupted by user.", stacklevel=user_stacklevel())
-        self._finish_epochs(engine)
+        self._finish_epochs(engine, last=not incremental)
 
     def _run_epoch(self, engine, train, batches) -> float:
         """One pass over ``batches``; returns the epoch's training loss."""
@@ -758,18 +758,27 @@ class BaseOrtEstimator(CallbackSupportMixin, BaseEstimator, ABC):
         return [f"-- Epoch {self.n_iter_}", line,
                 f"Total training time: {elapsed:.2f} seconds."]
 
-    def _finish_epochs(self, engine) -> None:
-        """Best weights back on the device (early stopping), weights into ``estimator_``."""
+    def _finish_epochs(self, engine, last: bool = False) -> None:
+        """Best weights back on the device (early stopping), weights into ``estimator_``.
+
+        ``last``: the engine is not used again (a fit drops it), and gives its
+        buffers away rather than copies of them (``TrainingEngine.take_state``).
+        """
         if self._best_state is not None:
             engine.set_state(self._best_state)
         self._best_state = None
         self._runtime.validation_session = None
         engine.release_data()  # the device copy of X lives for one fit
-        self._optimizer_state = engine.optimizer_state()
-        self._store_weights(engine.get_state())
+        if last:
+            weights, self._optimizer_state = engine.take_state()
+        else:
+            self._optimizer_state = engine.optimizer_state()
+            weights = engine.get_state()
+        # the engine's copies (or buffers it gave away) are stored as they are
+        self._store_weights(weights, copy=False)
 
-    def _store_weights(self, weights: dict) -> None:
-        set_weights(self.estimator_, weights)
+    def _store_weights(self, weights: dict, copy: bool = True) -> None:
+        set_weights(self.estimator_, weights, copy=copy)
         self._runtime.reset_predictions()
 
     # ------------------------------------------------------------- state I/O

@@ -124,8 +124,9 @@ class BaseOrtSGD(BaseOrtLinear):
             engine.set_state(self._standard_weights)
         return engine
 
-    def _finish_epochs(self, engine) -> None:
-        super()._finish_epochs(engine)
+    def _finish_epochs(self, engine, last: bool = False) -> None:
+        # The engine keeps its buffers: the weights not averaged are read from it below.
+        super()._finish_epochs(engine, last=False)
         start = self._average_start()
         if not start:
             return

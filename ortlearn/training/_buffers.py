@@ -88,6 +88,11 @@ class BufferPairs:
     def __contains__(self, name: str) -> bool:
         return name in self.pairs
 
+    @property
+    def shared(self) -> bool:
+        """Whether the halves are numpy arrays that onnxruntime reads and writes in place."""
+        return self._hosts is not None
+
     def live(self, name: str) -> ort.OrtValue:
         """The half holding the current value."""
         return self.pairs[name][self.parity]

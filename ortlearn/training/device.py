@@ -207,6 +207,17 @@ def _session_from_file(model: onnx.ModelProto, device, session_options) -> ort.I
             providers=device.providers(), disabled_optimizers=list(DISABLED_OPTIMIZERS))
 
 
+#: On the CPU, a training session of at least this many bytes of weights runs
+#: without onnxruntime's memory arena (and ``epoch_loop='auto'`` makes one
+#: call per batch instead of a ``Loop``, whose body outputs hold the weights
+#: and the optimizer's moments once more): the arena keeps the largest set of
+#: a step's intermediates (gradients, Adam's temporaries: a dozen copies of
+#: the weights) for the session's life and rounds its regions up, 100 MB more
+#: for 8 MB of weights, and malloc reuses freed blocks of that size as well
+#: (no slower measured). Smaller models keep both: on 2 MB of weights and 100
+#: steps an epoch the peak grew without them (``doc/benchmarks.rst``).
+ARENA_MAX_WEIGHT_BYTES = 3 << 20
+
 #: With ``epoch_loop='auto'`` on a GPU, an epoch is one ONNX ``Loop`` call when
 #: a step computes at least this many multiply-adds (batch rows x weights);
 #: a smaller step runs one call per batch.
@@ -220,8 +231,8 @@ LOOP_MIN_STEP_MACS = 1_000_000
 PARALLEL_MIN_STEP_MACS = 1_000_000
 
 
-def default_session_options(device, step_macs: int,
-                            deterministic: bool = False) -> ort.SessionOptions:
+def default_session_options(device, step_macs: int, deterministic: bool = False,
+                            weight_bytes: int = 0) -> ort.SessionOptions:
     """The session options of a :class:`~ortlearn.training.TrainingEngine` given none.
 
     Parameters
@@ -231,16 +242,23 @@ def default_session_options(device, step_macs: int,
         Multiply-adds of one step: rows of a mini-batch times weights.
     deterministic : bool, default=False
         Deterministic kernels on a GPU (the CPU ignores it).
+    weight_bytes : int, default=0
+        Bytes of the weights trained.
 
     Returns
     -------
     onnxruntime.SessionOptions
         On a GPU, :func:`make_session_options`.
         On the CPU, one thread below ``PARALLEL_MIN_STEP_MACS``, else the
-        default threads with spinning workers (``ORTLEARN_ALLOW_SPINNING``).
+        default threads with spinning workers (``ORTLEARN_ALLOW_SPINNING``);
+        without the CPU memory arena from ``ARENA_MAX_WEIGHT_BYTES`` of weights.
     """
     if device.kind != "cpu":
         return make_session_options(deterministic=deterministic)
     if step_macs < PARALLEL_MIN_STEP_MACS:
-        return make_session_options(1)
-    return make_session_options(allow_spinning=default_allow_spinning(True))
+        so = make_session_options(1)
+    else:
+        so = make_session_options(allow_spinning=default_allow_spinning(True))
+    if weight_bytes >= ARENA_MAX_WEIGHT_BYTES:
+        so.enable_cpu_mem_arena = False
+    return so

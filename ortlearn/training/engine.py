@@ -24,7 +24,6 @@ from ..exceptions import ConvergenceError
 from ..graph import (
     class_label_marks,
     elem_type_of,
-    initializers_to_inputs,
     load_model,
     onnx_to_np_dtype,
     prune_model,
@@ -44,7 +43,13 @@ from .checks import (
     conform_state,
     replace_initializers,
 )
-from .device import LOOP_MIN_STEP_MACS, default_session_options, make_session, parse_device
+from .device import (
+    ARENA_MAX_WEIGHT_BYTES,
+    LOOP_MIN_STEP_MACS,
+    default_session_options,
+    make_session,
+    parse_device,
+)
 from .fused import FusedLayout, build_fused_epoch, build_fused_step
 
 __all__ = ["TrainingEngine"]
@@ -68,7 +73,7 @@ DEFAULT_BATCH_ROWS = 200
 def _eval_model(model: onnx.ModelProto, trainable: list[str], loss_output: str) -> onnx.ModelProto:
     """The loss graph with the weights as inputs, in inference mode, pruned to the loss."""
     model = load_model(model)
-    initializers_to_inputs(model, trainable)
+    _weights_to_inputs(model, trainable)
     set_inference_mode(model)
     return prune_model(model, [loss_output])
 
@@ -106,7 +111,8 @@ class TrainingEngine:
         ``ORTLEARN_NUM_THREADS`` threads or onnxruntime's default, with
         spinning workers unless ``ORTLEARN_ALLOW_SPINNING=0`` (spinning
         takes the cores of other processes: turn it off on a shared machine).
-        The CPU memory arena stays on (it is faster, ``doc/benchmarks.rst``).
+        The CPU memory arena stays on (it is faster, ``doc/benchmarks.rst``)
+        below ``device.ARENA_MAX_WEIGHT_BYTES`` of weights.
     epoch_loop : bool or 'auto', default='auto'
         True runs a whole epoch as one onnxruntime call (an ONNX ``Loop``
         over the mini-batches), False one call per mini-batch; 'auto'
@@ -163,10 +169,13 @@ class TrainingEngine:
     copies the weights to the host once, to restore them if training
     diverges.
 
-    With ``epoch_loop='auto'`` an epoch is one ``Loop`` call on the CPU; on
-    a GPU when a step computes at least ``LOOP_MIN_STEP_MACS`` multiply-adds
-    (batch rows times weights), else one call per batch: on the CPU the Loop
-    is faster for every model measured (``doc/benchmarks.rst``). With the
+    With ``epoch_loop='auto'`` an epoch is one ``Loop`` call on the CPU
+    below ``ARENA_MAX_WEIGHT_BYTES`` of weights (the Loop keeps a copy of
+    the carried weights and moments; a step over more weights outlasts the
+    call it saves); on a GPU when a step computes at least
+    ``LOOP_MIN_STEP_MACS`` multiply-adds (batch rows times weights), else one
+    call per batch: on the CPU the Loop is faster for every small model
+    measured (``doc/benchmarks.rst``). With the
     Loop, a Ctrl-C stops training at the end of the epoch.
 
     Examples
@@ -217,9 +226,13 @@ class TrainingEngine:
         self._model = model
         inits = {i.name: i for i in model.graph.initializer}
         self._initial = {n: numpy_helper.to_array(inits[n]) for n in self.trainable}
+        # The graphs built from the model need only the weights' names, shapes and
+        # types: a copy of their values would stay alive for the whole training.
+        _strip_weights(model, self.trainable)
         self._session_options = session_options or default_session_options(
             self._device, (batch_size or DEFAULT_BATCH_ROWS) * sum(
-                w.size for w in self._initial.values()), deterministic)
+                w.size for w in self._initial.values()), deterministic,
+            sum(w.nbytes for w in self._initial.values()))
         self._epoch_loop = epoch_loop
         self._steps = {}  # epoch_loop -> (session, layout, ping-pong buffers)
         self._eval_session = None
@@ -248,6 +261,9 @@ class TrainingEngine:
         if current is None:
             self._current = loop
             self.set_state(self._initial)
+            # From now on only their shapes and dtypes are read (conform_state).
+            self._initial = {n: np.broadcast_to(np.zeros((), v.dtype), v.shape)
+                             for n, v in self._initial.items()}
             return
         weights = _weight_values(current.layout, current.buffers)
         states = _state_values(current.layout, current.buffers)
@@ -288,7 +304,9 @@ class TrainingEngine:
         if self._epoch_loop != "auto":
             return self._epoch_loop
         if self._device.kind == "cpu":
-            return True
+            # A Loop holds its carried weights and moments once more (the body's
+            # outputs); a step over that many weights outlasts the call saved.
+            return sum(w.nbytes for w in self._initial.values()) < ARENA_MAX_WEIGHT_BYTES
         return batch_rows * sum(w.size for w in self._initial.values()) >= LOOP_MIN_STEP_MACS
 
     def set_learning_rate(self, lr: float) -> None:
@@ -595,6 +613,37 @@ class TrainingEngine:
                   for p, d in _state_values(layout, buffers).items()}
         return {"states": states, "step": self.n_steps, "learning_rate": float(self._lr)}
 
+    def take_state(self) -> tuple[dict, dict]:
+        """:meth:`get_state` and :meth:`optimizer_state`, then the engine closed.
+
+        On the CPU the values are views of the live buffers, not copies: the
+        sessions and the other buffers are released instead, so that the end
+        of a fit adds no copy of the weights and moments to its peak memory.
+        The engine cannot train or evaluate afterwards.
+
+        Returns
+        -------
+        tuple of dict
+            ``(weights, optimizer_state)``, as :meth:`get_state` and
+            :meth:`optimizer_state` return them.
+        """
+        _, layout, buffers = self._steps[self._current]
+        copies = {}
+        if buffers.shared:
+            # The live halves themselves: nothing else refers to them once closed.
+            carried = set(layout.weights.values())
+            carried |= {c for d in layout.states.values() for c in d.values()}
+            copies = {c: buffers.host(c) for c in carried}
+        values = _weight_values(layout, buffers, copies)
+        weights = {n: values[n] for n in self.trainable}
+        states = {p: {s: _part(layout, copies, buffers, c, p) for s, c in d.items()}
+                  for p, d in layout.states.items()}
+        state = {"states": states, "step": self.n_steps, "learning_rate": float(self._lr)}
+        self._steps.clear()
+        self._eval_session = self._last_finite = None
+        self._data = (None, None)
+        return weights, state
+
     def load_optimizer_state(self, state: dict) -> None:
         """Continue from an :meth:`optimizer_state` (warm start, checkpoint resume).
 
@@ -683,6 +732,27 @@ def _state_values(layout, buffers: StepBuffers) -> dict:
 
 def _is_state(layout, name: str) -> bool:
     return any(name in d.values() for d in layout.states.values())
+
+
+def _strip_weights(model: onnx.ModelProto, trainable) -> None:
+    """Drop the values of the initializers ``trainable``, keeping names, shapes and types."""
+    wanted = set(trainable)
+    for init in model.graph.initializer:
+        if init.name in wanted:
+            stub = onnx.TensorProto(name=init.name, data_type=init.data_type, dims=init.dims)
+            init.CopyFrom(stub)
+
+
+def _weights_to_inputs(model: onnx.ModelProto, trainable) -> None:
+    """The (stripped) initializers ``trainable`` as graph inputs, in place."""
+    wanted = set(trainable)
+    graph = model.graph
+    weights = [i for i in graph.initializer if i.name in wanted]
+    kept = [i for i in graph.initializer if i.name not in wanted]
+    graph.input.extend(onnx.helper.make_tensor_value_info(i.name, i.data_type, list(i.dims))
+                       for i in weights)
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
 
 
 def _carried_types(model: onnx.ModelProto, carried) -> dict:
