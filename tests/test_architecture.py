@@ -16,7 +16,7 @@ ROOT = Path(ortlearn.__file__).parent
 #: Floor of each package (top-level modules are packages of their own): a module
 #: may import from its own floor or a lower one, never from a higher one.
 FLOORS = {
-    "exceptions": 0, "graph": 0,
+    "exceptions": 0, "graph": 0, "log": 0,
     "autodiff": 1,
     "convert": 2, "loss": 2, "optim": 2, "fileio": 0,
     "training": 3,

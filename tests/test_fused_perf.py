@@ -7,40 +7,42 @@ from onnx import TensorProto
 from sklearn.datasets import make_classification
 
 from ortlearn.estimators import OrtLinearClassifier, OrtMLPRegressor
-from ortlearn.estimators._objective import sgd_objective
+from ortlearn.estimators._objective import input_names, sgd_objective
 from ortlearn.optim import SGD, Adam
 from ortlearn.training import Batches, TrainingEngine, default_session_options
 from ortlearn.training.device import Device
 from ortlearn.training.fused import build_fused_step
 
 
-def _mlp_engine(optimizer, loop):
+def _mlp_loss():
+    """The weighted loss graph of a small MLP, its weights, data inputs and data."""
     rs = np.random.RandomState(0)
     X = rs.randn(60, 4)
     y = X @ rs.randn(4) + 0.1 * rs.randn(60)
-    # partial_fit keeps its engine (fit releases it)
     est = OrtMLPRegressor(hidden_layer_sizes=(5,), random_state=0).partial_fit(
         X, y, sample_weight=np.ones(60))
-    engine = est._runtime.engine
-    model, trainable = engine._model, engine.trainable
-    arrays = [X, y.reshape(-1, 1), np.ones(60)]
-    return TrainingEngine(model, trainable, optimizer, input_names=engine.input_names,
+    model, trainable = est._loss_model(weighted=True)
+    return model, trainable, input_names(True), [X, y.reshape(-1, 1), np.ones(60)]
+
+
+def _mlp_engine(optimizer, loop):
+    model, trainable, names, arrays = _mlp_loss()
+    return TrainingEngine(model, trainable, optimizer, input_names=names,
                           epoch_loop=loop), arrays
 
 
 def test_stateful_optimizers_keep_weights_and_state_in_flat_buffers():
-    engine, _ = _mlp_engine(Adam(), False)
-    model, layout = build_fused_step(engine._model, engine.trainable, engine.input_names,
-                                     Adam())
+    loss, trainable, names, _ = _mlp_loss()
+    model, layout = build_fused_step(loss, trainable, names, Adam())
     # one buffer for the 4 weights of the MLP, one per moment; no weight is an input
-    assert len({layout.weights[p] for p in engine.trainable}) == 1
-    assert len({layout.states[p]["exp_avg"] for p in engine.trainable}) == 1
-    assert not {i.name for i in model.graph.input} & set(engine.trainable)
+    assert len({layout.weights[p] for p in trainable}) == 1
+    assert len({layout.states[p]["exp_avg"] for p in trainable}) == 1
+    assert not {i.name for i in model.graph.input} & set(trainable)
     sizes = {p: int(np.prod(s)) for p, (_, s) in layout.offsets.items()}
-    offsets = [layout.offsets[p][0] for p in engine.trainable]
-    assert offsets == list(np.cumsum([0] + [sizes[p] for p in engine.trainable])[:-1])
+    offsets = [layout.offsets[p][0] for p in trainable]
+    assert offsets == list(np.cumsum([0] + [sizes[p] for p in trainable])[:-1])
     # SGD without momentum has no state: nothing to flatten
-    _, plain = build_fused_step(engine._model, engine.trainable, engine.input_names, SGD())
+    _, plain = build_fused_step(loss, trainable, names, SGD())
     assert plain.offsets == {}
 
 
@@ -114,19 +116,18 @@ SPIN = "session.intra_op.allow_spinning"
 def test_threads_follow_the_work_of_a_step(monkeypatch, batch_size, threads, spinning):
     monkeypatch.delenv("ORTLEARN_ALLOW_SPINNING", raising=False)
     monkeypatch.delenv("ORTLEARN_NUM_THREADS", raising=False)
-    base, _ = _mlp_engine(SGD(), False)
-    engine = TrainingEngine(base._model, base.trainable, SGD(), input_names=base.input_names,
-                            batch_size=batch_size)
+    loss, trainable, names, _ = _mlp_loss()
+    engine = TrainingEngine(loss, trainable, SGD(), input_names=names, batch_size=batch_size)
     options = engine._session_options
     assert options.intra_op_num_threads == threads
     assert options.get_session_config_entry(SPIN) == spinning
 
 
 def test_spinning_can_be_turned_off_and_is_checked(monkeypatch):
-    base, _ = _mlp_engine(SGD(), False)
+    loss, trainable, names, _ = _mlp_loss()
 
     def options():
-        return TrainingEngine(base._model, base.trainable, SGD(), input_names=base.input_names,
+        return TrainingEngine(loss, trainable, SGD(), input_names=names,
                               batch_size=40_000)._session_options
 
     monkeypatch.setenv("ORTLEARN_ALLOW_SPINNING", "0")
@@ -156,7 +157,8 @@ def test_a_random_state_asks_for_reproducible_training(monkeypatch, random_state
     asked = []
     options = engine_module.default_session_options
     monkeypatch.setattr(engine_module, "default_session_options",
-                        lambda device, macs, det=False: asked.append(det) or options(device, macs))
+                        lambda device, macs, det=False, *rest: asked.append(det)
+                        or options(device, macs, det, *rest))
     lbfgs = base_module.minimize_lbfgs
     monkeypatch.setattr(base_module, "minimize_lbfgs",
                         lambda *a, **k: asked.append(k["deterministic"]) or lbfgs(*a, **k))

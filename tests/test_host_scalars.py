@@ -7,6 +7,7 @@ from onnx import TensorProto, helper
 from sklearn.neural_network._stochastic_optimizers import AdamOptimizer
 
 from ortlearn.estimators import OrtMLPRegressor
+from ortlearn.estimators._objective import input_names
 from ortlearn.graph import DEFAULT_OPSET, GraphBuilder, finalize_model
 from ortlearn.optim import SGD, Adam, AdamW
 from ortlearn.training.fused import build_fused_epoch, build_fused_step
@@ -89,8 +90,8 @@ def test_fused_adam_step_gathers_its_scalars(build):
     X = rs.randn(40, 4)
     est = OrtMLPRegressor(hidden_layer_sizes=(5,), random_state=0).partial_fit(
         X, X @ rs.randn(4))
-    engine = est._runtime.engine  # kept by partial_fit
-    model, layout = build(engine._model, engine.trainable, engine.input_names, Adam())
+    loss, trainable = est._loss_model(weighted=False)
+    model, layout = build(loss, trainable, input_names(False), Adam())
     assert layout.scalars == {"lr_t": "fused.scalar.lr_t"}
     assert layout.epoch_inputs == ("fused.order", "fused.starts", "fused.ends", "fused.rows",
                                    "fused.scalar.lr_t")
