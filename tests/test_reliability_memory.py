@@ -54,8 +54,10 @@ print(json.dumps({"overhead": status("VmHWM") - before, "data": X.nbytes + y.nby
 #: without the Loop from ``ARENA_MAX_WEIGHT_BYTES`` of weights, and hands its
 #: buffers to the estimator at the end of a fit instead of copies. What is
 #: left: skl2onnx's copies during the conversion, the ping-pong buffers of
-#: the weights and Adam's moments (6 x), a step's intermediates.
-K = 20
+#: the weights and Adam's moments (6 x), a step's intermediates. The same fit
+#: measured 95 to 103 MB on the development machine and 127 MB in CI's fresh
+#: environment (other library builds, another heap history): K leaves room for it.
+K = 30
 ALLOWANCE = 32 * 2**20
 
 
