@@ -90,9 +90,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--scale", type=float, default=1.0,
                         help="fraction of the data sizes (0.01 for a smoke run)")
     parser.add_argument("--epochs", type=int, default=None,
-                        help="epochs of every epoch workload (default: W1 10, W2 10, W3 50, W5 5)")
+                        help="epochs of every epoch workload (default: W1 10, W2 10, W3 50, W5 5, "
+                             "W14 3, W15 5, W16 5)")
     parser.add_argument("--batch", type=int, default=None,
-                        help="rows per mini-batch of W1-W3 (default: W1 256, W2 256, W3 64)")
+                        help="rows per mini-batch of W1-W3, W14 (mini-batch run), W15, W16 "
+                             "(default: W1 256, W2 256, W3 64, W14 256, W15 200, W16 200)")
     parser.add_argument("--out", default="benchmark_results", help="directory of the results")
     parser.add_argument("--pause", type=float, default=0.5,
                         help="seconds of pause before each timed run")
