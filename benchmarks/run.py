@@ -22,6 +22,11 @@ Workloads (see :mod:`benchmarks.workloads` for what exactly is timed):
   torch eager and ``torch.compile``, milliseconds per step
   (:mod:`benchmarks.ortmodule`; ``--exporter`` is ORTModule's exporter,
   ``--compile-backend`` torch.compile's backend).
+* W10-W16, the scikit-learn families of issue 23 (:mod:`benchmarks.families`): W10
+  multinomial logistic regression, W11 Poisson GLM, W12 Huber, W13 Ridge (whole L-BFGS
+  fits, with the objective's relative gap to scikit-learn's and the time per evaluation),
+  W14 linear SVM by SGD (per sample and mini-batch), W15 Poisson MLP and W16 multilabel
+  MLP (Adam, s/epoch).
 
 Method: the contenders of a workload run interleaved, their order rotated every
 repetition, each after a pause (so the worker threads of the previous library go
@@ -85,9 +90,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--scale", type=float, default=1.0,
                         help="fraction of the data sizes (0.01 for a smoke run)")
     parser.add_argument("--epochs", type=int, default=None,
-                        help="epochs of every epoch workload (default: W1 10, W2 10, W3 50, W5 5)")
+                        help="epochs of every epoch workload (default: W1 10, W2 10, W3 50, W5 5, "
+                             "W14 3, W15 5, W16 5)")
     parser.add_argument("--batch", type=int, default=None,
-                        help="rows per mini-batch of W1-W3 (default: W1 256, W2 256, W3 64)")
+                        help="rows per mini-batch of W1-W3, W14 (mini-batch run), W15, W16 "
+                             "(default: W1 256, W2 256, W3 64, W14 256, W15 200, W16 200)")
     parser.add_argument("--out", default="benchmark_results", help="directory of the results")
     parser.add_argument("--pause", type=float, default=0.5,
                         help="seconds of pause before each timed run")
@@ -180,6 +187,8 @@ def measure(workload, reps: int, pause: float) -> dict:
               "params": workload.params, "sklearn_ref": workload.sklearn_ref,
               "torch_ref": workload.torch_ref, "notes": list(workload.notes),
               "contenders": entries}
+    if workload.gap and workload.sklearn_ref in entries:
+        _quality_gaps(workload, entries, result)
     if workload.device_pair:
         on_device, on_cpu = (entries.get(name, {}) for name in workload.device_pair)
         result["device_to_cpu"] = {
@@ -206,6 +215,25 @@ def measure(workload, reps: int, pause: float) -> dict:
                 f"{name} / {ref}: {report.format_number(pair['ratio'])} "
                 f"(paired {report.format_number(pair['paired'])}){why}")
     return result
+
+
+def _quality_gaps(workload, entries: dict, result: dict) -> None:
+    """Each contender's quality against the scikit-learn reference's (medians), as a note.
+
+    An objective (lower is better, both minimise the same one) gets its relative gap
+    ``(ours - theirs) / |theirs|``; a score its difference ``ours - theirs``.
+    """
+    key = workload.gap
+    ref = entries[workload.sklearn_ref].get("median", {}).get(key)
+    relative = key == "objective"
+    for name, entry in entries.items():
+        value = entry.get("median", {}).get(key)
+        if name == workload.sklearn_ref or value is None or ref is None:
+            continue
+        diff = (value - ref) / abs(ref) if relative and ref else value - ref
+        entry["objective_gap" if relative else "quality_diff"] = diff
+        what = "objective relative gap" if relative else f"{key} difference"
+        result["notes"].append(f"{name} {what} to {workload.sklearn_ref}: {diff:.3g}")
 
 
 def _step_memory(key: str, threads: int) -> dict:

@@ -1,5 +1,6 @@
 """The workloads and their contenders (W6 and W7, torch networks: :mod:`benchmarks.networks`;
-W8 and W9, torch modules through ``ORTModule``: :mod:`benchmarks.ortmodule`).
+W8 and W9, torch modules through ``ORTModule``: :mod:`benchmarks.ortmodule`; W10-W16, the
+scikit-learn families of issue 23: :mod:`benchmarks.families`).
 
 A :class:`Workload` holds the data and a list of :class:`Contender`; calling a
 contender trains once and returns its measurement (a dict): ``time`` in the
@@ -78,6 +79,9 @@ class Workload:
     device_pair: tuple[str, str] | None = None
     #: ``(contender, reference)`` pairs whose ratio is printed under the table
     pairs: list = field(default_factory=list)
+    #: a quality key compared with the scikit-learn reference's (``objective_gap`` /
+    #: ``quality_diff`` under the table): both reach the same objective or score
+    gap: str | None = None
 
 
 class Unavailable(Exception):
@@ -595,6 +599,30 @@ def _ortmodule(key: str):
     return build
 
 
+#: The scikit-learn families of issue 23 (:mod:`benchmarks.families`).
+_FAMILY_WORKLOADS = {
+    "W10": "multinomial logistic regression (5 classes), L-BFGS to tol 1e-4: "
+           "OrtLogisticRegression against LogisticRegression, whole fit.",
+    "W11": "Poisson GLM, L-BFGS: OrtPoissonRegressor against PoissonRegressor, whole fit.",
+    "W12": "Huber regression, L-BFGS-B: OrtHuberRegressor against HuberRegressor, whole fit.",
+    "W13": "Ridge: OrtRidge (L-BFGS) against Ridge (Cholesky), whole fit.",
+    "W14": "linear SVM (hinge) by SGD: OrtSGDClassifier per sample and mini-batch against "
+           "SGDClassifier, s/epoch.",
+    "W15": "MLP regressor with the Poisson loss, Adam: OrtMLPRegressor against "
+           "MLPRegressor, s/epoch.",
+    "W16": "multilabel MLP classifier, Adam: OrtMLPClassifier against MLPClassifier, s/epoch.",
+}
+
+
+def _family(key: str):
+    def build(opts: Options) -> Workload:
+        from benchmarks.families import FAMILY_BUILDERS
+
+        return FAMILY_BUILDERS[key](opts)
+    build.__doc__ = f"{key}: {_FAMILY_WORKLOADS[key]}"
+    return build
+
+
 BUILDERS = {"W1": build_w1, "W2": build_w2, "W3": build_w3, "W4": build_w4, "W5": build_w5,
             "W6": _network("W6"), "W7": _network("W7"), "W8": _ortmodule("W8"),
-            "W9": _ortmodule("W9")}
+            "W9": _ortmodule("W9"), **{key: _family(key) for key in _FAMILY_WORKLOADS}}

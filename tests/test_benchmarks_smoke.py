@@ -231,7 +231,7 @@ def test_options_are_checked():
     args = parse_args(["--workloads", "w8,W9", "--exporter", "dynamo"])
     assert args.workloads == ["W8", "W9"] and args.exporter == "dynamo"
     assert args.compile_backend == "inductor" and parse_args([]).exporter == "auto"
-    for bad in (["--workloads", "W10"], ["--scale", "0"], ["--reps", "0"],
+    for bad in (["--workloads", "W99"], ["--scale", "0"], ["--reps", "0"],
                 ["--device", "tpu"], ["--batch", "0"], ["--exporter", "jit"]):
         with pytest.raises(SystemExit):
             parse_args(bad)
@@ -248,3 +248,93 @@ def test_memory_of_a_fit(smoke):
     assert -1e6 <= memory["overhead_bytes"] < 30e6
     assert memory["peak_rss_during_fit"] >= memory["rss_before_fit"]
     assert "memory: a W2 fit of 1000 rows" in (out / "results.md").read_text()
+
+
+# ---------------------------------------------------------------- issue 23's families
+FAMILIES = {"W10": "s/fit", "W11": "s/fit", "W12": "s/fit", "W13": "s/fit", "W14": "s/epoch",
+            "W15": "s/epoch", "W16": "s/epoch"}
+
+
+@pytest.fixture(scope="module")
+def families(tmp_path_factory):
+    out = tmp_path_factory.mktemp("families")
+    status = main(["--scale", "0.01", "--reps", "1", "--epochs", "2", "--pause", "0",
+                   "--workloads", ",".join(FAMILIES), "--out", str(out)])
+    with open(out / "results.json") as f:
+        return status, json.load(f), (out / "results.md").read_text()
+
+
+def test_family_workloads_run_against_their_counterpart(families):
+    status, result, table = families
+    errors = {f"{k} {n}": c["error"] for k, w in result["workloads"].items()
+              for n, c in w["contenders"].items() if "error" in c}
+    assert errors == {} and status == 0
+    assert list(result["workloads"]) == list(FAMILIES)
+    for key, wl in result["workloads"].items():
+        assert wl["unit"] == FAMILIES[key]
+        libraries = {c["library"] for c in wl["contenders"].values()}
+        assert libraries == {"ortlearn", "sklearn"}, key
+        ref = wl["contenders"][wl["sklearn_ref"]]
+        assert ref["library"] == "sklearn" and ref["ratio_to_sklearn"] == pytest.approx(1.0)
+        for name, c in wl["contenders"].items():
+            assert _finite(c["median"]["time"]) and c["median"]["time"] > 0, (key, name)
+            assert _finite(c["median"][wl["quality"]]), (key, name)
+            assert _finite(c["ratio_to_sklearn"]) and _finite(c["paired_to_sklearn"])
+        assert f"| {key} | {wl['sklearn_ref']} |" in table
+
+
+def test_full_batch_families_reach_the_counterparts_objective(families):
+    """W10-W13: same objective to 1e-6 relative, and the evaluations are counted for both."""
+    _, result, table = families
+    for key in ("W10", "W11", "W12", "W13"):
+        wl = result["workloads"][key]
+        ours = wl["contenders"]["ortlearn_lbfgs"]
+        assert abs(ours["objective_gap"]) < 1e-6, key
+        assert f"{key}: ortlearn_lbfgs objective relative gap to {wl['sklearn_ref']}: " in table
+        for name, c in wl["contenders"].items():
+            med = c["median"]
+            parts = med["setup_s"] + med["scipy_s"] + med["n_evals"] * med.get("eval_ms", 0) / 1e3
+            assert parts == pytest.approx(med["time"], rel=1e-6), (key, name)
+            if name != "sklearn_auto":  # Ridge's Cholesky makes no evaluation
+                assert med["n_evals"] >= med["n_iter"] >= 1 and med["eval_ms"] > 0, (key, name)
+    assert result["workloads"]["W13"]["contenders"]["sklearn_auto"]["median"]["n_evals"] == 0
+
+
+def test_stochastic_families_report_epochs_and_scores(families):
+    """W14-W16: time per epoch over the same epochs, the score's difference under the table."""
+    _, result, table = families
+    w14 = result["workloads"]["W14"]["contenders"]
+    assert set(w14) == {"ortlearn_sgd_per_sample", "ortlearn_sgd_batch256",
+                        "sklearn_sgd_per_sample"}
+    for key in ("W14", "W15", "W16"):
+        wl = result["workloads"][key]
+        for name, c in wl["contenders"].items():
+            assert c["raw"][0]["epochs"] == 2, (key, name)
+            if c["library"] == "ortlearn":
+                assert _finite(c["quality_diff"])
+                assert f"{key}: {name} {wl['quality']} difference to {wl['sklearn_ref']}: " \
+                    in table
+    # the MLPs: same initialisation and batches as scikit-learn, the same score
+    assert abs(result["workloads"]["W15"]["contenders"]["ortlearn_adam"]["quality_diff"]) < 1e-3
+    assert abs(result["workloads"]["W16"]["contenders"]["ortlearn_adam"]["quality_diff"]) < 0.01
+
+
+def test_evaluation_counter_restores_scipy():
+    import scipy.optimize
+
+    from benchmarks.families import _count_evaluations
+
+    original = scipy.optimize.minimize
+    with _count_evaluations() as stats:
+        result = scipy.optimize.minimize(lambda x: ((x - 1.0) ** 2).sum(), [0.0, 0.0],
+                                         method="L-BFGS-B")
+    assert scipy.optimize.minimize is original
+    assert stats["n_evals"] == result.nfev and stats["minimize_s"] >= stats["eval_s"] > 0
+
+
+def test_family_workloads_are_listed_and_selectable():
+    from benchmarks.workloads import BUILDERS
+
+    assert parse_args(["--workloads", "w10,W16"]).workloads == ["W10", "W16"]
+    assert {"W10", "W11", "W12", "W13", "W14", "W15", "W16"} <= set(BUILDERS)
+    assert BUILDERS["W13"].__doc__.startswith("W13: Ridge")
