@@ -29,6 +29,7 @@ _LAZY = {
     "OrtMLPRegressor": "ortlearn.estimators",
     "OrtMLPClassifier": "ortlearn.estimators",
     "OrtPoissonRegressor": "ortlearn.estimators",
+    "OrtQuantileRegressor": "ortlearn.estimators",
     "OrtRidge": "ortlearn.estimators",
     "OrtSGDClassifier": "ortlearn.estimators",
     "OrtSGDRegressor": "ortlearn.estimators",

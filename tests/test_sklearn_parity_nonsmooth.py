@@ -2,7 +2,8 @@
 
 ``OrtLasso`` / ``OrtElasticNet`` (FISTA, the gradient from onnxruntime) and
 ``OrtLinearSVC`` / ``OrtLinearSVR`` (L-BFGS on liblinear's primal, or L-BFGS-B
-on its dual for the non-smooth losses) reach the counterpart's objective
+on its dual for the non-smooth losses) and ``OrtQuantileRegressor`` (smoothing
+continuation and a vertex polish, against HiGHS's linear program) reach the counterpart's objective
 (computed by one numpy formula from each model's fitted attributes) within
 1e-6 relative, take the counterpart's parameters, and pass scikit-learn's
 estimator checks.
@@ -15,20 +16,27 @@ import pytest
 from numpy.testing import assert_array_equal
 from sklearn.datasets import load_breast_cancer, load_diabetes, load_iris, make_regression
 from sklearn.exceptions import ConvergenceWarning
-from sklearn.linear_model import ElasticNet, Lasso
+from sklearn.linear_model import ElasticNet, Lasso, QuantileRegressor
 from sklearn.preprocessing import StandardScaler
 from sklearn.svm import LinearSVC, LinearSVR
 from sklearn.utils.class_weight import compute_class_weight
 from sklearn.utils.estimator_checks import parametrize_with_checks
 from threadpoolctl import threadpool_limits
 
-from ortlearn.estimators import OrtElasticNet, OrtLasso, OrtLinearSVC, OrtLinearSVR
+from ortlearn.estimators import (
+    OrtElasticNet,
+    OrtLasso,
+    OrtLinearSVC,
+    OrtLinearSVR,
+    OrtQuantileRegressor,
+)
 
 PAIRS = [
     (OrtLasso, Lasso),
     (OrtElasticNet, ElasticNet),
     (OrtLinearSVC, LinearSVC),
     (OrtLinearSVR, LinearSVR),
+    (OrtQuantileRegressor, QuantileRegressor),
 ]
 RTOL = 1e-6
 
@@ -207,11 +215,41 @@ def test_svr_objective(params, weighted):
     assert np.shape(ort.intercept_) == np.shape(sk.intercept_)
 
 
+def _quantile_objective(est, X, y, quantile, alpha, sample_weight):
+    residual = y - X @ est.coef_ - est.intercept_
+    pinball = np.maximum(quantile * residual, (quantile - 1) * residual)
+    return sample_weight @ pinball / sample_weight.sum() + alpha * np.abs(est.coef_).sum()
+
+
+@pytest.mark.parametrize("dataset, params, weighted", [
+    ("diabetes", {"alpha": 0.01}, False),
+    ("diabetes", {"quantile": 0.8, "alpha": 0.1}, True),
+    ("regression_1", {"quantile": 0.3, "alpha": 0.05}, False),
+    ("regression_1", {"alpha": 0.5, "fit_intercept": False}, True),
+])
+def test_quantile_objective(dataset, params, weighted):
+    if dataset == "regression_1":
+        X, y = _data("regression")
+        y = y[:, 0]
+    else:
+        X, y = _data(dataset)
+    sw = np.random.RandomState(0).uniform(0.5, 2.0, len(y)) if weighted else None
+    ort, sk = _fit_both(OrtQuantileRegressor, QuantileRegressor, X, y, sw, **params)
+    weights = np.ones(len(y)) if sw is None else sw
+    args = (X, y, params.get("quantile", 0.5), params["alpha"], weights)
+    _assert_reaches(_quantile_objective(ort, *args), _quantile_objective(sk, *args))
+    assert ort.coef_.shape == sk.coef_.shape
+    assert np.shape(ort.intercept_) == np.shape(sk.intercept_)
+    assert ort.loss_ == pytest.approx(_quantile_objective(ort, *args), rel=1e-12)
+
+
 @pytest.mark.parametrize("est, match", [
     (OrtLinearSVC(penalty="l1", dual=False), "penalty='l1'"),
     (OrtLinearSVC(multi_class="crammer_singer"), "crammer_singer"),
     (OrtLinearSVC(loss="hinge", dual=False), "dual=False"),
     (OrtLinearSVR(dual=False), "dual=False"),
+    (OrtQuantileRegressor(solver="interior-point"), "interior-point"),
+    (OrtQuantileRegressor(solver_options={"presolve": False}), "solver_options"),
 ])
 def test_unsupported_values_raise(est, match):
     X, y = _data("iris")
@@ -238,6 +276,7 @@ def test_to_onnx_predicts_as_predict():
     OrtElasticNet(max_iter=50),
     OrtLinearSVC(max_iter=20),
     OrtLinearSVR(max_iter=20),
+    OrtQuantileRegressor(),
 ])
 def test_sklearn_checks(estimator, check):
     with warnings.catch_warnings():

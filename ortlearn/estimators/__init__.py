@@ -10,6 +10,8 @@
   full-batch L-BFGS (on liblinear's dual for the non-smooth SVM losses);
 - :class:`OrtLasso`, :class:`OrtElasticNet`: the objectives of ``Lasso`` /
   ``ElasticNet``, minimised by a proximal gradient method (FISTA);
+  :class:`OrtQuantileRegressor`: ``QuantileRegressor``'s linear program, by
+  smoothing continuation with L-BFGS-B and a polish of its vertex;
 - :class:`OrtSGDRegressor`, :class:`OrtSGDClassifier`: ``SGDRegressor`` /
   ``SGDClassifier`` with every loss, their updates and parameters;
 - :class:`OrtGradientOptimizer`: trains any ONNX graph that computes its own loss.
@@ -21,6 +23,7 @@ from ._huber import OrtHuberRegressor
 from ._linear import OrtLinearClassifier, OrtLinearRegressor
 from ._logistic import OrtLogisticRegression
 from ._mlp import OrtMLPClassifier, OrtMLPRegressor
+from ._quantile import OrtQuantileRegressor
 from ._ridge import OrtRidge
 from ._sgd import OrtSGDClassifier, OrtSGDRegressor
 from ._svm import OrtLinearSVC, OrtLinearSVR
@@ -40,6 +43,7 @@ __all__ = [
     "OrtMLPClassifier",
     "OrtMLPRegressor",
     "OrtPoissonRegressor",
+    "OrtQuantileRegressor",
     "OrtRidge",
     "OrtSGDClassifier",
     "OrtSGDRegressor",
