@@ -65,6 +65,9 @@ def _data(name):
         elif name == "regression":
             X, y = make_regression(n_samples=300, n_features=40, n_informative=8,
                                    n_targets=2, noise=5.0, random_state=0)
+        elif name == "wide":  # more features than the exact eigenvalue takes: backtracking
+            X, y = make_regression(n_samples=200, n_features=150, n_informative=10,
+                                   noise=5.0, random_state=1)
         _CACHE[name] = (X, y)
     return _CACHE[name]
 
@@ -109,6 +112,7 @@ def _enet_objective(est, X, y, alpha, l1_ratio, sample_weight):
     ("diabetes", {"alpha": 0.003, "positive": True, "tol": 1e-8}, True),
     ("diabetes", {"alpha": 0.01, "fit_intercept": False, "tol": 1e-8}, False),
     ("regression", {"alpha": 0.5, "tol": 1e-8}, True),
+    ("wide", {"alpha": 0.3, "tol": 1e-8}, False),
 ])
 def test_enet_objective(ort_cls, sk_cls, dataset, params, weighted):
     X, y = _data(dataset)
@@ -129,6 +133,18 @@ def test_enet_objective(ort_cls, sk_cls, dataset, params, weighted):
     assert np.all(np.asarray(ort.dual_gap_) <= tol)
     if params.get("tol") == 1e-8:  # converged: the same exact zeros
         assert_array_equal(ort.coef_ == 0, sk.coef_ == 0)
+
+
+def test_enet_backtracking_recovers_a_low_step_estimate(monkeypatch):
+    """One power iteration underestimates L: the backtracking test raises it, same minimum."""
+    from ortlearn.estimators import _coordinate
+
+    monkeypatch.setattr(_coordinate, "_POWER_ITERATIONS", 1)
+    X, y = _data("wide")
+    ort, sk = _fit_both(OrtLasso, Lasso, X, y, alpha=0.3, tol=1e-8, max_iter=100_000)
+    weights = np.ones(len(y))
+    _assert_reaches(_enet_objective(ort, X, y, 0.3, 1.0, weights),
+                    _enet_objective(sk, X, y, 0.3, 1.0, weights))
 
 
 def test_enet_max_iter_warns_and_counts():

@@ -14,7 +14,10 @@ squared error and the L2 term) and its gradient in one call per iteration
 :func:`~ortlearn.estimators._fullbatch.linear_objective`), the host applies
 the soft-thresholding prox of the L1 term, which gives exact zeros. The
 step is ``1 / L`` with ``L`` the largest eigenvalue of ``X^T W X / n`` plus
-the L2 factor. The smooth part is quadratic, so its gradient is affine: the
+the L2 factor: exact up to 64 features; above, estimated from below by a few
+power iterations and raised by a backtracking test (exact for a quadratic:
+the curvature along the step, from the two gradients) that rejects a step
+too long. The smooth part is quadratic, so its gradient is affine: the
 gradient at the extrapolated point is the same combination of the
 gradients at the last two iterates, and each iteration needs ONE evaluation,
 at the iterate, from which scikit-learn's duality gap is computed. The fit
@@ -29,7 +32,6 @@ from numbers import Integral, Real
 
 import numpy as np
 import scipy.linalg
-import scipy.sparse.linalg
 from sklearn.base import MultiOutputMixin, RegressorMixin
 from sklearn.utils._param_validation import Interval, StrOptions
 
@@ -41,25 +43,29 @@ from ._fullbatch import COEF, LABEL, SAMPLE_WEIGHT, BaseOrtFullBatch, linear_obj
 
 __all__ = ["OrtElasticNet", "OrtLasso"]
 
-#: Below this many features the Gram matrix is formed and its top eigenvalue
-#: computed exactly; above, Lanczos on ``v -> X^T W X v``.
-_DENSE_EIGEN_MAX_FEATURES = 512
+#: Up to this many features the Gram matrix (``n p^2`` flops) is formed and its top
+#: eigenvalue computed exactly; above, a few power iterations (``2 n p`` flops each)
+#: estimate it from below and the iterations' backtracking raises it where needed.
+_DENSE_EIGEN_MAX_FEATURES = 64
+_POWER_ITERATIONS = 8
 
 
-def _largest_eigenvalue(X: np.ndarray, sample_weight: np.ndarray) -> float:
-    """Largest eigenvalue of ``X^T diag(sample_weight) X``: the Lipschitz constant's core."""
+def _largest_eigenvalue(X: np.ndarray, sample_weight: np.ndarray) -> tuple[float, bool]:
+    """``(estimate, exact)`` of the largest eigenvalue of ``X^T diag(sample_weight) X``."""
     n_features = X.shape[1]
     if n_features <= _DENSE_EIGEN_MAX_FEATURES:
         gram = X.T @ (sample_weight[:, None] * X)
-        return float(scipy.linalg.eigh(gram, eigvals_only=True,
-                                       subset_by_index=[n_features - 1, n_features - 1])[0])
-    operator = scipy.sparse.linalg.LinearOperator(
-        (n_features, n_features), matvec=lambda v: X.T @ (sample_weight * (X @ v)),
-        dtype=np.float64)
-    # Lanczos' Ritz value approaches from below: a relative margin keeps 1/L a safe step.
-    top = scipy.sparse.linalg.eigsh(operator, k=1, which="LA", tol=1e-8,
-                                    return_eigenvectors=False)[0]
-    return float(top) * (1 + 1e-6)
+        top = scipy.linalg.eigh(gram, eigvals_only=True,
+                                subset_by_index=[n_features - 1, n_features - 1])[0]
+        return float(top), True
+    vector = np.random.RandomState(0).standard_normal(n_features)
+    estimate = 0.0
+    for _ in range(_POWER_ITERATIONS):
+        vector /= np.linalg.norm(vector) or 1.0
+        product = X.T @ (sample_weight * (X @ vector))
+        estimate = float(vector @ product)  # Rayleigh quotient: a lower bound
+        vector = product
+    return estimate, False
 
 
 def _duality_gap(coef, XtR, yy, Xty, alpha, beta, positive):
@@ -276,12 +282,13 @@ class OrtElasticNet(MultiOutputMixin, RegressorMixin, BaseOrtFullBatch):
         Xty = X.T @ weighted_Y
         tol = self.tol * yy
         max_iter = 1000 if self.max_iter is None else self.max_iter
-        lipschitz = _largest_eigenvalue(X, sample_weight) / n_samples + l2
+        top, exact = _largest_eigenvalue(X, sample_weight)
         # A zero Lipschitz constant (X constant, no L2): the smooth part is flat, any step.
-        step = 1.0 / lipschitz if lipschitz > 0 else 1.0
-        threshold = step * l1
+        lipschitz = top / n_samples + l2 or 1.0
+        eps = np.finfo(np.float64).eps
 
-        def prox(v):
+        def prox(v, step):
+            threshold = step * l1
             if self.positive:
                 return np.maximum(v - threshold, 0.0)
             return np.sign(v) * np.maximum(np.abs(v) - threshold, 0.0)
@@ -302,9 +309,25 @@ class OrtElasticNet(MultiOutputMixin, RegressorMixin, BaseOrtFullBatch):
         iteration = 0
         while active.any() and iteration < max_iter:
             iteration += 1
-            new = prox(point - step * point_grad)
+            new = prox(point - point_grad / lipschitz, 1.0 / lipschitz)
             new[:, ~active] = coef[:, ~active]  # converged targets stay where they stopped
             loss, new_grad, new_gap = evaluate(new)
+            if not exact:
+                # Backtracking, exact for a quadratic: the curvature along the step is
+                # (g(new) - g(point)) . d / d . d; above the step's 1/L the descent lemma
+                # fails: the step is rejected and L raised (a rounding margin keeps tiny
+                # steps from being rejected for noise).
+                step = new - point
+                length2 = float(np.einsum("jk,jk->", step, step))
+                change = new_grad - point_grad
+                curvature = float(np.einsum("jk,jk->", change, step))
+                noise = 1e3 * eps * np.sqrt(length2) * (np.linalg.norm(new_grad)
+                                                        + np.linalg.norm(point_grad))
+                if curvature - lipschitz * length2 > 1e-6 * lipschitz * length2 + noise:
+                    lipschitz = max(2 * lipschitz, curvature / length2)
+                    point, point_grad, momentum_t = coef, grad, np.ones(n_targets)
+                    n_iter[active] = iteration
+                    continue
             # Restart where the momentum points uphill (gradient scheme).
             restart = np.einsum("jk,jk->k", point - new, new - coef) > 0
             momentum_t = np.where(restart, 1.0, momentum_t)
