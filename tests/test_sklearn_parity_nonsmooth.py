@@ -212,6 +212,19 @@ def test_svc_objective(dataset, params, weighted):
     assert np.mean(ort.predict(X) == sk.predict(X)) >= 0.98
 
 
+@pytest.mark.parametrize("dataset", ["breast_cancer", "iris"])
+def test_svc_hinge_reaches_the_converged_minimum(dataset):
+    """The dual + polish reach the minimum liblinear reaches only with a tight tol (1e-10)."""
+    X, y = _data(dataset)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        sk = LinearSVC(loss="hinge", tol=1e-10, max_iter=300_000, random_state=0).fit(X, y)
+    ort = OrtLinearSVC(loss="hinge").fit(X, y)
+    args = (X, y, 1.0, "hinge", None, 1.0, np.ones(len(y)))
+    ours, theirs = _svc_objective(ort, *args), _svc_objective(sk, *args)
+    assert abs(ours - theirs) / theirs <= RTOL, (ours, theirs)
+
+
 @pytest.mark.parametrize("params, weighted", [
     ({}, False),
     ({"epsilon": 5.0, "C": 10.0}, True),

@@ -146,9 +146,10 @@ def _polish(X, Y, cost, coef, epsilon):
             beyond = gap < -band if epsilon is None else gap > band
             w0 = A[beyond].T @ (bound_sign[beyond] * c[beyond])
             if on.any():
+                # The least-norm correction lies in the row space of A_F (= A_F^T lam):
+                # least squares on the (rows x features) system, not the rows x rows one.
                 A_on = A[on]
-                lam = np.linalg.lstsq(A_on @ A_on.T, target[on] - A_on @ w0, rcond=None)[0]
-                candidate = w0 + A_on.T @ lam
+                candidate = w0 + np.linalg.lstsq(A_on, target[on] - A_on @ w0, rcond=None)[0]
             else:
                 candidate = w0
             value = _primal_value(X, Y[:, [k]], cost[:, [k]], candidate[:, None], epsilon)[0]
