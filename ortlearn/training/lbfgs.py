@@ -98,8 +98,9 @@ loss_output, session_options, deterministic
     -------
     fun : callable
         ``fun(flat) -> (loss, gradient)`` on the float64 vector of the
-        trainable weights flattened in ``trainable``'s order (gradient of the
-        same shape); ``fun.unflatten(flat)`` gives the dict of weights.
+        trainable weights, each flattened, one after the other (the gradient
+        is laid out the same); ``fun.unflatten(flat)`` gives the dict of
+        weights, name -> array in the graph's dtype.
     x0 : numpy.ndarray
         The initial weights, flattened.
 
