@@ -5,32 +5,45 @@
   with the objectives of ``SGDRegressor`` / ``SGDClassifier(loss='log_loss')``;
 - :class:`OrtLogisticRegression`, :class:`OrtRidge`, :class:`OrtPoissonRegressor`,
   :class:`OrtGammaRegressor`, :class:`OrtTweedieRegressor`,
-  :class:`OrtHuberRegressor`: the objectives of their scikit-learn namesakes,
-  minimised with ortlearn's full-batch L-BFGS;
+  :class:`OrtHuberRegressor`, :class:`OrtLinearSVC`, :class:`OrtLinearSVR`: the
+  objectives of their scikit-learn namesakes, minimised with ortlearn's
+  full-batch L-BFGS (on liblinear's dual for the non-smooth SVM losses);
+- :class:`OrtLasso`, :class:`OrtElasticNet`: the objectives of ``Lasso`` /
+  ``ElasticNet``, minimised by a proximal gradient method (FISTA);
+  :class:`OrtQuantileRegressor`: ``QuantileRegressor``'s linear program, by
+  smoothing continuation with L-BFGS-B and a polish of its vertex;
 - :class:`OrtSGDRegressor`, :class:`OrtSGDClassifier`: ``SGDRegressor`` /
   ``SGDClassifier`` with every loss, their updates and parameters;
 - :class:`OrtGradientOptimizer`: trains any ONNX graph that computes its own loss.
 """
 
+from ._coordinate import OrtElasticNet, OrtLasso
 from ._glm import OrtGammaRegressor, OrtPoissonRegressor, OrtTweedieRegressor
 from ._huber import OrtHuberRegressor
 from ._linear import OrtLinearClassifier, OrtLinearRegressor
 from ._logistic import OrtLogisticRegression
 from ._mlp import OrtMLPClassifier, OrtMLPRegressor
+from ._quantile import OrtQuantileRegressor
 from ._ridge import OrtRidge
 from ._sgd import OrtSGDClassifier, OrtSGDRegressor
+from ._svm import OrtLinearSVC, OrtLinearSVR
 from .gradient_optimizer import OrtGradientOptimizer
 
 __all__ = [
+    "OrtElasticNet",
     "OrtGammaRegressor",
     "OrtGradientOptimizer",
     "OrtHuberRegressor",
+    "OrtLasso",
     "OrtLinearClassifier",
     "OrtLinearRegressor",
+    "OrtLinearSVC",
+    "OrtLinearSVR",
     "OrtLogisticRegression",
     "OrtMLPClassifier",
     "OrtMLPRegressor",
     "OrtPoissonRegressor",
+    "OrtQuantileRegressor",
     "OrtRidge",
     "OrtSGDClassifier",
     "OrtSGDRegressor",

@@ -5,7 +5,8 @@
   weights, optimizer state and data resident on the device (what the
   estimators run); its graphs come from :mod:`~ortlearn.training.fused`.
 - :func:`minimize_lbfgs`: full-batch L-BFGS, scipy driving, onnxruntime
-  evaluating the loss and its gradients.
+  evaluating the loss and its gradients (:func:`loss_and_gradient`, the
+  evaluator alone, for solvers driven on the host).
 - :class:`TrainingSession`: runs the training, eval and optimizer models of
   ``ortlearn.artifacts.generate_artifacts`` (what ``ortlearn.api`` runs).
 - :class:`CheckpointState`: parameters, optimizer state and properties,
@@ -33,7 +34,7 @@ from .device import (
     parse_device,
 )
 from .engine import TrainingEngine
-from .lbfgs import minimize_lbfgs
+from .lbfgs import loss_and_gradient, minimize_lbfgs
 from .session import TrainingSession
 
 __all__ = [
@@ -46,6 +47,7 @@ __all__ = [
     "cuda_available",
     "default_session_options",
     "host_copy",
+    "loss_and_gradient",
     "make_session",
     "make_session_options",
     "minimize_lbfgs",

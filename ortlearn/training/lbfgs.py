@@ -27,7 +27,7 @@ from .checks import (
 )
 from .device import make_session, make_session_options, parse_device
 
-__all__ = ["minimize_lbfgs"]
+__all__ = ["loss_and_gradient", "minimize_lbfgs"]
 
 #: scikit-learn's ``ftol`` for L-BFGS: a bit above float64's machine precision.
 _FTOL = 64 * np.finfo(float).eps
@@ -76,6 +76,55 @@ class _LossAndGradient:
         if loss < self.best_loss and np.isfinite(grad).all():
             self.best_loss, self.best_x = loss, flat.copy()
         return loss, grad
+
+
+def loss_and_gradient(loss_model, trainable, initial_weights, arrays, input_names=None,
+                      device="cpu", loss_output="loss", session_options=None,
+                      deterministic=False):
+    """The loss and gradient evaluator of a graph on fixed data, for a host-side solver.
+
+    What :func:`minimize_lbfgs` gives scipy, for the solvers that drive the
+    iterations themselves (the proximal gradient of ``OrtLasso``): the
+    gradient graph of :func:`ortlearn.autodiff.build_gradient`, the data put
+    on the device once, one onnxruntime call per evaluation.
+
+    Parameters
+    ----------
+    loss_model, trainable, initial_weights, arrays, input_names, device, \
+loss_output, session_options, deterministic
+        As in :func:`minimize_lbfgs`.
+
+    Returns
+    -------
+    fun : callable
+        ``fun(flat) -> (loss, gradient)`` on the float64 vector of the
+        trainable weights, each flattened, one after the other (the gradient
+        is laid out the same); ``fun.unflatten(flat)`` gives the dict of
+        weights, name -> array in the graph's dtype.
+    x0 : numpy.ndarray
+        The initial weights, flattened.
+
+    Raises
+    ------
+    ValueError
+        Unknown weights or inputs, a missing loss output, a bad
+        ``initial_weights``.
+    """
+    model = load_model(loss_model)
+    check_loss_output(model, loss_output)
+    trainable = check_trainable(model, trainable)
+    input_names = check_input_names(model, input_names)
+    check_class_labels(class_label_marks(model), dict(zip(input_names, arrays)),
+                       "the training data")
+    weights = initializers_to_inputs(model, trainable)
+    if initial_weights:
+        weights.update(conform_state(dict(initial_weights), weights, partial=True))
+    grad_model = build_gradient(model, wrt=trainable, loss_output=loss_output)
+    if session_options is None and deterministic and parse_device(device).kind != "cpu":
+        session_options = make_session_options(deterministic=True)
+    fun = _LossAndGradient(grad_model, weights, arrays, input_names, device, session_options)
+    x0 = np.concatenate([w.astype(np.float64).ravel() for w in weights.values()])
+    return fun, x0
 
 
 def minimize_lbfgs(loss_model, trainable, initial_weights, arrays, input_names=None,
@@ -155,20 +204,10 @@ def minimize_lbfgs(loss_model, trainable, initial_weights, arrays, input_names=N
         Unknown weights or inputs, a missing loss output, a bad
         ``initial_weights``.
     """
-    model = load_model(loss_model)
-    check_loss_output(model, loss_output)
-    trainable = check_trainable(model, trainable)
-    input_names = check_input_names(model, input_names)
-    check_class_labels(class_label_marks(model), dict(zip(input_names, arrays)),
-                       "the training data")
-    weights = initializers_to_inputs(model, trainable)
-    if initial_weights:
-        weights.update(conform_state(dict(initial_weights), weights, partial=True))
-    grad_model = build_gradient(model, wrt=trainable, loss_output=loss_output)
-    if session_options is None and deterministic and parse_device(device).kind != "cpu":
-        session_options = make_session_options(deterministic=True)
-    fun = _LossAndGradient(grad_model, weights, arrays, input_names, device, session_options)
-    x0 = np.concatenate([w.astype(np.float64).ravel() for w in weights.values()])
+    fun, x0 = loss_and_gradient(loss_model, trainable, initial_weights, arrays, input_names,
+                                device=device, loss_output=loss_output,
+                                session_options=session_options, deterministic=deterministic)
+    weights = fun.unflatten(x0)
     options = {"maxiter": max_iter, "maxfun": max_fun, "maxls": maxls, "gtol": tol,
                "ftol": ftol}
     box = _flat_bounds(bounds, weights) if bounds else None

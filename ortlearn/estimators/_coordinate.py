@@ -1,0 +1,434 @@
+"""Lasso and elastic net trained with a proximal gradient: ``OrtLasso``, ``OrtElasticNet``.
+
+The objective of :class:`sklearn.linear_model.ElasticNet` (``Lasso`` is
+``l1_ratio=1``), with the sample weights ``w`` rescaled to sum to
+``n_samples`` as scikit-learn does::
+
+    1 / (2 n) * sum_i w_i (y_i - x_i . coef - intercept)^2
+    + alpha * l1_ratio * ||coef||_1 + alpha * (1 - l1_ratio) / 2 * ||coef||^2
+
+scikit-learn runs coordinate descent; here FISTA with adaptive restart
+(O'Donoghue & Candes, 2015): onnxruntime evaluates the smooth part (the
+squared error and the L2 term) and its gradient in one call per iteration
+(:func:`ortlearn.training.loss_and_gradient`, on the float64 graph of
+:func:`~ortlearn.estimators._fullbatch.linear_objective`), the host applies
+the soft-thresholding prox of the L1 term, which gives exact zeros. The
+step is ``1 / L`` with ``L`` the largest eigenvalue of ``X^T W X / n`` plus
+the L2 factor: exact up to 64 features; above, estimated from below by a few
+power iterations and raised by a backtracking test (exact for a quadratic:
+the curvature along the step, from the two gradients) that rejects a step
+too long. The smooth part is quadratic, so its gradient is affine: the
+gradient at the extrapolated point is the same combination of the
+gradients at the last two iterates, and each iteration needs ONE evaluation,
+at the iterate, from which scikit-learn's duality gap is computed. The fit
+stops when that gap is below ``tol * ||y||^2 / n`` (``tol`` of
+scikit-learn's coordinate descent) or after ``max_iter`` iterations.
+"""
+
+from __future__ import annotations
+
+import warnings
+from numbers import Integral, Real
+
+import numpy as np
+import scipy.linalg
+from sklearn.base import MultiOutputMixin, RegressorMixin
+from sklearn.utils._param_validation import Interval, StrOptions
+
+from ..exceptions import ConvergenceWarning
+from ..log import user_stacklevel
+from ..loss import elementwise_loss
+from ..training import loss_and_gradient
+from ._fullbatch import COEF, LABEL, SAMPLE_WEIGHT, BaseOrtFullBatch, linear_objective
+
+__all__ = ["OrtElasticNet", "OrtLasso"]
+
+#: Up to this many features the Gram matrix (``n p^2`` flops) is formed and its top
+#: eigenvalue computed exactly; above, a few power iterations (``2 n p`` flops each)
+#: estimate it from below and the iterations' backtracking raises it where needed.
+_DENSE_EIGEN_MAX_FEATURES = 64
+_POWER_ITERATIONS = 8
+
+
+def _largest_eigenvalue(X: np.ndarray, sample_weight: np.ndarray) -> tuple[float, bool]:
+    """``(estimate, exact)`` of the largest eigenvalue of ``X^T diag(sample_weight) X``."""
+    n_features = X.shape[1]
+    if n_features <= _DENSE_EIGEN_MAX_FEATURES:
+        gram = X.T @ (sample_weight[:, None] * X)
+        top = scipy.linalg.eigh(gram, eigvals_only=True,
+                                subset_by_index=[n_features - 1, n_features - 1])[0]
+        return float(top), True
+    vector = np.random.RandomState(0).standard_normal(n_features)
+    estimate = 0.0
+    for _ in range(_POWER_ITERATIONS):
+        vector /= np.linalg.norm(vector) or 1.0
+        product = X.T @ (sample_weight * (X @ vector))
+        estimate = float(vector @ product)  # Rayleigh quotient: a lower bound
+        vector = product
+    return estimate, False
+
+
+def _duality_gap(coef, XtR, yy, Xty, alpha, beta, positive):
+    """scikit-learn's duality gap of each target (``_cd_fast.gap_enet``), in its units.
+
+    ``coef`` (n_features, k) on the centred, weighted problem; ``XtR`` the
+    columns of ``X^T W (y - X coef)``; ``yy`` and ``Xty`` of ``y^T W y`` and
+    ``X^T W y``; ``alpha = n alpha l1_ratio`` and ``beta = n alpha (1 -
+    l1_ratio)`` (the objective multiplied by ``n``).
+    """
+    Ry = yy - np.einsum("jk,jk->k", coef, Xty)
+    R_norm2 = Ry - np.einsum("jk,jk->k", coef, XtR)
+    w_l2 = np.einsum("jk,jk->k", coef, coef)
+    if alpha == 0:
+        xtr_norm2 = np.einsum("jk,jk->k", XtR, XtR)
+        if beta == 0:  # least squares: the first-order condition, as scikit-learn
+            return xtr_norm2
+        return R_norm2 + 0.5 * beta * w_l2 - Ry + xtr_norm2 / (2 * beta)
+    XtA = XtR - beta * coef
+    dual_norm = XtA.max(axis=0) if positive else np.abs(XtA).max(axis=0)
+    primal = 0.5 * (R_norm2 + beta * w_l2) + alpha * np.abs(coef).sum(axis=0)
+    scale = np.where(dual_norm > alpha, alpha / np.maximum(dual_norm, np.finfo(float).tiny),
+                     1.0)
+    dual = -0.5 * scale ** 2 * (R_norm2 + beta * w_l2) + scale * Ry
+    return primal - dual
+
+
+class OrtElasticNet(MultiOutputMixin, RegressorMixin, BaseOrtFullBatch):
+    """Linear regression with L1 and L2 penalties, trained by a proximal gradient method.
+
+    Minimises the objective of :class:`sklearn.linear_model.ElasticNet`::
+
+        1 / (2 n_samples) * ||y - X coef - intercept||^2_w
+        + alpha * l1_ratio * ||coef||_1 + alpha * (1 - l1_ratio) / 2 * ||coef||^2
+
+    with FISTA and adaptive restart: onnxruntime computes the smooth part's
+    gradient (one call per iteration), the host soft-thresholds (exact
+    zeros). The fit stops on scikit-learn's duality gap, so ``tol`` and
+    ``dual_gap_`` mean what they mean there; ``max_iter`` counts FISTA
+    iterations (scikit-learn: coordinate-descent epochs). Several targets are
+    independent problems, solved together.
+
+    Parameters
+    ----------
+    alpha : float, default=1.0
+        Strength of the penalty.
+    l1_ratio : float, default=0.5
+        Share of the L1 penalty (1: the Lasso, 0: ridge).
+    fit_intercept : bool, default=True
+        Learn an intercept (X and y are centred with their weighted means,
+        as scikit-learn does).
+    precompute : bool or array-like, default=False
+        Accepted, unused (a Gram matrix speeds up coordinate descent only).
+    max_iter : int, default=1000
+        Maximum number of FISTA iterations.
+    copy_X : bool, default=True
+        X is never modified (accepted, as there).
+    tol : float, default=1e-4
+        Stop when the duality gap is below ``tol * ||y||^2 / n_samples``.
+    warm_start : bool, default=False
+        Start from ``coef_`` of the previous fit.
+    positive : bool, default=False
+        Constrain the coefficients to be >= 0.
+    random_state : int, RandomState instance or None, default=None
+        Unused (the order of ``selection='random'``; accepted, as there).
+    selection : {'cyclic', 'random'}, default='cyclic'
+        Accepted, unused: FISTA updates every coefficient at once.
+    device : str, default='cpu'
+        Where onnxruntime evaluates the gradient: ``'cpu'``, ``'cuda'``,
+        ``'cuda:N'``.
+
+    Attributes
+    ----------
+    coef_ : ndarray of shape (n_features,) or (n_targets, n_features)
+    intercept_ : float or ndarray of shape (n_targets,)
+    dual_gap_ : float or ndarray of shape (n_targets,)
+        Duality gap at the end of the fit (divided by ``n_samples``, as there).
+    n_iter_ : int or list of int
+        FISTA iterations each target needed.
+    loss_ : float
+        Smooth part of the objective (squared error and L2 term, all targets).
+    train_losses_ : list of float
+        ``[loss_]``.
+    n_features_in_ : int
+    feature_names_in_ : ndarray of str
+
+    See Also
+    --------
+    sklearn.linear_model.ElasticNet : The scikit-learn estimator.
+    OrtLasso : ``l1_ratio=1``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from ortlearn.estimators import OrtElasticNet
+    >>> rng = np.random.RandomState(0)
+    >>> X = rng.randn(50, 4)
+    >>> y = X @ [2.0, 0.0, -1.0, 0.0] + 0.1 * rng.randn(50)
+    >>> reg = OrtElasticNet(alpha=0.1, l1_ratio=0.9).fit(X, y)
+    >>> reg.coef_.round(2)
+    array([ 1.91, -0.  , -0.86,  0.  ])
+    """
+
+    _parameter_constraints: dict = {
+        "alpha": [Interval(Real, 0, None, closed="left")],
+        "l1_ratio": [Interval(Real, 0, 1, closed="both")],
+        "fit_intercept": ["boolean"],
+        "precompute": ["boolean", "array-like"],
+        "max_iter": [Interval(Integral, 1, None, closed="left"), None],
+        "copy_X": ["boolean"],
+        "tol": [Interval(Real, 0, None, closed="left")],
+        "warm_start": ["boolean"],
+        "positive": ["boolean"],
+        "random_state": ["random_state"],
+        "selection": [StrOptions({"cyclic", "random"})],
+        "device": [str],
+    }
+    _multi_output = True
+
+    def __init__(self, alpha=1.0, *, l1_ratio=0.5, fit_intercept=True, precompute=False,
+                 max_iter=1000, copy_X=True, tol=1e-4, warm_start=False, positive=False,
+                 random_state=None, selection="cyclic", device="cpu"):
+        self.alpha = alpha
+        self.l1_ratio = l1_ratio
+        self.fit_intercept = fit_intercept
+        self.precompute = precompute
+        self.max_iter = max_iter
+        self.copy_X = copy_X
+        self.tol = tol
+        self.warm_start = warm_start
+        self.positive = positive
+        self.random_state = random_state
+        self.selection = selection
+        self.device = device
+
+    def _l1_ratio(self) -> float:
+        return float(self.l1_ratio)
+
+    def fit(self, X, y, sample_weight=None, check_input=True):
+        """Fit the model with FISTA on the whole data set.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+        y : array-like of shape (n_samples,) or (n_samples, n_targets)
+        sample_weight : float or array-like of shape (n_samples,), default=None
+            Rescaled to sum to ``n_samples``, as scikit-learn does.
+        check_input : bool, default=True
+            Accepted (the input is always checked).
+
+        Returns
+        -------
+        self : object
+        """
+        self._validate_params()
+        if np.isscalar(sample_weight):
+            sample_weight = None
+        X, y, sample_weight = self._prepare_fit(X, y, sample_weight)
+        n_samples, n_features = X.shape
+        sample_weight = sample_weight * (n_samples / sample_weight.sum())
+        y = np.asarray(y, dtype=np.float64)
+        Y = y.reshape(n_samples, -1)
+        n_targets = Y.shape[1]
+        if self.fit_intercept:
+            x_mean = np.average(X, axis=0, weights=sample_weight)
+            y_mean = np.average(Y, axis=0, weights=sample_weight)
+            X, Y = X - x_mean, Y - y_mean
+        X, Y = np.ascontiguousarray(X), np.ascontiguousarray(Y)
+        l1_ratio = self._l1_ratio()
+        alpha = float(self.alpha)
+        l1, l2 = alpha * l1_ratio, alpha * (1 - l1_ratio)
+
+        def row_loss(b, raw, label):
+            return elementwise_loss(b, "squared_error", raw, label, np.float64)
+
+        # The smooth part: 1/(2n) sum_i w_i r_i^2 + l2/2 ||coef||^2.
+        model = linear_objective(n_features, n_targets, row_loss, fit_intercept=False,
+                                 data_scale=0.5 / n_samples, l2=0.5 * l2)
+        initial = {}
+        if self.warm_start and hasattr(self, "coef_"):
+            previous = np.atleast_2d(np.asarray(self.coef_, np.float64))
+            if previous.shape == (n_targets, n_features):
+                initial[COEF] = np.ascontiguousarray(previous.T)
+        fun, x0 = loss_and_gradient(model, [COEF], initial, [X, Y, sample_weight],
+                                    ["X", LABEL, SAMPLE_WEIGHT], device=str(self.device))
+        coef, gap, n_iter, loss = self._fista(fun, x0.reshape(n_features, n_targets), X, Y,
+                                              sample_weight, l1, l2)
+        self._weights = {COEF: coef}
+        self.loss_ = float(loss)
+        self.train_losses_ = [self.loss_]
+        intercept = y_mean - x_mean @ coef if self.fit_intercept else np.zeros(n_targets)
+        gap = gap / n_samples
+        if y.ndim == 1:
+            self.coef_ = coef[:, 0].astype(self._dtype)
+            self.intercept_ = float(intercept[0]) if self.fit_intercept else 0.0
+            self.dual_gap_ = float(gap[0])
+            self.n_iter_ = int(n_iter[0])
+        else:
+            self.coef_ = np.ascontiguousarray(coef.T).astype(self._dtype)
+            self.intercept_ = intercept.astype(self._dtype)
+            self.dual_gap_ = gap
+            self.n_iter_ = [int(i) for i in n_iter]
+        return self
+
+    def _fista(self, fun, coef, X, Y, sample_weight, l1, l2):
+        """FISTA with adaptive restart, one column per target, until every gap is small.
+
+        Returns ``(coef, gap, n_iter, loss)``, the gap in scikit-learn's units
+        (multiplied by ``n_samples``).
+        """
+        n_samples, n_targets = X.shape[0], Y.shape[1]
+        weighted_Y = sample_weight[:, None] * Y
+        yy = np.einsum("ik,ik->k", Y, weighted_Y)
+        Xty = X.T @ weighted_Y
+        tol = self.tol * yy
+        max_iter = 1000 if self.max_iter is None else self.max_iter
+        top, exact = _largest_eigenvalue(X, sample_weight)
+        # A zero Lipschitz constant (X constant, no L2): the smooth part is flat, any step.
+        lipschitz = top / n_samples + l2 or 1.0
+        eps = np.finfo(np.float64).eps
+
+        def prox(v, step):
+            threshold = step * l1
+            if self.positive:
+                return np.maximum(v - threshold, 0.0)
+            return np.sign(v) * np.maximum(np.abs(v) - threshold, 0.0)
+
+        def evaluate(w):
+            loss, grad = fun(w.ravel())
+            grad = grad.reshape(w.shape)
+            # grad = -X^T W R / n + l2 coef: scikit-learn's X^T R in its units.
+            XtR = -n_samples * (grad - l2 * w)
+            gap = _duality_gap(w, XtR, yy, Xty, n_samples * l1, n_samples * l2, self.positive)
+            return loss, grad, gap
+
+        loss, grad, gap = evaluate(coef)
+        n_iter = np.zeros(n_targets, dtype=np.int64)
+        active = ~(gap <= tol)
+        momentum_t = np.ones(n_targets)
+        point, point_grad = coef, grad  # the extrapolated point and its gradient
+        iteration = 0
+        while active.any() and iteration < max_iter:
+            iteration += 1
+            new = prox(point - point_grad / lipschitz, 1.0 / lipschitz)
+            new[:, ~active] = coef[:, ~active]  # converged targets stay where they stopped
+            loss, new_grad, new_gap = evaluate(new)
+            if not exact:
+                # Backtracking, exact for a quadratic: the curvature along the step is
+                # (g(new) - g(point)) . d / d . d; above the step's 1/L the descent lemma
+                # fails: the step is rejected and L raised (a rounding margin keeps tiny
+                # steps from being rejected for noise).
+                step = new - point
+                length2 = float(np.einsum("jk,jk->", step, step))
+                change = new_grad - point_grad
+                curvature = float(np.einsum("jk,jk->", change, step))
+                noise = 1e3 * eps * np.sqrt(length2) * (np.linalg.norm(new_grad)
+                                                        + np.linalg.norm(point_grad))
+                if curvature - lipschitz * length2 > 1e-6 * lipschitz * length2 + noise:
+                    lipschitz = max(2 * lipschitz, curvature / length2)
+                    point, point_grad, momentum_t = coef, grad, np.ones(n_targets)
+                    n_iter[active] = iteration
+                    continue
+            # Restart where the momentum points uphill (gradient scheme).
+            restart = np.einsum("jk,jk->k", point - new, new - coef) > 0
+            momentum_t = np.where(restart, 1.0, momentum_t)
+            next_t = (1 + np.sqrt(1 + 4 * momentum_t ** 2)) / 2
+            beta = (momentum_t - 1) / next_t
+            # The gradient is affine in coef: its value at the extrapolated point is the
+            # same combination of the gradients at the two iterates (no second call).
+            point = new + beta * (new - coef)
+            point_grad = new_grad + beta * (new_grad - grad)
+            coef, grad, momentum_t = new, new_grad, next_t
+            gap = np.where(active, new_gap, gap)
+            n_iter[active] = iteration
+            active &= ~(new_gap <= tol)
+        if active.any():
+            warnings.warn(
+                f"Objective did not converge. You might want to increase the number of "
+                f"iterations (max_iter={max_iter}). Duality gap: {gap.max() / n_samples:.3e}, "
+                f"tolerance: {tol.max() / n_samples:.3e}", ConvergenceWarning,
+                stacklevel=user_stacklevel())
+        return coef, gap, n_iter, loss
+
+    def predict(self, X):
+        """Predict with the linear model.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+
+        Returns
+        -------
+        ndarray of shape (n_samples,) or (n_samples, n_targets)
+        """
+        return self._decision(X)
+
+
+class OrtLasso(OrtElasticNet):
+    """Linear regression with an L1 penalty, trained by a proximal gradient method.
+
+    :class:`OrtElasticNet` with ``l1_ratio=1``: the objective of
+    :class:`sklearn.linear_model.Lasso`::
+
+        1 / (2 n_samples) * ||y - X coef - intercept||^2_w + alpha * ||coef||_1
+
+    Parameters
+    ----------
+    alpha : float, default=1.0
+        Strength of the L1 penalty.
+    fit_intercept : bool, default=True
+    precompute : bool or array-like, default=False
+        Accepted, unused.
+    copy_X : bool, default=True
+        Accepted (X is never modified).
+    max_iter : int, default=1000
+        Maximum number of FISTA iterations.
+    tol : float, default=1e-4
+        Stop when the duality gap is below ``tol * ||y||^2 / n_samples``.
+    warm_start : bool, default=False
+    positive : bool, default=False
+    random_state : int, RandomState instance or None, default=None
+        Accepted, unused.
+    selection : {'cyclic', 'random'}, default='cyclic'
+        Accepted, unused.
+    device : str, default='cpu'
+
+    Attributes
+    ----------
+    coef_ : ndarray of shape (n_features,) or (n_targets, n_features)
+    intercept_ : float or ndarray of shape (n_targets,)
+    dual_gap_ : float or ndarray of shape (n_targets,)
+    n_iter_ : int or list of int
+    loss_ : float
+    train_losses_ : list of float
+    n_features_in_ : int
+    feature_names_in_ : ndarray of str
+
+    See Also
+    --------
+    sklearn.linear_model.Lasso : The scikit-learn estimator.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from ortlearn.estimators import OrtLasso
+    >>> rng = np.random.RandomState(0)
+    >>> X = rng.randn(50, 4)
+    >>> y = X @ [2.0, 0.0, -1.0, 0.0] + 0.1 * rng.randn(50)
+    >>> reg = OrtLasso(alpha=0.1).fit(X, y)
+    >>> reg.coef_.round(2)
+    array([ 1.92, -0.  , -0.86,  0.  ])
+    """
+
+    _parameter_constraints: dict = {
+        k: v for k, v in OrtElasticNet._parameter_constraints.items() if k != "l1_ratio"}
+
+    def __init__(self, alpha=1.0, *, fit_intercept=True, precompute=False, copy_X=True,
+                 max_iter=1000, tol=1e-4, warm_start=False, positive=False,
+                 random_state=None, selection="cyclic", device="cpu"):
+        super().__init__(alpha=alpha, l1_ratio=1.0, fit_intercept=fit_intercept,
+                         precompute=precompute, max_iter=max_iter, copy_X=copy_X, tol=tol,
+                         warm_start=warm_start, positive=positive,
+                         random_state=random_state, selection=selection, device=device)
+
+    def _l1_ratio(self) -> float:
+        return 1.0

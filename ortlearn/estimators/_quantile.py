@@ -1,0 +1,310 @@
+"""Quantile regression trained with ortlearn's L-BFGS: ``OrtQuantileRegressor``.
+
+The objective of :class:`sklearn.linear_model.QuantileRegressor`, with
+sample weights ``w``::
+
+    sum_i w_i * pinball_q(y_i - x_i . coef - intercept) / sum_i w_i + alpha * ||coef||_1
+
+scikit-learn solves it as a linear program (HiGHS). Here: ``coef = pos -
+neg`` with ``pos, neg >= 0`` (L-BFGS-B bounds), so the L1 term is linear;
+the pinball loss ``q r + relu(-r)`` has its kink smoothed over a width
+``mu`` (``relu`` becomes quadratic on ``[0, mu]``) and L-BFGS-B minimises
+the smooth objective on onnxruntime's gradient for decreasing ``mu``, each
+stage from the last one's weights. The linear program's minimum lies at a
+vertex: the rows where the residual is zero determine the non-zero
+coefficients and the intercept. A final polish reads that vertex off the
+last stage (rows within a band of zero residual, coefficients above a
+threshold), solves its linear system and keeps it when it lowers the exact
+objective.
+"""
+
+from __future__ import annotations
+
+import warnings
+from numbers import Real
+
+import numpy as np
+from onnx import TensorProto, helper, numpy_helper
+from sklearn.base import RegressorMixin
+from sklearn.utils._param_validation import Interval, StrOptions
+
+from ..exceptions import ConvergenceError, ConvergenceWarning
+from ..graph import GraphBuilder, finalize_model
+from ..graph.model import DEFAULT_OPSET
+from ..log import user_stacklevel
+from ..training import minimize_lbfgs
+from ._fullbatch import INTERCEPT, LABEL, LOSS, SAMPLE_WEIGHT, BaseOrtFullBatch
+
+__all__ = ["OrtQuantileRegressor"]
+
+POS, NEG = "coef_positive", "coef_negative"
+_SOLVERS = {"highs-ds", "highs-ipm", "highs", "interior-point", "revised simplex"}
+#: Smoothing widths, relative to the mean absolute deviation of y.
+_WIDTHS = tuple(10.0 ** -k for k in range(1, 10))
+#: L-BFGS iterations per smoothing stage.
+_STAGE_MAX_ITER = 2000
+_POLISH_BANDS = tuple(10.0 ** -k for k in range(2, 12))
+
+
+def _pinball_objective(n_features, fit_intercept, quantile, alpha, width, data_scale):
+    """Smoothed pinball on ``X @ (pos - neg) + intercept`` plus ``alpha sum(pos + neg)``."""
+    f64 = np.float64
+    b = GraphBuilder(used_names=["X", LABEL, SAMPLE_WEIGHT, POS, NEG, INTERCEPT, LOSS],
+                     prefix="quantile_")
+    coef = b.op("Sub", [POS, NEG])
+    raw = b.op("MatMul", ["X", coef])
+    inits = [numpy_helper.from_array(np.zeros((n_features, 1), f64), POS),
+             numpy_helper.from_array(np.zeros((n_features, 1), f64), NEG)]
+    if fit_intercept:
+        raw = b.op("Add", [raw, INTERCEPT])
+        inits.append(numpy_helper.from_array(np.zeros(1, f64), INTERCEPT))
+    residual = b.op("Sub", [LABEL, raw])
+    # q r + relu(-r), relu smoothed: m = min(relu(z), width), m^2 / (2 width) + relu(z) - m.
+    below = b.op("Relu", [b.op("Neg", [residual])])
+    m = b.op("Min", [below, b.const(width, f64)])
+    smooth = b.op("Add", [b.op("Mul", [b.op("Mul", [m, m]), b.const(0.5 / width, f64)]),
+                          b.op("Sub", [below, m])])
+    rows = b.op("Add", [b.op("Mul", [b.const(quantile, f64), residual]), smooth])
+    weight = b.unsqueeze(SAMPLE_WEIGHT, [1])
+    data = b.reduce("ReduceSum", b.op("Mul", [rows, weight]), keepdims=0)
+    l1 = b.reduce("ReduceSum", b.op("Add", [POS, NEG]), keepdims=0)
+    b.op("Add", [b.op("Mul", [b.const(data_scale, f64), data]),
+                 b.op("Mul", [b.const(alpha, f64), l1])], outputs=[LOSS])
+    graph = helper.make_graph(
+        b.nodes, "quantile",
+        [helper.make_tensor_value_info("X", TensorProto.DOUBLE, ["N", n_features]),
+         helper.make_tensor_value_info(LABEL, TensorProto.DOUBLE, ["N", 1]),
+         helper.make_tensor_value_info(SAMPLE_WEIGHT, TensorProto.DOUBLE, ["N"])],
+        [helper.make_tensor_value_info(LOSS, TensorProto.DOUBLE, [])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", DEFAULT_OPSET)])
+    return finalize_model(model)
+
+
+class OrtQuantileRegressor(RegressorMixin, BaseOrtFullBatch):
+    """Linear quantile regression with an L1 penalty, trained with onnxruntime and L-BFGS-B.
+
+    Minimises the objective of :class:`sklearn.linear_model.QuantileRegressor`::
+
+        sum_i w_i * pinball_q(y_i - x_i . coef - intercept) / sum_i w_i
+        + alpha * ||coef||_1
+
+    (a linear program there) by smoothing continuation: ``coef = pos - neg``
+    with ``pos, neg >= 0``, the pinball loss's kink smoothed over a width
+    that decreases stage by stage (L-BFGS-B on onnxruntime's gradient, each
+    stage warm-started), then a polish that solves the linear system of the
+    vertex the last stage identifies (the rows of zero residual).
+
+    Parameters
+    ----------
+    quantile : float, default=0.5
+        The quantile in (0, 1) the model predicts.
+    alpha : float, default=1.0
+        Strength of the L1 penalty.
+    fit_intercept : bool, default=True
+    solver : {'highs', 'highs-ds', 'highs-ipm', 'revised simplex'}, default='highs'
+        The linear-programming method of scikit-learn; every value trains
+        with ortlearn's method (the same minimum). ``'interior-point'``
+        raises a ``ValueError``, as there with scipy >= 1.11.
+    solver_options : dict, default=None
+        Options of scipy's ``linprog``: only None (a dict raises a ``ValueError``).
+    device : str, default='cpu'
+        Where onnxruntime evaluates the objective: ``'cpu'``, ``'cuda'``,
+        ``'cuda:N'``.
+
+    Attributes
+    ----------
+    coef_ : ndarray of shape (n_features,)
+    intercept_ : float
+    n_iter_ : int
+        L-BFGS iterations, all the stages together.
+    loss_ : float
+        Exact objective at the returned weights.
+    train_losses_ : list of float
+        The smoothed objective at the end of each stage.
+    n_features_in_ : int
+    feature_names_in_ : ndarray of str
+
+    See Also
+    --------
+    sklearn.linear_model.QuantileRegressor : The scikit-learn estimator.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from ortlearn.estimators import OrtQuantileRegressor
+    >>> rng = np.random.RandomState(0)
+    >>> X = rng.randn(100, 2)
+    >>> y = X @ [1.0, -2.0] + rng.randn(100)
+    >>> reg = OrtQuantileRegressor(quantile=0.5, alpha=0.01).fit(X, y)
+    >>> reg.coef_.round(1)
+    array([ 1.2, -2. ])
+    """
+
+    _parameter_constraints: dict = {
+        "quantile": [Interval(Real, 0, 1, closed="neither")],
+        "alpha": [Interval(Real, 0, None, closed="left")],
+        "fit_intercept": ["boolean"],
+        "solver": [StrOptions(_SOLVERS)],
+        "solver_options": [dict, None],
+        "device": [str],
+    }
+
+    def __init__(self, *, quantile=0.5, alpha=1.0, fit_intercept=True, solver="highs",
+                 solver_options=None, device="cpu"):
+        self.quantile = quantile
+        self.alpha = alpha
+        self.fit_intercept = fit_intercept
+        self.solver = solver
+        self.solver_options = solver_options
+        self.device = device
+
+    def _objective(self, X, y, sample_weight, coef, intercept):
+        """The exact (non-smooth) objective of scikit-learn."""
+        residual = y - X @ coef - intercept
+        pinball = np.maximum(self.quantile * residual, (self.quantile - 1) * residual)
+        return (sample_weight @ pinball / sample_weight.sum()
+                + self.alpha * np.abs(coef).sum())
+
+    def fit(self, X, y, sample_weight=None):
+        """Fit the model.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+        y : array-like of shape (n_samples,)
+        sample_weight : array-like of shape (n_samples,), default=None
+
+        Returns
+        -------
+        self : object
+        """
+        self._validate_params()
+        if self.solver == "interior-point":
+            raise ValueError("Solver interior-point is not anymore available in SciPy >= "
+                             "1.11.0.")
+        if self.solver_options is not None:
+            raise ValueError("solver_options (options of scipy's linprog) is not available "
+                             "in OrtQuantileRegressor: it does not run linprog; leave it None.")
+        X, y, sample_weight = self._prepare_fit(X, y, sample_weight)
+        y = np.asarray(y, dtype=np.float64)
+        n_features = X.shape[1]
+        scale = float(np.mean(np.abs(y - np.median(y)))) or 1.0
+        data_scale = 1.0 / sample_weight.sum()
+        trainable = [POS, NEG] + ([INTERCEPT] if self.fit_intercept else [])
+        coef, intercept = np.zeros(n_features), float(np.median(y)) if self.fit_intercept else 0.0
+        weights = {}
+        n_iter, losses = 0, []
+        for width in _WIDTHS:
+            if weights:  # warm start from the last stage's (polished) minimiser
+                weights = {POS: np.maximum(coef, 0)[:, None], NEG: np.maximum(-coef, 0)[:, None],
+                           **({INTERCEPT: np.array([intercept])} if self.fit_intercept else {})}
+            model = _pinball_objective(n_features, self.fit_intercept, float(self.quantile),
+                                       float(self.alpha), width * scale, data_scale)
+            with warnings.catch_warnings():
+                # A stage stopping short (the smoothed kink gets sharp) is no failure: the
+                # next stage and the polish go on from it; the optimality check decides.
+                warnings.simplefilter("ignore", ConvergenceWarning)
+                weights, iterations, loss = minimize_lbfgs(
+                    model, trainable, weights or None, [X, y.reshape(-1, 1), sample_weight],
+                    ["X", LABEL, SAMPLE_WEIGHT], device=str(self.device), loss_output=LOSS,
+                    max_iter=_STAGE_MAX_ITER, tol=0.0,
+                    bounds={POS: (0, None), NEG: (0, None)})
+            n_iter += iterations
+            losses.append(float(loss))
+            coef = (weights[POS] - weights[NEG])[:, 0]
+            intercept = float(weights[INTERCEPT][0]) if self.fit_intercept else 0.0
+            if not (np.isfinite(coef).all() and np.isfinite(intercept)):
+                raise ConvergenceError("L-BFGS diverged: scale the data.")
+            coef, intercept = self._polish(X, y, sample_weight, coef, intercept, scale)
+            if self._is_optimal(X, y, sample_weight, coef, intercept, scale):
+                break
+        self._weights = {POS: np.maximum(coef, 0)[:, None], NEG: np.maximum(-coef, 0)[:, None]}
+        if self.fit_intercept:
+            self._weights[INTERCEPT] = np.array([intercept])
+        self.coef_ = coef.astype(self._dtype)
+        self.intercept_ = intercept
+        self.n_iter_ = n_iter
+        self.loss_ = float(self._objective(X, y, sample_weight, coef, intercept))
+        self.train_losses_ = losses
+        if not self._is_optimal(X, y, sample_weight, coef, intercept, scale):
+            warnings.warn("The smoothing stages ended without a certified minimum of the "
+                          "linear program: the objective may be above its minimum.",
+                          ConvergenceWarning, stacklevel=user_stacklevel())
+        return self
+
+    def _is_optimal(self, X, y, sample_weight, coef, intercept, scale) -> bool:
+        """Whether zero is in the subdifferential of the objective (to rounding).
+
+        The rows of zero residual ``Z`` have a pinball subgradient free in
+        ``[q - 1, q]``, the zero coefficients an L1 one free in ``[-1, 1]``:
+        the least-squares subgradients of ``Z`` that zero the gradient of the
+        intercept and of the non-zero coefficients must lie in their
+        intervals, and leave the zero coefficients' gradients within ``alpha``.
+        """
+        q, total = float(self.quantile), sample_weight.sum()
+        residual = y - X @ coef - intercept
+        zero = np.abs(residual) <= 1e-9 * scale
+        psi = np.where(residual > 0, q, q - 1.0)
+        fixed = X[~zero].T @ (sample_weight[~zero] * psi[~zero])  # (n_features,)
+        active = coef != 0
+        A = (X[zero] * sample_weight[zero, None]).T  # (n_features, |Z|)
+        target = total * self.alpha * np.sign(coef) - fixed
+        rows, goal = [A[active]], [target[active]]
+        if self.fit_intercept:
+            rows.append(sample_weight[zero][None, :])
+            goal.append([-(sample_weight[~zero] @ psi[~zero])])
+        system, goal = np.vstack(rows), np.concatenate(goal)
+        if zero.any():
+            free = np.linalg.lstsq(system, goal, rcond=None)[0]
+        else:
+            free = np.zeros(0)
+        slack = 1e-8 * max(total * max(self.alpha, 1.0), 1.0) * (1 + np.abs(X).max())
+        if np.abs(system @ free - goal).max(initial=0.0) > slack:
+            return False
+        if (free < q - 1 - 1e-8).any() or (free > q + 1e-8).any():
+            return False
+        inactive_gradient = fixed[~active] + A[~active] @ free
+        return bool((np.abs(inactive_gradient) <= total * self.alpha + slack).all())
+
+    def _polish(self, X, y, sample_weight, coef, intercept, scale):
+        """The vertex of the linear program near the smoothed minimiser, if it is better.
+
+        For each band: the rows with ``|residual| <= band * scale`` and the
+        coefficients with ``|coef| > band * max|coef|``; least squares of
+        those rows on those coefficients (and the intercept) gives a
+        candidate; the lowest exact objective wins, the smoothed minimiser
+        included.
+        """
+        best = (coef, intercept)
+        best_value = self._objective(X, y, sample_weight, coef, intercept)
+        residual = y - X @ coef - intercept
+        largest = np.abs(coef).max() if coef.size else 0.0
+        for band in _POLISH_BANDS:
+            rows = np.abs(residual) <= band * scale
+            columns = np.abs(coef) > band * largest
+            if not rows.any():
+                continue
+            A = X[np.ix_(rows, columns)]
+            if self.fit_intercept:
+                A = np.hstack([A, np.ones((A.shape[0], 1))])
+            solution = np.linalg.lstsq(A, y[rows], rcond=None)[0]
+            candidate = np.zeros_like(coef)
+            candidate[columns] = solution[:columns.sum()]
+            candidate_intercept = float(solution[-1]) if self.fit_intercept else 0.0
+            value = self._objective(X, y, sample_weight, candidate, candidate_intercept)
+            if np.isfinite(value) and value < best_value:
+                best, best_value = (candidate, candidate_intercept), value
+        return best
+
+    def predict(self, X):
+        """Predict with the linear model.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+
+        Returns
+        -------
+        ndarray of shape (n_samples,)
+        """
+        return self._decision(X)

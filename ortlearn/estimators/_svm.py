@@ -1,0 +1,567 @@
+"""Linear SVMs trained with ortlearn's L-BFGS: ``OrtLinearSVC``, ``OrtLinearSVR``.
+
+The objectives of liblinear (:class:`sklearn.svm.LinearSVC`,
+:class:`sklearn.svm.LinearSVR`), where the intercept is one more,
+penalised, coefficient on a constant feature ``intercept_scaling``::
+
+    1/2 * ||w~||^2 + sum_i C_i * loss_i(x~_i . w~)
+    x~ = [x, intercept_scaling],  intercept_ = intercept_scaling * w~[-1]
+
+``C_i`` is ``C`` times the sample weight (times the class weight: the
+weight of the row's class for two classes; for more, one-vs-rest problem
+``k`` weighs its positive rows by class ``k``'s weight and its negative rows
+not at all, as liblinear does).
+
+The squared losses (``'squared_hinge'``, ``'squared_epsilon_insensitive'``)
+are smooth: L-BFGS on the primal. The others are not; their liblinear dual is
+a bounded quadratic program, smooth, solved by L-BFGS-B with the gradient
+from onnxruntime:
+
+- hinge: ``min 1/2 ||X~^T (a y)||^2 - sum a``, ``0 <= a_i <= C_i``, ``w~ = X~^T (a y)``
+  (``y`` in {-1, 1});
+- epsilon-insensitive: ``b = p - m``, ``0 <= p_i, m_i <= C_i``,
+  ``min 1/2 ||X~^T b||^2 - y . b + epsilon sum (p + m)``, ``w~ = X~^T b``.
+"""
+
+from __future__ import annotations
+
+from numbers import Integral, Real
+
+import numpy as np
+from onnx import TensorProto, helper, numpy_helper
+from sklearn.base import ClassifierMixin, RegressorMixin
+from sklearn.preprocessing import LabelEncoder
+from sklearn.utils._param_validation import Interval, StrOptions
+from sklearn.utils.class_weight import compute_class_weight
+from sklearn.utils.multiclass import check_classification_targets
+from sklearn.utils.validation import validate_data
+
+from ..exceptions import ConvergenceError
+from ..graph import GraphBuilder, finalize_model
+from ..graph.model import DEFAULT_OPSET
+from ..loss import elementwise_loss
+from ..training import minimize_lbfgs
+from ._fullbatch import COEF, LABEL, LOSS, SAMPLE_WEIGHT, BaseOrtFullBatch, linear_objective
+
+__all__ = ["OrtLinearSVC", "OrtLinearSVR"]
+
+COST, DUAL, DUAL_NEG = "cost", "dual", "dual_negative"
+#: L-BFGS-B's ftol: the counterparts' minimum to float64 precision.
+_FTOL = 64 * np.finfo(float).eps
+#: The dual's projected-gradient tolerance is ``tol`` times this: the primal
+#: objective at ``w~ = X~^T (a y)`` needs a more accurate dual than liblinear's
+#: coordinate descent stops at (its ``tol`` is on another quantity).
+_DUAL_GTOL_FACTOR = 1e-4
+
+
+def _primal_objective(n_features, n_outputs, cost, score, **score_params):
+    """``1/2 ||w~||^2 + sum_ik cost_ik * loss(x~_i . w~_k, y_ik)`` (w~ holds the intercept).
+
+    ``cost`` (N, n_outputs) is an initializer the fit does not train.
+    """
+    def row_loss(b, raw, label):
+        return b.op("Mul", [elementwise_loss(b, score, raw, label, np.float64, **score_params),
+                            COST])
+
+    return linear_objective(n_features, n_outputs, row_loss, fit_intercept=False,
+                            data_scale=1.0, l2=0.5, extra_weights={COST: cost})
+
+
+def _dual_objective(n_features, n_samples, n_outputs, epsilon=None):
+    """liblinear's dual of the hinge (``epsilon=None``) or epsilon-insensitive loss.
+
+    Inputs ``X`` (N, n_features), ``y`` (N, n_outputs): signs in {-1, 1} (hinge)
+    or targets; trained ``dual`` (and ``dual_negative`` for the regression).
+    """
+    f64 = np.float64
+    b = GraphBuilder(used_names=["X", LABEL, DUAL, DUAL_NEG, LOSS], prefix="dual_")
+    inits = [numpy_helper.from_array(np.zeros((n_samples, n_outputs), f64), DUAL)]
+    if epsilon is None:
+        signed = b.op("Mul", [DUAL, LABEL])
+        linear = b.reduce("ReduceSum", DUAL, keepdims=0)
+    else:
+        inits.append(numpy_helper.from_array(np.zeros((n_samples, n_outputs), f64), DUAL_NEG))
+        signed = b.op("Sub", [DUAL, DUAL_NEG])
+        total = b.reduce("ReduceSum", b.op("Add", [DUAL, DUAL_NEG]), keepdims=0)
+        fit = b.reduce("ReduceSum", b.op("Mul", [signed, LABEL]), keepdims=0)
+        linear = b.op("Sub", [fit, b.op("Mul", [b.const(float(epsilon), f64), total])])
+    w = b.op("MatMul", [b.op("Transpose", ["X"], perm=[1, 0]), signed])
+    half = b.op("Mul", [b.const(0.5, f64), b.reduce("ReduceSum", b.op("Mul", [w, w]),
+                                                    keepdims=0)])
+    b.op("Sub", [half, linear], outputs=[LOSS])
+    graph = helper.make_graph(
+        b.nodes, "dual",
+        [helper.make_tensor_value_info("X", TensorProto.DOUBLE, ["N", n_features]),
+         helper.make_tensor_value_info(LABEL, TensorProto.DOUBLE, ["N", n_outputs])],
+        [helper.make_tensor_value_info(LOSS, TensorProto.DOUBLE, [])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", DEFAULT_OPSET)])
+    return finalize_model(model)
+
+
+#: Widths of the band of margins taken as "on the margin" by the polish.
+_POLISH_BANDS = (1e-1, 1e-2, 1e-3, 1e-4, 1e-5, 1e-6, 1e-7)
+#: At most this many polish rounds (each from the partition of the previous one's w~).
+_POLISH_ROUNDS = 20
+
+
+def _primal_value(X, Y, cost, coef, epsilon):
+    """liblinear's primal objective of each column (hinge or epsilon-insensitive)."""
+    raw = X @ coef
+    excess = (np.maximum(0.0, 1.0 - Y * raw) if epsilon is None
+              else np.maximum(0.0, np.abs(Y - raw) - epsilon))
+    return 0.5 * (coef ** 2).sum(axis=0) + (cost * excess).sum(axis=0)
+
+
+def _polish(X, Y, cost, coef, epsilon):
+    """The exact minimiser of the non-smooth primal where L-BFGS-B's dual identified it.
+
+    A first-order method reaches the dual's minimum slowly where it is
+    degenerate (more support vectors on the margin than features). Its
+    approximate ``w~`` tells which rows are on the margin (within a band),
+    beyond it (dual at its bound ``C_i``) or inside it (dual 0); with that
+    partition the optimality conditions are linear (OSQP's polish)::
+
+        w~ = w0 + A_F^T lam,   A_F w~ = t_F
+
+    with ``w0`` the rows at their bound, ``A_F`` the rows on the margin
+    (signed by their label for the hinge) and ``t_F`` their margin (1, or
+    ``y - sign(r) epsilon``). Solved for several band widths; a column keeps
+    the solution with the lowest primal objective, the L-BFGS-B one included.
+    """
+    best = coef.copy()
+    best_value = _primal_value(X, Y, cost, coef, epsilon)
+    for k in range(coef.shape[1]):
+        w, y, c = coef[:, k], Y[:, k], cost[:, k]
+        raw = X @ w
+        if epsilon is None:
+            A, gap, bound_sign = X * y[:, None], y * raw - 1.0, np.ones_like(y)
+            target, beyond = np.ones_like(y), None
+        else:
+            residual = y - raw
+            bound_sign = np.sign(residual)
+            A, gap = X, np.abs(residual) - epsilon
+            target = y - bound_sign * epsilon
+        for band in _POLISH_BANDS:
+            on = np.abs(gap) <= band
+            beyond = gap < -band if epsilon is None else gap > band
+            w0 = A[beyond].T @ (bound_sign[beyond] * c[beyond])
+            if on.any():
+                # The least-norm correction lies in the row space of A_F (= A_F^T lam):
+                # least squares on the (rows x features) system, not the rows x rows one.
+                A_on = A[on]
+                candidate = w0 + np.linalg.lstsq(A_on, target[on] - A_on @ w0, rcond=None)[0]
+            else:
+                candidate = w0
+            value = _primal_value(X, Y[:, [k]], cost[:, [k]], candidate[:, None], epsilon)[0]
+            if np.isfinite(value) and value < best_value[k]:
+                best[:, k], best_value[k] = candidate, value
+    return best
+
+
+class _BaseOrtLinearSVM(BaseOrtFullBatch):
+    """The liblinear objectives on ``x~ = [x, intercept_scaling]`` (not for direct use)."""
+
+    #: (loss name, dual loss name, the score of the primal)
+    _smooth_loss: str
+    _dual_loss: str
+
+    def _augment(self, X):
+        if not self.fit_intercept:
+            return X
+        return np.hstack([X, np.full((X.shape[0], 1), float(self.intercept_scaling))])
+
+    def _check_dual(self):
+        if self.loss == self._dual_loss and self.dual is False:
+            raise ValueError(
+                f"loss={self._dual_loss!r} with dual=False is not supported (as in "
+                f"scikit-learn's liblinear): use dual=True or 'auto'.")
+
+    def _solve(self, X, Y, cost, **score_params):
+        """``w~`` of shape (n_features + fit_intercept, n_outputs) and the iterations."""
+        X = self._augment(X)
+        n_samples, n_features = X.shape
+        n_outputs = Y.shape[1]
+        options = {"max_iter": self.max_iter, "ftol": _FTOL, "maxls": 50,
+                   "device": str(self.device), "verbose": int(self.verbose)}
+        if self.loss == self._dual_loss:
+            epsilon = score_params.get("epsilon")
+            model = _dual_objective(n_features, n_samples, 1, epsilon)
+            trainable = [DUAL] if epsilon is None else [DUAL, DUAL_NEG]
+            # One run per one-vs-rest problem, as liblinear: L-BFGS's curvature pairs of
+            # independent problems mixed in one run slow it down several times.
+            coef, n_iter, loss = np.empty((n_features, n_outputs)), 0, 0.0
+            for k in range(n_outputs):
+                bounds = {name: (0.0, cost[:, [k]]) for name in trainable}
+                weights, iterations, value = minimize_lbfgs(
+                    model, trainable, None, [X, np.ascontiguousarray(Y[:, [k]])],
+                    ["X", LABEL], loss_output=LOSS, bounds=bounds,
+                    tol=self.tol * _DUAL_GTOL_FACTOR, **options)
+                signed = (weights[DUAL][:, 0] * Y[:, k] if epsilon is None
+                          else weights[DUAL][:, 0] - weights[DUAL_NEG][:, 0])
+                coef[:, k] = X.T @ signed
+                n_iter, loss = max(n_iter, iterations), loss + value
+            for _ in range(_POLISH_ROUNDS):  # each round's partition from the last's w~
+                polished = _polish(X, Y, cost, coef, epsilon)
+                if np.array_equal(polished, coef):
+                    break
+                coef = polished
+        else:
+            model = _primal_objective(n_features, n_outputs, cost, self._smooth_loss,
+                                      **score_params)
+            weights, n_iter, loss = minimize_lbfgs(
+                model, [COEF], None, [X, Y, np.ones(n_samples)], ["X", LABEL, SAMPLE_WEIGHT],
+                loss_output=LOSS, tol=self.tol, **options)
+            coef = weights[COEF]
+        if not (np.isfinite(loss) and np.isfinite(coef).all()):
+            raise ConvergenceError(f"L-BFGS diverged: the loss is {loss}. Scale the data or "
+                                   "decrease C.")
+        self._weights = {COEF: coef}
+        self.loss_ = float(loss)
+        self.train_losses_ = [self.loss_]
+        self.n_iter_ = int(n_iter)
+        if self.fit_intercept:
+            return coef[:-1].T, float(self.intercept_scaling) * coef[-1]
+        return coef.T, 0.0  # scikit-learn's intercept_ without fit_intercept
+
+
+class OrtLinearSVC(ClassifierMixin, _BaseOrtLinearSVM):
+    """Linear support vector classification (one-vs-rest) trained with onnxruntime and L-BFGS.
+
+    Minimises liblinear's objective of :class:`sklearn.svm.LinearSVC`, one
+    binary problem per class (one for two classes)::
+
+        1/2 * (||coef_k||^2 + (intercept_k / intercept_scaling)^2)
+        + sum_i C_ik * loss(s_ik * (x_i . coef_k + intercept_k))
+
+    with ``s_ik = +1`` for the rows of class ``k``, ``-1`` otherwise. The
+    intercept is penalised, as there. ``'squared_hinge'`` (smooth): L-BFGS on
+    this objective; ``'hinge'``: L-BFGS-B on liblinear's dual (a bounded
+    quadratic program), the gradient from onnxruntime. All classes are solved
+    in one graph.
+
+    Parameters
+    ----------
+    penalty : {'l2'}, default='l2'
+        ``'l1'`` raises a ``ValueError`` (non-smooth primal).
+    loss : {'squared_hinge', 'hinge'}, default='squared_hinge'
+    dual : 'auto' or bool, default='auto'
+        ``'squared_hinge'`` is solved in the primal whatever its value (same
+        minimum); ``'hinge'`` in the dual (``dual=False`` raises, as there).
+    tol : float, default=1e-4
+        ``gtol`` of L-BFGS-B (the primal's largest projected gradient
+        component); the dual's is ``tol * 1e-4``.
+    C : float, default=1.0
+        Weight of the losses.
+    multi_class : {'ovr'}, default='ovr'
+        ``'crammer_singer'`` raises a ``ValueError``.
+    fit_intercept : bool, default=True
+    intercept_scaling : float, default=1
+        Value of the constant feature whose (penalised) coefficient gives the
+        intercept.
+    class_weight : dict, 'balanced' or None, default=None
+        Multiplies ``C`` for the rows of a class (positive rows only in a
+        one-vs-rest problem, as liblinear).
+    verbose : int, default=0
+        > 0 prints the loss after each L-BFGS iteration.
+    random_state : int, RandomState instance or None, default=None
+        Unused (accepted, as there: the order of liblinear's coordinate descent).
+    max_iter : int, default=1000
+        Maximum number of L-BFGS iterations.
+    device : str, default='cpu'
+        Where onnxruntime evaluates the objective: ``'cpu'``, ``'cuda'``,
+        ``'cuda:N'``.
+
+    Attributes
+    ----------
+    classes_ : ndarray of shape (n_classes,)
+    coef_ : ndarray of shape (1, n_features) or (n_classes, n_features)
+    intercept_ : ndarray of shape (1,) or (n_classes,)
+    n_iter_ : int
+        L-BFGS iterations run (all classes together).
+    loss_ : float
+        Objective (primal, or dual for ``'hinge'``) at the returned weights.
+    train_losses_ : list of float
+        ``[loss_]``.
+    n_features_in_ : int
+    feature_names_in_ : ndarray of str
+
+    See Also
+    --------
+    sklearn.svm.LinearSVC : The scikit-learn estimator.
+
+    Examples
+    --------
+    >>> from sklearn.datasets import load_iris
+    >>> from ortlearn.estimators import OrtLinearSVC
+    >>> X, y = load_iris(return_X_y=True)
+    >>> clf = OrtLinearSVC().fit(X, y)
+    >>> clf.predict(X[:2])
+    array([0, 0])
+    >>> round(clf.score(X, y), 2)
+    0.97
+    """
+
+    _parameter_constraints: dict = {
+        "penalty": [StrOptions({"l1", "l2"})],
+        "loss": [StrOptions({"hinge", "squared_hinge"})],
+        "dual": ["boolean", StrOptions({"auto"})],
+        "tol": [Interval(Real, 0.0, None, closed="neither")],
+        "C": [Interval(Real, 0.0, None, closed="neither")],
+        "multi_class": [StrOptions({"ovr", "crammer_singer"})],
+        "fit_intercept": ["boolean"],
+        "intercept_scaling": [Interval(Real, 0, None, closed="neither")],
+        "class_weight": [None, dict, StrOptions({"balanced"})],
+        "verbose": ["verbose"],
+        "random_state": ["random_state"],
+        "max_iter": [Interval(Integral, 0, None, closed="left")],
+        "device": [str],
+    }
+    _smooth_loss, _dual_loss = "squared_hinge", "hinge"
+
+    def __init__(self, penalty="l2", loss="squared_hinge", *, dual="auto", tol=1e-4, C=1.0,
+                 multi_class="ovr", fit_intercept=True, intercept_scaling=1,
+                 class_weight=None, verbose=0, random_state=None, max_iter=1000,
+                 device="cpu"):
+        self.penalty = penalty
+        self.loss = loss
+        self.dual = dual
+        self.tol = tol
+        self.C = C
+        self.multi_class = multi_class
+        self.fit_intercept = fit_intercept
+        self.intercept_scaling = intercept_scaling
+        self.class_weight = class_weight
+        self.verbose = verbose
+        self.random_state = random_state
+        self.max_iter = max_iter
+        self.device = device
+
+    def _validate(self, X, y):
+        return validate_data(self, X, y, dtype=[np.float64, np.float32])
+
+    def fit(self, X, y, sample_weight=None):
+        """Fit the model (one one-vs-rest problem per class, together).
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+        y : array-like of shape (n_samples,)
+        sample_weight : array-like of shape (n_samples,), default=None
+
+        Returns
+        -------
+        self : object
+        """
+        self._validate_params()
+        if self.penalty != "l2":
+            raise ValueError(f"penalty={self.penalty!r} is not available in OrtLinearSVC: "
+                             "only penalty='l2' (a smooth primal or a bounded dual).")
+        if self.multi_class != "ovr":
+            raise ValueError(f"multi_class={self.multi_class!r} is not available in "
+                             "OrtLinearSVC: only 'ovr'.")
+        self._check_dual()
+        X, y, sample_weight = self._prepare_fit(X, y, sample_weight)
+        check_classification_targets(y)
+        encoder = LabelEncoder().fit(y)
+        classes = encoder.classes_
+        if len(classes) < 2:
+            raise ValueError("This solver needs samples of at least 2 classes in the data, "
+                             f"but the data contains only one class: {classes[0]!r}")
+        index = encoder.transform(y)
+        class_weight = compute_class_weight(self.class_weight, classes=classes, y=y,
+                                            sample_weight=sample_weight)
+        base = float(self.C) * sample_weight
+        if len(classes) == 2:
+            positive = (index == 1)[:, None]
+            cost = (base * class_weight[index])[:, None]
+        else:
+            positive = index[:, None] == np.arange(len(classes))
+            # liblinear's one-vs-rest: the positive rows weighted by their class, the rest not.
+            cost = base[:, None] * np.where(positive, class_weight[None, :], 1.0)
+        self.classes_ = classes
+        if self.loss == "hinge":
+            Y = np.where(positive, 1.0, -1.0)
+        else:
+            Y = positive.astype(np.float64)  # the score's labels: 1 positive, 0 negative
+        coef, intercept = self._solve(X, Y, cost)
+        self.coef_ = np.ascontiguousarray(coef).astype(self._dtype)
+        self.intercept_ = (np.asarray(intercept, dtype=self._dtype) if self.fit_intercept
+                           else 0.0)
+        return self
+
+    def _inference_outputs(self, b, raw, elem):
+        """``raw_scores`` and ``label`` (one of ``classes_``)."""
+        b.op("Identity", [raw], outputs=["raw_scores"])
+        if len(self.classes_) == 2:
+            index = b.cast(b.op("Greater", [raw, b.const(0.0, np.dtype(self._dtype))]),
+                           TensorProto.INT64)
+            index = b.op("Reshape", [index, b.ints([-1], hint="shape")])
+        else:
+            index = b.op("ArgMax", [raw], axis=1, keepdims=0)
+        classes = self.classes_
+        if classes.dtype.kind in "OUS":
+            classes, label_elem = classes.astype(str).astype(object), TensorProto.STRING
+        else:
+            classes, label_elem = classes.astype(np.int64), TensorProto.INT64
+        b.op("Gather", [b.const(classes, hint="classes"), index], outputs=["label"], axis=0)
+        return [("label", label_elem, ["N"]), ("raw_scores", elem, ["N", self.coef_.shape[0]])]
+
+    def decision_function(self, X):
+        """Signed distances: shape (n_samples,) for two classes, (n_samples, n_classes) otherwise.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+
+        Returns
+        -------
+        ndarray
+        """
+        scores = self._decision(X)
+        return scores.ravel() if scores.shape[1] == 1 else scores
+
+    def predict(self, X):
+        """Predict class labels.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+
+        Returns
+        -------
+        ndarray of shape (n_samples,)
+        """
+        scores = self.decision_function(X)
+        index = (scores > 0).astype(np.intp) if scores.ndim == 1 else scores.argmax(axis=1)
+        return self.classes_[index]
+
+
+class OrtLinearSVR(RegressorMixin, _BaseOrtLinearSVM):
+    """Linear support vector regression trained with onnxruntime and L-BFGS.
+
+    Minimises liblinear's objective of :class:`sklearn.svm.LinearSVR`::
+
+        1/2 * (||coef||^2 + (intercept / intercept_scaling)^2)
+        + C * sum_i w_i * loss(y_i - x_i . coef - intercept)
+
+    ``'squared_epsilon_insensitive'`` (smooth): L-BFGS on this objective;
+    ``'epsilon_insensitive'``: L-BFGS-B on liblinear's dual (a bounded
+    quadratic program), the gradient from onnxruntime.
+
+    Parameters
+    ----------
+    epsilon : float, default=0.0
+        Half-width of the insensitive band.
+    tol : float, default=1e-4
+        ``gtol`` of L-BFGS-B (the primal's); the dual's is ``tol * 1e-4``.
+    C : float, default=1.0
+    loss : {'epsilon_insensitive', 'squared_epsilon_insensitive'}, \
+default='epsilon_insensitive'
+    fit_intercept : bool, default=True
+    intercept_scaling : float, default=1.0
+        Value of the constant feature whose (penalised) coefficient gives the
+        intercept.
+    dual : 'auto' or bool, default='auto'
+        ``'squared_epsilon_insensitive'`` is solved in the primal whatever
+        its value; ``'epsilon_insensitive'`` in the dual (``dual=False``
+        raises, as there).
+    verbose : int, default=0
+    random_state : int, RandomState instance or None, default=None
+        Unused (accepted, as there).
+    max_iter : int, default=1000
+        Maximum number of L-BFGS iterations.
+    device : str, default='cpu'
+
+    Attributes
+    ----------
+    coef_ : ndarray of shape (n_features,)
+    intercept_ : ndarray of shape (1,)
+    n_iter_ : int
+    loss_ : float
+        Objective (primal, or dual for ``'epsilon_insensitive'``).
+    train_losses_ : list of float
+    n_features_in_ : int
+    feature_names_in_ : ndarray of str
+
+    See Also
+    --------
+    sklearn.svm.LinearSVR : The scikit-learn estimator.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from ortlearn.estimators import OrtLinearSVR
+    >>> rng = np.random.RandomState(0)
+    >>> X = rng.randn(50, 2)
+    >>> y = X @ [2.0, -1.0] + 0.5
+    >>> reg = OrtLinearSVR(C=10.0).fit(X, y)
+    >>> reg.coef_.round(2)
+    array([ 2., -1.])
+    """
+
+    _parameter_constraints: dict = {
+        "epsilon": [Real],
+        "tol": [Interval(Real, 0.0, None, closed="neither")],
+        "C": [Interval(Real, 0.0, None, closed="neither")],
+        "loss": [StrOptions({"epsilon_insensitive", "squared_epsilon_insensitive"})],
+        "fit_intercept": ["boolean"],
+        "intercept_scaling": [Interval(Real, 0, None, closed="neither")],
+        "dual": ["boolean", StrOptions({"auto"})],
+        "verbose": ["verbose"],
+        "random_state": ["random_state"],
+        "max_iter": [Interval(Integral, 0, None, closed="left")],
+        "device": [str],
+    }
+    _smooth_loss, _dual_loss = "squared_epsilon_insensitive", "epsilon_insensitive"
+
+    def __init__(self, *, epsilon=0.0, tol=1e-4, C=1.0, loss="epsilon_insensitive",
+                 fit_intercept=True, intercept_scaling=1.0, dual="auto", verbose=0,
+                 random_state=None, max_iter=1000, device="cpu"):
+        self.epsilon = epsilon
+        self.tol = tol
+        self.C = C
+        self.loss = loss
+        self.fit_intercept = fit_intercept
+        self.intercept_scaling = intercept_scaling
+        self.dual = dual
+        self.verbose = verbose
+        self.random_state = random_state
+        self.max_iter = max_iter
+        self.device = device
+
+    def fit(self, X, y, sample_weight=None):
+        """Fit the model.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+        y : array-like of shape (n_samples,)
+        sample_weight : array-like of shape (n_samples,), default=None
+
+        Returns
+        -------
+        self : object
+        """
+        self._validate_params()
+        self._check_dual()
+        X, y, sample_weight = self._prepare_fit(X, y, sample_weight)
+        Y = np.asarray(y, dtype=np.float64).reshape(-1, 1)
+        cost = (float(self.C) * sample_weight)[:, None]
+        coef, intercept = self._solve(X, Y, cost, epsilon=float(self.epsilon))
+        self.coef_ = coef[0].astype(self._dtype)
+        self.intercept_ = (np.asarray(intercept, dtype=self._dtype) if self.fit_intercept
+                           else 0.0)
+        return self
+
+    def predict(self, X):
+        """Predict with the linear model.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+
+        Returns
+        -------
+        ndarray of shape (n_samples,)
+        """
+        return self._decision(X).ravel()
