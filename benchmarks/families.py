@@ -16,9 +16,9 @@ same parameters on the same data, in the same run:
   updates (``batch_size=1``) and with mini-batches, the same epochs, test accuracy;
 * MLP (W15 Poisson loss, W16 multilabel), Adam: seconds per epoch, test quality.
 
-The families another change adds (``OrtLasso``, ``OrtElasticNet``: coordinate descent;
-``OrtLinearSVC``, ``OrtLinearSVR``: liblinear's objectives) get their workloads here, from
-W17 on, with the estimators (see ``FAMILY_BUILDERS``).
+* non-smooth and liblinear families: W17 (Lasso: ortlearn's FISTA against coordinate
+  descent, both to the duality gap), W18 (LinearSVC, squared hinge: L-BFGS on the primal
+  against liblinear), whole fits in seconds as the L-BFGS workloads.
 """
 
 from __future__ import annotations
@@ -360,5 +360,68 @@ def build_w16(opts: Options) -> Workload:
 
 
 #: ``Wn -> builder``. Lasso / ElasticNet / LinearSVC / LinearSVR: W17 on, with their estimators.
+# ---------------------------------------------------------------- W17
+def build_w17(opts: Options) -> Workload:
+    """W17: Lasso: ortlearn's FISTA (gradients in onnxruntime) against coordinate descent."""
+    from sklearn.datasets import make_regression
+    from sklearn.linear_model import Lasso
+
+    n = _rows(100_000, opts.scale, 500)
+    X, y = make_regression(n_samples=n, n_features=50, n_informative=10, noise=5.0,
+                           random_state=0)
+    alpha, tol = 1.0, 1e-4
+
+    def objective(est):
+        # scikit-learn's: ||y - X coef - intercept||^2 / (2 n) + alpha ||coef||_1
+        coef = np.asarray(est.coef_, np.float64)
+        r = y - X @ coef - float(est.intercept_)
+        return float(r @ r / (2 * n) + alpha * np.abs(coef).sum())
+
+    params = {"n_samples": n, "n_features": X.shape[1], "alpha": alpha, "tol": tol,
+              "_data": (X, y)}
+    common = {"alpha": alpha, "tol": tol}
+    return _lbfgs_workload(
+        "W17", "Lasso", params,
+        ("ortlearn_fista", lambda warmup: _ort("OrtLasso", {**common,
+                                                            "max_iter": 2 if warmup else 1000},
+                                               opts.device), "OrtLasso (FISTA)"),
+        ("sklearn_cd", lambda warmup: Lasso(**common, max_iter=2 if warmup else 1000),
+         "Lasso (coordinate descent)"),
+        objective, "objective = ||r||^2 / (2 n) + alpha ||coef||_1; both stop on the duality "
+                   "gap; time = whole fit")
+
+
+# ---------------------------------------------------------------- W18
+def build_w18(opts: Options) -> Workload:
+    """W18: LinearSVC (squared hinge): ortlearn's L-BFGS on the primal against liblinear."""
+    from sklearn.datasets import make_classification
+    from sklearn.svm import LinearSVC
+
+    n = _rows(50_000, opts.scale, 500)
+    X, y = make_classification(n_samples=n, n_features=50, n_informative=20, random_state=0)
+    C, scaling = 1.0, 1.0
+
+    def objective(est):
+        # liblinear's: ||w||^2 / 2 + C sum max(0, 1 - s z)^2, the intercept a penalised weight
+        w = np.append(np.ravel(est.coef_), float(np.ravel(est.intercept_)[0]) / scaling)
+        z = X @ w[:-1] + w[-1] * scaling
+        s = np.where(y == 1, 1.0, -1.0)
+        return float(0.5 * w @ w + C * np.sum(np.maximum(0, 1 - s * z) ** 2))
+
+    params = {"n_samples": n, "n_features": X.shape[1], "C": C, "tol": LBFGS_TOL,
+              "_data": (X, y)}
+    common = {"C": C, "tol": LBFGS_TOL}
+    return _lbfgs_workload(
+        "W18", "LinearSVC, squared hinge", params,
+        ("ortlearn_lbfgs", lambda warmup: _ort("OrtLinearSVC", {**common,
+                                                                "max_iter": 2 if warmup else 1000},
+                                               opts.device), "OrtLinearSVC (primal L-BFGS)"),
+        ("sklearn_liblinear", lambda warmup: LinearSVC(**common,
+                                                       max_iter=2 if warmup else 1000),
+         "LinearSVC (liblinear)"),
+        objective, "objective = liblinear's primal (intercept penalised); time = whole fit")
+
+
 FAMILY_BUILDERS = {"W10": build_w10, "W11": build_w11, "W12": build_w12, "W13": build_w13,
-                   "W14": build_w14, "W15": build_w15, "W16": build_w16}
+                   "W14": build_w14, "W15": build_w15, "W16": build_w16, "W17": build_w17,
+                   "W18": build_w18}

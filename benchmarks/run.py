@@ -22,11 +22,11 @@ Workloads (see :mod:`benchmarks.workloads` for what exactly is timed):
   torch eager and ``torch.compile``, milliseconds per step
   (:mod:`benchmarks.ortmodule`; ``--exporter`` is ORTModule's exporter,
   ``--compile-backend`` torch.compile's backend).
-* W10-W16, the scikit-learn families of issue 23 (:mod:`benchmarks.families`): W10
+* W10-W18, the scikit-learn families of issue 23 (:mod:`benchmarks.families`): W10
   multinomial logistic regression, W11 Poisson GLM, W12 Huber, W13 Ridge (whole L-BFGS
   fits, with the objective's relative gap to scikit-learn's and the time per evaluation),
   W14 linear SVM by SGD (per sample and mini-batch), W15 Poisson MLP and W16 multilabel
-  MLP (Adam, s/epoch).
+  MLP (Adam, s/epoch), W17 Lasso and W18 LinearSVC (whole fits).
 
 Method: the contenders of a workload run interleaved, their order rotated every
 repetition, each after a pause (so the worker threads of the previous library go

@@ -1,5 +1,5 @@
 """The workloads and their contenders (W6 and W7, torch networks: :mod:`benchmarks.networks`;
-W8 and W9, torch modules through ``ORTModule``: :mod:`benchmarks.ortmodule`; W10-W16, the
+W8 and W9, torch modules through ``ORTModule``: :mod:`benchmarks.ortmodule`; W10-W18, the
 scikit-learn families of issue 23: :mod:`benchmarks.families`).
 
 A :class:`Workload` holds the data and a list of :class:`Contender`; calling a
@@ -611,6 +611,9 @@ _FAMILY_WORKLOADS = {
     "W15": "MLP regressor with the Poisson loss, Adam: OrtMLPRegressor against "
            "MLPRegressor, s/epoch.",
     "W16": "multilabel MLP classifier, Adam: OrtMLPClassifier against MLPClassifier, s/epoch.",
+    "W17": "Lasso: OrtLasso (FISTA) against Lasso (coordinate descent), both to the duality "
+           "gap, whole fit.",
+    "W18": "LinearSVC, squared hinge: OrtLinearSVC (primal L-BFGS) against liblinear, whole fit.",
 }
 
 

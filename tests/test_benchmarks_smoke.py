@@ -252,7 +252,7 @@ def test_memory_of_a_fit(smoke):
 
 # ---------------------------------------------------------------- issue 23's families
 FAMILIES = {"W10": "s/fit", "W11": "s/fit", "W12": "s/fit", "W13": "s/fit", "W14": "s/epoch",
-            "W15": "s/epoch", "W16": "s/epoch"}
+            "W15": "s/epoch", "W16": "s/epoch", "W17": "s/fit", "W18": "s/fit"}
 
 
 @pytest.fixture(scope="module")
@@ -298,6 +298,10 @@ def test_full_batch_families_reach_the_counterparts_objective(families):
             if name != "sklearn_auto":  # Ridge's Cholesky makes no evaluation
                 assert med["n_evals"] >= med["n_iter"] >= 1 and med["eval_ms"] > 0, (key, name)
     assert result["workloads"]["W13"]["contenders"]["sklearn_auto"]["median"]["n_evals"] == 0
+    # W17 (FISTA against coordinate descent) and W18 (L-BFGS against liblinear): the same
+    # objective, each stopping on its own criterion
+    assert abs(result["workloads"]["W17"]["contenders"]["ortlearn_fista"]["objective_gap"]) < 1e-4
+    assert abs(result["workloads"]["W18"]["contenders"]["ortlearn_lbfgs"]["objective_gap"]) < 1e-4
 
 
 def test_stochastic_families_report_epochs_and_scores(families):
@@ -336,5 +340,5 @@ def test_family_workloads_are_listed_and_selectable():
     from benchmarks.workloads import BUILDERS
 
     assert parse_args(["--workloads", "w10,W16"]).workloads == ["W10", "W16"]
-    assert {"W10", "W11", "W12", "W13", "W14", "W15", "W16"} <= set(BUILDERS)
+    assert {"W10", "W11", "W12", "W13", "W14", "W15", "W16", "W17", "W18"} <= set(BUILDERS)
     assert BUILDERS["W13"].__doc__.startswith("W13: Ridge")
