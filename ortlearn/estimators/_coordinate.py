@@ -349,19 +349,6 @@ class OrtElasticNet(MultiOutputMixin, RegressorMixin, BaseOrtFullBatch):
                 stacklevel=user_stacklevel())
         return coef, gap, n_iter, loss
 
-    def predict(self, X):
-        """Predict with the linear model.
-
-        Parameters
-        ----------
-        X : array-like of shape (n_samples, n_features)
-
-        Returns
-        -------
-        ndarray of shape (n_samples,) or (n_samples, n_targets)
-        """
-        return self._decision(X)
-
 
 class OrtLasso(OrtElasticNet):
     """Linear regression with an L1 penalty, trained by a proximal gradient method.

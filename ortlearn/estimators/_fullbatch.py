@@ -21,7 +21,9 @@ from __future__ import annotations
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
-from sklearn.base import BaseEstimator
+from sklearn.base import BaseEstimator, ClassifierMixin
+from sklearn.preprocessing import LabelEncoder
+from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from ..exceptions import ConvergenceError
@@ -30,7 +32,7 @@ from ..graph.model import DEFAULT_OPSET
 from ..training import minimize_lbfgs
 from ._validation import check_sample_weight
 
-__all__ = ["BaseOrtFullBatch", "linear_objective"]
+__all__ = ["BaseOrtFullBatch", "FullBatchClassifierMixin", "linear_objective"]
 
 COEF, INTERCEPT, LOSS = "coef", "intercept", "loss"
 LABEL, SAMPLE_WEIGHT = "y", "sample_weight"
@@ -102,13 +104,59 @@ def linear_objective(n_features: int, n_outputs: int, row_loss, *, fit_intercept
 class BaseOrtFullBatch(BaseEstimator):
     """Fit of the full-batch linear models (not for direct use).
 
-    Subclasses give ``_prepare(X, y, sample_weight) -> (y_enc, sample_weight,
-    n_outputs)``, ``_graph(n_features, n_outputs, sw_sum) -> model``,
-    ``_initial_weights(...)`` and ``_store(weights, n_iter)``; the options of
-    scipy are ``_lbfgs_options()``.
+    :meth:`fit` validates the parameters, calls ``_check_params()`` (a
+    ``ValueError`` for a counterpart value ortlearn cannot honour, before the
+    data is read), validates the data and hands it to
+    ``_fit_validated(X, y, sample_weight)``, which each subclass gives; the
+    options of scipy are ``_lbfgs_options()``, its bounds ``_bounds()``.
     """
 
     _int_label = False
+
+    def fit(self, X, y, sample_weight=None):
+        """Fit the model on the whole data set.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+            Training data.
+        y : array-like of shape (n_samples,)
+            Target values (class labels for a classifier).
+        sample_weight : array-like of shape (n_samples,), default=None
+            Weights of the samples (ones by default).
+
+        Returns
+        -------
+        self : object
+            The fitted estimator.
+        """
+        self._validate_params()
+        self._check_params()
+        X, y, sample_weight = self._prepare_fit(X, y, sample_weight)
+        return self._fit_validated(X, y, sample_weight)
+
+    def _check_params(self) -> None:
+        """Raise a ``ValueError`` for a parameter value ortlearn cannot honour."""
+
+    def _fit_validated(self, X, y, sample_weight):
+        """Fit on validated data: X float64, sample_weight float64 (ones by default)."""
+        raise NotImplementedError
+
+    def predict(self, X):
+        """Predict with the linear model.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+            Samples.
+
+        Returns
+        -------
+        ndarray of shape (n_samples,) or (n_samples, n_targets)
+            ``X @ coef_.T + intercept_``; two dimensions for a
+            two-dimensional ``y`` at fit only.
+        """
+        return self._decision(X)
 
     def _validate(self, X, y):
         return validate_data(self, X, y, dtype=[np.float64, np.float32], y_numeric=True,
@@ -202,3 +250,76 @@ class BaseOrtFullBatch(BaseEstimator):
         op = self._inverse_link_op
         b.op(op or "Identity", [raw], outputs=["variable"])
         return [("variable", elem, ["N", np.atleast_2d(self.coef_).shape[0]])]
+
+
+class FullBatchClassifierMixin(ClassifierMixin):
+    """Labels of the full-batch linear classifiers (not for direct use).
+
+    One score per class, or one for two classes (positive: ``classes_[1]``),
+    as :class:`sklearn.linear_model.LogisticRegression` and
+    :class:`sklearn.svm.LinearSVC`.
+    """
+
+    def _validate(self, X, y):
+        return validate_data(self, X, y, dtype=[np.float64, np.float32])
+
+    def _encode_labels(self, y):
+        """``classes_`` and the index of each row's class in it."""
+        check_classification_targets(y)
+        encoder = LabelEncoder().fit(y)
+        classes = encoder.classes_
+        if len(classes) < 2:
+            raise ValueError("This solver needs samples of at least 2 classes in the data, "
+                             f"but the data contains only one class: {classes[0]!r}")
+        return classes, encoder.transform(y)
+
+    def _label_output(self, b: GraphBuilder, raw: str) -> tuple:
+        """The ``label`` output (one of ``classes_``) of the inference graph."""
+        if len(self.classes_) == 2:
+            index = b.cast(b.op("Greater", [raw, b.const(0.0, np.dtype(self._dtype))]),
+                           TensorProto.INT64)
+            index = b.op("Reshape", [index, b.ints([-1], hint="shape")])
+        else:
+            index = b.op("ArgMax", [raw], axis=1, keepdims=0)
+        classes = self.classes_
+        if classes.dtype.kind in "OUS":
+            classes, label_elem = classes.astype(str).astype(object), TensorProto.STRING
+        else:
+            classes, label_elem = classes.astype(np.int64), TensorProto.INT64
+        b.op("Gather", [b.const(classes, hint="classes"), index], outputs=["label"], axis=0)
+        return "label", label_elem, ["N"]
+
+    def decision_function(self, X):
+        """Scores of the linear model (logits, or signed distances for an SVM).
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+            Samples.
+
+        Returns
+        -------
+        ndarray of shape (n_samples,) or (n_samples, n_classes)
+            ``X @ coef_.T + intercept_``: one column per class, or one score
+            (that of ``classes_[1]``) for two classes.
+        """
+        scores = self._decision(X)
+        return scores.ravel() if scores.shape[1] == 1 else scores
+
+    def predict(self, X):
+        """Predict class labels.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+            Samples.
+
+        Returns
+        -------
+        ndarray of shape (n_samples,)
+            The class of the largest score (two classes: ``classes_[1]``
+            where the score is positive).
+        """
+        scores = self.decision_function(X)
+        index = (scores > 0).astype(np.intp) if scores.ndim == 1 else scores.argmax(axis=1)
+        return self.classes_[index]

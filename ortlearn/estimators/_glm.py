@@ -88,26 +88,16 @@ class _BaseOrtGLM(RegressorMixin, BaseOrtFullBatch):
                 f"{'>= 0' if power < 2 else '> 0'}.")
 
     # ------------------------------------------------------------------- fit
-    def fit(self, X, y, sample_weight=None):
-        """Fit the model by minimising the penalised deviance with L-BFGS.
-
-        Parameters
-        ----------
-        X : array-like of shape (n_samples, n_features)
-        y : array-like of shape (n_samples,)
-        sample_weight : array-like of shape (n_samples,), default=None
-
-        Returns
-        -------
-        self : object
-        """
-        self._validate_params()
+    def _check_params(self):
         if self.solver != "lbfgs":
             raise ValueError(
                 f"solver={self.solver!r} is not available in {type(self).__name__}: ortlearn "
                 "trains GLMs with L-BFGS only; use solver='lbfgs' (same minimiser).")
+        self._family()
+
+    def _fit_validated(self, X, y, sample_weight):
+        # The penalised deviance, minimised with L-BFGS.
         link, power = self._family()
-        X, y, sample_weight = self._prepare_fit(X, y, sample_weight)
         y = np.asarray(y, dtype=np.float64)
         self._check_y(y, power)
         sw_sum = float(sample_weight.sum())

@@ -125,21 +125,8 @@ class OrtHuberRegressor(RegressorMixin, BaseOrtFullBatch):
     def _bounds(self, n_features: int, n_outputs: int):
         return {SCALE: (10 * np.finfo(np.float64).eps, None)}
 
-    def fit(self, X, y, sample_weight=None):
-        """Fit the model (coefficients, intercept and scale) with L-BFGS-B.
-
-        Parameters
-        ----------
-        X : array-like of shape (n_samples, n_features)
-        y : array-like of shape (n_samples,)
-        sample_weight : array-like of shape (n_samples,), default=None
-
-        Returns
-        -------
-        self : object
-        """
-        self._validate_params()
-        X, y, sample_weight = self._prepare_fit(X, y, sample_weight)
+    def _fit_validated(self, X, y, sample_weight):
+        # The coefficients, intercept and scale together, with L-BFGS-B.
         y = np.asarray(y, dtype=np.float64)
         n_features = X.shape[1]
         epsilon = float(self.epsilon)
@@ -176,16 +163,3 @@ class OrtHuberRegressor(RegressorMixin, BaseOrtFullBatch):
         residual = np.abs(y - X @ weights[COEF][:, 0] - self.intercept_)
         self.outliers_ = residual > self.scale_ * epsilon
         return self
-
-    def predict(self, X):
-        """Predict with the linear model.
-
-        Parameters
-        ----------
-        X : array-like of shape (n_samples, n_features)
-
-        Returns
-        -------
-        ndarray of shape (n_samples,)
-        """
-        return self._decision(X)

@@ -17,23 +17,24 @@ from __future__ import annotations
 from numbers import Integral, Real
 
 import numpy as np
-from onnx import TensorProto
-from sklearn.base import ClassifierMixin
-from sklearn.preprocessing import LabelEncoder
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.class_weight import compute_class_weight
-from sklearn.utils.multiclass import check_classification_targets
-from sklearn.utils.validation import validate_data
 
 from ..loss import elementwise_loss
-from ._fullbatch import COEF, INTERCEPT, BaseOrtFullBatch, linear_objective
+from ._fullbatch import (
+    COEF,
+    INTERCEPT,
+    BaseOrtFullBatch,
+    FullBatchClassifierMixin,
+    linear_objective,
+)
 
 __all__ = ["OrtLogisticRegression"]
 
 _SOLVERS = {"lbfgs", "liblinear", "newton-cg", "newton-cholesky", "sag", "saga"}
 
 
-class OrtLogisticRegression(ClassifierMixin, BaseOrtFullBatch):
+class OrtLogisticRegression(FullBatchClassifierMixin, BaseOrtFullBatch):
     """Logistic regression (binary and multinomial) trained with onnxruntime and L-BFGS.
 
     Minimises the objective of :class:`sklearn.linear_model.LogisticRegression`
@@ -174,29 +175,12 @@ class OrtLogisticRegression(ClassifierMixin, BaseOrtFullBatch):
             return False
         return self.C != np.inf
 
-    def fit(self, X, y, sample_weight=None):
-        """Fit the model with L-BFGS on the whole data set.
+    def _check_params(self):
+        self._penalized()
 
-        Parameters
-        ----------
-        X : array-like of shape (n_samples, n_features)
-        y : array-like of shape (n_samples,)
-        sample_weight : array-like of shape (n_samples,), default=None
-
-        Returns
-        -------
-        self : object
-        """
-        self._validate_params()
+    def _fit_validated(self, X, y, sample_weight):
         penalized = self._penalized()
-        X, y, sample_weight = self._prepare_fit(X, y, sample_weight)
-        check_classification_targets(y)
-        encoder = LabelEncoder().fit(y)
-        classes = encoder.classes_
-        if len(classes) < 2:
-            raise ValueError("This solver needs samples of at least 2 classes in the data, "
-                             f"but the data contains only one class: {classes[0]!r}")
-        index = encoder.transform(y)
+        classes, index = self._encode_labels(y)
         if self.class_weight is not None:
             weights = compute_class_weight(self.class_weight, classes=classes, y=y,
                                            sample_weight=sample_weight)
@@ -230,9 +214,6 @@ class OrtLogisticRegression(ClassifierMixin, BaseOrtFullBatch):
         self.n_iter_ = np.array([n_iter], dtype=np.int32)
         return self
 
-    def _validate(self, X, y):
-        return validate_data(self, X, y, dtype=[np.float64, np.float32])
-
     def _inference_outputs(self, b, raw, elem):
         """``raw_scores``, ``probabilities`` and ``label`` (one of ``classes_``)."""
         n_classes = len(self.classes_)
@@ -241,51 +222,12 @@ class OrtLogisticRegression(ClassifierMixin, BaseOrtFullBatch):
             positive = b.op("Sigmoid", [raw])
             negative = b.op("Sub", [b.const(1.0, np.dtype(self._dtype)), positive])
             b.op("Concat", [negative, positive], outputs=["probabilities"], axis=1)
-            index = b.cast(b.op("Greater", [raw, b.const(0.0, np.dtype(self._dtype))]),
-                           TensorProto.INT64)
-            index = b.op("Reshape", [index, b.ints([-1], hint="shape")])
         else:
             b.op("Softmax", [raw], outputs=["probabilities"], axis=1)
-            index = b.op("ArgMax", [raw], axis=1, keepdims=0)
-        classes = self.classes_
-        if classes.dtype.kind in "OUS":
-            classes, label_elem = classes.astype(object).astype(str).astype(object), \
-                TensorProto.STRING
-        else:
-            classes, label_elem = classes.astype(np.int64), TensorProto.INT64
-        b.op("Gather", [b.const(classes, hint="classes"), index], outputs=["label"], axis=0)
-        return [("label", label_elem, ["N"]),
+        label = self._label_output(b, raw)
+        return [label,
                 ("probabilities", elem, ["N", n_classes]),
                 ("raw_scores", elem, ["N", 1 if n_classes == 2 else n_classes])]
-
-    def decision_function(self, X):
-        """Logits: shape (n_samples,) for two classes, (n_samples, n_classes) otherwise.
-
-        Parameters
-        ----------
-        X : array-like of shape (n_samples, n_features)
-
-        Returns
-        -------
-        ndarray
-        """
-        scores = self._decision(X)
-        return scores.ravel() if scores.shape[1] == 1 else scores
-
-    def predict(self, X):
-        """Predict class labels.
-
-        Parameters
-        ----------
-        X : array-like of shape (n_samples, n_features)
-
-        Returns
-        -------
-        ndarray of shape (n_samples,)
-        """
-        scores = self.decision_function(X)
-        index = (scores > 0).astype(np.intp) if scores.ndim == 1 else scores.argmax(axis=1)
-        return self.classes_[index]
 
     def predict_log_proba(self, X):
         """Log of :meth:`predict_proba`, from the logits.

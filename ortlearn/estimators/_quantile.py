@@ -165,27 +165,15 @@ class OrtQuantileRegressor(RegressorMixin, BaseOrtFullBatch):
         return (sample_weight @ pinball / sample_weight.sum()
                 + self.alpha * np.abs(coef).sum())
 
-    def fit(self, X, y, sample_weight=None):
-        """Fit the model.
-
-        Parameters
-        ----------
-        X : array-like of shape (n_samples, n_features)
-        y : array-like of shape (n_samples,)
-        sample_weight : array-like of shape (n_samples,), default=None
-
-        Returns
-        -------
-        self : object
-        """
-        self._validate_params()
+    def _check_params(self):
         if self.solver == "interior-point":
             raise ValueError("Solver interior-point is not anymore available in SciPy >= "
                              "1.11.0.")
         if self.solver_options is not None:
             raise ValueError("solver_options (options of scipy's linprog) is not available "
                              "in OrtQuantileRegressor: it does not run linprog; leave it None.")
-        X, y, sample_weight = self._prepare_fit(X, y, sample_weight)
+
+    def _fit_validated(self, X, y, sample_weight):
         y = np.asarray(y, dtype=np.float64)
         n_features = X.shape[1]
         scale = float(np.mean(np.abs(y - np.median(y)))) or 1.0
@@ -295,16 +283,3 @@ class OrtQuantileRegressor(RegressorMixin, BaseOrtFullBatch):
             if np.isfinite(value) and value < best_value:
                 best, best_value = (candidate, candidate_intercept), value
         return best
-
-    def predict(self, X):
-        """Predict with the linear model.
-
-        Parameters
-        ----------
-        X : array-like of shape (n_samples, n_features)
-
-        Returns
-        -------
-        ndarray of shape (n_samples,)
-        """
-        return self._decision(X)

@@ -181,16 +181,3 @@ class OrtRidge(MultiOutputMixin, RegressorMixin, BaseOrtFullBatch):
             self.intercept_ = intercept.astype(self._dtype)
         self.n_iter_ = np.full(n_outputs, n_iter, dtype=np.int32)
         return self
-
-    def predict(self, X):
-        """Predict with the linear model.
-
-        Parameters
-        ----------
-        X : array-like of shape (n_samples, n_features)
-
-        Returns
-        -------
-        ndarray of shape (n_samples,) or (n_samples, n_targets)
-        """
-        return self._decision(X)

@@ -29,19 +29,24 @@ from numbers import Integral, Real
 
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
-from sklearn.base import ClassifierMixin, RegressorMixin
-from sklearn.preprocessing import LabelEncoder
+from sklearn.base import RegressorMixin
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.class_weight import compute_class_weight
-from sklearn.utils.multiclass import check_classification_targets
-from sklearn.utils.validation import validate_data
 
 from ..exceptions import ConvergenceError
 from ..graph import GraphBuilder, finalize_model
 from ..graph.model import DEFAULT_OPSET
 from ..loss import elementwise_loss
 from ..training import minimize_lbfgs
-from ._fullbatch import COEF, LABEL, LOSS, SAMPLE_WEIGHT, BaseOrtFullBatch, linear_objective
+from ._fullbatch import (
+    COEF,
+    LABEL,
+    LOSS,
+    SAMPLE_WEIGHT,
+    BaseOrtFullBatch,
+    FullBatchClassifierMixin,
+    linear_objective,
+)
 
 __all__ = ["OrtLinearSVC", "OrtLinearSVR"]
 
@@ -170,7 +175,7 @@ class _BaseOrtLinearSVM(BaseOrtFullBatch):
             return X
         return np.hstack([X, np.full((X.shape[0], 1), float(self.intercept_scaling))])
 
-    def _check_dual(self):
+    def _check_params(self):
         if self.loss == self._dual_loss and self.dual is False:
             raise ValueError(
                 f"loss={self._dual_loss!r} with dual=False is not supported (as in "
@@ -224,7 +229,7 @@ class _BaseOrtLinearSVM(BaseOrtFullBatch):
         return coef.T, 0.0  # scikit-learn's intercept_ without fit_intercept
 
 
-class OrtLinearSVC(ClassifierMixin, _BaseOrtLinearSVM):
+class OrtLinearSVC(FullBatchClassifierMixin, _BaseOrtLinearSVM):
     """Linear support vector classification (one-vs-rest) trained with onnxruntime and L-BFGS.
 
     Minimises liblinear's objective of :class:`sklearn.svm.LinearSVC`, one
@@ -336,38 +341,18 @@ class OrtLinearSVC(ClassifierMixin, _BaseOrtLinearSVM):
         self.max_iter = max_iter
         self.device = device
 
-    def _validate(self, X, y):
-        return validate_data(self, X, y, dtype=[np.float64, np.float32])
-
-    def fit(self, X, y, sample_weight=None):
-        """Fit the model (one one-vs-rest problem per class, together).
-
-        Parameters
-        ----------
-        X : array-like of shape (n_samples, n_features)
-        y : array-like of shape (n_samples,)
-        sample_weight : array-like of shape (n_samples,), default=None
-
-        Returns
-        -------
-        self : object
-        """
-        self._validate_params()
+    def _check_params(self):
         if self.penalty != "l2":
             raise ValueError(f"penalty={self.penalty!r} is not available in OrtLinearSVC: "
                              "only penalty='l2' (a smooth primal or a bounded dual).")
         if self.multi_class != "ovr":
             raise ValueError(f"multi_class={self.multi_class!r} is not available in "
                              "OrtLinearSVC: only 'ovr'.")
-        self._check_dual()
-        X, y, sample_weight = self._prepare_fit(X, y, sample_weight)
-        check_classification_targets(y)
-        encoder = LabelEncoder().fit(y)
-        classes = encoder.classes_
-        if len(classes) < 2:
-            raise ValueError("This solver needs samples of at least 2 classes in the data, "
-                             f"but the data contains only one class: {classes[0]!r}")
-        index = encoder.transform(y)
+        super()._check_params()
+
+    def _fit_validated(self, X, y, sample_weight):
+        # One one-vs-rest problem per class, solved together.
+        classes, index = self._encode_labels(y)
         class_weight = compute_class_weight(self.class_weight, classes=classes, y=y,
                                             sample_weight=sample_weight)
         base = float(self.C) * sample_weight
@@ -392,48 +377,7 @@ class OrtLinearSVC(ClassifierMixin, _BaseOrtLinearSVM):
     def _inference_outputs(self, b, raw, elem):
         """``raw_scores`` and ``label`` (one of ``classes_``)."""
         b.op("Identity", [raw], outputs=["raw_scores"])
-        if len(self.classes_) == 2:
-            index = b.cast(b.op("Greater", [raw, b.const(0.0, np.dtype(self._dtype))]),
-                           TensorProto.INT64)
-            index = b.op("Reshape", [index, b.ints([-1], hint="shape")])
-        else:
-            index = b.op("ArgMax", [raw], axis=1, keepdims=0)
-        classes = self.classes_
-        if classes.dtype.kind in "OUS":
-            classes, label_elem = classes.astype(str).astype(object), TensorProto.STRING
-        else:
-            classes, label_elem = classes.astype(np.int64), TensorProto.INT64
-        b.op("Gather", [b.const(classes, hint="classes"), index], outputs=["label"], axis=0)
-        return [("label", label_elem, ["N"]), ("raw_scores", elem, ["N", self.coef_.shape[0]])]
-
-    def decision_function(self, X):
-        """Signed distances: shape (n_samples,) for two classes, (n_samples, n_classes) otherwise.
-
-        Parameters
-        ----------
-        X : array-like of shape (n_samples, n_features)
-
-        Returns
-        -------
-        ndarray
-        """
-        scores = self._decision(X)
-        return scores.ravel() if scores.shape[1] == 1 else scores
-
-    def predict(self, X):
-        """Predict class labels.
-
-        Parameters
-        ----------
-        X : array-like of shape (n_samples, n_features)
-
-        Returns
-        -------
-        ndarray of shape (n_samples,)
-        """
-        scores = self.decision_function(X)
-        index = (scores > 0).astype(np.intp) if scores.ndim == 1 else scores.argmax(axis=1)
-        return self.classes_[index]
+        return [self._label_output(b, raw), ("raw_scores", elem, ["N", self.coef_.shape[0]])]
 
 
 class OrtLinearSVR(RegressorMixin, _BaseOrtLinearSVM):
@@ -529,22 +473,7 @@ default='epsilon_insensitive'
         self.max_iter = max_iter
         self.device = device
 
-    def fit(self, X, y, sample_weight=None):
-        """Fit the model.
-
-        Parameters
-        ----------
-        X : array-like of shape (n_samples, n_features)
-        y : array-like of shape (n_samples,)
-        sample_weight : array-like of shape (n_samples,), default=None
-
-        Returns
-        -------
-        self : object
-        """
-        self._validate_params()
-        self._check_dual()
-        X, y, sample_weight = self._prepare_fit(X, y, sample_weight)
+    def _fit_validated(self, X, y, sample_weight):
         Y = np.asarray(y, dtype=np.float64).reshape(-1, 1)
         cost = (float(self.C) * sample_weight)[:, None]
         coef, intercept = self._solve(X, Y, cost, epsilon=float(self.epsilon))
@@ -552,16 +481,3 @@ default='epsilon_insensitive'
         self.intercept_ = (np.asarray(intercept, dtype=self._dtype) if self.fit_intercept
                            else 0.0)
         return self
-
-    def predict(self, X):
-        """Predict with the linear model.
-
-        Parameters
-        ----------
-        X : array-like of shape (n_samples, n_features)
-
-        Returns
-        -------
-        ndarray of shape (n_samples,)
-        """
-        return self._decision(X).ravel()
