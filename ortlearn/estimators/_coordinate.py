@@ -39,7 +39,14 @@ from ..exceptions import ConvergenceWarning
 from ..log import user_stacklevel
 from ..loss import elementwise_loss
 from ..training import loss_and_gradient
-from ._fullbatch import COEF, LABEL, SAMPLE_WEIGHT, BaseOrtFullBatch, linear_objective
+from ._fullbatch import (
+    COEF,
+    LABEL,
+    SAMPLE_WEIGHT,
+    BaseOrtFullBatch,
+    fill_shared_doc,
+    linear_objective,
+)
 
 __all__ = ["OrtElasticNet", "OrtLasso"]
 
@@ -93,6 +100,7 @@ def _duality_gap(coef, XtR, yy, Xty, alpha, beta, positive):
     return primal - dual
 
 
+@fill_shared_doc
 class OrtElasticNet(MultiOutputMixin, RegressorMixin, BaseOrtFullBatch):
     """Linear regression with L1 and L2 penalties, trained by a proximal gradient method.
 
@@ -133,9 +141,7 @@ class OrtElasticNet(MultiOutputMixin, RegressorMixin, BaseOrtFullBatch):
         Unused (the order of ``selection='random'``; accepted, as there).
     selection : {'cyclic', 'random'}, default='cyclic'
         Accepted, unused: FISTA updates every coefficient at once.
-    device : str, default='cpu'
-        Where onnxruntime evaluates the gradient: ``'cpu'``, ``'cuda'``,
-        ``'cuda:N'``.
+    {device}
 
     Attributes
     ----------
@@ -147,10 +153,7 @@ class OrtElasticNet(MultiOutputMixin, RegressorMixin, BaseOrtFullBatch):
         FISTA iterations each target needed.
     loss_ : float
         Smooth part of the objective (squared error and L2 term, all targets).
-    train_losses_ : list of float
-        ``[loss_]``.
-    n_features_in_ : int
-    feature_names_in_ : ndarray of str
+    {fitted}
 
     See Also
     --------
@@ -350,6 +353,7 @@ class OrtElasticNet(MultiOutputMixin, RegressorMixin, BaseOrtFullBatch):
         return coef, gap, n_iter, loss
 
 
+@fill_shared_doc
 class OrtLasso(OrtElasticNet):
     """Linear regression with an L1 penalty, trained by a proximal gradient method.
 
@@ -377,8 +381,7 @@ class OrtLasso(OrtElasticNet):
         Accepted, unused.
     selection : {'cyclic', 'random'}, default='cyclic'
         Accepted, unused.
-    device : str, default='cpu'
-
+    {device}
     Attributes
     ----------
     coef_ : ndarray of shape (n_features,) or (n_targets, n_features)
@@ -386,9 +389,7 @@ class OrtLasso(OrtElasticNet):
     dual_gap_ : float or ndarray of shape (n_targets,)
     n_iter_ : int or list of int
     loss_ : float
-    train_losses_ : list of float
-    n_features_in_ : int
-    feature_names_in_ : ndarray of str
+    {fitted}
 
     See Also
     --------

@@ -32,10 +32,32 @@ from ..graph.model import DEFAULT_OPSET
 from ..training import minimize_lbfgs
 from ._validation import check_sample_weight
 
-__all__ = ["BaseOrtFullBatch", "FullBatchClassifierMixin", "linear_objective"]
+__all__ = ["BaseOrtFullBatch", "FullBatchClassifierMixin", "fill_shared_doc", "linear_objective"]
 
 COEF, INTERCEPT, LOSS = "coef", "intercept", "loss"
 LABEL, SAMPLE_WEIGHT = "y", "sample_weight"
+
+# numpydoc fragments every full-batch estimator's docstring has: ``{device}`` in
+# Parameters, ``{fitted}`` at the end of Attributes (filled by fill_shared_doc).
+_SHARED_DOC = {
+    "{device}": """device : str, default='cpu'
+        Where onnxruntime evaluates the objective and its gradient: ``'cpu'``,
+        ``'cuda'``, ``'cuda:N'``.""",
+    "{fitted}": """train_losses_ : list of float
+        ``[loss_]``.
+    n_features_in_ : int
+        Number of features seen during fit.
+    feature_names_in_ : ndarray of str
+        Names of the features seen during fit (when ``X`` has string column
+        names).""",
+}
+
+
+def fill_shared_doc(cls):
+    """Class decorator: put the shared docstring fragments into ``cls.__doc__``."""
+    for key, text in _SHARED_DOC.items():
+        cls.__doc__ = cls.__doc__.replace(key, text)
+    return cls
 
 
 def linear_objective(n_features: int, n_outputs: int, row_loss, *, fit_intercept: bool,

@@ -24,7 +24,7 @@ from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted
 
 from ..loss import elementwise_loss
-from ._fullbatch import COEF, INTERCEPT, BaseOrtFullBatch, linear_objective
+from ._fullbatch import COEF, INTERCEPT, BaseOrtFullBatch, fill_shared_doc, linear_objective
 
 __all__ = ["OrtGammaRegressor", "OrtPoissonRegressor", "OrtTweedieRegressor"]
 
@@ -191,9 +191,7 @@ _GLM_PARAMS_DOC = """alpha : float, default=1.0
         Start from ``coef_`` and ``intercept_`` of the previous fit.
     verbose : int, default=0
         > 0 prints the loss after each L-BFGS iteration.
-    device : str, default='cpu'
-        Where onnxruntime evaluates the objective: ``'cpu'``, ``'cuda'``,
-        ``'cuda:N'``."""
+    {device}"""
 
 _GLM_ATTRIBUTES_DOC = """coef_ : ndarray of shape (n_features,)
     intercept_ : float
@@ -201,10 +199,16 @@ _GLM_ATTRIBUTES_DOC = """coef_ : ndarray of shape (n_features,)
         L-BFGS iterations run.
     loss_ : float
         Objective at the returned weights (without the terms of y alone).
-    train_losses_ : list of float
-        ``[loss_]``.
-    n_features_in_ : int
-    feature_names_in_ : ndarray of str"""
+    {fitted}"""
+
+# Poisson and Gamma have no parameter of their own: both sections whole.
+_GLM_COMMON_DOC = f"""Parameters
+    ----------
+    {_GLM_PARAMS_DOC}
+
+    Attributes
+    ----------
+    {_GLM_ATTRIBUTES_DOC}"""
 
 
 class OrtPoissonRegressor(_BaseOrtGLM):
@@ -215,13 +219,7 @@ class OrtPoissonRegressor(_BaseOrtGLM):
         1 / sum(w) * sum_i w_i * half_poisson_deviance(y_i, exp(x_i . coef + b))
             + alpha / 2 * ||coef||^2
 
-    Parameters
-    ----------
-    {params}
-
-    Attributes
-    ----------
-    {attributes}
+    {common}
 
     See Also
     --------
@@ -250,13 +248,7 @@ class OrtGammaRegressor(_BaseOrtGLM):
         1 / sum(w) * sum_i w_i * half_gamma_deviance(y_i, exp(x_i . coef + b))
             + alpha / 2 * ||coef||^2
 
-    Parameters
-    ----------
-    {params}
-
-    Attributes
-    ----------
-    {attributes}
+    {common}
 
     See Also
     --------
@@ -351,4 +343,6 @@ class OrtTweedieRegressor(_BaseOrtGLM):
 
 
 for _cls in (OrtPoissonRegressor, OrtGammaRegressor, OrtTweedieRegressor):
-    _cls.__doc__ = _cls.__doc__.format(params=_GLM_PARAMS_DOC, attributes=_GLM_ATTRIBUTES_DOC)
+    _cls.__doc__ = _cls.__doc__.format(common=_GLM_COMMON_DOC, params=_GLM_PARAMS_DOC,
+                                        attributes=_GLM_ATTRIBUTES_DOC)
+    fill_shared_doc(_cls)

@@ -22,7 +22,7 @@ import numpy as np
 from sklearn.base import RegressorMixin
 from sklearn.utils._param_validation import Interval
 
-from ._fullbatch import COEF, INTERCEPT, BaseOrtFullBatch, linear_objective
+from ._fullbatch import COEF, INTERCEPT, BaseOrtFullBatch, fill_shared_doc, linear_objective
 
 __all__ = ["OrtHuberRegressor"]
 
@@ -31,6 +31,7 @@ SCALE = "scale"
 _SCIPY_FTOL, _SCIPY_MAXLS = 1e7 * np.finfo(float).eps, 20
 
 
+@fill_shared_doc
 class OrtHuberRegressor(RegressorMixin, BaseOrtFullBatch):
     """Huber regression (robust to outliers) trained with onnxruntime and L-BFGS.
 
@@ -58,9 +59,7 @@ class OrtHuberRegressor(RegressorMixin, BaseOrtFullBatch):
     tol : float, default=1e-05
         ``gtol`` of L-BFGS-B: stop when the largest projected gradient
         component is below it.
-    device : str, default='cpu'
-        Where onnxruntime evaluates the objective: ``'cpu'``, ``'cuda'``,
-        ``'cuda:N'``.
+    {device}
 
     Attributes
     ----------
@@ -74,10 +73,7 @@ class OrtHuberRegressor(RegressorMixin, BaseOrtFullBatch):
         L-BFGS iterations run.
     loss_ : float
         Objective at the returned weights.
-    train_losses_ : list of float
-        ``[loss_]``.
-    n_features_in_ : int
-    feature_names_in_ : ndarray of str
+    {fitted}
 
     See Also
     --------

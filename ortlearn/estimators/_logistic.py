@@ -26,6 +26,7 @@ from ._fullbatch import (
     INTERCEPT,
     BaseOrtFullBatch,
     FullBatchClassifierMixin,
+    fill_shared_doc,
     linear_objective,
 )
 
@@ -34,6 +35,7 @@ __all__ = ["OrtLogisticRegression"]
 _SOLVERS = {"lbfgs", "liblinear", "newton-cg", "newton-cholesky", "sag", "saga"}
 
 
+@fill_shared_doc
 class OrtLogisticRegression(FullBatchClassifierMixin, BaseOrtFullBatch):
     """Logistic regression (binary and multinomial) trained with onnxruntime and L-BFGS.
 
@@ -84,9 +86,7 @@ class OrtLogisticRegression(FullBatchClassifierMixin, BaseOrtFullBatch):
         classes and features are the same).
     n_jobs : int, default=None
         Unused (accepted, as by ``LogisticRegression`` with one ``C``).
-    device : str, default='cpu'
-        Where onnxruntime evaluates the objective: ``'cpu'``, ``'cuda'``,
-        ``'cuda:N'``.
+    {device}
 
     Attributes
     ----------
@@ -97,10 +97,7 @@ class OrtLogisticRegression(FullBatchClassifierMixin, BaseOrtFullBatch):
         L-BFGS iterations run.
     loss_ : float
         Objective at the returned weights.
-    train_losses_ : list of float
-        ``[loss_]``.
-    n_features_in_ : int
-    feature_names_in_ : ndarray of str
+    {fitted}
 
     See Also
     --------

@@ -33,7 +33,7 @@ from ..graph import GraphBuilder, finalize_model
 from ..graph.model import DEFAULT_OPSET
 from ..log import user_stacklevel
 from ..training import minimize_lbfgs
-from ._fullbatch import INTERCEPT, LABEL, LOSS, SAMPLE_WEIGHT, BaseOrtFullBatch
+from ._fullbatch import INTERCEPT, LABEL, LOSS, SAMPLE_WEIGHT, BaseOrtFullBatch, fill_shared_doc
 
 __all__ = ["OrtQuantileRegressor"]
 
@@ -80,6 +80,7 @@ def _pinball_objective(n_features, fit_intercept, quantile, alpha, width, data_s
     return finalize_model(model)
 
 
+@fill_shared_doc
 class OrtQuantileRegressor(RegressorMixin, BaseOrtFullBatch):
     """Linear quantile regression with an L1 penalty, trained with onnxruntime and L-BFGS-B.
 
@@ -107,9 +108,7 @@ class OrtQuantileRegressor(RegressorMixin, BaseOrtFullBatch):
         raises a ``ValueError``, as there with scipy >= 1.11.
     solver_options : dict, default=None
         Options of scipy's ``linprog``: only None (a dict raises a ``ValueError``).
-    device : str, default='cpu'
-        Where onnxruntime evaluates the objective: ``'cpu'``, ``'cuda'``,
-        ``'cuda:N'``.
+    {device}
 
     Attributes
     ----------

@@ -19,7 +19,7 @@ from sklearn.base import MultiOutputMixin, RegressorMixin
 from sklearn.utils._param_validation import Interval, StrOptions
 
 from ..loss import elementwise_loss
-from ._fullbatch import COEF, BaseOrtFullBatch, linear_objective
+from ._fullbatch import COEF, BaseOrtFullBatch, fill_shared_doc, linear_objective
 
 __all__ = ["OrtRidge"]
 
@@ -28,6 +28,7 @@ _SOLVERS = {"auto", "svd", "cholesky", "lsqr", "sparse_cg", "sag", "saga", "lbfg
 _DEFAULT_MAX_ITER = 15000
 
 
+@fill_shared_doc
 class OrtRidge(MultiOutputMixin, RegressorMixin, BaseOrtFullBatch):
     """Ridge regression (one or several targets) trained with onnxruntime and L-BFGS.
 
@@ -64,9 +65,7 @@ class OrtRidge(MultiOutputMixin, RegressorMixin, BaseOrtFullBatch):
         ``Ridge(positive=True)``).
     random_state : int, RandomState instance or None, default=None
         Unused (``'sag'``/``'saga'`` only; accepted, as there).
-    device : str, default='cpu'
-        Where onnxruntime evaluates the objective: ``'cpu'``, ``'cuda'``,
-        ``'cuda:N'``.
+    {device}
 
     Attributes
     ----------
@@ -77,10 +76,7 @@ class OrtRidge(MultiOutputMixin, RegressorMixin, BaseOrtFullBatch):
         repeated). ``Ridge`` gives None for its L-BFGS solver.
     loss_ : float
         Halved objective at the returned weights (on the centred data).
-    train_losses_ : list of float
-        ``[loss_]``.
-    n_features_in_ : int
-    feature_names_in_ : ndarray of str
+    {fitted}
 
     See Also
     --------

@@ -45,6 +45,7 @@ from ._fullbatch import (
     SAMPLE_WEIGHT,
     BaseOrtFullBatch,
     FullBatchClassifierMixin,
+    fill_shared_doc,
     linear_objective,
 )
 
@@ -229,6 +230,7 @@ class _BaseOrtLinearSVM(BaseOrtFullBatch):
         return coef.T, 0.0  # scikit-learn's intercept_ without fit_intercept
 
 
+@fill_shared_doc
 class OrtLinearSVC(FullBatchClassifierMixin, _BaseOrtLinearSVM):
     """Linear support vector classification (one-vs-rest) trained with onnxruntime and L-BFGS.
 
@@ -272,9 +274,7 @@ class OrtLinearSVC(FullBatchClassifierMixin, _BaseOrtLinearSVM):
         Unused (accepted, as there: the order of liblinear's coordinate descent).
     max_iter : int, default=1000
         Maximum number of L-BFGS iterations.
-    device : str, default='cpu'
-        Where onnxruntime evaluates the objective: ``'cpu'``, ``'cuda'``,
-        ``'cuda:N'``.
+    {device}
 
     Attributes
     ----------
@@ -285,10 +285,7 @@ class OrtLinearSVC(FullBatchClassifierMixin, _BaseOrtLinearSVM):
         L-BFGS iterations run (all classes together).
     loss_ : float
         Objective (primal, or dual for ``'hinge'``) at the returned weights.
-    train_losses_ : list of float
-        ``[loss_]``.
-    n_features_in_ : int
-    feature_names_in_ : ndarray of str
+    {fitted}
 
     See Also
     --------
@@ -380,6 +377,7 @@ class OrtLinearSVC(FullBatchClassifierMixin, _BaseOrtLinearSVM):
         return [self._label_output(b, raw), ("raw_scores", elem, ["N", self.coef_.shape[0]])]
 
 
+@fill_shared_doc
 class OrtLinearSVR(RegressorMixin, _BaseOrtLinearSVM):
     """Linear support vector regression trained with onnxruntime and L-BFGS.
 
@@ -414,8 +412,7 @@ default='epsilon_insensitive'
         Unused (accepted, as there).
     max_iter : int, default=1000
         Maximum number of L-BFGS iterations.
-    device : str, default='cpu'
-
+    {device}
     Attributes
     ----------
     coef_ : ndarray of shape (n_features,)
@@ -423,9 +420,7 @@ default='epsilon_insensitive'
     n_iter_ : int
     loss_ : float
         Objective (primal, or dual for ``'epsilon_insensitive'``).
-    train_losses_ : list of float
-    n_features_in_ : int
-    feature_names_in_ : ndarray of str
+    {fitted}
 
     See Also
     --------
