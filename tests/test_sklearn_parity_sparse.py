@@ -43,6 +43,10 @@ CASES = [
     (ortlearn.OrtLinearClassifier, dict(max_iter=4, random_state=0), _sparse_digits),
     (ortlearn.OrtMLPClassifier, dict(hidden_layer_sizes=(8,), max_iter=4, random_state=0),
      _sparse_digits),
+    # scikit-learn's per-sample updates (batch_size=1) read the same rows
+    (ortlearn.OrtSGDRegressor, dict(max_iter=4, random_state=0, tol=None), _sparse_regression),
+    (ortlearn.OrtSGDClassifier, dict(loss="log_loss", max_iter=4, random_state=0, tol=None),
+     _sparse_digits),
 ]
 IDS = [c[0].__name__ for c in CASES]
 
