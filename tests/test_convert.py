@@ -440,3 +440,39 @@ def test_equal_weights_are_not_merged_by_skl2onnx():
     assert get_train_initializer(onx) == ["coef", "intercept"]
     (raw,) = run_onnx(onx, {"X": X}, ["raw_scores"])
     np.testing.assert_array_equal(raw, np.zeros((4, 1)))
+
+
+# ----------------------------------------------- wide inputs: a narrow probe converts
+@pytest.mark.parametrize("make, target", [
+    (lambda: LinearRegression(), "regression"),
+    (lambda: LinearRegression(), "two_outputs"),
+    (lambda: SGDRegressor(max_iter=5), "regression"),
+    (lambda: LogisticRegression(), "binary"),
+    (lambda: LogisticRegression(), "multiclass"),
+    (lambda: SGDClassifier(loss="log_loss", max_iter=5), "multiclass"),
+    (lambda: MLPRegressor(hidden_layer_sizes=(5,), max_iter=5), "two_outputs"),
+    (lambda: MLPRegressor(hidden_layer_sizes=(5,), loss="poisson", max_iter=5), "positive"),
+    (lambda: MLPClassifier(hidden_layer_sizes=(5,), max_iter=5), "binary"),
+    (lambda: MLPClassifier(hidden_layer_sizes=(5,), max_iter=5), "multilabel"),
+])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
+def test_wide_estimators_convert_from_a_narrow_probe_to_the_same_graph(monkeypatch, make,
+                                                                       target, dtype):
+    """Above NARROW_ABOVE features the graph comes from a probe of 2 features, then gets
+    its width and weights: the model is the one converted from the full estimator."""
+    from ortlearn.convert import conversion
+
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((30, 7)).astype(dtype)
+    y = {"regression": rng.standard_normal(30), "two_outputs": rng.standard_normal((30, 2)),
+         "positive": rng.gamma(2.0, 1.0, 30), "binary": rng.integers(0, 2, 30),
+         "multiclass": rng.integers(0, 3, 30),
+         "multilabel": rng.integers(0, 2, (30, 3))}[target]
+    fitted = make().fit(X, y)
+    monkeypatch.setattr(conversion, "NARROW_ABOVE", 10**9)
+    full = to_train_onnx(fitted, X)
+    monkeypatch.setattr(conversion, "NARROW_ABOVE", 3)
+    narrow = to_train_onnx(fitted, X)
+    assert narrow == full
+    assert fitted.n_features_in_ == 7  # the estimator converted is left alone

@@ -16,6 +16,7 @@ import onnx
 from onnx import helper, numpy_helper
 from sklearn.base import is_classifier
 from sklearn.linear_model import LogisticRegression
+from sklearn.pipeline import Pipeline
 
 from ..graph import (
     DEFAULT_ML_OPSET,
@@ -28,7 +29,7 @@ from ..graph import (
     rename_value,
 )
 from .lowering import _ML_DOMAIN, lower_ml_operators
-from .weights import _LINEAR, _final_estimator, get_weights, set_weights
+from .weights import _LINEAR, _MLP, _final_estimator, get_weights, set_weights
 
 __all__ = ["RAW_PREDICTIONS", "RAW_SCORES", "to_train_onnx"]
 
@@ -106,9 +107,14 @@ def to_train_onnx(estimator, X, dtype=None, target_opset: int = DEFAULT_OPSET) -
         raise ValueError(
             f"target_opset must be between {MIN_OPSET} and {DEFAULT_OPSET}, got {target_opset}."
         )
-    probe = _with_distinct_weights(estimator, weights)
-    model = lower_ml_operators(_skl2onnx_convert(probe, X[:1].astype(dtype), target_opset))
+    n_features = X.shape[1]
+    narrow = not isinstance(estimator, Pipeline) and n_features > NARROW_ABOVE
+    probe = _with_distinct_weights(estimator, weights, narrow)
+    sample = X[:1, :_NARROW] if narrow else X[:1]
+    model = lower_ml_operators(_skl2onnx_convert(probe, sample.astype(dtype), target_opset))
     _freeze_initializers(model, list(weights))
+    if narrow:
+        model.graph.input[0].type.tensor_type.shape.dim[1].dim_value = n_features
     for init in model.graph.initializer:
         init.CopyFrom(numpy_helper.from_array(np.asarray(weights[init.name], dtype=dtype),
                                               init.name))
@@ -130,12 +136,23 @@ def to_train_onnx(estimator, X, dtype=None, target_opset: int = DEFAULT_OPSET) -
     return finalize_model(model)
 
 
-def _with_distinct_weights(estimator, weights: dict):
+#: Above this many input features, an estimator (not a Pipeline: its scalers hold a
+#: value per feature) is converted from a probe reading ``_NARROW`` features, and the
+#: graph gets its real input width and weights afterwards: skl2onnx copies every
+#: weight several times while it converts (112 MB of peak for the 8 MB of a
+#: 200 000-feature MLP), and the graph of ``X @ coef`` does not depend on the width.
+NARROW_ABOVE = 256
+_NARROW = 2
+
+
+def _with_distinct_weights(estimator, weights: dict, narrow: bool = False):
     """A copy of ``estimator`` whose weights all hold different values.
 
     skl2onnx merges initializers holding equal values (the zero ``coef`` and
     ``intercept`` of a one-feature template become one tensor): the graph is
-    converted from this copy, then gets the real weights back.
+    converted from this copy, then gets the real weights back. With
+    ``narrow``, the first weight (the one multiplying ``X``) keeps only
+    ``_NARROW`` rows and the copy reads ``_NARROW`` features.
     """
     # The weight arrays are shared, not copied: set_weights replaces them in the
     # probe (and the probe is converted, never trained), so a copy would only
@@ -145,16 +162,32 @@ def _with_distinct_weights(estimator, weights: dict):
     shared += [a for v in vars(final).values() if isinstance(v, list)
                for a in v if isinstance(a, np.ndarray)]
     probe = copy.deepcopy(estimator, {id(a): a for a in shared})
+    first = next(iter(weights))
     start, placeholders = 1.0, {}
     for name, value in weights.items():
+        shape = (_NARROW, *value.shape[1:]) if narrow and name == first else value.shape
         # start + arange / 1024, computed in place: one array, no temporaries
-        placeholder = np.arange(value.size, dtype=np.float64)
+        placeholder = np.arange(int(np.prod(shape)), dtype=np.float64)
         placeholder /= 1024
         placeholder += start
-        placeholders[name] = placeholder.reshape(value.shape)
-        start += value.size
+        placeholders[name] = placeholder.reshape(shape)
+        start += placeholder.size
+    if narrow:
+        _set_narrow_first_weight(_final_estimator(probe), placeholders.pop(first))
     set_weights(probe, placeholders, copy=False)
     return probe
+
+
+def _set_narrow_first_weight(final, value: np.ndarray) -> None:
+    """Give ``final`` a first weight of ``_NARROW`` input rows (graph layout ``value``)."""
+    if isinstance(final, _MLP):
+        final.coefs_[0] = value.astype(final.coefs_[0].dtype)
+    else:
+        coef = value.T if np.ndim(final.coef_) == 2 else value.reshape(-1)
+        final.coef_ = np.ascontiguousarray(coef, dtype=final.coef_.dtype)
+    final.n_features_in_ = _NARROW
+    if hasattr(final, "feature_names_in_"):
+        del final.feature_names_in_
 
 
 def _resolve_dtype(X, dtype) -> np.dtype:
