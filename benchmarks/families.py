@@ -97,7 +97,8 @@ def _lbfgs_fit(est, X, y, objective) -> dict:
 
 
 def _lbfgs_workload(key, title, params, ours: tuple, theirs: tuple, objective, note):
-    """A full-batch workload: ``ours``/``theirs`` are ``(name, make(warmup) -> est, note)``."""
+    """A full-batch workload: ``ours``/``theirs`` are ``(name, make(warmup) -> est, note)``
+    (:func:`_pair` makes both from the same parameters)."""
     w = Workload(key, title, "s/fit", "objective", params, sklearn_ref=theirs[0],
                  gap="objective")
     w.notes.append(note)
@@ -113,6 +114,20 @@ def _lbfgs_workload(key, title, params, ours: tuple, theirs: tuple, objective, n
 
 def _ort(name: str, params: dict, device: str):
     return _ortlearn(name, {**params, "device": device}, {})
+
+
+def _pair(opts: Options, ours: tuple, theirs: tuple, common: dict, max_iter: int) -> tuple:
+    """The two contenders of a whole-fit workload, with the same parameters.
+
+    ``ours`` is ``(label, ortlearn class name, note)``, ``theirs`` ``(label,
+    scikit-learn class, note)``; both fit with ``common`` and ``max_iter`` (2 for
+    the warm-up fit).
+    """
+    def iterations(warmup):
+        return {**common, "max_iter": 2 if warmup else max_iter}
+
+    return ((ours[0], lambda warmup: _ort(ours[1], iterations(warmup), opts.device), ours[2]),
+            (theirs[0], lambda warmup: theirs[1](**iterations(warmup)), theirs[2]))
 
 
 # ---------------------------------------------------------------- W10
@@ -139,12 +154,9 @@ def build_w10(opts: Options) -> Workload:
     common = {"C": C, "tol": LBFGS_TOL}
     return _lbfgs_workload(
         "W10", "multinomial logistic regression, L-BFGS", params,
-        ("ortlearn_lbfgs", lambda warmup: _ort("OrtLogisticRegression",
-                                               {**common, "max_iter": 2 if warmup else max_iter},
-                                               opts.device), "OrtLogisticRegression"),
-        ("sklearn_lbfgs", lambda warmup: LogisticRegression(**common,
-                                                            max_iter=2 if warmup else max_iter),
-         "LogisticRegression(solver='lbfgs')"),
+        *_pair(opts, ("ortlearn_lbfgs", "OrtLogisticRegression", "OrtLogisticRegression"),
+               ("sklearn_lbfgs", LogisticRegression, "LogisticRegression(solver='lbfgs')"),
+               common, max_iter),
         objective, "objective = mean cross-entropy + ||coef||^2 / (2 C n); time = whole fit")
 
 
@@ -173,12 +185,9 @@ def build_w11(opts: Options) -> Workload:
     common = {"alpha": alpha, "tol": LBFGS_TOL}
     return _lbfgs_workload(
         "W11", "Poisson GLM, L-BFGS", params,
-        ("ortlearn_lbfgs", lambda warmup: _ort("OrtPoissonRegressor",
-                                               {**common, "max_iter": 2 if warmup else max_iter},
-                                               opts.device), "OrtPoissonRegressor"),
-        ("sklearn_lbfgs", lambda warmup: PoissonRegressor(**common,
-                                                          max_iter=2 if warmup else max_iter),
-         "PoissonRegressor(solver='lbfgs')"),
+        *_pair(opts, ("ortlearn_lbfgs", "OrtPoissonRegressor", "OrtPoissonRegressor"),
+               ("sklearn_lbfgs", PoissonRegressor, "PoissonRegressor(solver='lbfgs')"),
+               common, max_iter),
         objective, "objective = mean half Poisson deviance + alpha/2 ||coef||^2; time = whole fit")
 
 
@@ -208,12 +217,9 @@ def build_w12(opts: Options) -> Workload:
     common = {"epsilon": epsilon, "alpha": alpha, "tol": tol}
     return _lbfgs_workload(
         "W12", "Huber regression, L-BFGS-B", params,
-        ("ortlearn_lbfgs", lambda warmup: _ort("OrtHuberRegressor",
-                                               {**common, "max_iter": 2 if warmup else max_iter},
-                                               opts.device), "OrtHuberRegressor"),
-        ("sklearn_lbfgs", lambda warmup: HuberRegressor(**common,
-                                                        max_iter=2 if warmup else max_iter),
-         "HuberRegressor (scipy L-BFGS-B)"),
+        *_pair(opts, ("ortlearn_lbfgs", "OrtHuberRegressor", "OrtHuberRegressor"),
+               ("sklearn_lbfgs", HuberRegressor, "HuberRegressor (scipy L-BFGS-B)"),
+               common, max_iter),
         objective, "objective = sum(sigma + H(r/sigma) sigma) + alpha ||coef||^2 "
                    "(HuberRegressor's, over coef, intercept and sigma); time = whole fit")
 
@@ -382,11 +388,8 @@ def build_w17(opts: Options) -> Workload:
     common = {"alpha": alpha, "tol": tol}
     return _lbfgs_workload(
         "W17", "Lasso", params,
-        ("ortlearn_fista", lambda warmup: _ort("OrtLasso", {**common,
-                                                            "max_iter": 2 if warmup else 1000},
-                                               opts.device), "OrtLasso (FISTA)"),
-        ("sklearn_cd", lambda warmup: Lasso(**common, max_iter=2 if warmup else 1000),
-         "Lasso (coordinate descent)"),
+        *_pair(opts, ("ortlearn_fista", "OrtLasso", "OrtLasso (FISTA)"),
+               ("sklearn_cd", Lasso, "Lasso (coordinate descent)"), common, 1000),
         objective, "objective = ||r||^2 / (2 n) + alpha ||coef||_1; both stop on the duality "
                    "gap; time = whole fit")
 
@@ -413,12 +416,8 @@ def build_w18(opts: Options) -> Workload:
     common = {"C": C, "tol": LBFGS_TOL}
     return _lbfgs_workload(
         "W18", "LinearSVC, squared hinge", params,
-        ("ortlearn_lbfgs", lambda warmup: _ort("OrtLinearSVC", {**common,
-                                                                "max_iter": 2 if warmup else 1000},
-                                               opts.device), "OrtLinearSVC (primal L-BFGS)"),
-        ("sklearn_liblinear", lambda warmup: LinearSVC(**common,
-                                                       max_iter=2 if warmup else 1000),
-         "LinearSVC (liblinear)"),
+        *_pair(opts, ("ortlearn_lbfgs", "OrtLinearSVC", "OrtLinearSVC (primal L-BFGS)"),
+               ("sklearn_liblinear", LinearSVC, "LinearSVC (liblinear)"), common, 1000),
         objective, "objective = liblinear's primal (intercept penalised); time = whole fit")
 
 
