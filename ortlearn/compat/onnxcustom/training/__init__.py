@@ -1,0 +1,1 @@
+"""onnxcustom's ``onnxcustom.training`` package: its trainers, learning rates, losses, penalties."""

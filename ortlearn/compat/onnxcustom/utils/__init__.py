@@ -1,0 +1,1 @@
+"""onnxcustom's ``onnxcustom.utils`` package: graph helpers used by its training scripts."""
