@@ -1,4 +1,4 @@
-"""onnxcustom's import paths (``onnxcustom.training``, ``onnxcustom.utils``) on ortlearn's engine.
+r"""onnxcustom's import paths (``onnxcustom.training``, ``onnxcustom.utils``) on ortlearn's engine.
 
 Migrate a script with one substitution of the package prefix::
 
