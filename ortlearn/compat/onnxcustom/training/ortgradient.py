@@ -54,8 +54,9 @@ class OrtGradientForwardBackward:
         The function to train (no loss in it).
     weights_to_train : list of str, optional
         Initializers to train; default: every trainable float initializer
-        (:func:`ortlearn.graph.get_train_initializer`). Any order (onnxcustom
-        required names in alphabetical order, hence ``onnx_rename_weights``).
+        (:func:`ortlearn.graph.get_train_initializer`). As in onnxcustom, the
+        names must sort alphabetically in the order of the initializers
+        (``onnx_rename_weights`` renames them so).
     input_names, output_names : list of str, optional
         Default: all of the graph's.
     class_name : str, optional
@@ -134,6 +135,14 @@ class OrtGradientForwardBackward:
         if missing:
             raise ValueError(f"Weights {missing} of weights_to_train are not initializers of the "
                              f"model; its initializers are {sorted(inits)}.")
+        found = [i.name for i in onnx_model.graph.initializer if i.name in self.weights_to_train]
+        if sorted(self.weights_to_train) != self.weights_to_train or found != self.weights_to_train:
+            # onnxcustom's condition (onnxruntime-training's ordering), kept so
+            # that scripts behave the same; ortlearn itself has no such need.
+            raise ValueError(
+                f"weights_to_train={self.weights_to_train} must be sorted alphabetically and "
+                f"follow the order of the initializers ({found}). Call onnx_rename_weights "
+                "on the model first.")
         self.device = _device_from_providers(providers, device_index)
         self._init_next()
 
