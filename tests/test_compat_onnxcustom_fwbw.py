@@ -486,8 +486,8 @@ def test_example_nn_fwbw_nesterov(tmp_path):
 def test_nesterov_l1_penalty_and_classical_momentum():
     X, y = make_regression(60, n_features=3, bias=2, random_state=3)
     X, y = X.astype(np.float32), (y / 50).astype(np.float32)
-    from sklearn.neural_network import MLPRegressor
     from skl2onnx import to_onnx
+    from sklearn.neural_network import MLPRegressor
 
     nn = MLPRegressor(hidden_layer_sizes=(4,), max_iter=1).fit(X, y)
     onx = onnx_rename_weights(to_onnx(nn, X[:1], target_opset=15))
@@ -588,8 +588,8 @@ def test_example_benchmark_fwbw_cls(tmp_path):
 # ---------------------------------------------------------------- fit semantics
 
 def _linear_model(n_features=3):
-    from sklearn.linear_model import LinearRegression
     from skl2onnx import to_onnx
+    from sklearn.linear_model import LinearRegression
 
     X, y = make_regression(80, n_features=n_features, bias=2, random_state=4)
     X, y = X.astype(np.float32), (y / 30).astype(np.float32)
