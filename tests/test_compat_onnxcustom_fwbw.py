@@ -746,3 +746,21 @@ def test_onnxruntime_and_onnx_helpers():
     new = replace_initializers_into_onnx(onx, {"I05_w5": np.array([7.0], np.float32)})
     assert numpy_helper.to_array(new.graph.initializer[5])[0] == 7.0
     assert numpy_helper.to_array(onx.graph.initializer[5])[0] == 5.0
+
+
+def test_save_onnx_graph(tmp_path):
+    import onnx
+
+    onx, X, y = _linear_model()
+    opt = OrtGradientForwardBackwardOptimizer(
+        onx, max_iter=1, learning_rate=LearningRateSGDNesterov(1e-3),
+        learning_penalty=ElasticLearningPenalty(l1=1e-3, l2=1e-3))
+    opt.fit(X, y)
+    graphs = opt.save_onnx_graph(bytes)
+    axpyw = onnx.load_from_string(graphs["learning_rate"]["axpyw_onnx_"])
+    assert [o.name for o in axpyw.graph.output] == ["Y", "Z"]
+    backward = onnx.load_from_string(graphs["train_session_"]["cls_type_"]["_trained_onnx"])
+    assert [o.name for o in backward.graph.output] == ["X_grad", "coef_grad", "intercept_grad"]
+    files = opt.save_onnx_graph(str(tmp_path))
+    assert files["model_onnx"].endswith("GradFBOptimizer.model_onnx.onnx")
+    assert onnx.load(files["learning_penalty"]["penalty_onnx_"]).graph.input[0].name == "loss"

@@ -27,6 +27,7 @@ import numpy as np
 from ....graph import get_train_initializer, onnx_to_np_dtype
 from ..utils.onnx_helper import get_onnx_opset, replace_initializers_into_onnx
 from ..utils.onnxruntime_helper import get_ort_device, ort_device_to_string
+from ._base_onnx_function import save_onnx_graphs
 from ._functions import OrtFunction, as_ort_value, to_numpy, zero_model
 from .data_loader import OrtDataLoader
 from .excs import ConvergenceError, ConvergenceWarning
@@ -169,6 +170,11 @@ class OrtGradientForwardBackwardOptimizer:
                     or value != default:
                 ps.append(f"{name}={value!r}")
         return f"{self.__class__.__name__}({', '.join(ps)})"
+
+    def save_onnx_graph(self, folder, prefix=None, suffix=None):
+        """Save every ONNX graph the training runs in ``folder``, or return them
+        serialized when ``folder`` is ``bytes`` (a nested dict by attribute)."""
+        return save_onnx_graphs(self, self.__dict__, folder, prefix, suffix)
 
     @property
     def needs_grad(self):

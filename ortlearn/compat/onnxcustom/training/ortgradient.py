@@ -10,14 +10,13 @@ them (on the device) and feeds them at every call, as onnxcustom did.
 from __future__ import annotations
 
 import logging
-import os
-import warnings
 
 from onnx import TensorProto, numpy_helper
 
 from ....autodiff import build_forward_backward
-from ....graph import get_train_initializer, initializers_to_inputs, load_model
+from ....graph import get_train_initializer, initializers_to_inputs, load_model, rename_value
 from ....training import make_session
+from ._base_onnx_function import save_onnx_graphs
 from ._functions import as_device, as_ort_value, run_ort_values
 
 __all__ = ["OrtGradientForwardBackward", "OrtGradientForwardBackwardFunction"]
@@ -172,6 +171,11 @@ class OrtGradientForwardBackward:
     def __repr__(self):
         return f"{self.__class__.__name__}(...)"
 
+    def save_onnx_graph(self, folder, prefix=None, suffix=None):
+        """Save the graphs (the model, its forward and backward) in ``folder``."""
+        attributes = {"onnx_model": self.onnx_model, "cls_type_": self.cls_type_}
+        return save_onnx_graphs(self, attributes, folder, prefix, suffix)
+
     def get_initializer(self, name, exc=True):
         """The initializer ``name`` as a numpy array (None when absent and ``exc`` is False)."""
         for init in self.onnx_model.graph.initializer:
@@ -196,6 +200,18 @@ class OrtGradientForwardBackward:
                         if i.type.tensor_type.elem_type in _FLOAT_TYPES]
         wrt = float_inputs + self.weights_to_train
         fb = build_forward_backward(model, wrt)
+        # The gradients are named <input>_grad as onnxruntime-training named them.
+        backward = fb.backward
+        used = {n for node in backward.graph.node for n in [*node.input, *node.output]}
+        used |= {i.name for i in backward.graph.input}
+        gradients = {}
+        for name, grad in fb.gradients.items():
+            target = f"{name}_grad"
+            if target not in used:
+                rename_value(backward, grad, target)
+                used.add(target)
+                grad = target
+            gradients[name] = grad
         options = {"session_options": self.sess_options} if self.sess_options else {}
         if self._logger is not None:
             self._logger.info("[OrtGradientForwardBackward] wrt=%r saved=%r", wrt, fb.saved)
@@ -203,7 +219,7 @@ class OrtGradientForwardBackward:
             "__doc__": "Inherits from OrtGradientForwardBackwardFunction.",
             "__module__": OrtGradientForwardBackwardFunction.__module__,
             "_device": self.device,
-            "_sess": make_session(fb.backward, self.device, **options),
+            "_sess": make_session(backward, self.device, **options),
             "_sess_forward": make_session(fb.forward, self.device, **options),
             "_sess_eval": make_session(model, self.device, **options),
             "_run_options": self.run_options,
@@ -212,10 +228,10 @@ class OrtGradientForwardBackward:
             "_input_names": list(self.input_names),
             "_output_names": list(self.output_names),
             "_grad_input_names": grad_input_names,
-            "_bw_fetches_names": [fb.gradients.get(n) for n in grad_input_names],
+            "_bw_fetches_names": [gradients.get(n) for n in grad_input_names],
             "_weights_to_train": list(self.weights_to_train),
             "_fb": fb,
-            "_trained_onnx": fb.backward,
+            "_trained_onnx": backward,
             "_forward_onnx": fb.forward,
             "_optimized_pre_grad_model": model,
         }
@@ -238,24 +254,8 @@ class OrtGradientForwardBackwardFunction:
 
     @classmethod
     def save_onnx_graph(cls, folder, prefix=None, suffix=None):
-        """Save this class's ONNX graphs in ``folder`` (or return them serialized if
-        ``folder`` is ``bytes``); return ``{attribute: file name or bytes}``."""
-        prefix, suffix = prefix or "", suffix or ""
-        if isinstance(folder, str) and not os.path.exists(folder):
-            raise FileNotFoundError(f"Folder {folder!r} does not exist.")
-        saved = {}
-        for k in ("_trained_onnx", "_forward_onnx", "_optimized_pre_grad_model"):
-            data = getattr(cls, k).SerializeToString()
-            if isinstance(folder, str):
-                filename = os.path.join(folder, f"{prefix}{cls.__name__}{suffix}.{k}.onnx")
-                if os.path.exists(filename):
-                    warnings.warn(f"Filename {filename!r} already exists.", stacklevel=2)
-                with open(filename, "wb") as f:
-                    f.write(data)
-                saved[k] = filename
-            else:
-                saved[k] = data
-        return saved
+        """Save this class's ONNX graphs in ``folder`` (``bytes``: return them serialized)."""
+        return save_onnx_graphs(cls, dict(cls.__dict__), folder, prefix, suffix)
 
     def save_for_backward(self, inputs):
         """Keep ``inputs`` (a shallow copy of the list) for the backward."""
