@@ -13,23 +13,11 @@ import onnxruntime as ort
 from onnx import helper
 
 from ....graph import DEFAULT_OPSET, GraphBuilder, finalize_model, np_dtype_to_onnx
-from ....training import make_session, parse_device
-from ....training._buffers import device_value, host_copy
+from ....training import host_copy, make_session
+from ....training._buffers import device_value
+from ..utils.onnxruntime_helper import as_device
 
 __all__ = ["OrtFunction", "as_ort_value", "as_device", "to_numpy"]
-
-
-def as_device(device):
-    """An ortlearn :class:`~ortlearn.training.Device` from a string, an OrtDevice or a Device."""
-    if device is None:
-        return parse_device("cpu")
-    if hasattr(device, "device_type") and hasattr(device, "device_id"):
-        # onnxruntime's OrtDevice (public or C): type 0 is the CPU, 1 CUDA.
-        kind = "cpu" if device.device_type() == 0 else "cuda"
-        return parse_device(f"{kind}:{device.device_id()}" if kind == "cuda" else kind)
-    if isinstance(device, str) and device.startswith("gpu"):
-        device = "cuda" + device[3:]
-    return parse_device(device)
 
 
 def as_ort_value(value, device) -> ort.OrtValue:

@@ -23,8 +23,9 @@ __all__ = [
 ]
 
 
-def _as_device(device):
-    """An ortlearn ``Device`` from any accepted description of a device."""
+def as_device(device):
+    """An ortlearn :class:`~ortlearn.training.Device` from a string, an OrtDevice (public or
+    C), a Device or None (the CPU)."""
     if device is None:
         return parse_device("cpu")
     if isinstance(device, ort.OrtDevice) or (
@@ -66,7 +67,7 @@ def get_ort_device(device):
     """
     if isinstance(device, ort.OrtDevice):
         return device
-    parsed = _as_device(device)
+    parsed = as_device(device)
     return ort.OrtDevice.make(parsed.kind, parsed.index)
 
 
@@ -74,7 +75,7 @@ def ort_device_to_string(device):
     """``'cpu'``, ``'cuda'`` or ``'cuda:N'`` (N > 0): the inverse of :func:`get_ort_device`."""
     if isinstance(device, str):
         raise TypeError(f"device must be an OrtDevice, not the string {device!r}.")
-    parsed = _as_device(device)
+    parsed = as_device(device)
     return parsed.kind if parsed.index == 0 else f"{parsed.kind}:{parsed.index}"
 
 
@@ -90,7 +91,7 @@ def numpy_to_ort_value(arr, device=None):
     >>> numpy_to_ort_value(np.arange(3, dtype=np.float32)).numpy()
     array([0., 1., 2.], dtype=float32)
     """
-    return device_value(arr, _as_device(device))
+    return device_value(arr, as_device(device))
 
 
 def device_to_providers(device):
@@ -104,7 +105,7 @@ def device_to_providers(device):
     >>> device_to_providers('cpu')
     ['CPUExecutionProvider']
     """
-    return _as_device(device).providers()
+    return as_device(device).providers()
 
 
 def get_ort_device_from_session(sess):
