@@ -40,7 +40,6 @@ from ....graph import load_model
 from ....log import verbose_log
 from ....optim import SGD
 from ....training import TrainingEngine
-from ....training.checks import replace_initializers
 from ....training.fused import build_fused_step
 from .excs import ConvergenceError, EvaluationError
 from .sgd_learning_rate import BaseLearningRate
@@ -326,7 +325,11 @@ class OrtGradientOptimizer(_NativeOptimizer):
         missing = sorted(set(self.state_) - names)
         if missing:
             raise RuntimeError(f"Unable to find initializer(s) {missing} in {sorted(names)}.")
-        replace_initializers(target, self.state_)
+        # As onnxcustom: the values replace the initializers of that name whatever their
+        # shape (a hand-made inference graph may hold the intercept as a scalar).
+        for init in target.graph.initializer:
+            if init.name in self.state_:
+                init.CopyFrom(onnx.numpy_helper.from_array(self.state_[init.name], init.name))
         return target
 
     def _inference(self):
