@@ -383,3 +383,63 @@ def test_cuda_matches_cpu(regression):
                                              max_iter=3, device=device)
         results.append(train_session.fit(X, y).train_losses_)
     np.testing.assert_allclose(results[1], results[0], rtol=1e-4)
+
+
+def test_log_loss_training_matches_numpy():
+    """onnxcustom's binary classification test: 'log' on probabilities, weights (n, 1)."""
+    X, y = make_classification(100, n_features=10, random_state=0)
+    X, y = X.astype(np.float32), y.astype(np.int64)
+    w = np.linspace(0.5, 1.5, 100, dtype=np.float32)
+    onx = to_onnx(SGDClassifier(loss="log_loss", random_state=0).fit(X, y), X[:1],
+                  target_opset=15, black_op={"LinearClassifier"}, options={"zipmap": False})
+    onx_loss = add_loss_output(onx, "log", output_index=1, weight_name="weight")
+    np.random.seed(4)
+    train_session = OrtGradientOptimizer(onx_loss, ["intercept", "coef"], learning_rate=1e-1,
+                                         max_iter=4)
+    train_session.fit(X, y.reshape((-1, 1)), w.reshape((-1, 1)), use_numpy=False)
+
+    rng = np.random.RandomState(4)  # redrawn in the graph's order: coef, then intercept
+    coef = rng.randn(10, 1).astype(np.float32)
+    intercept = rng.randn(1).astype(np.float32)
+    eta0, losses = 0.1, []
+    lr = eta0
+    for it in range(4):
+        step, batch_losses = np.float32(lr / 10), []
+        for _ in range(10):
+            i = rng.randint(0, 90)
+            xb, yb, wb = X[i:i + 10], y[i:i + 10], w[i:i + 10]
+            p1 = 1 / (1 + np.exp(-(xb @ coef + intercept).ravel().astype(np.float64)))
+            ll = np.where(yb == 1, np.log(p1), np.log(1 - p1))
+            batch_losses.append(-(wb * ll).mean() / 10)
+            dz = (-(wb * (yb - p1)) / 10)[:, None]  # d loss / d score
+            coef = (coef - step * (xb.T @ dz)).astype(np.float32)
+            intercept = (intercept - step * dz.sum(axis=0)).astype(np.float32)
+        losses.append(np.mean(batch_losses))
+        lr = eta0 / (it + 1) ** 0.25
+    np.testing.assert_allclose(train_session.train_losses_, losses, rtol=RTOL)
+    state = train_session.get_state()
+    np.testing.assert_allclose(state["coef"], coef, rtol=RTOL, atol=1e-6)
+    np.testing.assert_allclose(state["intercept"], intercept, rtol=RTOL, atol=1e-6)
+    # the trained weights in the graph without its loss: onnxcustom's get_trained_onnx(model=)
+    proba = _run(train_session.get_trained_onnx(model=onx), {"X": X}, "probabilities")
+    p1 = 1 / (1 + np.exp(-(X @ coef + intercept).ravel()))
+    np.testing.assert_allclose(proba[:, 1], p1, rtol=1e-5)
+
+
+def test_pickle_and_clone(regression):
+    import pickle
+
+    from sklearn.base import clone
+
+    X, y, _, onx = regression
+    np.random.seed(9)
+    train_session = OrtGradientOptimizer(add_loss_output(onx), ["coef", "intercept"],
+                                         max_iter=2).fit(X, y)
+    restored = pickle.loads(pickle.dumps(train_session))
+    np.testing.assert_array_equal(restored.get_state()["coef"],
+                                  train_session.get_state()["coef"])
+    np.testing.assert_array_equal(restored.predict(X[:5]), train_session.predict(X[:5]))
+    copy = clone(train_session)
+    assert isinstance(copy.learning_rate, LearningRateSGD)
+    assert copy.learning_rate is not train_session.learning_rate
+    assert copy.learning_rate.eta0 == train_session.learning_rate.eta0
