@@ -77,10 +77,13 @@ class OrtFunction:
         if len(values) != len(self.input_names):
             raise ValueError(f"Expected {len(self.input_names)} inputs {self.input_names}, "
                              f"got {len(values)}.")
-        feeds = {name: as_ort_value(v, self.device)._ortvalue
-                 for name, v in zip(self.input_names, values)}
-        outputs = self.session._sess.run_with_ort_values(feeds, self.output_names, None)
-        return [ort.OrtValue(outputs[i]) for i in range(len(self.output_names))]
+        feeds = {name: as_ort_value(v, self.device) for name, v in zip(self.input_names, values)}
+        return run_ort_values(self.session, self.output_names, feeds)
+
+
+def run_ort_values(session, output_names, feeds) -> list:
+    """Run ``session`` on OrtValues; its outputs stay where they were computed."""
+    return list(session.run_with_ort_values(list(output_names), feeds))
 
 
 def function_model(build, inputs, outputs, opset=DEFAULT_OPSET) -> object:
