@@ -36,11 +36,11 @@ from sklearn.utils.validation import check_is_fitted
 from ....autodiff import build_gradient
 from ....estimators.gradient_optimizer import OrtGradientOptimizer as _NativeOptimizer
 from ....exceptions import ConvergenceError as _NativeConvergenceError
-from ....graph import load_model
 from ....log import verbose_log
 from ....optim import SGD
 from ....training import TrainingEngine
 from ....training.fused import build_fused_step
+from ..utils.onnx_helper import replace_initializers_into_onnx
 from .excs import ConvergenceError, EvaluationError
 from .sgd_learning_rate import BaseLearningRate
 
@@ -316,21 +316,14 @@ class OrtGradientOptimizer(_NativeOptimizer):
 
         Raises
         ------
-        RuntimeError
+        ValueError
             A trained weight is not an initializer of ``model``.
         """
         check_is_fitted(self, "state_")
-        target = load_model(self.model_onnx if model is None else model)
-        names = {i.name for i in target.graph.initializer}
-        missing = sorted(set(self.state_) - names)
-        if missing:
-            raise RuntimeError(f"Unable to find initializer(s) {missing} in {sorted(names)}.")
         # As onnxcustom: the values replace the initializers of that name whatever their
         # shape (a hand-made inference graph may hold the intercept as a scalar).
-        for init in target.graph.initializer:
-            if init.name in self.state_:
-                init.CopyFrom(onnx.numpy_helper.from_array(self.state_[init.name], init.name))
-        return target
+        return replace_initializers_into_onnx(self.model_onnx if model is None else model,
+                                              self.state_)
 
     def _inference(self):
         # predict runs the graph without its loss (the native get_trained_onnx).
