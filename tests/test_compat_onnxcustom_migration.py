@@ -16,6 +16,7 @@ import re
 import shutil
 import subprocess
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -28,10 +29,28 @@ RTOL = 1e-5
 
 def _sed_command() -> list[str]:
     """The documented command (the package docstring), as an argv without the file name."""
-    block = re.search(r"sed -i .*?script\.py", compat.__doc__, re.S).group(0)
-    expressions = re.findall(r"-e '([^']*)'", block)
-    assert len(expressions) == 2
-    return ["sed", "-i", "-E"] + [arg for e in expressions for arg in ("-e", e)]
+    script = re.search(r"sed -i '([^']*)' script\.py", compat.__doc__).group(1)
+    return ["sed", "-i", script]
+
+
+def test_guide_and_package_give_the_same_command():
+    guide = (Path(__file__).resolve().parents[1] / "doc" / "migration_onnxcustom.rst")
+    assert re.search(r"sed -i '([^']*)' script\.py", guide.read_text()).group(1) == \
+        _sed_command()[2]
+
+
+def test_sed_line_is_idempotent(tmp_path):
+    source = ("from onnxcustom.training.optimizers import OrtGradientOptimizer\n"
+              "    from onnxcustom import __max_supported_opset__\n"
+              "import onnxcustom.utils.orttraining_helper as helper\n"
+              "name = 'onnxcustom'\n")
+    once = migrate(source, tmp_path)
+    assert once == ("from ortlearn.compat.onnxcustom.training.optimizers import "
+                    "OrtGradientOptimizer\n"
+                    "    from ortlearn.compat.onnxcustom import __max_supported_opset__\n"
+                    "import ortlearn.compat.onnxcustom.utils.orttraining_helper as helper\n"
+                    "name = 'onnxcustom'\n")
+    assert migrate(once, tmp_path) == once
 
 
 def _gnu_sed() -> bool:
