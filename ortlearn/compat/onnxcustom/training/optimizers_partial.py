@@ -65,7 +65,8 @@ class OrtGradientForwardBackwardOptimizer:
         makes it repeatable). True: from the weights the previous ``fit``
         ended with, or the graph's initializers before any fit.
     verbose : int, default=0
-        Show a progress bar (tqdm) when > 0.
+        Show a progress bar when > 0 (if tqdm is installed), with the loss
+        when > 1.
     validation_every : float or int, default=0.1
         Evaluate on ``X_val`` every ``validation_every`` epochs; below 1, a
         fraction of ``max_iter``.
@@ -130,8 +131,9 @@ class OrtGradientForwardBackwardOptimizer:
         self.enable_logging = enable_logging
         self.weight_name = weight_name
         self.exc = exc
-        self.validation_every = (int(self.max_iter * validation_every) if validation_every < 1
-                                 else validation_every)
+        # At least 1 (onnxcustom divided by zero for max_iter * validation_every < 1).
+        self.validation_every = (max(1, int(self.max_iter * validation_every))
+                                 if validation_every < 1 else validation_every)
         self.build_onnx_function()
 
     # parameters, as onnxcustom's BaseEstimator
@@ -327,15 +329,18 @@ class OrtGradientForwardBackwardOptimizer:
         self.learning_rate.init_learning_rate()
         loop = range(self.max_iter)
         if self.verbose > 0:
-            from tqdm import tqdm
-
-            loop = tqdm(loop)
+            try:
+                from tqdm import tqdm
+            except ImportError:  # tqdm is optional: no progress bar then
+                tqdm = None
+            if tqdm is not None:
+                loop = tqdm(loop)
         self.train_losses_ = []
         val_losses = []
         for it in loop:
             loss = self._iteration(data_loader, n_weights)
             lr = self.learning_rate.update_learning_rate(it).value
-            if self.verbose > 1:
+            if self.verbose > 1 and hasattr(loop, "set_description"):
                 loop.set_description(f"loss={loss:1.3g} lr={lr:1.3g}")
             if logger is not None:
                 logger.info("[OrtGradientForwardBackwardOptimizer.fit] lr value=%r", lr)

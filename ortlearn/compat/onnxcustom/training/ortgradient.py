@@ -292,9 +292,10 @@ class OrtGradientForwardBackwardFunction:
         feeds = {name: as_ort_value(v, cls._device)
                  for name, v in zip(cls._grad_input_names, inputs)}
         if not training:
-            return run_ort_values(cls._sess_eval, cls._output_names, feeds)
+            return run_ort_values(cls._sess_eval, cls._output_names, feeds, cls._device)
         fb = cls._fb
-        values = run_ort_values(cls._sess_forward, list(fb.outputs) + list(fb.saved), feeds)
+        values = run_ort_values(cls._sess_forward, list(fb.outputs) + list(fb.saved), feeds,
+                                cls._device)
         n_out = len(fb.outputs)
         saved = dict(zip(fb.saved, values[n_out:]))
         saved.update({name: feeds[name] for name in fb.reused_inputs})
@@ -332,6 +333,6 @@ class OrtGradientForwardBackwardFunction:
                 feeds[fb.cotangents[name]] = as_ort_value(grad, cls._device)
         wanted = [g for g in cls._bw_fetches_names if g is not None]
         feeds = {i.name: feeds[i.name] for i in cls._sess.get_inputs()}
-        grads = dict(zip(wanted, run_ort_values(cls._sess, wanted, feeds)))
+        grads = dict(zip(wanted, run_ort_values(cls._sess, wanted, feeds, cls._device)))
         return [None if g is None else grads[g] for g in cls._bw_fetches_names]
 
