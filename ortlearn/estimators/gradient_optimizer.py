@@ -348,7 +348,7 @@ class OrtGradientOptimizer(BaseEstimator):
             are kept.
         """
         parse_device(self.device)
-        continuing = self.warm_start and hasattr(self, "state_")
+        continuing = self._continues()
         if continuing:
             self._check_same_graph()
         else:
@@ -404,6 +404,10 @@ class OrtGradientOptimizer(BaseEstimator):
                           "weights reached so far are kept.", stacklevel=user_stacklevel())
         self._store(engine)
         return self
+
+    def _continues(self) -> bool:
+        """Whether ``fit`` goes on from the previous fit (a subclass may mean otherwise)."""
+        return self.warm_start and hasattr(self, "state_")
 
     def _check_same_graph(self) -> None:
         """Refuse a warm start after ``set_params(model_onnx=...)`` or ``weights_to_train``.

@@ -1,4 +1,4 @@
-"""onnxcustom's ``onnxcustom.utils.orttraining_helper``: a loss appended to a graph, onnxcustom's way.
+"""onnxcustom's ``onnxcustom.utils.orttraining_helper``: a loss appended to a graph its way.
 
 :func:`add_loss_output` here keeps onnxcustom's reductions, which differ
 from those of the native :func:`ortlearn.add_loss_output`:
