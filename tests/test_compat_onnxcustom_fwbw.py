@@ -608,22 +608,33 @@ def test_sample_weights_and_losses_against_reference(loss):
     _check_against_reference(opt, X, y, activations="identity", sample_weight=w)
 
 
-def test_warm_start_continues_from_the_last_weights():
+def test_warm_start_starts_from_the_graph_weights():
     onx, X, y = _linear_model()
-    opt = OrtGradientForwardBackwardOptimizer(onx, max_iter=2, batch_size=8, learning_rate=0.02)
-    np.random.seed(0)
-    opt.fit(X, y)
-    first = [w.numpy().copy() for w in opt.get_state()]
-    opt.warm_start = True
-    np.random.seed(1)
-    state = np.random.get_state()
-    opt.fit(X, y)
-    losses, weights = reference_fit(None, X, y, max_iter=2, batch_size=8,
-                                    lr=LearningRateSGD(0.02), loss=SquareLearningLoss(),
-                                    activations="identity", weights=first, rng_state=state)
-    assert_close(opt.train_losses_, losses)
-    for got, exp in zip(opt.get_state(), weights):
-        assert_close(got.numpy(), exp)
+    # Start away from the least-squares solution the graph holds.
+    onx = replace_initializers_into_onnx(onx, {
+        i.name: numpy_helper.to_array(i) + 1 for i in onx.graph.initializer
+        if i.name != "shape_tensor"})
+    graph = [numpy_helper.to_array(i) for i in onx.graph.initializer if i.name != "shape_tensor"]
+    opt = OrtGradientForwardBackwardOptimizer(onx, max_iter=2, batch_size=8, learning_rate=0.02,
+                                              warm_start=True)
+    for seed in (0, 1):   # onnxcustom restarted from the graph at every fit
+        np.random.seed(seed)
+        state = np.random.get_state()
+        opt.fit(X, y)
+        losses, weights = reference_fit(None, X, y, max_iter=2, batch_size=8,
+                                        lr=LearningRateSGD(0.02), loss=SquareLearningLoss(),
+                                        activations="identity",
+                                        weights=[w.copy() for w in graph], rng_state=state)
+        assert_close(opt.train_losses_, losses)
+        for got, exp in zip(opt.get_state(), weights):
+            assert_close(got.numpy(), exp)
+    # Continuing means training the trained graph.
+    opt2 = OrtGradientForwardBackwardOptimizer(opt.get_trained_onnx(), max_iter=1,
+                                               batch_size=8, learning_rate=0.02,
+                                               warm_start=True)
+    np.random.seed(2)
+    opt2.fit(X, y)
+    assert opt2.train_losses_[0] < opt.train_losses_[0]
 
 
 def test_divergence_raises_and_keeps_losses():

@@ -62,9 +62,11 @@ class OrtGradientForwardBackwardOptimizer:
     device : str or OrtDevice, default='cpu'
     warm_start : bool, default=False
         False: every ``fit`` starts from weights drawn from numpy's global
-        standard normal generator (as onnxcustom; ``numpy.random.seed``
-        makes it repeatable). True: from the weights the previous ``fit``
-        ended with, or the graph's initializers before any fit.
+        standard normal generator (``numpy.random.seed`` makes it
+        repeatable). True: every ``fit`` starts from the graph's
+        initializers. That is what onnxcustom did, although its
+        documentation promised to continue the previous fit; to continue,
+        train ``get_trained_onnx()``. The velocities start at zero.
     verbose : int, default=0
         Show a progress bar when > 0 (if tqdm is installed), with the loss
         when > 1.
@@ -305,9 +307,10 @@ class OrtGradientForwardBackwardOptimizer:
         self.output_names_ = self.train_session_.cls_type_._bw_fetches_names
         n_weights = len(self.weights_to_train)
 
-        if not (self.warm_start and hasattr(self, "train_state_")):
-            self.set_state([self.train_session_.get_initializer(name, exc=False)
-                            for name in self.input_names_])
+        # As onnxcustom's code did (its documentation said otherwise): every fit
+        # starts from the graph's initializers, or from random weights.
+        self.set_state([self.train_session_.get_initializer(name, exc=False)
+                        for name in self.input_names_])
         if not self.warm_start:
             # onnxcustom draws new weights from numpy's global generator at every fit.
             new_state = []
@@ -320,7 +323,7 @@ class OrtGradientForwardBackwardOptimizer:
                 new_state.append(np.random.randn(*shape).astype(dtype) if len(shape) > 0
                                  else np.random.randn(1).astype(dtype))
             self.set_state(new_state)
-        if self.needs_grad and (not self.warm_start or not hasattr(self, "train_grad_state_")):
+        if self.needs_grad:
             self.set_state(self.get_full_state(), kind="grad", zero=True)
         if logger is not None:
             logger.info("[OrtGradientForwardBackwardOptimizer.fit] input_names=%r "
