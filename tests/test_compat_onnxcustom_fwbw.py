@@ -498,6 +498,80 @@ def test_nesterov_l1_penalty_and_classical_momentum():
     _check_against_reference(opt, X, y, penalty=(1e-3, 1e-3))
 
 
+REG_BENCH = '''
+import time
+import warnings
+import numpy
+from sklearn.datasets import make_regression
+from sklearn.model_selection import train_test_split
+from sklearn.neural_network import MLPRegressor
+from skl2onnx import to_onnx
+from onnxcustom.utils.onnx_helper import onnx_rename_weights
+from onnxcustom.training.optimizers_partial import (
+    OrtGradientForwardBackwardOptimizer)
+
+X, y = make_regression(N_ROWS, n_features=100, bias=2, random_state=0)
+X = X.astype(numpy.float32)
+y = y.astype(numpy.float32)
+X_train, X_test, y_train, y_test = train_test_split(X, y, random_state=0)
+
+
+def benchmark(X, y, skl_model, train_session, name, verbose=True):
+    begin = time.perf_counter()
+    skl_model.fit(X, y)
+    duration_skl = time.perf_counter() - begin
+    begin = time.perf_counter()
+    train_session.fit(X, y)
+    duration_ort = time.perf_counter() - begin
+    return dict(skl=duration_skl, ort=duration_ort, name=name,
+                iter_skl=len(skl_model.loss_curve_),
+                iter_ort=len(train_session.train_losses_),
+                losses_skl=skl_model.loss_curve_,
+                losses_ort=train_session.train_losses_)
+
+
+benches = []
+batch_size = 15
+max_iter = MAX_ITER
+nn = MLPRegressor(hidden_layer_sizes=(50, 10), max_iter=max_iter,
+                  solver='sgd', learning_rate_init=5e-4, alpha=0,
+                  n_iter_no_change=max_iter * 3, batch_size=batch_size,
+                  nesterovs_momentum=False, momentum=0,
+                  learning_rate="invscaling")
+with warnings.catch_warnings():
+    warnings.simplefilter('ignore')
+    nn.fit(X_train, y_train)
+onx = to_onnx(nn, X_train[:1].astype(numpy.float32), target_opset=15)
+onx = onnx_rename_weights(onx)
+train_session = OrtGradientForwardBackwardOptimizer(
+    onx, device='cpu', learning_rate=1e-5,
+    warm_start=False, max_iter=max_iter, batch_size=batch_size)
+benches.append(benchmark(X_train, y_train, nn, train_session, name='NN-CPU'))
+
+lr = MLPRegressor(hidden_layer_sizes=tuple(), max_iter=max_iter,
+                  solver='sgd', learning_rate_init=5e-2, alpha=0,
+                  n_iter_no_change=max_iter * 3, batch_size=batch_size,
+                  nesterovs_momentum=False, momentum=0,
+                  learning_rate="invscaling")
+with warnings.catch_warnings():
+    warnings.simplefilter('ignore')
+    lr.fit(X, y)
+onx = to_onnx(lr, X_train[:1].astype(numpy.float32), target_opset=15)
+lr_session = OrtGradientForwardBackwardOptimizer(
+    onx, device='cpu', learning_rate=5e-4,
+    warm_start=False, max_iter=max_iter, batch_size=batch_size)
+benches.append(benchmark(X_train, y_train, lr, lr_session, name='LR-CPU'))
+'''
+
+
+def test_example_benchmark_fwbw_regression(tmp_path):
+    ns = run_example(tmp_path, REG_BENCH, MAX_ITER=3, N_ROWS=300)
+    assert [b["iter_ort"] for b in ns["benches"]] == [3, 3]
+    X, y = ns["X_train"], ns["y_train"]
+    _check_against_reference(ns["train_session"], X, y)
+    _check_against_reference(ns["lr_session"], X, y, activations="identity")
+
+
 CLS_FWBW = '''
 import numpy
 import onnx
