@@ -849,3 +849,23 @@ def test_save_onnx_graph(tmp_path):
     files = opt.save_onnx_graph(str(tmp_path))
     assert files["model_onnx"].endswith("GradFBOptimizer.model_onnx.onnx")
     assert onnx.load(files["learning_penalty"]["penalty_onnx_"]).graph.input[0].name == "loss"
+
+
+def test_pickle_round_trip():
+    import pickle
+
+    onx, X, y = _linear_model()
+    opt = OrtGradientForwardBackwardOptimizer(
+        onx, max_iter=2, batch_size=8, learning_rate=LearningRateSGDNesterov(1e-3),
+        learning_penalty=ElasticLearningPenalty(l1=1e-3, l2=1e-3))
+    np.random.seed(0)
+    opt.fit(X, y)
+    copy = pickle.loads(pickle.dumps(opt))
+    for a, b in zip(opt.get_state(), copy.get_state()):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    assert copy.train_losses_ == opt.train_losses_
+    np.random.seed(1)
+    opt.fit(X, y)
+    np.random.seed(1)
+    copy.fit(X, y)
+    assert copy.train_losses_ == opt.train_losses_

@@ -186,9 +186,11 @@ class LearningRateSGD(BaseLearningRate):
         self.axpy_onnx_ = axpy_model(np.dtype(dtype))
         self.axpy_sess_ = OrtFunction(self.axpy_onnx_, device)
         self.dtype_ = np.dtype(dtype)
+        self.device_ = as_device(device)
 
     def _function(self, name, device, dtype):
-        if getattr(self, "dtype_", None) != dtype or getattr(self, f"{name}_sess_", None) is None:
+        if (getattr(self, "dtype_", None) != dtype or getattr(self, "device_", None) != device
+                or getattr(self, f"{name}_sess_", None) is None):
             self.build_onnx_function(None, device, 1, dtype)
         return getattr(self, f"{name}_sess_")
 
@@ -256,6 +258,7 @@ class LearningRateSGDNesterov(LearningRateSGD):
         self.axpyw_onnx_ = axpyw_model(np.dtype(dtype), self.nesterov)
         self.axpyw_sess_ = OrtFunction(self.axpyw_onnx_, device)
         self.dtype_ = np.dtype(dtype)
+        self.device_ = as_device(device)
 
     def update_weights(self, n_bind, device, statei, gradienti, batch_size, velocity=None):
         """Return ``[new weight, new velocity]`` (OrtValues on ``device``).
