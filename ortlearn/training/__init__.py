@@ -21,7 +21,7 @@ The engine and the session keep their device buffers in one implementation
 :mod:`~ortlearn.training.checks`.
 """
 
-from ._buffers import host_copy
+from ._buffers import device_value, host_copy
 from .batches import Batches
 from .checkpoint import CheckpointState
 from .checks import conform_state
@@ -46,6 +46,7 @@ __all__ = [
     "conform_state",
     "cuda_available",
     "default_session_options",
+    "device_value",
     "host_copy",
     "loss_and_gradient",
     "make_session",

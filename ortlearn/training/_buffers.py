@@ -24,7 +24,15 @@ __all__ = ["BufferPairs", "StepBuffers", "device_value", "host_copy"]
 
 def device_value(array, device) -> ort.OrtValue:
     """A new OrtValue on ``device`` (a :class:`~ortlearn.training.Device`) holding a copy of
-    ``array``."""
+    ``array``.
+
+    Examples
+    --------
+    >>> from ortlearn.training import parse_device
+    >>> value = device_value(np.arange(3.0), parse_device("cpu"))
+    >>> value.shape(), value.numpy().tolist()
+    ([3], [0.0, 1.0, 2.0])
+    """
     array = np.array(array, order="C")  # ascontiguousarray would make scalars 1-D
     value = ort.OrtValue.ortvalue_from_shape_and_type(
         list(array.shape), array.dtype, device.ort_device_type, device.index)

@@ -13,8 +13,7 @@ import onnxruntime as ort
 from onnx import helper
 
 from ....graph import DEFAULT_OPSET, GraphBuilder, finalize_model, np_dtype_to_onnx
-from ....training import host_copy, make_session
-from ....training._buffers import device_value
+from ....training import device_value, host_copy, make_session
 from ..utils.onnxruntime_helper import as_device
 
 __all__ = ["OrtFunction", "as_ort_value", "as_device", "to_numpy"]

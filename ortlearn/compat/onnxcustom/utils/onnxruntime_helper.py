@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import onnxruntime as ort
 
-from ....training import parse_device
-from ....training._buffers import device_value
+from ....training import device_value, parse_device
 
 __all__ = [
     "device_to_providers",
