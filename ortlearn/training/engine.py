@@ -256,8 +256,11 @@ class TrainingEngine:
                      _carried_types(model, layout.carried).items()}
             counters = {name: zeros[name] for name in layout.carried
                         if name not in layout.weights.values() and not _is_state(layout, name)}
+            # One buffer, read and written by the step, for the values the graph
+            # provably reads before it overwrites them (tested bit for bit on the CPU).
+            in_place = layout.in_place if self._device.kind == "cpu" else ()
             self._steps[loop] = _Step(session, layout, StepBuffers(
-                session, layout.carried, zeros, self._device, counters))
+                session, layout.carried, zeros, self._device, counters, in_place))
         if current is None:
             self._current = loop
             self.set_state(self._initial)

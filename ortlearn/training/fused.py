@@ -32,7 +32,7 @@ the inputs of the next (ping-pong buffers), so a step needs no host value.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import onnx
@@ -42,7 +42,7 @@ from ..autodiff import append_backward
 from ..graph import GraphBuilder, elem_type_of, finalize_model, needed_nodes, opset_of, shape_of
 from ..graph.passes import run_passes
 
-__all__ = ["FusedLayout", "build_fused_epoch", "build_fused_step"]
+__all__ = ["FusedLayout", "build_fused_epoch", "build_fused_step", "in_place_safe"]
 
 ORDER, STARTS, ENDS, ROWS = "fused.order", "fused.starts", "fused.ends", "fused.rows"
 SCALAR = "fused.scalar."
@@ -88,6 +88,10 @@ class FusedLayout:
     scalar_dtype : numpy.dtype
         dtype of the scalar inputs: the weights' when they all share one,
         else float64.
+    in_place : tuple of str
+        Carried weights and optimizer states whose next value may be written
+        over them (:func:`in_place_safe`; step mode only): one buffer each
+        instead of a ping-pong pair.
     """
 
     data: dict
@@ -100,6 +104,7 @@ class FusedLayout:
     epoch_ordered: tuple = ()
     scalars: dict = field(default_factory=dict)
     scalar_dtype: np.dtype = np.dtype(np.float64)
+    in_place: tuple = ()
 
 
 def _state_name(param: str, state: str) -> str:
@@ -342,7 +347,103 @@ def build_fused_step(loss_model: onnx.ModelProto, trainable, input_names, optimi
     del graph.output[:]
     graph.output.extend(outputs)
     del graph.value_info[:]
+    state = set(layout.weights.values()) | {c for d in layout.states.values() for c in d.values()}
+    layout = replace(layout, in_place=in_place_safe(
+        nodes, {c: o for c, o in layout.carried.items() if c in state}))
     return finalize_model(model), layout
+
+
+#: Operators whose output onnxruntime may make a view of their first input:
+#: a reader of the view reads the input's buffer.
+_VIEW_OPS = frozenset({"Reshape", "Identity", "Squeeze", "Unsqueeze", "Flatten", "Dropout",
+                       "ExpandDims", "Cast"})
+#: Elementwise operators that may write the buffer they read: element ``i`` is
+#: read before it is written, by the same thread.
+_ELEMENTWISE_OPS = frozenset({"Add", "Sub", "Mul", "Div"})
+
+
+def _node_reads(node: onnx.NodeProto) -> set:
+    """Names a node reads, those its subgraphs read from the outer scope included."""
+    names = set(node.input)
+    for attr in node.attribute:
+        graphs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
+        for sub in graphs:
+            for inner in sub.node:
+                names |= _node_reads(inner)
+    names.discard("")
+    return names
+
+
+def in_place_safe(nodes, carried: dict) -> tuple:
+    """Carried inputs that the node writing their next value may overwrite.
+
+    A step reads each carried value and writes its next value. Binding one
+    buffer as both is correct when nothing reads the old value after the
+    writer has started, which the graph's data dependencies decide: every
+    node reading the input, or a view of it (``Reshape``...: onnxruntime may
+    alias them), is an ancestor of the writer, so it has run when the writer
+    starts; the writer itself may read the input only as an elementwise
+    ``Add``, ``Sub``, ``Mul`` or ``Div`` operand of the output's shape
+    (element ``i`` is read then written). onnxruntime never reuses the buffer
+    of a graph input or output for its own intermediates.
+
+    Parameters
+    ----------
+    nodes : list of onnx.NodeProto
+        The step graph's nodes.
+    carried : dict of str to str
+        ``{carried input: graph output holding its next value}``; the input
+        and the output have the same shape.
+
+    Returns
+    -------
+    tuple of str
+        The carried inputs that may be written in place.
+
+    Examples
+    --------
+    >>> from onnx import helper
+    >>> nodes = [helper.make_node("Mul", ["w", "w"], ["sq"]),   # read by the loss
+    ...          helper.make_node("Mul", ["lr", "g"], ["step"]),
+    ...          helper.make_node("Sub", ["w", "step"], ["w.next"])]
+    >>> in_place_safe(nodes, {"w": "w.next"})
+    ()
+    >>> in_place_safe(nodes[1:], {"w": "w.next"})
+    ('w',)
+    """
+    producer = {out: i for i, node in enumerate(nodes) for out in node.output if out}
+    reads = [_node_reads(node) for node in nodes]
+    safe = []
+    for name, output in carried.items():
+        writer = producer.get(output)
+        if writer is None:
+            continue
+        ancestors, todo = set(), [writer]
+        while todo:
+            for value in reads[todo.pop()]:
+                i = producer.get(value)
+                if i is not None and i not in ancestors:
+                    ancestors.add(i)
+                    todo.append(i)
+        views, readers, todo = {name}, set(), [name]
+        while todo:
+            value = todo.pop()
+            for i, names in enumerate(reads):
+                if value in names:
+                    readers.add(i)
+                    if nodes[i].op_type in _VIEW_OPS:
+                        for view in nodes[i].output:
+                            if view not in views:
+                                views.add(view)
+                                todo.append(view)
+        write = nodes[writer]
+        writer_reads = reads[writer] & views
+        if writer_reads and (write.op_type not in _ELEMENTWISE_OPS or writer_reads != {name}
+                             or len(write.input) != 2):
+            continue
+        if readers - {writer} <= ancestors:
+            safe.append(name)
+    return tuple(safe)
 
 
 def build_fused_epoch(loss_model: onnx.ModelProto, trainable, input_names, optimizer,
