@@ -44,7 +44,7 @@ from .checks import (
     replace_initializers,
 )
 from .device import (
-    ARENA_MAX_WEIGHT_BYTES,
+    LARGE_MODEL_BYTES,
     LOOP_MIN_STEP_MACS,
     default_session_options,
     make_session,
@@ -111,8 +111,8 @@ class TrainingEngine:
         ``ORTLEARN_NUM_THREADS`` threads or onnxruntime's default, with
         spinning workers unless ``ORTLEARN_ALLOW_SPINNING=0`` (spinning
         takes the cores of other processes: turn it off on a shared machine).
-        The CPU memory arena stays on (it is faster, ``doc/benchmarks.rst``)
-        below ``device.ARENA_MAX_WEIGHT_BYTES`` of weights.
+        From ``device.LARGE_MODEL_BYTES`` of weights, without onnxruntime's
+        memory pattern.
     epoch_loop : bool or 'auto', default='auto'
         True runs a whole epoch as one onnxruntime call (an ONNX ``Loop``
         over the mini-batches), False one call per mini-batch; 'auto'
@@ -170,9 +170,10 @@ class TrainingEngine:
     diverges.
 
     With ``epoch_loop='auto'`` an epoch is one ``Loop`` call on the CPU
-    below ``ARENA_MAX_WEIGHT_BYTES`` of weights (the Loop keeps a copy of
+    below ``LARGE_MODEL_BYTES`` of weights (the Loop keeps a copy of
     the carried weights and moments; a step over more weights outlasts the
-    call it saves); on a GPU when a step computes at least
+    call it saves; a larger model's step keeps a tensor per weight and
+    writes the weights and the optimizer's state in place); on a GPU when a step computes at least
     ``LOOP_MIN_STEP_MACS`` multiply-adds (batch rows times weights), else one
     call per batch: on the CPU the Loop is faster for every small model
     measured (``doc/benchmarks.rst``). With the
@@ -248,9 +249,15 @@ class TrainingEngine:
         """Build (once) the step or epoch graph; move the live values to it."""
         current = self._steps.get(self._current) if hasattr(self, "_current") else None
         if loop not in self._steps:
-            build = build_fused_epoch if loop else build_fused_step
-            model, layout = build(self._model, self.trainable, self.input_names,
-                                  self.optimizer, self.loss_output, self._epoch_ordered())
+            if loop:
+                model, layout = build_fused_epoch(
+                    self._model, self.trainable, self.input_names, self.optimizer,
+                    self.loss_output, self._epoch_ordered())
+            else:
+                # A large model on the CPU: a tensor per weight, written in place.
+                model, layout = build_fused_step(
+                    self._model, self.trainable, self.input_names, self.optimizer,
+                    self.loss_output, self._epoch_ordered(), flat=not self._large())
             session = make_session(model, self._device, self._session_options)
             zeros = {name: np.zeros(shape, dtype) for name, (dtype, shape) in
                      _carried_types(model, layout.carried).items()}
@@ -303,13 +310,18 @@ class TrainingEngine:
         for name, value in flat.items():
             buffers.live(name).update_inplace(value)
 
+    def _large(self) -> bool:
+        """Whether the model has ``LARGE_MODEL_BYTES`` of weights and runs on the CPU."""
+        return (self._device.kind == "cpu"
+                and sum(w.nbytes for w in self._initial.values()) >= LARGE_MODEL_BYTES)
+
     def _choose_loop(self, batch_rows: int) -> bool:
         if self._epoch_loop != "auto":
             return self._epoch_loop
         if self._device.kind == "cpu":
             # A Loop holds its carried weights and moments once more (the body's
             # outputs); a step over that many weights outlasts the call saved.
-            return sum(w.nbytes for w in self._initial.values()) < ARENA_MAX_WEIGHT_BYTES
+            return not self._large()
         return batch_rows * sum(w.size for w in self._initial.values()) >= LOOP_MIN_STEP_MACS
 
     def set_learning_rate(self, lr: float) -> None:

@@ -112,7 +112,7 @@ def _state_name(param: str, state: str) -> str:
 
 
 def _step_nodes(model: onnx.ModelProto, trainable, input_names, optimizer, loss_output: str,
-                in_loop: bool, epoch_ordered=()):
+                in_loop: bool, epoch_ordered=(), flat: bool = True):
     """Nodes of one step appended to ``model`` (a copy), with the carried output names.
 
     ``model``'s trainable initializers become inputs, its data inputs are
@@ -154,7 +154,7 @@ def _step_nodes(model: onnx.ModelProto, trainable, input_names, optimizer, loss_
         inputs.append(helper.make_tensor_value_info(data[name], elem_type_of(info), dims))
     step_scalars = {s: b.op("Gather", [name, k]) for s, name in scalar_inputs.items()}
     n_rows = b.op("Gather", [ROWS, k])
-    flat = _flat_offsets(params, optimizer)
+    flat = _flat_offsets(params, optimizer) if flat else {}
     prologue, views = b.nodes, _flat_weight_views(b, flat)
     b.nodes = []
     forward = list(graph.node)
@@ -205,6 +205,13 @@ def _step_nodes(model: onnx.ModelProto, trainable, input_names, optimizer, loss_
         batch_loss = b.reduce("ReduceSum", batch_loss, keepdims=0)
     carried = {LOSS_SUM: b.op("Add", [LOSS_SUM, b.op("Mul", [batch_loss, n_rows])],
                               outputs=[b.reserve(LOSS_SUM + _NEXT)])}
+    if not in_loop and not flat:
+        # The update waits for the loss and every gradient: then every node reading
+        # a weight has run before the update writes it, which lets the weights be
+        # written in place (in_place_safe). onnxruntime orders the nodes by their
+        # data only: it would compute the loss (a penalty reading a weight) last.
+        # The flat layout's Concat of the gradients is such a join already.
+        step_scalars = _after(b, [batch_loss, *(grads[n] for n in trainable)], step_scalars)
     if not in_loop:
         b.op("Add", [k, b.const(1, dtype=np.int64)], outputs=[b.reserve(k + _NEXT)])
         carried[k] = k + _NEXT
@@ -229,6 +236,21 @@ def _step_nodes(model: onnx.ModelProto, trainable, input_names, optimizer, loss_
                          tuple(n for n in input_names if n in epoch_ordered), scalar_inputs,
                          np.dtype(onnx.helper.tensor_dtype_to_np_dtype(scalar_elem)))
     return inputs, carried_inputs, layout
+
+
+def _after(b: GraphBuilder, values, scalars: dict) -> dict:
+    """``scalars`` unchanged, each computed after all of ``values``.
+
+    ``Where(c, s, s)`` is ``s`` whatever ``c``; ``c`` reads one element of
+    each value (a ``Reshape`` is a view), so the join costs a few scalar nodes.
+    """
+    flat_shape = b.ints([-1], hint="flat_shape")
+    one = b.ints([1], hint="one")
+    zero = b.ints([0], hint="zero")
+    firsts = [b.cast(b.op("Slice", [b.op("Reshape", [v, flat_shape]), zero, one]),
+                     TensorProto.DOUBLE) for v in values]
+    ready = b.op("IsNaN", [b.op("Sum", firsts) if len(firsts) > 1 else firsts[0]])
+    return {s: b.op("Where", [ready, v, v]) for s, v in scalars.items()}
 
 
 def _flat_offsets(params, optimizer) -> dict:
@@ -282,7 +304,7 @@ def _flat_update(b: GraphBuilder, optimizer, params, grads, step_scalars: dict,
 
 
 def _step_model(loss_model, trainable, input_names, optimizer, loss_output: str,
-                in_loop: bool, epoch_ordered):
+                in_loop: bool, epoch_ordered, flat: bool = True):
     """A copy of ``loss_model`` holding the nodes of one step (:func:`_step_nodes`).
 
     Returns ``(model, data and epoch inputs, {carried input: its ValueInfo}, layout)``.
@@ -290,7 +312,7 @@ def _step_model(loss_model, trainable, input_names, optimizer, loss_output: str,
     model = onnx.ModelProto()
     model.CopyFrom(loss_model)
     inputs, carried_inputs, layout = _step_nodes(model, trainable, input_names, optimizer,
-                                                 loss_output, in_loop, epoch_ordered)
+                                                 loss_output, in_loop, epoch_ordered, flat)
     return model, inputs, {i.name: i for i in carried_inputs}, layout
 
 
@@ -305,7 +327,7 @@ def _value_infos(infos, names, suffix: str = "") -> list:
 
 
 def build_fused_step(loss_model: onnx.ModelProto, trainable, input_names, optimizer,
-                     loss_output: str = "loss", epoch_ordered=()
+                     loss_output: str = "loss", epoch_ordered=(), flat: bool = True
                      ) -> tuple[onnx.ModelProto, FusedLayout]:
     """The graph of one training step (one ORT call per mini-batch).
 
@@ -326,6 +348,14 @@ def build_fused_step(loss_model: onnx.ModelProto, trainable, input_names, optimi
         original order: a step slices its batch out of them. Worth it for
         inputs of a few bytes per row (labels, sample weights), where the
         ``Gather`` of a batch waits on one cache miss per row.
+    flat : bool, default=True
+        With a stateful optimizer, hold the weights and each optimizer state
+        in one flat buffer for all weights (fewer nodes a step: a small
+        model's step is mostly the cost per node). False keeps a tensor per
+        weight and makes the update wait for the loss and every gradient: no
+        copy of the weights (the slices of a flat buffer) nor of the gradients
+        (their ``Concat``), and every weight written in place
+        (:attr:`FusedLayout.in_place`), for large models.
 
     Returns
     -------
@@ -335,7 +365,7 @@ def build_fused_step(loss_model: onnx.ModelProto, trainable, input_names, optimi
         Its input and output names.
     """
     model, _, infos, layout = _step_model(loss_model, trainable, input_names, optimizer,
-                                          loss_output, False, epoch_ordered)
+                                          loss_output, False, epoch_ordered, flat)
     graph = model.graph
     outputs = _value_infos(infos, layout.carried)
     for info, name in zip(outputs, layout.carried.values()):
