@@ -1,11 +1,13 @@
 """Device-resident buffers: the one implementation the engine and ``TrainingSession`` share.
 
 A training step reads its weights (and gradients, optimizer states) and
-writes their next values. Writing in place over what the step reads is not
-allowed, and allocating per step costs more than a small step, so each
-carried value has two preallocated buffers, a *ping-pong pair*: a run reads
-the live half and writes the spare one, then the halves swap
-(:class:`BufferPairs`). :class:`StepBuffers` adds what the fused engine
+writes their next values. Writing over what the step reads is only correct
+when every node reading a value has run before the one writing it (which
+:func:`~ortlearn.training.fused.in_place_safe` proves from the graph), and
+allocating per step costs more than a small step, so each carried value has
+two preallocated buffers, a *ping-pong pair*: a run reads the live half and
+writes the spare one, then the halves swap (:class:`BufferPairs`); a value
+proven safe has one buffer, bound as both (``in_place``). :class:`StepBuffers` adds what the fused engine
 needs: one ``IOBinding`` per parity bound once, inputs bound once, and
 small per-epoch inputs copied into buffers bound once.
 
