@@ -7,9 +7,10 @@ when every node reading a value has run before the one writing it (which
 allocating per step costs more than a small step, so each carried value has
 two preallocated buffers, a *ping-pong pair*: a run reads the live half and
 writes the spare one, then the halves swap (:class:`BufferPairs`); a value
-proven safe has one buffer, bound as both (``in_place``). :class:`StepBuffers` adds what the fused engine
-needs: one ``IOBinding`` per parity bound once, inputs bound once, and
-small per-epoch inputs copied into buffers bound once.
+proven safe has one buffer, bound as both (``in_place``).
+:class:`StepBuffers` adds what the fused engine needs: one ``IOBinding``
+per parity bound once, inputs bound once, and small per-epoch inputs copied
+into buffers bound once.
 
 On the CPU, onnxruntime reads and writes numpy arrays in place, so pairs
 created with ``shared=True`` hold numpy arrays: reading one back costs no
