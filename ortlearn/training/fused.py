@@ -245,9 +245,8 @@ def _after(b: GraphBuilder, values, scalars: dict) -> dict:
     each value (a ``Reshape`` is a view), so the join costs a few scalar nodes.
     """
     flat_shape = b.ints([-1], hint="flat_shape")
-    one = b.ints([1], hint="one")
-    zero = b.ints([0], hint="zero")
-    firsts = [b.cast(b.op("Slice", [b.op("Reshape", [v, flat_shape]), zero, one]),
+    first = b.const(0, dtype=np.int64)  # a scalar index: a scalar element, cond keeps v's shape
+    firsts = [b.cast(b.op("Gather", [b.op("Reshape", [v, flat_shape]), first]),
                      TensorProto.DOUBLE) for v in values]
     ready = b.op("IsNaN", [b.op("Sum", firsts) if len(firsts) > 1 else firsts[0]])
     return {s: b.op("Where", [ready, v, v]) for s, v in scalars.items()}
@@ -443,6 +442,10 @@ def in_place_safe(nodes, carried: dict) -> tuple:
     """
     producer = {out: i for i, node in enumerate(nodes) for out in node.output if out}
     reads = [_node_reads(node) for node in nodes]
+    consumers = {}
+    for i, names in enumerate(reads):
+        for value in names:
+            consumers.setdefault(value, []).append(i)
     safe = []
     for name, output in carried.items():
         writer = producer.get(output)
@@ -458,14 +461,13 @@ def in_place_safe(nodes, carried: dict) -> tuple:
         views, readers, todo = {name}, set(), [name]
         while todo:
             value = todo.pop()
-            for i, names in enumerate(reads):
-                if value in names:
-                    readers.add(i)
-                    if nodes[i].op_type in _VIEW_OPS:
-                        for view in nodes[i].output:
-                            if view not in views:
-                                views.add(view)
-                                todo.append(view)
+            for i in consumers.get(value, ()):
+                readers.add(i)
+                if nodes[i].op_type in _VIEW_OPS:
+                    for view in nodes[i].output:
+                        if view not in views:
+                            views.add(view)
+                            todo.append(view)
         write = nodes[writer]
         writer_reads = reads[writer] & views
         if writer_reads and (write.op_type not in _ELEMENTWISE_OPS or writer_reads != {name}
