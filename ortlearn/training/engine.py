@@ -21,6 +21,7 @@ import onnxruntime as ort
 from onnx import numpy_helper
 
 from ..exceptions import ConvergenceError
+from ..fileio import EXTERNAL_DATA_THRESHOLD
 from ..graph import (
     class_label_marks,
     elem_type_of,
@@ -224,12 +225,11 @@ class TrainingEngine:
         self.optimizer = optimizer
         self.device = device
         self._device = parse_device(device)
-        self._model = model
         inits = {i.name: i for i in model.graph.initializer}
         self._initial = {n: numpy_helper.to_array(inits[n]) for n in self.trainable}
         # The graphs built from the model need only the weights' names, shapes and
         # types: a copy of their values would stay alive for the whole training.
-        _strip_weights(model, self.trainable)
+        self._model = model = _strip_weights(model, self.trainable)
         self._session_options = session_options or default_session_options(
             self._device, (batch_size or DEFAULT_BATCH_ROWS) * sum(
                 w.size for w in self._initial.values()), deterministic,
@@ -749,13 +749,24 @@ def _is_state(layout, name: str) -> bool:
     return any(name in d.values() for d in layout.states.values())
 
 
-def _strip_weights(model: onnx.ModelProto, trainable) -> None:
-    """Drop the values of the initializers ``trainable``, keeping names, shapes and types."""
+def _strip_weights(model: onnx.ModelProto, trainable) -> onnx.ModelProto:
+    """``model`` without the values of the initializers ``trainable`` (names, shapes and
+    types kept), parsed anew.
+
+    ``model`` is stripped in place, which frees nothing: protobuf (upb) keeps the
+    bytes of a replaced field in the message's arena until the message goes. The
+    copy parsed from the stripped bytes has an arena of its own, without them
+    (a model of more than ``EXTERNAL_DATA_THRESHOLD`` bytes, which protobuf may
+    not serialize, is returned as it is).
+    """
     wanted = set(trainable)
     for init in model.graph.initializer:
         if init.name in wanted:
             stub = onnx.TensorProto(name=init.name, data_type=init.data_type, dims=init.dims)
             init.CopyFrom(stub)
+    if model.ByteSize() > EXTERNAL_DATA_THRESHOLD:
+        return model
+    return onnx.ModelProto.FromString(model.SerializeToString())
 
 
 def _weights_to_inputs(model: onnx.ModelProto, trainable) -> None:
