@@ -174,11 +174,11 @@ class TrainingEngine:
     below ``LARGE_MODEL_BYTES`` of weights (the Loop keeps a copy of
     the carried weights and moments; a step over more weights outlasts the
     call it saves; a larger model's step keeps a tensor per weight and
-    writes the weights and the optimizer's state in place); on a GPU when a step computes at least
-    ``LOOP_MIN_STEP_MACS`` multiply-adds (batch rows times weights), else one
-    call per batch: on the CPU the Loop is faster for every small model
-    measured (``doc/benchmarks.rst``). With the
-    Loop, a Ctrl-C stops training at the end of the epoch.
+    writes the weights and the optimizer's state in place); on a GPU when a
+    step computes at least ``LOOP_MIN_STEP_MACS`` multiply-adds (batch rows
+    times weights), else one call per batch: on the CPU the Loop is faster
+    for every small model measured (``doc/benchmarks.rst``). With the Loop,
+    a Ctrl-C stops training at the end of the epoch.
 
     Examples
     --------
