@@ -553,15 +553,16 @@ def penalty_terms(builder: GraphBuilder, penalty, dtypes: dict[str, int],
         if coefs["l1"]:
             parts.append(_scaled_sum(builder, builder.op("Abs", [name]), coefs["l1"], wdtype))
         if coefs["l2"]:
-            parts.append(_scaled_sum(builder, builder.op("Mul", [name, name]), coefs["l2"], wdtype))
+            # No squares the size of the weight (the same sum as ReduceSum of Mul).
+            parts.append(_scaled_sum(builder, name, coefs["l2"], wdtype, "ReduceSumSquare"))
         if parts:
             term = _add_all(builder, parts)
             terms.append(term if dtypes[name] == target else builder.cast(term, target))
     return _add_all(builder, terms) if terms else None
 
 
-def _scaled_sum(builder: GraphBuilder, x: str, coef: float, dtype) -> str:
-    total = builder.reduce("ReduceSum", x, keepdims=0)
+def _scaled_sum(builder: GraphBuilder, x: str, coef: float, dtype, op: str = "ReduceSum") -> str:
+    total = builder.reduce(op, x, keepdims=0)
     return builder.op("Mul", [builder.const(coef, dtype), total])
 
 

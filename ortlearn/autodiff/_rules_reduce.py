@@ -97,8 +97,9 @@ def _reduce_mean(ctx, red, g):
 
 @_reduction("ReduceSumSquare")
 def _reduce_sum_square(ctx, red, g):
-    twice = ctx.b.op("Mul", [red.x, ctx.const(2, like=red.x)])
-    return ctx.b.op("Mul", [twice, g])
+    # x * (2 g): g has the output's shape, so one product the size of x, not two;
+    # doubling is exact, the same values as (2 x) * g.
+    return ctx.b.op("Mul", [red.x, ctx.b.op("Mul", [g, ctx.const(2, like=red.x)])])
 
 
 @_reduction("ReduceL1")

@@ -27,6 +27,10 @@ rate of 1e-300).
 - ``BaseMultilayerPerceptron._initialize(y, layer_units, dtype)``: draws the
   Glorot-uniform ``coefs_``/``intercepts_`` and sets the fitted attributes
   (``n_layers_``, ``out_activation_``, the solver state) as ``fit`` does.
+- ``BaseMultilayerPerceptron._best_coefs``/``_best_intercepts``: the copies of
+  the weights ``_initialize`` makes for sklearn's early stopping; they become
+  the lists ``coefs_``/``intercepts_`` themselves (a copy of a wide model's
+  weights, kept for the estimator's life, would serve nothing).
 """
 
 from __future__ import annotations
@@ -61,3 +65,7 @@ def mlp_initialize(est, y, layer_units: list[int], dtype) -> None:
     """Seed ``est._random_state`` from ``random_state`` and draw the initial weights."""
     est._random_state = check_random_state(est.random_state)
     est._initialize(y, layer_units, dtype)
+    # _initialize also copies the weights for sklearn's early stopping, which
+    # ortlearn's training does not use: the same lists instead, no copy the
+    # size of the weights (the best weights are then the ones stored).
+    est._best_coefs, est._best_intercepts = est.coefs_, est.intercepts_

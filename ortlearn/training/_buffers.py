@@ -1,13 +1,16 @@
 """Device-resident buffers: the one implementation the engine and ``TrainingSession`` share.
 
 A training step reads its weights (and gradients, optimizer states) and
-writes their next values. Writing in place over what the step reads is not
-allowed, and allocating per step costs more than a small step, so each
-carried value has two preallocated buffers, a *ping-pong pair*: a run reads
-the live half and writes the spare one, then the halves swap
-(:class:`BufferPairs`). :class:`StepBuffers` adds what the fused engine
-needs: one ``IOBinding`` per parity bound once, inputs bound once, and
-small per-epoch inputs copied into buffers bound once.
+writes their next values. Writing over what the step reads is only correct
+when every node reading a value has run before the one writing it (which
+:func:`~ortlearn.training.fused.in_place_safe` proves from the graph), and
+allocating per step costs more than a small step, so each carried value has
+two preallocated buffers, a *ping-pong pair*: a run reads the live half and
+writes the spare one, then the halves swap (:class:`BufferPairs`); a value
+proven safe has one buffer, bound as both (``in_place``).
+:class:`StepBuffers` adds what the fused engine needs: one ``IOBinding``
+per parity bound once, inputs bound once, and small per-epoch inputs copied
+into buffers bound once.
 
 On the CPU, onnxruntime reads and writes numpy arrays in place, so pairs
 created with ``shared=True`` hold numpy arrays: reading one back costs no
@@ -71,6 +74,10 @@ class BufferPairs:
     shared : bool, default=False
         On the CPU, keep each half as a numpy array that onnxruntime reads
         and writes in place (:meth:`host` is then a view, free).
+    in_place : collection of str, default=()
+        Values whose two halves are one buffer: the run reads and writes it
+        (the caller has proven that safe, see
+        :func:`~ortlearn.training.fused.in_place_safe`); half the memory.
 
     Attributes
     ----------
@@ -80,18 +87,20 @@ class BufferPairs:
         ``{name: [half 0, half 1]}``.
     """
 
-    def __init__(self, values: dict, device, shared: bool = False):
+    def __init__(self, values: dict, device, shared: bool = False, in_place=()):
         self.parity = 0
         self.device = device
-        if shared and device.kind == "cpu":
-            self._hosts = {name: [np.array(value, order="C") for _ in (0, 1)]
-                           for name, value in values.items()}
-            self.pairs = {name: [ort.OrtValue.ortvalue_from_numpy(a) for a in arrays]
-                          for name, arrays in self._hosts.items()}
-        else:
-            self._hosts = None
-            self.pairs = {name: [device_value(value, device) for _ in (0, 1)]
-                          for name, value in values.items()}
+        self._hosts = {} if shared and device.kind == "cpu" else None
+        self.pairs = {}
+        for name, value in values.items():
+            count = 1 if name in in_place else 2
+            if self._hosts is not None:
+                hosts = [np.array(value, order="C") for _ in range(count)]
+                self._hosts[name] = hosts * (3 - count)
+                halves = [ort.OrtValue.ortvalue_from_numpy(a) for a in hosts]
+            else:
+                halves = [device_value(value, device) for _ in range(count)]
+            self.pairs[name] = halves * (3 - count)  # [one, one] or [half 0, half 1]
 
     def __contains__(self, name: str) -> bool:
         return name in self.pairs
@@ -148,6 +157,9 @@ class StepBuffers(BufferPairs):
     counters : dict of str to numpy.ndarray
         Carried values that restart at the given value each epoch
         (:meth:`reset_counters`): the loss sum, the batch counter.
+    in_place : collection of str, default=()
+        Carried inputs the run may write their next value over (one buffer
+        bound as the input and the output, see :class:`BufferPairs`).
 
     Attributes
     ----------
@@ -156,8 +168,9 @@ class StepBuffers(BufferPairs):
     """
 
     def __init__(self, session: ort.InferenceSession, carried: dict, values: dict, device,
-                 counters: dict):
-        super().__init__({name: values[name] for name in carried}, device, shared=True)
+                 counters: dict, in_place=()):
+        super().__init__({name: values[name] for name in carried}, device, shared=True,
+                         in_place=in_place)
         self.counters = counters
         self.bounds = None
         self.epoch_values = {}  # name -> (bound OrtValue, (shape, dtype))

@@ -207,16 +207,19 @@ def _session_from_file(model: onnx.ModelProto, device, session_options) -> ort.I
             providers=device.providers(), disabled_optimizers=list(DISABLED_OPTIMIZERS))
 
 
-#: On the CPU, a training session of at least this many bytes of weights runs
-#: without onnxruntime's memory arena (and ``epoch_loop='auto'`` makes one
-#: call per batch instead of a ``Loop``, whose body outputs hold the weights
-#: and the optimizer's moments once more): the arena keeps the largest set of
-#: a step's intermediates (gradients, Adam's temporaries: a dozen copies of
-#: the weights) for the session's life and rounds its regions up, 100 MB more
-#: for 8 MB of weights, and malloc reuses freed blocks of that size as well
-#: (no slower measured). Smaller models keep both: on 2 MB of weights and 100
-#: steps an epoch the peak grew without them (``doc/benchmarks.rst``).
-ARENA_MAX_WEIGHT_BYTES = 3 << 20
+#: On the CPU, a model of at least this many bytes of weights trains as a large
+#: one: one call per batch instead of an epoch's ``Loop`` (whose body outputs
+#: hold the weights and the optimizer's moments once more, and a step over that
+#: many weights outlasts the call saved), a tensor per weight written in place
+#: by the step (``build_fused_step(flat=False)``: no ping-pong pair, no copy of
+#: the weights or the gradients), and a session without onnxruntime's memory
+#: pattern: the pattern is one block per run for all the intermediates, laid
+#: out with gaps, allocated on top of what the first run took, while the arena
+#: reuses the blocks of the tensors freed during the step (the wide fit's step
+#: alone: 71 MB against 43, for a largest set of 24 MB alive at once). Smaller
+#: models keep the pattern, the Loop and the flat buffers: their steps are
+#: mostly the cost per node and per call (``doc/benchmarks.rst``).
+LARGE_MODEL_BYTES = 3 << 20
 
 #: With ``epoch_loop='auto'`` on a GPU, an epoch is one ONNX ``Loop`` call when
 #: a step computes at least this many multiply-adds (batch rows x weights);
@@ -251,7 +254,7 @@ def default_session_options(device, step_macs: int, deterministic: bool = False,
         On a GPU, :func:`make_session_options`.
         On the CPU, one thread below ``PARALLEL_MIN_STEP_MACS``, else the
         default threads with spinning workers (``ORTLEARN_ALLOW_SPINNING``);
-        without the CPU memory arena from ``ARENA_MAX_WEIGHT_BYTES`` of weights.
+        without onnxruntime's memory pattern from ``LARGE_MODEL_BYTES`` of weights.
     """
     if device.kind != "cpu":
         return make_session_options(deterministic=deterministic)
@@ -259,6 +262,6 @@ def default_session_options(device, step_macs: int, deterministic: bool = False,
         so = make_session_options(1)
     else:
         so = make_session_options(allow_spinning=default_allow_spinning(True))
-    if weight_bytes >= ARENA_MAX_WEIGHT_BYTES:
-        so.enable_cpu_mem_arena = False
+    if weight_bytes >= LARGE_MODEL_BYTES:
+        so.enable_mem_pattern = False
     return so

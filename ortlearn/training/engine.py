@@ -21,6 +21,7 @@ import onnxruntime as ort
 from onnx import numpy_helper
 
 from ..exceptions import ConvergenceError
+from ..fileio import EXTERNAL_DATA_THRESHOLD
 from ..graph import (
     class_label_marks,
     elem_type_of,
@@ -44,7 +45,7 @@ from .checks import (
     replace_initializers,
 )
 from .device import (
-    ARENA_MAX_WEIGHT_BYTES,
+    LARGE_MODEL_BYTES,
     LOOP_MIN_STEP_MACS,
     default_session_options,
     make_session,
@@ -111,8 +112,8 @@ class TrainingEngine:
         ``ORTLEARN_NUM_THREADS`` threads or onnxruntime's default, with
         spinning workers unless ``ORTLEARN_ALLOW_SPINNING=0`` (spinning
         takes the cores of other processes: turn it off on a shared machine).
-        The CPU memory arena stays on (it is faster, ``doc/benchmarks.rst``)
-        below ``device.ARENA_MAX_WEIGHT_BYTES`` of weights.
+        From ``device.LARGE_MODEL_BYTES`` of weights, without onnxruntime's
+        memory pattern.
     epoch_loop : bool or 'auto', default='auto'
         True runs a whole epoch as one onnxruntime call (an ONNX ``Loop``
         over the mini-batches), False one call per mini-batch; 'auto'
@@ -170,13 +171,14 @@ class TrainingEngine:
     diverges.
 
     With ``epoch_loop='auto'`` an epoch is one ``Loop`` call on the CPU
-    below ``ARENA_MAX_WEIGHT_BYTES`` of weights (the Loop keeps a copy of
+    below ``LARGE_MODEL_BYTES`` of weights (the Loop keeps a copy of
     the carried weights and moments; a step over more weights outlasts the
-    call it saves); on a GPU when a step computes at least
-    ``LOOP_MIN_STEP_MACS`` multiply-adds (batch rows times weights), else one
-    call per batch: on the CPU the Loop is faster for every small model
-    measured (``doc/benchmarks.rst``). With the
-    Loop, a Ctrl-C stops training at the end of the epoch.
+    call it saves; a larger model's step keeps a tensor per weight and
+    writes the weights and the optimizer's state in place); on a GPU when a
+    step computes at least ``LOOP_MIN_STEP_MACS`` multiply-adds (batch rows
+    times weights), else one call per batch: on the CPU the Loop is faster
+    for every small model measured (``doc/benchmarks.rst``). With the Loop,
+    a Ctrl-C stops training at the end of the epoch.
 
     Examples
     --------
@@ -223,12 +225,11 @@ class TrainingEngine:
         self.optimizer = optimizer
         self.device = device
         self._device = parse_device(device)
-        self._model = model
         inits = {i.name: i for i in model.graph.initializer}
         self._initial = {n: numpy_helper.to_array(inits[n]) for n in self.trainable}
         # The graphs built from the model need only the weights' names, shapes and
         # types: a copy of their values would stay alive for the whole training.
-        _strip_weights(model, self.trainable)
+        self._model = model = _strip_weights(model, self.trainable)
         self._session_options = session_options or default_session_options(
             self._device, (batch_size or DEFAULT_BATCH_ROWS) * sum(
                 w.size for w in self._initial.values()), deterministic,
@@ -248,16 +249,25 @@ class TrainingEngine:
         """Build (once) the step or epoch graph; move the live values to it."""
         current = self._steps.get(self._current) if hasattr(self, "_current") else None
         if loop not in self._steps:
-            build = build_fused_epoch if loop else build_fused_step
-            model, layout = build(self._model, self.trainable, self.input_names,
-                                  self.optimizer, self.loss_output, self._epoch_ordered())
+            if loop:
+                model, layout = build_fused_epoch(
+                    self._model, self.trainable, self.input_names, self.optimizer,
+                    self.loss_output, self._epoch_ordered())
+            else:
+                # A large model on the CPU: a tensor per weight, written in place.
+                model, layout = build_fused_step(
+                    self._model, self.trainable, self.input_names, self.optimizer,
+                    self.loss_output, self._epoch_ordered(), flat=not self._large())
             session = make_session(model, self._device, self._session_options)
             zeros = {name: np.zeros(shape, dtype) for name, (dtype, shape) in
                      _carried_types(model, layout.carried).items()}
             counters = {name: zeros[name] for name in layout.carried
                         if name not in layout.weights.values() and not _is_state(layout, name)}
+            # One buffer, read and written by the step, for the values the graph
+            # provably reads before it overwrites them (tested bit for bit on the CPU).
+            in_place = layout.in_place if self._device.kind == "cpu" else ()
             self._steps[loop] = _Step(session, layout, StepBuffers(
-                session, layout.carried, zeros, self._device, counters))
+                session, layout.carried, zeros, self._device, counters, in_place))
         if current is None:
             self._current = loop
             self.set_state(self._initial)
@@ -300,13 +310,18 @@ class TrainingEngine:
         for name, value in flat.items():
             buffers.live(name).update_inplace(value)
 
+    def _large(self) -> bool:
+        """Whether the model has ``LARGE_MODEL_BYTES`` of weights and runs on the CPU."""
+        return (self._device.kind == "cpu"
+                and sum(w.nbytes for w in self._initial.values()) >= LARGE_MODEL_BYTES)
+
     def _choose_loop(self, batch_rows: int) -> bool:
         if self._epoch_loop != "auto":
             return self._epoch_loop
         if self._device.kind == "cpu":
             # A Loop holds its carried weights and moments once more (the body's
             # outputs); a step over that many weights outlasts the call saved.
-            return sum(w.nbytes for w in self._initial.values()) < ARENA_MAX_WEIGHT_BYTES
+            return not self._large()
         return batch_rows * sum(w.size for w in self._initial.values()) >= LOOP_MIN_STEP_MACS
 
     def set_learning_rate(self, lr: float) -> None:
@@ -734,13 +749,24 @@ def _is_state(layout, name: str) -> bool:
     return any(name in d.values() for d in layout.states.values())
 
 
-def _strip_weights(model: onnx.ModelProto, trainable) -> None:
-    """Drop the values of the initializers ``trainable``, keeping names, shapes and types."""
+def _strip_weights(model: onnx.ModelProto, trainable) -> onnx.ModelProto:
+    """``model`` without the values of the initializers ``trainable`` (names, shapes and
+    types kept), parsed anew.
+
+    ``model`` is stripped in place, which frees nothing: protobuf (upb) keeps the
+    bytes of a replaced field in the message's arena until the message goes. The
+    copy parsed from the stripped bytes has an arena of its own, without them
+    (a model of more than ``EXTERNAL_DATA_THRESHOLD`` bytes, which protobuf may
+    not serialize, is returned as it is).
+    """
     wanted = set(trainable)
     for init in model.graph.initializer:
         if init.name in wanted:
             stub = onnx.TensorProto(name=init.name, data_type=init.data_type, dims=init.dims)
             init.CopyFrom(stub)
+    if model.ByteSize() > EXTERNAL_DATA_THRESHOLD:
+        return model
+    return onnx.ModelProto.FromString(model.SerializeToString())
 
 
 def _weights_to_inputs(model: onnx.ModelProto, trainable) -> None:

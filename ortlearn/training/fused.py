@@ -32,7 +32,7 @@ the inputs of the next (ping-pong buffers), so a step needs no host value.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import onnx
@@ -42,7 +42,7 @@ from ..autodiff import append_backward
 from ..graph import GraphBuilder, elem_type_of, finalize_model, needed_nodes, opset_of, shape_of
 from ..graph.passes import run_passes
 
-__all__ = ["FusedLayout", "build_fused_epoch", "build_fused_step"]
+__all__ = ["FusedLayout", "build_fused_epoch", "build_fused_step", "in_place_safe"]
 
 ORDER, STARTS, ENDS, ROWS = "fused.order", "fused.starts", "fused.ends", "fused.rows"
 SCALAR = "fused.scalar."
@@ -88,6 +88,10 @@ class FusedLayout:
     scalar_dtype : numpy.dtype
         dtype of the scalar inputs: the weights' when they all share one,
         else float64.
+    in_place : tuple of str
+        Carried weights and optimizer states whose next value may be written
+        over them (:func:`in_place_safe`; step mode only): one buffer each
+        instead of a ping-pong pair.
     """
 
     data: dict
@@ -100,6 +104,7 @@ class FusedLayout:
     epoch_ordered: tuple = ()
     scalars: dict = field(default_factory=dict)
     scalar_dtype: np.dtype = np.dtype(np.float64)
+    in_place: tuple = ()
 
 
 def _state_name(param: str, state: str) -> str:
@@ -107,7 +112,7 @@ def _state_name(param: str, state: str) -> str:
 
 
 def _step_nodes(model: onnx.ModelProto, trainable, input_names, optimizer, loss_output: str,
-                in_loop: bool, epoch_ordered=()):
+                in_loop: bool, epoch_ordered=(), flat: bool = True):
     """Nodes of one step appended to ``model`` (a copy), with the carried output names.
 
     ``model``'s trainable initializers become inputs, its data inputs are
@@ -149,7 +154,7 @@ def _step_nodes(model: onnx.ModelProto, trainable, input_names, optimizer, loss_
         inputs.append(helper.make_tensor_value_info(data[name], elem_type_of(info), dims))
     step_scalars = {s: b.op("Gather", [name, k]) for s, name in scalar_inputs.items()}
     n_rows = b.op("Gather", [ROWS, k])
-    flat = _flat_offsets(params, optimizer)
+    flat = _flat_offsets(params, optimizer) if flat else {}
     prologue, views = b.nodes, _flat_weight_views(b, flat)
     b.nodes = []
     forward = list(graph.node)
@@ -200,6 +205,13 @@ def _step_nodes(model: onnx.ModelProto, trainable, input_names, optimizer, loss_
         batch_loss = b.reduce("ReduceSum", batch_loss, keepdims=0)
     carried = {LOSS_SUM: b.op("Add", [LOSS_SUM, b.op("Mul", [batch_loss, n_rows])],
                               outputs=[b.reserve(LOSS_SUM + _NEXT)])}
+    if not in_loop and not flat:
+        # The update waits for the loss and every gradient: then every node reading
+        # a weight has run before the update writes it, which lets the weights be
+        # written in place (in_place_safe). onnxruntime orders the nodes by their
+        # data only: it would compute the loss (a penalty reading a weight) last.
+        # The flat layout's Concat of the gradients is such a join already.
+        step_scalars = _after(b, [batch_loss, *(grads[n] for n in trainable)], step_scalars)
     if not in_loop:
         b.op("Add", [k, b.const(1, dtype=np.int64)], outputs=[b.reserve(k + _NEXT)])
         carried[k] = k + _NEXT
@@ -224,6 +236,20 @@ def _step_nodes(model: onnx.ModelProto, trainable, input_names, optimizer, loss_
                          tuple(n for n in input_names if n in epoch_ordered), scalar_inputs,
                          np.dtype(onnx.helper.tensor_dtype_to_np_dtype(scalar_elem)))
     return inputs, carried_inputs, layout
+
+
+def _after(b: GraphBuilder, values, scalars: dict) -> dict:
+    """``scalars`` unchanged, each computed after all of ``values``.
+
+    ``Where(c, s, s)`` is ``s`` whatever ``c``; ``c`` reads one element of
+    each value (a ``Reshape`` is a view), so the join costs a few scalar nodes.
+    """
+    flat_shape = b.ints([-1], hint="flat_shape")
+    first = b.const(0, dtype=np.int64)  # a scalar index: a scalar element, cond keeps v's shape
+    firsts = [b.cast(b.op("Gather", [b.op("Reshape", [v, flat_shape]), first]),
+                     TensorProto.DOUBLE) for v in values]
+    ready = b.op("IsNaN", [b.op("Sum", firsts) if len(firsts) > 1 else firsts[0]])
+    return {s: b.op("Where", [ready, v, v]) for s, v in scalars.items()}
 
 
 def _flat_offsets(params, optimizer) -> dict:
@@ -277,7 +303,7 @@ def _flat_update(b: GraphBuilder, optimizer, params, grads, step_scalars: dict,
 
 
 def _step_model(loss_model, trainable, input_names, optimizer, loss_output: str,
-                in_loop: bool, epoch_ordered):
+                in_loop: bool, epoch_ordered, flat: bool = True):
     """A copy of ``loss_model`` holding the nodes of one step (:func:`_step_nodes`).
 
     Returns ``(model, data and epoch inputs, {carried input: its ValueInfo}, layout)``.
@@ -285,7 +311,7 @@ def _step_model(loss_model, trainable, input_names, optimizer, loss_output: str,
     model = onnx.ModelProto()
     model.CopyFrom(loss_model)
     inputs, carried_inputs, layout = _step_nodes(model, trainable, input_names, optimizer,
-                                                 loss_output, in_loop, epoch_ordered)
+                                                 loss_output, in_loop, epoch_ordered, flat)
     return model, inputs, {i.name: i for i in carried_inputs}, layout
 
 
@@ -300,7 +326,7 @@ def _value_infos(infos, names, suffix: str = "") -> list:
 
 
 def build_fused_step(loss_model: onnx.ModelProto, trainable, input_names, optimizer,
-                     loss_output: str = "loss", epoch_ordered=()
+                     loss_output: str = "loss", epoch_ordered=(), flat: bool = True
                      ) -> tuple[onnx.ModelProto, FusedLayout]:
     """The graph of one training step (one ORT call per mini-batch).
 
@@ -321,6 +347,14 @@ def build_fused_step(loss_model: onnx.ModelProto, trainable, input_names, optimi
         original order: a step slices its batch out of them. Worth it for
         inputs of a few bytes per row (labels, sample weights), where the
         ``Gather`` of a batch waits on one cache miss per row.
+    flat : bool, default=True
+        With a stateful optimizer, hold the weights and each optimizer state
+        in one flat buffer for all weights (fewer nodes a step: a small
+        model's step is mostly the cost per node). False keeps a tensor per
+        weight and makes the update wait for the loss and every gradient: no
+        copy of the weights (the slices of a flat buffer) nor of the gradients
+        (their ``Concat``), and every weight written in place
+        (:attr:`FusedLayout.in_place`), for large models.
 
     Returns
     -------
@@ -330,7 +364,7 @@ def build_fused_step(loss_model: onnx.ModelProto, trainable, input_names, optimi
         Its input and output names.
     """
     model, _, infos, layout = _step_model(loss_model, trainable, input_names, optimizer,
-                                          loss_output, False, epoch_ordered)
+                                          loss_output, False, epoch_ordered, flat)
     graph = model.graph
     outputs = _value_infos(infos, layout.carried)
     for info, name in zip(outputs, layout.carried.values()):
@@ -342,7 +376,106 @@ def build_fused_step(loss_model: onnx.ModelProto, trainable, input_names, optimi
     del graph.output[:]
     graph.output.extend(outputs)
     del graph.value_info[:]
+    state = set(layout.weights.values()) | {c for d in layout.states.values() for c in d.values()}
+    layout = replace(layout, in_place=in_place_safe(
+        nodes, {c: o for c, o in layout.carried.items() if c in state}))
     return finalize_model(model), layout
+
+
+#: Operators whose output onnxruntime may make a view of their first input:
+#: a reader of the view reads the input's buffer.
+_VIEW_OPS = frozenset({"Reshape", "Identity", "Squeeze", "Unsqueeze", "Flatten", "Dropout",
+                       "ExpandDims", "Cast"})
+#: Elementwise operators that may write the buffer they read: element ``i`` is
+#: read before it is written, by the same thread.
+_ELEMENTWISE_OPS = frozenset({"Add", "Sub", "Mul", "Div"})
+
+
+def _node_reads(node: onnx.NodeProto) -> set:
+    """Names a node reads, those its subgraphs read from the outer scope included."""
+    names = set(node.input)
+    for attr in node.attribute:
+        graphs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
+        for sub in graphs:
+            for inner in sub.node:
+                names |= _node_reads(inner)
+    names.discard("")
+    return names
+
+
+def in_place_safe(nodes, carried: dict) -> tuple:
+    """Carried inputs that the node writing their next value may overwrite.
+
+    A step reads each carried value and writes its next value. Binding one
+    buffer as both is correct when nothing reads the old value after the
+    writer has started, which the graph's data dependencies decide: every
+    node reading the input, or a view of it (``Reshape``...: onnxruntime may
+    alias them), is an ancestor of the writer, so it has run when the writer
+    starts; the writer itself may read the input only as an elementwise
+    ``Add``, ``Sub``, ``Mul`` or ``Div`` operand of the output's shape
+    (element ``i`` is read then written). onnxruntime never reuses the buffer
+    of a graph input or output for its own intermediates.
+
+    Parameters
+    ----------
+    nodes : list of onnx.NodeProto
+        The step graph's nodes.
+    carried : dict of str to str
+        ``{carried input: graph output holding its next value}``; the input
+        and the output have the same shape.
+
+    Returns
+    -------
+    tuple of str
+        The carried inputs that may be written in place.
+
+    Examples
+    --------
+    >>> from onnx import helper
+    >>> nodes = [helper.make_node("Mul", ["w", "w"], ["sq"]),   # read by the loss
+    ...          helper.make_node("Mul", ["lr", "g"], ["step"]),
+    ...          helper.make_node("Sub", ["w", "step"], ["w.next"])]
+    >>> in_place_safe(nodes, {"w": "w.next"})
+    ()
+    >>> in_place_safe(nodes[1:], {"w": "w.next"})
+    ('w',)
+    """
+    producer = {out: i for i, node in enumerate(nodes) for out in node.output if out}
+    reads = [_node_reads(node) for node in nodes]
+    consumers = {}
+    for i, names in enumerate(reads):
+        for value in names:
+            consumers.setdefault(value, []).append(i)
+    safe = []
+    for name, output in carried.items():
+        writer = producer.get(output)
+        if writer is None:
+            continue
+        ancestors, todo = set(), [writer]
+        while todo:
+            for value in reads[todo.pop()]:
+                i = producer.get(value)
+                if i is not None and i not in ancestors:
+                    ancestors.add(i)
+                    todo.append(i)
+        views, readers, todo = {name}, set(), [name]
+        while todo:
+            value = todo.pop()
+            for i in consumers.get(value, ()):
+                readers.add(i)
+                if nodes[i].op_type in _VIEW_OPS:
+                    for view in nodes[i].output:
+                        if view not in views:
+                            views.add(view)
+                            todo.append(view)
+        write = nodes[writer]
+        writer_reads = reads[writer] & views
+        if writer_reads and (write.op_type not in _ELEMENTWISE_OPS or writer_reads != {name}
+                             or len(write.input) != 2):
+            continue
+        if readers - {writer} <= ancestors:
+            safe.append(name)
+    return tuple(safe)
 
 
 def build_fused_epoch(loss_model: onnx.ModelProto, trainable, input_names, optimizer,
