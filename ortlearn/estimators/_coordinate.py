@@ -39,11 +39,13 @@ from ..exceptions import ConvergenceWarning
 from ..log import user_stacklevel
 from ..loss import elementwise_loss
 from ..training import loss_and_gradient
+from ..training.sparse import is_sparse
 from ._fullbatch import (
     COEF,
     LABEL,
     SAMPLE_WEIGHT,
     BaseOrtFullBatch,
+    center_data,
     fill_shared_doc,
     linear_objective,
 )
@@ -57,11 +59,21 @@ _DENSE_EIGEN_MAX_FEATURES = 64
 _POWER_ITERATIONS = 8
 
 
-def _largest_eigenvalue(X: np.ndarray, sample_weight: np.ndarray) -> tuple[float, bool]:
-    """``(estimate, exact)`` of the largest eigenvalue of ``X^T diag(sample_weight) X``."""
+def _largest_eigenvalue(X, sample_weight: np.ndarray,
+                        x_offset: np.ndarray | None = None) -> tuple[float, bool]:
+    """``(estimate, exact)`` of the largest eigenvalue of ``Xc^T diag(sample_weight) Xc``.
+
+    ``Xc = X - x_offset`` (a sparse ``X`` is centred implicitly, with
+    ``x_offset`` its weighted column means), else ``X``.
+    """
     n_features = X.shape[1]
+    offset = np.zeros(n_features) if x_offset is None else x_offset
     if n_features <= _DENSE_EIGEN_MAX_FEATURES:
-        gram = X.T @ (sample_weight[:, None] * X)
+        weighted = X.multiply(sample_weight[:, None]) if is_sparse(X) else (
+            sample_weight[:, None] * X)
+        gram = np.asarray((X.T @ weighted).todense() if is_sparse(X) else X.T @ weighted)
+        # the weighted means: Xc^T W Xc = X^T W X - sum(w) m m^T
+        gram = gram - sample_weight.sum() * np.outer(offset, offset)
         top = scipy.linalg.eigh(gram, eigvals_only=True,
                                 subset_by_index=[n_features - 1, n_features - 1])[0]
         return float(top), True
@@ -69,7 +81,8 @@ def _largest_eigenvalue(X: np.ndarray, sample_weight: np.ndarray) -> tuple[float
     estimate = 0.0
     for _ in range(_POWER_ITERATIONS):
         vector /= np.linalg.norm(vector) or 1.0
-        product = X.T @ (sample_weight * (X @ vector))
+        weighted = sample_weight * (X @ vector - offset @ vector)
+        product = X.T @ weighted - offset * weighted.sum()
         estimate = float(vector @ product)  # Rayleigh quotient: a lower bound
         vector = product
     return estimate, False
@@ -232,11 +245,12 @@ class OrtElasticNet(MultiOutputMixin, RegressorMixin, BaseOrtFullBatch):
         y = np.asarray(y, dtype=np.float64)
         Y = y.reshape(n_samples, -1)
         n_targets = Y.shape[1]
+        x_offset = None
         if self.fit_intercept:
-            x_mean = np.average(X, axis=0, weights=sample_weight)
+            x_mean, X, x_offset = center_data(X, sample_weight)
             y_mean = np.average(Y, axis=0, weights=sample_weight)
-            X, Y = X - x_mean, Y - y_mean
-        X, Y = np.ascontiguousarray(X), np.ascontiguousarray(Y)
+            Y = Y - y_mean
+        Y = np.ascontiguousarray(Y)
         l1_ratio = self._l1_ratio()
         alpha = float(self.alpha)
         l1, l2 = alpha * l1_ratio, alpha * (1 - l1_ratio)
@@ -246,7 +260,7 @@ class OrtElasticNet(MultiOutputMixin, RegressorMixin, BaseOrtFullBatch):
 
         # The smooth part: 1/(2n) sum_i w_i r_i^2 + l2/2 ||coef||^2.
         model = linear_objective(n_features, n_targets, row_loss, fit_intercept=False,
-                                 data_scale=0.5 / n_samples, l2=0.5 * l2)
+                                 data_scale=0.5 / n_samples, l2=0.5 * l2, x_offset=x_offset)
         initial = {}
         if self.warm_start and hasattr(self, "coef_"):
             previous = np.atleast_2d(np.asarray(self.coef_, np.float64))
@@ -255,7 +269,7 @@ class OrtElasticNet(MultiOutputMixin, RegressorMixin, BaseOrtFullBatch):
         fun, x0 = loss_and_gradient(model, [COEF], initial, [X, Y, sample_weight],
                                     ["X", LABEL, SAMPLE_WEIGHT], device=str(self.device))
         coef, gap, n_iter, loss = self._fista(fun, x0.reshape(n_features, n_targets), X, Y,
-                                              sample_weight, l1, l2)
+                                              sample_weight, l1, l2, x_offset)
         self._weights = {COEF: coef}
         self.loss_ = float(loss)
         self.train_losses_ = [self.loss_]
@@ -273,7 +287,7 @@ class OrtElasticNet(MultiOutputMixin, RegressorMixin, BaseOrtFullBatch):
             self.n_iter_ = [int(i) for i in n_iter]
         return self
 
-    def _fista(self, fun, coef, X, Y, sample_weight, l1, l2):
+    def _fista(self, fun, coef, X, Y, sample_weight, l1, l2, x_offset=None):
         """FISTA with adaptive restart, one column per target, until every gap is small.
 
         Returns ``(coef, gap, n_iter, loss)``, the gap in scikit-learn's units
@@ -282,10 +296,11 @@ class OrtElasticNet(MultiOutputMixin, RegressorMixin, BaseOrtFullBatch):
         n_samples, n_targets = X.shape[0], Y.shape[1]
         weighted_Y = sample_weight[:, None] * Y
         yy = np.einsum("ik,ik->k", Y, weighted_Y)
-        Xty = X.T @ weighted_Y
+        # Y is centred with the weights: Xc^T W Y = X^T W Y (x_offset drops out)
+        Xty = np.asarray(X.T @ weighted_Y)
         tol = self.tol * yy
         max_iter = 1000 if self.max_iter is None else self.max_iter
-        top, exact = _largest_eigenvalue(X, sample_weight)
+        top, exact = _largest_eigenvalue(X, sample_weight, x_offset)
         # A zero Lipschitz constant (X constant, no L2): the smooth part is flat, any step.
         lipschitz = top / n_samples + l2 or 1.0
         eps = np.finfo(np.float64).eps

@@ -30,9 +30,11 @@ from ..exceptions import ConvergenceError
 from ..graph import GraphBuilder, finalize_model
 from ..graph.model import DEFAULT_OPSET
 from ..training import minimize_lbfgs
+from ..training.sparse import is_sparse
 from ._validation import check_sample_weight
 
-__all__ = ["BaseOrtFullBatch", "FullBatchClassifierMixin", "fill_shared_doc", "linear_objective"]
+__all__ = ["BaseOrtFullBatch", "FullBatchClassifierMixin", "center_data", "fill_shared_doc",
+           "linear_objective"]
 
 COEF, INTERCEPT, LOSS = "coef", "intercept", "loss"
 LABEL, SAMPLE_WEIGHT = "y", "sample_weight"
@@ -60,9 +62,24 @@ def fill_shared_doc(cls):
     return cls
 
 
+def center_data(X, sample_weight):
+    """``(x_mean, X, x_offset)``: the weighted column means and the centred data.
+
+    Dense ``X`` comes back centred (``x_offset`` None); a sparse one as it
+    is, with ``x_offset = x_mean`` for :func:`linear_objective` (centring
+    would densify it).
+    """
+    if is_sparse(X):
+        x_mean = np.asarray(X.T @ sample_weight).ravel() / sample_weight.sum()
+        return x_mean, X, x_mean
+    x_mean = np.average(X, axis=0, weights=sample_weight)
+    return x_mean, X - x_mean, None
+
+
 def linear_objective(n_features: int, n_outputs: int, row_loss, *, fit_intercept: bool,
                      data_scale: float, l2, int_label: bool = False,
-                     extra_weights: dict | None = None) -> onnx.ModelProto:
+                     extra_weights: dict | None = None,
+                     x_offset: np.ndarray | None = None) -> onnx.ModelProto:
     """The float64 objective graph of a linear model with a smooth loss.
 
     Parameters
@@ -83,6 +100,9 @@ def linear_objective(n_features: int, n_outputs: int, row_loss, *, fit_intercept
         The label is int64 class indices ``(N,)`` (else float64 ``(N, n_outputs)``).
     extra_weights : dict of str to ndarray, default=None
         More float64 initializers (trained too) the row loss reads.
+    x_offset : ndarray of shape (n_features,), default=None
+        ``raw = (X - x_offset) @ coef``: the centred data of a sparse ``X``
+        that centring would densify.
 
     Returns
     -------
@@ -94,6 +114,9 @@ def linear_objective(n_features: int, n_outputs: int, row_loss, *, fit_intercept
     b = GraphBuilder(used_names=["X", LABEL, SAMPLE_WEIGHT, COEF, INTERCEPT, LOSS,
                                  *(extra_weights or {})], prefix="objective_")
     raw = b.op("MatMul", ["X", COEF])
+    if x_offset is not None:
+        offset = b.const(np.asarray(x_offset, dtype).reshape(1, n_features), dtype)
+        raw = b.op("Sub", [raw, b.op("MatMul", [offset, COEF])])
     inits = [numpy_helper.from_array(np.zeros((n_features, n_outputs), dtype), COEF)]
     if fit_intercept:
         raw = b.op("Add", [raw, INTERCEPT])
@@ -160,6 +183,15 @@ class BaseOrtFullBatch(BaseEstimator):
     def _check_params(self) -> None:
         """Raise a ``ValueError`` for a parameter value ortlearn cannot honour."""
 
+    def _accepts_sparse(self) -> bool:
+        """Whether fit takes a sparse X with these parameters."""
+        return True
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.input_tags.sparse = self._accepts_sparse()
+        return tags
+
     def _fit_validated(self, X, y, sample_weight):
         """Fit on validated data: X float64, sample_weight float64 (ones by default)."""
         raise NotImplementedError
@@ -180,9 +212,13 @@ class BaseOrtFullBatch(BaseEstimator):
         """
         return self._decision(X)
 
+    #: scipy.sparse formats fit takes as they are (others are converted to CSR)
+    _ACCEPT_SPARSE = ("csr", "csc")
+
     def _validate(self, X, y):
         return validate_data(self, X, y, dtype=[np.float64, np.float32], y_numeric=True,
-                             multi_output=getattr(self, "_multi_output", False))
+                             multi_output=getattr(self, "_multi_output", False),
+                             accept_sparse=self._ACCEPT_SPARSE)
 
     def _lbfgs_options(self) -> dict:
         return {"max_iter": self.max_iter, "tol": self.tol}
@@ -212,12 +248,16 @@ class BaseOrtFullBatch(BaseEstimator):
         sample_weight = check_sample_weight(sample_weight, X.shape[0], np.float64)
         if sample_weight is None:
             sample_weight = np.ones(X.shape[0], np.float64)
+        if is_sparse(X):
+            # Stays sparse: the graph gets X @ coef, computed by scipy (training/lbfgs.py).
+            return X.astype(np.float64, copy=False).tocsr(), y, sample_weight
         return np.ascontiguousarray(X, dtype=np.float64), y, sample_weight
 
     def _decision(self, X):
         check_is_fitted(self)
-        X = validate_data(self, X, reset=False, dtype=[np.float64, np.float32])
-        return X @ np.asarray(self.coef_).T + self.intercept_
+        X = validate_data(self, X, reset=False, dtype=[np.float64, np.float32],
+                          accept_sparse=self._ACCEPT_SPARSE)
+        return np.asarray(X @ np.asarray(self.coef_).T) + self.intercept_
 
     def get_state(self) -> dict:
         """The trained weights, named as in the objective graph.
@@ -283,7 +323,8 @@ class FullBatchClassifierMixin(ClassifierMixin):
     """
 
     def _validate(self, X, y):
-        return validate_data(self, X, y, dtype=[np.float64, np.float32])
+        return validate_data(self, X, y, dtype=[np.float64, np.float32],
+                             accept_sparse=self._ACCEPT_SPARSE)
 
     def _encode_labels(self, y):
         """``classes_`` and the index of each row's class in it."""

@@ -33,6 +33,7 @@ from ..graph import GraphBuilder, finalize_model
 from ..graph.model import DEFAULT_OPSET
 from ..log import user_stacklevel
 from ..training import minimize_lbfgs
+from ..training.sparse import is_sparse
 from ._fullbatch import INTERCEPT, LABEL, LOSS, SAMPLE_WEIGHT, BaseOrtFullBatch, fill_shared_doc
 
 __all__ = ["OrtQuantileRegressor"]
@@ -46,13 +47,20 @@ _STAGE_MAX_ITER = 2000
 _POLISH_BANDS = tuple(10.0 ** -k for k in range(2, 12))
 
 
-def _pinball_objective(n_features, fit_intercept, quantile, alpha, width, data_scale):
-    """Smoothed pinball on ``X @ (pos - neg) + intercept`` plus ``alpha sum(pos + neg)``."""
+def _pinball_objective(n_features, fit_intercept, quantile, alpha, width, data_scale,
+                       sparse=False):
+    """Smoothed pinball on ``X @ (pos - neg) + intercept`` plus ``alpha sum(pos + neg)``.
+
+    ``sparse``: ``X @ pos - X @ neg``, the form a sparse ``X`` needs (it may
+    only multiply trained weights, :func:`ortlearn.training.minimize_lbfgs`).
+    """
     f64 = np.float64
     b = GraphBuilder(used_names=["X", LABEL, SAMPLE_WEIGHT, POS, NEG, INTERCEPT, LOSS],
                      prefix="quantile_")
-    coef = b.op("Sub", [POS, NEG])
-    raw = b.op("MatMul", ["X", coef])
+    if sparse:
+        raw = b.op("Sub", [b.op("MatMul", ["X", POS]), b.op("MatMul", ["X", NEG])])
+    else:
+        raw = b.op("MatMul", ["X", b.op("Sub", [POS, NEG])])
     inits = [numpy_helper.from_array(np.zeros((n_features, 1), f64), POS),
              numpy_helper.from_array(np.zeros((n_features, 1), f64), NEG)]
     if fit_intercept:
@@ -78,6 +86,11 @@ def _pinball_objective(n_features, fit_intercept, quantile, alpha, width, data_s
         [helper.make_tensor_value_info(LOSS, TensorProto.DOUBLE, [])], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", DEFAULT_OPSET)])
     return finalize_model(model)
+
+
+def _dense(X):
+    """``X`` as an ndarray (a few rows of a sparse X, for a least-squares solve)."""
+    return X.toarray() if is_sparse(X) else X
 
 
 @fill_shared_doc
@@ -186,7 +199,8 @@ class OrtQuantileRegressor(RegressorMixin, BaseOrtFullBatch):
                 weights = {POS: np.maximum(coef, 0)[:, None], NEG: np.maximum(-coef, 0)[:, None],
                            **({INTERCEPT: np.array([intercept])} if self.fit_intercept else {})}
             model = _pinball_objective(n_features, self.fit_intercept, float(self.quantile),
-                                       float(self.alpha), width * scale, data_scale)
+                                       float(self.alpha), width * scale, data_scale,
+                                       sparse=is_sparse(X))
             with warnings.catch_warnings():
                 # A stage stopping short (the smoothed kink gets sharp) is no failure: the
                 # next stage and the polish go on from it; the optimality check decides.
@@ -234,7 +248,8 @@ class OrtQuantileRegressor(RegressorMixin, BaseOrtFullBatch):
         psi = np.where(residual > 0, q, q - 1.0)
         fixed = X[~zero].T @ (sample_weight[~zero] * psi[~zero])  # (n_features,)
         active = coef != 0
-        A = (X[zero] * sample_weight[zero, None]).T  # (n_features, |Z|)
+        # (n_features, |Z|): few rows have a zero residual (a vertex: about n_features)
+        A = (_dense(X[zero]) * sample_weight[zero, None]).T
         target = total * self.alpha * np.sign(coef) - fixed
         rows, goal = [A[active]], [target[active]]
         if self.fit_intercept:
@@ -245,7 +260,7 @@ class OrtQuantileRegressor(RegressorMixin, BaseOrtFullBatch):
             free = np.linalg.lstsq(system, goal, rcond=None)[0]
         else:
             free = np.zeros(0)
-        slack = 1e-8 * max(total * max(self.alpha, 1.0), 1.0) * (1 + np.abs(X).max())
+        slack = 1e-8 * max(total * max(self.alpha, 1.0), 1.0) * (1 + abs(X).max())
         if np.abs(system @ free - goal).max(initial=0.0) > slack:
             return False
         if (free < q - 1 - 1e-8).any() or (free > q + 1e-8).any():
@@ -271,7 +286,7 @@ class OrtQuantileRegressor(RegressorMixin, BaseOrtFullBatch):
             columns = np.abs(coef) > band * largest
             if not rows.any():
                 continue
-            A = X[np.ix_(rows, columns)]
+            A = _dense(X[rows][:, columns])
             if self.fit_intercept:
                 A = np.hstack([A, np.ones((A.shape[0], 1))])
             solution = np.linalg.lstsq(A, y[rows], rcond=None)[0]

@@ -19,7 +19,7 @@ from sklearn.base import MultiOutputMixin, RegressorMixin
 from sklearn.utils._param_validation import Interval, StrOptions
 
 from ..loss import elementwise_loss
-from ._fullbatch import COEF, BaseOrtFullBatch, fill_shared_doc, linear_objective
+from ._fullbatch import COEF, BaseOrtFullBatch, center_data, fill_shared_doc, linear_objective
 
 __all__ = ["OrtRidge"]
 
@@ -154,18 +154,19 @@ class OrtRidge(MultiOutputMixin, RegressorMixin, BaseOrtFullBatch):
                              f"{alpha.size} != {n_outputs}")
         if (alpha < 0).any():
             raise ValueError("alpha must be >= 0.")
+        x_offset = None
         if self.fit_intercept:
-            x_mean = np.average(X, axis=0, weights=sample_weight)
+            x_mean, X, x_offset = center_data(X, sample_weight)
             y_mean = np.average(Y, axis=0, weights=sample_weight)
-            X, Y = X - x_mean, Y - y_mean
+            Y = Y - y_mean
 
         def row_loss(b, raw, label):
             return elementwise_loss(b, "squared_error", raw, label, np.float64)
 
         model = linear_objective(n_features, n_outputs, row_loss, fit_intercept=False,
-                                 data_scale=0.5, l2=0.5 * np.broadcast_to(alpha, (n_outputs,)))
-        weights, n_iter = self._minimize(model, np.ascontiguousarray(X), np.ascontiguousarray(Y),
-                                         sample_weight, {})
+                                 data_scale=0.5, l2=0.5 * np.broadcast_to(alpha, (n_outputs,)),
+                                 x_offset=x_offset)
+        weights, n_iter = self._minimize(model, X, np.ascontiguousarray(Y), sample_weight, {})
         self._weights = weights
         coef = weights[COEF].T  # (n_targets, n_features)
         intercept = y_mean - x_mean @ coef.T if self.fit_intercept else np.zeros(n_outputs)

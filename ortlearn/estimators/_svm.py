@@ -28,6 +28,7 @@ from __future__ import annotations
 from numbers import Integral, Real
 
 import numpy as np
+import scipy.sparse
 from onnx import TensorProto, helper, numpy_helper
 from sklearn.base import RegressorMixin
 from sklearn.utils._param_validation import Interval, StrOptions
@@ -38,6 +39,7 @@ from ..graph import GraphBuilder, finalize_model
 from ..graph.model import DEFAULT_OPSET
 from ..loss import elementwise_loss
 from ..training import minimize_lbfgs
+from ..training.sparse import is_sparse
 from ._fullbatch import (
     COEF,
     LABEL,
@@ -174,7 +176,10 @@ class _BaseOrtLinearSVM(BaseOrtFullBatch):
     def _augment(self, X):
         if not self.fit_intercept:
             return X
-        return np.hstack([X, np.full((X.shape[0], 1), float(self.intercept_scaling))])
+        column = np.full((X.shape[0], 1), float(self.intercept_scaling))
+        if is_sparse(X):
+            return scipy.sparse.hstack([X, column], format="csr")
+        return np.hstack([X, column])
 
     def _check_params(self):
         if self.loss == self._dual_loss and self.dual is False:
@@ -182,8 +187,18 @@ class _BaseOrtLinearSVM(BaseOrtFullBatch):
                 f"loss={self._dual_loss!r} with dual=False is not supported (as in "
                 f"scikit-learn's liblinear): use dual=True or 'auto'.")
 
+    def _accepts_sparse(self) -> bool:
+        return self.loss != self._dual_loss
+
     def _solve(self, X, Y, cost, **score_params):
         """``w~`` of shape (n_features + fit_intercept, n_outputs) and the iterations."""
+        if is_sparse(X) and not self._accepts_sparse():
+            # The dual reads X^T (and its polish dense rows): not the MatMul(X, coef)
+            # that minimize_lbfgs multiplies sparsely.
+            raise ValueError(
+                f"loss={self.loss!r} (solved in the dual) does not accept sparse X in "
+                f"{type(self).__name__}: use loss={self._smooth_loss!r} (primal, "
+                "sparse products) or pass X.toarray().")
         X = self._augment(X)
         n_samples, n_features = X.shape
         n_outputs = Y.shape[1]

@@ -4,6 +4,13 @@ Each evaluation scipy asks for is ONE onnxruntime call on a gradient model
 (:func:`ortlearn.autodiff.build_gradient`) returning the loss and every
 gradient; the data are put on the device once. scipy works in float64, the
 weights are cast to the graph's dtype for onnxruntime.
+
+A sparse ``X`` (``scipy.sparse``) is never densified: every node reading it
+must be a ``MatMul(X, W)`` with ``W`` trained; the graph gets the product as
+an input instead, the host computes ``X @ W`` and adds ``X^T @ d(product)``
+to ``W``'s gradient, both sparse products (time and memory in the
+non-zeros; a densified block of rows would cost the dense size in time at
+every evaluation).
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ import warnings
 import numpy as np
 import onnxruntime as ort
 import scipy.optimize
+from onnx import helper
 
 from ..autodiff import build_gradient
 from ..exceptions import ConvergenceWarning
@@ -26,6 +34,7 @@ from .checks import (
     conform_state,
 )
 from .device import make_session, make_session_options, parse_device
+from .sparse import is_sparse
 
 __all__ = ["loss_and_gradient", "minimize_lbfgs"]
 
@@ -37,8 +46,10 @@ class _LossAndGradient:
     """``f(w) -> (loss, gradient)`` for scipy, one onnxruntime call each."""
 
     def __init__(self, grad_model, weights: dict, arrays, input_names, device,
-                 session_options=None):
+                 session_options=None, sparse=None):
         self._device = parse_device(device)
+        # (X as CSR, X^T as CSR, [(product input, weight), ...]) for a sparse X
+        self._sparse = sparse
         self._session = make_session(grad_model, self._device, session_options)
         self._names = list(weights)
         self._shapes = [weights[n].shape for n in self._names]
@@ -66,11 +77,25 @@ class _LossAndGradient:
         return out
 
     def __call__(self, flat: np.ndarray) -> tuple[float, np.ndarray]:
-        for name, value in self.unflatten(flat).items():
+        weights = self.unflatten(flat)
+        for name, value in weights.items():
             self._binding.bind_cpu_input(name, value)
+        if self._sparse is not None:
+            X = self._sparse[0]
+            for product, weight in self._sparse[2]:
+                self._binding.bind_cpu_input(product, np.ascontiguousarray(
+                    X @ weights[weight], dtype=X.dtype))
         self._session.run_with_iobinding(self._binding)
         outputs = self._binding.copy_outputs_to_cpu()
         self.n_calls += 1
+        if self._sparse is not None:
+            # the products' gradients, after the weights', reach the weights through X^T
+            Xt, products = self._sparse[1], self._sparse[2]
+            outputs, extra = outputs[:1 + len(self._names)], outputs[1 + len(self._names):]
+            outputs = [np.asarray(o) for o in outputs]
+            for (_, weight), d_product in zip(products, extra):
+                outputs[1 + self._names.index(weight)] = (
+                    outputs[1 + self._names.index(weight)] + Xt @ np.asarray(d_product))
         grad = np.concatenate([np.asarray(g, dtype=np.float64).ravel() for g in outputs[1:]])
         loss = float(outputs[0])
         if loss < self.best_loss and np.isfinite(grad).all():
@@ -114,17 +139,74 @@ loss_output, session_options, deterministic
     check_loss_output(model, loss_output)
     trainable = check_trainable(model, trainable)
     input_names = check_input_names(model, input_names)
-    check_class_labels(class_label_marks(model), dict(zip(input_names, arrays)),
+    arrays = list(arrays)
+    check_class_labels(class_label_marks(model),
+                       {n: a for n, a in zip(input_names, arrays) if not is_sparse(a)},
                        "the training data")
+    sparse, wrt = None, list(trainable)
+    sparse_inputs = [i for i, a in enumerate(arrays) if is_sparse(a)]
+    if sparse_inputs:
+        if len(sparse_inputs) > 1:
+            raise ValueError("At most one sparse array is supported (the data X); densify "
+                             "the others.")
+        index = sparse_inputs[0]
+        name, X = input_names.pop(index), arrays.pop(index)
+        products, dtype = _products_as_inputs(model, name, trainable)
+        X = X.tocsr().astype(dtype, copy=False)
+        sparse = (X, X.T.tocsr(), products)
+        wrt += [product for product, _ in products]
     weights = initializers_to_inputs(model, trainable)
     if initial_weights:
         weights.update(conform_state(dict(initial_weights), weights, partial=True))
-    grad_model = build_gradient(model, wrt=trainable, loss_output=loss_output)
+    grad_model = build_gradient(model, wrt=wrt, loss_output=loss_output)
     if session_options is None and deterministic and parse_device(device).kind != "cpu":
         session_options = make_session_options(deterministic=True)
-    fun = _LossAndGradient(grad_model, weights, arrays, input_names, device, session_options)
+    fun = _LossAndGradient(grad_model, weights, arrays, input_names, device, session_options,
+                           sparse=sparse)
     x0 = np.concatenate([w.astype(np.float64).ravel() for w in weights.values()])
     return fun, x0
+
+
+def _products_as_inputs(model, name: str, trainable) -> tuple[list, np.dtype]:
+    """Replace each ``MatMul(name, W)`` of ``model`` (in place) by an input holding its output.
+
+    ``name`` may reach the MatMuls through a ``Cast`` (skl2onnx casts the
+    input of a float64 loss). Returns ``[(product input, W), ...]`` and the
+    dtype of the products; a ``ValueError`` when ``name`` reaches another
+    node, or a ``W`` that is not trained.
+    """
+    graph = model.graph
+    shapes = {init.name: list(init.dims) for init in graph.initializer}
+    elem = next(i.type.tensor_type.elem_type for i in graph.input if i.name == name)
+    sources, removed, products, bad = [name], [], [], []
+    for node in graph.node:
+        left = [i for i, value in enumerate(node.input) if value in sources]
+        if not left:
+            continue
+        removed.append(node)
+        if node.op_type == "Cast" and len(sources) == 1:
+            sources.append(node.output[0])
+            elem = next(a.i for a in node.attribute if a.name == "to")
+        elif (node.op_type == "MatMul" and left == [0] and node.input[1] in trainable
+              and len(shapes.get(node.input[1], ())) == 2):
+            products.append((node.output[0], node.input[1]))
+        else:
+            bad.append(node.op_type)
+    if bad or not products:
+        raise ValueError(
+            f"A sparse {name!r} is supported where it is only the left factor of MatMul "
+            f"nodes with a trained 2-D weight (here it reaches {bad or 'no MatMul'}): pass "
+            "a dense array (X.toarray()) if it fits in memory.")
+    kept = [node for node in graph.node if node not in removed]
+    del graph.node[:]
+    graph.node.extend(kept)
+    inputs = [i for i in graph.input if i.name != name]
+    del graph.input[:]
+    graph.input.extend(inputs)
+    for product, weight in products:
+        graph.input.append(helper.make_tensor_value_info(product, elem,
+                                                         ["N", shapes[weight][1]]))
+    return products, helper.tensor_dtype_to_np_dtype(elem)
 
 
 def minimize_lbfgs(loss_model, trainable, initial_weights, arrays, input_names=None,
@@ -148,7 +230,10 @@ def minimize_lbfgs(loss_model, trainable, initial_weights, arrays, input_names=N
         Starting values of some weights (name -> array); the others start
         from their initializers.
     arrays : list of numpy.ndarray
-        The data, aligned with ``input_names``, of the inputs' dtypes.
+        The data, aligned with ``input_names``, of the inputs' dtypes. One
+        of them may be a ``scipy.sparse`` matrix when the graph reads it
+        only as the left factor of ``MatMul`` nodes with trained weights
+        (the first layer): it is never densified (module docstring).
     input_names : list of str, default=None
         The data inputs (graph inputs that are not initializers) in the
         order of ``arrays``; None: graph order.
