@@ -32,7 +32,7 @@ from numbers import Integral, Real
 
 import numpy as np
 import scipy.linalg
-from sklearn.base import MultiOutputMixin, RegressorMixin
+from sklearn.base import MultiOutputMixin, RegressorMixin, _fit_context
 from sklearn.utils._param_validation import Interval, StrOptions
 
 from ..exceptions import ConvergenceWarning
@@ -220,6 +220,7 @@ class OrtElasticNet(MultiOutputMixin, RegressorMixin, BaseOrtFullBatch):
     def _l1_ratio(self) -> float:
         return float(self.l1_ratio)
 
+    @_fit_context(prefer_skip_nested_validation=True)
     def fit(self, X, y, sample_weight=None, check_input=True):
         """Fit the model with FISTA on the whole data set.
 
@@ -236,10 +237,13 @@ class OrtElasticNet(MultiOutputMixin, RegressorMixin, BaseOrtFullBatch):
         -------
         self : object
         """
-        self._validate_params()
         if np.isscalar(sample_weight):
             sample_weight = None
         X, y, sample_weight = self._prepare_fit(X, y, sample_weight)
+        with self._fit_task(X, y, sample_weight):
+            return self._fit_validated(X, y, sample_weight)
+
+    def _fit_validated(self, X, y, sample_weight):
         n_samples, n_features = X.shape
         sample_weight = sample_weight * (n_samples / sample_weight.sum())
         y = np.asarray(y, dtype=np.float64)
@@ -268,30 +272,38 @@ class OrtElasticNet(MultiOutputMixin, RegressorMixin, BaseOrtFullBatch):
                 initial[COEF] = np.ascontiguousarray(previous.T)
         fun, x0 = loss_and_gradient(model, [COEF], initial, [X, Y, sample_weight],
                                     ["X", LABEL, SAMPLE_WEIGHT], device=str(self.device))
+
+        def attributes(weights):
+            coef = weights[COEF]
+            intercept = y_mean - x_mean @ coef if self.fit_intercept else np.zeros(n_targets)
+            if y.ndim == 1:
+                return {"coef_": coef[:, 0].astype(self._dtype),
+                        "intercept_": float(intercept[0]) if self.fit_intercept else 0.0}
+            return {"coef_": np.ascontiguousarray(coef.T).astype(self._dtype),
+                    "intercept_": intercept.astype(self._dtype)}
+
         coef, gap, n_iter, loss = self._fista(fun, x0.reshape(n_features, n_targets), X, Y,
-                                              sample_weight, l1, l2, x_offset)
+                                              sample_weight, l1, l2, x_offset,
+                                              self._iteration_hook(attributes))
         self._weights = {COEF: coef}
         self.loss_ = float(loss)
         self.train_losses_ = [self.loss_]
-        intercept = y_mean - x_mean @ coef if self.fit_intercept else np.zeros(n_targets)
+        self.__dict__.update(attributes(self._weights))
         gap = gap / n_samples
         if y.ndim == 1:
-            self.coef_ = coef[:, 0].astype(self._dtype)
-            self.intercept_ = float(intercept[0]) if self.fit_intercept else 0.0
             self.dual_gap_ = float(gap[0])
             self.n_iter_ = int(n_iter[0])
         else:
-            self.coef_ = np.ascontiguousarray(coef.T).astype(self._dtype)
-            self.intercept_ = intercept.astype(self._dtype)
             self.dual_gap_ = gap
             self.n_iter_ = [int(i) for i in n_iter]
         return self
 
-    def _fista(self, fun, coef, X, Y, sample_weight, l1, l2, x_offset=None):
+    def _fista(self, fun, coef, X, Y, sample_weight, l1, l2, x_offset=None, hook=None):
         """FISTA with adaptive restart, one column per target, until every gap is small.
 
         Returns ``(coef, gap, n_iter, loss)``, the gap in scikit-learn's units
-        (multiplied by ``n_samples``).
+        (multiplied by ``n_samples``). ``hook({'coef': coef}) -> stop`` after
+        each accepted iteration (scikit-learn's callbacks).
         """
         n_samples, n_targets = X.shape[0], Y.shape[1]
         weighted_Y = sample_weight[:, None] * Y
@@ -324,7 +336,7 @@ class OrtElasticNet(MultiOutputMixin, RegressorMixin, BaseOrtFullBatch):
         active = ~(gap <= tol)
         momentum_t = np.ones(n_targets)
         point, point_grad = coef, grad  # the extrapolated point and its gradient
-        iteration = 0
+        iteration, stopped = 0, False
         while active.any() and iteration < max_iter:
             iteration += 1
             new = prox(point - point_grad / lipschitz, 1.0 / lipschitz)
@@ -359,7 +371,10 @@ class OrtElasticNet(MultiOutputMixin, RegressorMixin, BaseOrtFullBatch):
             gap = np.where(active, new_gap, gap)
             n_iter[active] = iteration
             active &= ~(new_gap <= tol)
-        if active.any():
+            if hook is not None and hook({COEF: coef}):
+                stopped = True  # a callback asked to stop: no convergence warning
+                break
+        if active.any() and not stopped:
             warnings.warn(
                 f"Objective did not converge. You might want to increase the number of "
                 f"iterations (max_iter={max_iter}). Duality gap: {gap.max() / n_samples:.3e}, "

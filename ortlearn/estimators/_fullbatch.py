@@ -18,10 +18,12 @@ the counterparts reach their minimum to the precision that needs.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
-from sklearn.base import BaseEstimator, ClassifierMixin
+from sklearn.base import BaseEstimator, ClassifierMixin, _fit_context
 from sklearn.preprocessing import LabelEncoder
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
@@ -31,6 +33,7 @@ from ..graph import GraphBuilder, finalize_model
 from ..graph.model import DEFAULT_OPSET
 from ..training import minimize_lbfgs
 from ..training.sparse import is_sparse
+from ._base import CallbackSupportMixin
 from ._validation import check_sample_weight
 
 __all__ = ["BaseOrtFullBatch", "FullBatchClassifierMixin", "center_data", "fill_shared_doc",
@@ -146,7 +149,7 @@ def linear_objective(n_features: int, n_outputs: int, row_loss, *, fit_intercept
     return finalize_model(model)
 
 
-class BaseOrtFullBatch(BaseEstimator):
+class BaseOrtFullBatch(CallbackSupportMixin, BaseEstimator):
     """Fit of the full-batch linear models (not for direct use).
 
     :meth:`fit` validates the parameters, calls ``_check_params()`` (a
@@ -154,10 +157,18 @@ class BaseOrtFullBatch(BaseEstimator):
     data is read), validates the data and hands it to
     ``_fit_validated(X, y, sample_weight)``, which each subclass gives; the
     options of scipy are ``_lbfgs_options()``, its bounds ``_bounds()``.
+
+    scikit-learn's callbacks (``set_callbacks``, scikit-learn >= 1.9) see the
+    fit as one task with a subtask ``'iteration'`` per iteration of the
+    solver, reported when the iteration ends; its ``fitted_estimator``
+    predicts with that iteration's weights (``attributes(weights)`` of the
+    family: the fitted attributes its weights give), and a callback
+    returning True stops the fit there.
     """
 
     _int_label = False
 
+    @_fit_context(prefer_skip_nested_validation=True)
     def fit(self, X, y, sample_weight=None):
         """Fit the model on the whole data set.
 
@@ -175,10 +186,54 @@ class BaseOrtFullBatch(BaseEstimator):
         self : object
             The fitted estimator.
         """
-        self._validate_params()
         self._check_params()
         X, y, sample_weight = self._prepare_fit(X, y, sample_weight)
-        return self._fit_validated(X, y, sample_weight)
+        with self._fit_task(X, y, sample_weight):
+            return self._fit_validated(X, y, sample_weight)
+
+    @contextmanager
+    def _fit_task(self, X, y, sample_weight, max_subtasks=None):
+        """The fit's task of scikit-learn's callbacks around the solver (a no-op before 1.9).
+
+        ``max_subtasks``: the most iterations (None: not known in advance).
+        """
+        if not hasattr(self, "_init_callback_context"):  # scikit-learn < 1.9
+            yield
+            return
+        metadata = None if sample_weight is None else {"sample_weight": sample_weight}
+        context = self._init_callback_context(max_subtasks=max_subtasks)
+        self._callback_data = (X, y, metadata)
+        try:
+            context.call_on_fit_task_begin(estimator=self, X=X, y=y, metadata=metadata)
+            yield
+            context.call_on_fit_task_end(estimator=self, X=X, y=y, metadata=metadata,
+                                         reconstruction_attributes={})
+        finally:
+            # a fitted model keeps no reference to its training data (the callbacks'
+            # teardown is scikit-learn's _fit_context)
+            self.__dict__.pop("_callback_data", None)
+
+    def _iteration_hook(self, attributes):
+        """``hook(weights) -> stop`` ending an iteration's subtask, or None without callbacks.
+
+        ``attributes(weights)``: the fitted attributes (``coef_``, ...) of
+        those weights, for the callbacks' ``fitted_estimator``.
+        """
+        context = getattr(self, "_callback_fit_ctx", None)
+        data = getattr(self, "_callback_data", None)
+        if context is None or data is None or not getattr(self, "_skl_callbacks", None):
+            return None
+        X, y, metadata = data
+
+        def hook(weights) -> bool:
+            # scipy reports an iteration when it ends: its subtask begins and ends there
+            iteration = context.subcontext(task_name="iteration")
+            iteration.call_on_fit_task_begin(estimator=self, X=X, y=y, metadata=metadata)
+            return bool(iteration.call_on_fit_task_end(
+                estimator=self, X=X, y=y, metadata=metadata,
+                reconstruction_attributes=lambda: attributes(weights)))
+
+        return hook
 
     def _check_params(self) -> None:
         """Raise a ``ValueError`` for a parameter value ortlearn cannot honour."""
@@ -226,13 +281,14 @@ class BaseOrtFullBatch(BaseEstimator):
     def _bounds(self, n_features: int, n_outputs: int) -> dict | None:
         return None
 
-    def _minimize(self, model, X, y_enc, sample_weight, initial: dict):
+    def _minimize(self, model, X, y_enc, sample_weight, initial: dict, attributes=None):
+        """L-BFGS on ``model``; ``attributes(weights)``: the fitted attributes, for callbacks."""
         trainable = [i.name for i in model.graph.initializer]
         weights, n_iter, loss = minimize_lbfgs(
             model, trainable, initial, [X, y_enc, sample_weight], ["X", LABEL, SAMPLE_WEIGHT],
             device=str(self.device), verbose=int(getattr(self, "verbose", 0)),
             loss_output=LOSS, bounds=self._bounds(X.shape[1], model.graph.initializer[0].dims[1]),
-            **self._lbfgs_options())
+            callback=self._iteration_hook(attributes), **self._lbfgs_options())
         if not (np.isfinite(loss) and all(np.isfinite(w).all() for w in weights.values())):
             raise ConvergenceError(
                 f"L-BFGS diverged: the loss is {loss} (or a weight is not finite). Scale the "

@@ -203,11 +203,15 @@ class OrtLogisticRegression(FullBatchClassifierMixin, BaseOrtFullBatch):
                 initial[INTERCEPT] = np.asarray(self.intercept_, np.float64)
         label = index.astype(np.float64).reshape(-1, 1) if binary else index.astype(np.int64)
         self.classes_ = classes
-        weights, n_iter = self._minimize(model, X, label, sample_weight, initial)
+
+        def attributes(weights):
+            return {"coef_": weights[COEF].T.astype(self._dtype),
+                    "intercept_": (weights[INTERCEPT].astype(self._dtype) if self.fit_intercept
+                                   else np.zeros(n_outputs, self._dtype))}
+
+        weights, n_iter = self._minimize(model, X, label, sample_weight, initial, attributes)
         self._weights = weights
-        self.coef_ = weights[COEF].T.astype(self._dtype)
-        self.intercept_ = (weights[INTERCEPT].astype(self._dtype) if self.fit_intercept
-                           else np.zeros(n_outputs, self._dtype))
+        self.__dict__.update(attributes(weights))
         self.n_iter_ = np.array([n_iter], dtype=np.int32)
         return self
 

@@ -194,6 +194,18 @@ class OrtQuantileRegressor(RegressorMixin, BaseOrtFullBatch):
         coef, intercept = np.zeros(n_features), float(np.median(y)) if self.fit_intercept else 0.0
         weights = {}
         n_iter, losses = 0, []
+
+        def attributes(weights):
+            return {"coef_": (weights[POS] - weights[NEG])[:, 0].astype(self._dtype),
+                    "intercept_": (float(weights[INTERCEPT][0]) if self.fit_intercept
+                                   else 0.0)}
+
+        hook, stopped = self._iteration_hook(attributes), []
+
+        def stop(weights):  # a callback asking to stop ends the fit there, unpolished
+            stopped.append(hook(weights))
+            return stopped[-1]
+
         for width in _WIDTHS:
             if weights:  # warm start from the last stage's (polished) minimiser
                 weights = {POS: np.maximum(coef, 0)[:, None], NEG: np.maximum(-coef, 0)[:, None],
@@ -209,13 +221,15 @@ class OrtQuantileRegressor(RegressorMixin, BaseOrtFullBatch):
                     model, trainable, weights or None, [X, y.reshape(-1, 1), sample_weight],
                     ["X", LABEL, SAMPLE_WEIGHT], device=str(self.device), loss_output=LOSS,
                     max_iter=_STAGE_MAX_ITER, tol=0.0,
-                    bounds={POS: (0, None), NEG: (0, None)})
+                    bounds={POS: (0, None), NEG: (0, None)}, callback=hook and stop)
             n_iter += iterations
             losses.append(float(loss))
             coef = (weights[POS] - weights[NEG])[:, 0]
             intercept = float(weights[INTERCEPT][0]) if self.fit_intercept else 0.0
             if not (np.isfinite(coef).all() and np.isfinite(intercept)):
                 raise ConvergenceError("L-BFGS diverged: scale the data.")
+            if any(stopped):
+                break
             coef, intercept = self._polish(X, y, sample_weight, coef, intercept, scale)
             if self._is_optimal(X, y, sample_weight, coef, intercept, scale):
                 break
@@ -227,7 +241,8 @@ class OrtQuantileRegressor(RegressorMixin, BaseOrtFullBatch):
         self.n_iter_ = n_iter
         self.loss_ = float(self._objective(X, y, sample_weight, coef, intercept))
         self.train_losses_ = losses
-        if not self._is_optimal(X, y, sample_weight, coef, intercept, scale):
+        if not any(stopped) and not self._is_optimal(X, y, sample_weight, coef, intercept,
+                                                     scale):
             warnings.warn("The smoothing stages ended without a certified minimum of the "
                           "linear program: the objective may be above its minimum.",
                           ConvergenceWarning, stacklevel=user_stacklevel())

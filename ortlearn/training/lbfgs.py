@@ -212,7 +212,7 @@ def _products_as_inputs(model, name: str, trainable) -> tuple[list, np.dtype]:
 def minimize_lbfgs(loss_model, trainable, initial_weights, arrays, input_names=None,
                    device="cpu", max_iter=100, tol=1e-4, verbose=0, loss_output="loss",
                    max_fun=15000, session_options=None, deterministic=False, bounds=None,
-                   ftol=_FTOL, maxls=50):
+                   ftol=_FTOL, maxls=50, callback=None):
     """Minimise the graph's loss over the whole data set with scipy's L-BFGS-B.
 
     Same options as scikit-learn's ``LogisticRegression(solver='lbfgs')``
@@ -262,6 +262,11 @@ def minimize_lbfgs(loss_model, trainable, initial_weights, arrays, input_names=N
         ``HuberRegressor`` keeps scipy's default ``2.2e-9``.
     maxls : int, default=50
         Maximum line-search steps per iteration (scipy's default is 20).
+    callback : callable, default=None
+        ``callback(weights) -> bool`` after each iteration, with the
+        iteration's weights (a dict as the returned one); True stops the
+        run there (without a ``ConvergenceWarning``): scikit-learn's
+        callbacks (``sklearn.callback``) of the estimators.
 
     Returns
     -------
@@ -297,7 +302,7 @@ def minimize_lbfgs(loss_model, trainable, initial_weights, arrays, input_names=N
                "ftol": ftol}
     box = _flat_bounds(bounds, weights) if bounds else None
     # scipy deprecates iprint: the callback counts iterations and prints the progress.
-    progress = _Progress(fun, verbose)
+    progress = _Progress(fun, verbose, callback)
     try:
         result = scipy.optimize.minimize(fun, x0, method="L-BFGS-B", jac=True,
                                          options=options, callback=progress, bounds=box)
@@ -306,6 +311,11 @@ def minimize_lbfgs(loss_model, trainable, initial_weights, arrays, input_names=N
             raise
         warnings.warn("Training interrupted by user.", stacklevel=user_stacklevel())
         return fun.unflatten(fun.best_x), progress.iteration, fun.best_loss
+    except StopIteration:  # scipy < 1.11 lets the callback's StopIteration through
+        if progress.stopped is None:
+            raise
+    if progress.stopped is not None:  # a callback asked to stop: the weights of that iteration
+        return fun.unflatten(progress.stopped), progress.iteration, progress.loss
     _warn_unless_converged(result, max_iter, max_fun)
     # scipy's own count of the iterations it ran (0 when the first line search
     # failed), capped at max_iter as scikit-learn's _check_optimize_result does.
@@ -352,13 +362,19 @@ def _warn_unless_converged(result, max_iter: int, max_fun: int) -> None:
 
 
 class _Progress:
-    """scipy callback: counts the iterations, prints them with ``verbose``."""
+    """scipy callback: counts the iterations, logs them with ``verbose``, calls ``callback``."""
 
-    def __init__(self, fun: _LossAndGradient, verbose: int):
-        self.fun, self.verbose, self.iteration = fun, verbose, 0
+    def __init__(self, fun: _LossAndGradient, verbose: int, callback=None):
+        self.fun, self.verbose, self.callback, self.iteration = fun, verbose, callback, 0
+        self.stopped, self.loss = None, None  # the weights (flat) and loss a callback stopped at
 
     def __call__(self, intermediate_result):
         self.iteration += 1
         if self.verbose > 0:
             verbose_log(f"L-BFGS iteration {self.iteration}: loss="
                         f"{intermediate_result.fun:.6g} ({self.fun.n_calls} evaluations)")
+        if self.callback is not None:
+            x = np.array(intermediate_result.x, copy=True)
+            if self.callback(self.fun.unflatten(x)):
+                self.stopped, self.loss = x, float(intermediate_result.fun)
+                raise StopIteration  # scipy >= 1.11 ends the run there
