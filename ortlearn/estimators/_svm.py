@@ -71,8 +71,10 @@ def _primal_objective(n_features, n_outputs, cost, score, **score_params):
         return b.op("Mul", [elementwise_loss(b, score, raw, label, np.float64, **score_params),
                             COST])
 
+    # one output: the row losses are vectors (N,) (linear_objective), the costs too
     return linear_objective(n_features, n_outputs, row_loss, fit_intercept=False,
-                            data_scale=1.0, l2=0.5, extra_weights={COST: cost})
+                            data_scale=1.0, l2=0.5,
+                            extra_weights={COST: cost.ravel() if n_outputs == 1 else cost})
 
 
 def _dual_objective(n_features, n_samples, n_outputs, epsilon=None):

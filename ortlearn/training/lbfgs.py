@@ -19,6 +19,7 @@ import warnings
 
 import numpy as np
 import onnxruntime as ort
+import onnx
 import scipy.optimize
 from onnx import helper
 
@@ -158,13 +159,52 @@ loss_output, session_options, deterministic
     weights = initializers_to_inputs(model, trainable)
     if initial_weights:
         weights.update(conform_state(dict(initial_weights), weights, partial=True))
-    grad_model = build_gradient(model, wrt=wrt, loss_output=loss_output)
+    grad_model = _data_gradient_as_row_products(
+        build_gradient(model, wrt=wrt, loss_output=loss_output))
     if session_options is None and deterministic and parse_device(device).kind != "cpu":
         session_options = make_session_options(deterministic=True)
     fun = _LossAndGradient(grad_model, weights, arrays, input_names, device, session_options,
                            sparse=sparse)
     x0 = np.concatenate([w.astype(np.float64).ravel() for w in weights.values()])
     return fun, x0
+
+
+def _data_gradient_as_row_products(grad_model):
+    """Rewrite each ``MatMul(Transpose(X), D)`` of a data input X as ``(D^T @ X)^T``, in place.
+
+    The weight gradient of a first layer, ``X^T @ D`` with ``X`` (N, F) the
+    data and ``D`` (N, k) the gradient of the layer's output: onnxruntime
+    1.31's transposed-left product (FusedMatMul) is about 3 times slower on
+    100 000 x 50 doubles than ``D^T @ X`` (14 ms against 4.4 ms for k = 1,
+    14 against 9.4 for k = 5); transposing ``D`` and the (k, F) result costs
+    ``N k + F k``. Same products, summed in another order.
+    """
+    graph = grad_model.graph
+    inferred = onnx.shape_inference.infer_shapes(grad_model)
+    ranks = {v.name: len(v.type.tensor_type.shape.dim)
+             for v in [*inferred.graph.value_info, *inferred.graph.input]
+             if v.type.tensor_type.HasField("shape")}
+    data = {i.name for i in graph.input} - {i.name for i in graph.initializer}
+    transposes = {node.output[0]: node for node in graph.node
+                  if node.op_type == "Transpose" and node.input[0] in data
+                  and ranks.get(node.input[0]) == 2
+                  and [list(a.ints) for a in node.attribute if a.name == "perm"] in ([], [[1, 0]])}
+    nodes = []
+    for node in graph.node:
+        if (node.op_type == "MatMul" and node.input[0] in transposes
+                and ranks.get(node.input[1]) == 2):
+            X, D, out = transposes[node.input[0]].input[0], node.input[1], node.output[0]
+            nodes += [helper.make_node("Transpose", [D], [out + "_rows"], perm=[1, 0]),
+                      helper.make_node("MatMul", [out + "_rows", X], [out + "_product"]),
+                      helper.make_node("Transpose", [out + "_product"], [out], perm=[1, 0])]
+        else:
+            nodes.append(node)
+    used = {name for node in nodes for name in node.input} | {o.name for o in graph.output}
+    nodes = [node for node in nodes if node.op_type != "Transpose"
+             or node.output[0] not in transposes or node.output[0] in used]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return grad_model
 
 
 def _products_as_inputs(model, name: str, trainable) -> tuple[list, np.dtype]:
