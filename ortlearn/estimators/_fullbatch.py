@@ -41,6 +41,9 @@ __all__ = ["BaseOrtFullBatch", "FullBatchClassifierMixin", "center_data", "fill_
 
 COEF, INTERCEPT, LOSS = "coef", "intercept", "loss"
 LABEL, SAMPLE_WEIGHT = "y", "sample_weight"
+#: untrained initializers of the objective: minimize_lbfgs feeds them as data, so that
+#: the gradient session of a graph serves every data size and strength (its cache)
+DATA_SCALE, L2 = "data_scale", "l2_strength"
 
 # numpydoc fragments every full-batch estimator's docstring has: ``{device}`` in
 # Parameters, ``{fitted}`` at the end of Attributes (filled by fill_shared_doc).
@@ -113,11 +116,12 @@ def linear_objective(n_features: int, n_outputs: int, row_loss, *, fit_intercept
     -------
     onnx.ModelProto
         Inputs ``X``, ``y``, ``sample_weight``; output ``loss``; initializers
-        ``coef``, ``intercept`` (with ``fit_intercept``) and ``extra_weights``.
+        ``coef``, ``intercept`` (with ``fit_intercept``), ``extra_weights``,
+        and, not trained, ``data_scale`` and ``l2_strength`` (with an L2 term).
     """
     dtype = np.float64
-    b = GraphBuilder(used_names=["X", LABEL, SAMPLE_WEIGHT, COEF, INTERCEPT, LOSS,
-                                 *(extra_weights or {})], prefix="objective_")
+    b = GraphBuilder(used_names=["X", LABEL, SAMPLE_WEIGHT, COEF, INTERCEPT, LOSS, DATA_SCALE,
+                                 L2, *(extra_weights or {})], prefix="objective_")
     # One output: the rows are vectors (N,) from the product on. onnxruntime 1.31
     # broadcasts a (N, 1) tensor with a scalar or a (1,) one 15 to 30 times slower
     # than a (N,) one (2 ms against 0.13 for 100 000 rows), and the objective and
@@ -144,13 +148,14 @@ def linear_objective(n_features: int, n_outputs: int, row_loss, *, fit_intercept
     # (N, k) row losses: the weights (N, 1) broadcast over the columns.
     weight = SAMPLE_WEIGHT if flat else b.unsqueeze(SAMPLE_WEIGHT, [1])
     data = b.reduce("ReduceSum", b.op("Mul", [rows, weight]), keepdims=0)
-    loss = b.op("Mul", [b.const(data_scale, dtype), data])
+    loss = b.op("Mul", [DATA_SCALE, data])
+    inits.append(numpy_helper.from_array(np.asarray(data_scale, dtype), DATA_SCALE))
     l2 = np.broadcast_to(np.asarray(l2, dtype), (n_outputs,))
     if np.any(l2):
         squares = b.op("Mul", [COEF, COEF])
-        penalty = b.reduce("ReduceSum", b.op("Mul", [squares, b.const(l2.copy(), dtype)]),
-                           keepdims=0)
+        penalty = b.reduce("ReduceSum", b.op("Mul", [squares, L2]), keepdims=0)
         loss = b.op("Add", [loss, penalty])
+        inits.append(numpy_helper.from_array(l2.copy(), L2))
     b.op("Identity", [loss], outputs=[LOSS])
     label = (helper.make_tensor_value_info(LABEL, TensorProto.INT64, ["N"]) if int_label
              else helper.make_tensor_value_info(LABEL, TensorProto.DOUBLE, ["N", n_outputs]))
@@ -297,7 +302,7 @@ class BaseOrtFullBatch(CallbackSupportMixin, BaseEstimator):
 
     def _minimize(self, model, X, y_enc, sample_weight, initial: dict, attributes=None):
         """L-BFGS on ``model``; ``attributes(weights)``: the fitted attributes, for callbacks."""
-        trainable = [i.name for i in model.graph.initializer]
+        trainable = [i.name for i in model.graph.initializer if i.name not in (DATA_SCALE, L2)]
         weights, n_iter, loss = minimize_lbfgs(
             model, trainable, initial, [X, y_enc, sample_weight], ["X", LABEL, SAMPLE_WEIGHT],
             device=str(self.device), verbose=int(getattr(self, "verbose", 0)),

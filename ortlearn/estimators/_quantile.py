@@ -34,7 +34,15 @@ from ..graph.model import DEFAULT_OPSET
 from ..log import user_stacklevel
 from ..training import minimize_lbfgs
 from ..training.sparse import is_sparse
-from ._fullbatch import INTERCEPT, LABEL, LOSS, SAMPLE_WEIGHT, BaseOrtFullBatch, fill_shared_doc
+from ._fullbatch import (
+    DATA_SCALE,
+    INTERCEPT,
+    LABEL,
+    LOSS,
+    SAMPLE_WEIGHT,
+    BaseOrtFullBatch,
+    fill_shared_doc,
+)
 
 __all__ = ["OrtQuantileRegressor"]
 
@@ -55,29 +63,36 @@ def _pinball_objective(n_features, fit_intercept, quantile, alpha, width, data_s
     only multiply trained weights, :func:`ortlearn.training.minimize_lbfgs`).
     """
     f64 = np.float64
-    b = GraphBuilder(used_names=["X", LABEL, SAMPLE_WEIGHT, POS, NEG, INTERCEPT, LOSS],
-                     prefix="quantile_")
+    # the numbers are untrained initializers, fed as data by minimize_lbfgs: every
+    # smoothing stage reuses the first stage's gradient session
+    numbers = {"smoothing_width": width, "smoothing_factor": 0.5 / width, "quantile": quantile,
+               DATA_SCALE: data_scale, "l1_strength": alpha}
+    b = GraphBuilder(used_names=["X", LABEL, SAMPLE_WEIGHT, POS, NEG, INTERCEPT, LOSS,
+                                 *numbers], prefix="quantile_")
     if sparse:
         raw = b.op("Sub", [b.op("MatMul", ["X", POS]), b.op("MatMul", ["X", NEG])])
     else:
         raw = b.op("MatMul", ["X", b.op("Sub", [POS, NEG])])
+    # vectors (N,) from here: onnxruntime broadcasts (N, 1) with scalars slowly
+    # (linear_objective says how much)
+    raw = b.op("Reshape", [raw, b.ints([-1], hint="rows")])
     inits = [numpy_helper.from_array(np.zeros((n_features, 1), f64), POS),
-             numpy_helper.from_array(np.zeros((n_features, 1), f64), NEG)]
+             numpy_helper.from_array(np.zeros((n_features, 1), f64), NEG),
+             *(numpy_helper.from_array(np.asarray(v, f64), k) for k, v in numbers.items())]
     if fit_intercept:
         raw = b.op("Add", [raw, INTERCEPT])
         inits.append(numpy_helper.from_array(np.zeros(1, f64), INTERCEPT))
-    residual = b.op("Sub", [LABEL, raw])
+    residual = b.op("Sub", [b.op("Reshape", [LABEL, b.ints([-1], hint="rows")]), raw])
     # q r + relu(-r), relu smoothed: m = min(relu(z), width), m^2 / (2 width) + relu(z) - m.
     below = b.op("Relu", [b.op("Neg", [residual])])
-    m = b.op("Min", [below, b.const(width, f64)])
-    smooth = b.op("Add", [b.op("Mul", [b.op("Mul", [m, m]), b.const(0.5 / width, f64)]),
+    m = b.op("Min", [below, "smoothing_width"])
+    smooth = b.op("Add", [b.op("Mul", [b.op("Mul", [m, m]), "smoothing_factor"]),
                           b.op("Sub", [below, m])])
-    rows = b.op("Add", [b.op("Mul", [b.const(quantile, f64), residual]), smooth])
-    weight = b.unsqueeze(SAMPLE_WEIGHT, [1])
-    data = b.reduce("ReduceSum", b.op("Mul", [rows, weight]), keepdims=0)
+    rows = b.op("Add", [b.op("Mul", ["quantile", residual]), smooth])
+    data = b.reduce("ReduceSum", b.op("Mul", [rows, SAMPLE_WEIGHT]), keepdims=0)
     l1 = b.reduce("ReduceSum", b.op("Add", [POS, NEG]), keepdims=0)
-    b.op("Add", [b.op("Mul", [b.const(data_scale, f64), data]),
-                 b.op("Mul", [b.const(alpha, f64), l1])], outputs=[LOSS])
+    b.op("Add", [b.op("Mul", [DATA_SCALE, data]), b.op("Mul", ["l1_strength", l1])],
+         outputs=[LOSS])
     graph = helper.make_graph(
         b.nodes, "quantile",
         [helper.make_tensor_value_info("X", TensorProto.DOUBLE, ["N", n_features]),
