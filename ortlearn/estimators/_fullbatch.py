@@ -14,6 +14,11 @@ on ``raw = X @ coef + intercept`` (the intercept is never penalised); each
 family gives its ``row_loss`` (a score of :mod:`ortlearn.loss`), its
 ``data_scale`` and ``l2``. The graph is float64: scipy works in float64, and
 the counterparts reach their minimum to the precision that needs.
+
+A sparse ``X`` (CSR or CSC) is never densified: ``minimize_lbfgs`` feeds the
+graph ``X @ coef`` from scipy and adds ``X^T @ d`` to ``coef``'s gradient;
+centring (``OrtRidge``, ``OrtElasticNet``) is ``(X - x_offset) @ coef`` in
+the graph.
 """
 
 from __future__ import annotations
