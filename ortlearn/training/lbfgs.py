@@ -11,6 +11,12 @@ an input instead, the host computes ``X @ W`` and adds ``X^T @ d(product)``
 to ``W``'s gradient, both sparse products (time and memory in the
 non-zeros; a densified block of rows would cost the dense size in time at
 every evaluation).
+
+The gradient graph's float initializers that are not trained (a data scale,
+a penalty strength) are fed as data, and the session of a graph is kept
+(:data:`_CACHE_SIZE` of them, for data up to :data:`_CACHE_MAX_DATA_BYTES`):
+another fit of the same objective, on other rows or with another strength,
+reuses it.
 """
 
 from __future__ import annotations
