@@ -103,10 +103,13 @@ def test_sparse_many_blocks_weights_and_early_stopping(monkeypatch):
     np.testing.assert_array_equal(sparse.predict(sp.csr_matrix(X)), dense.predict(X))
 
 
-def test_sparse_lbfgs_is_refused_clearly():
+def test_sparse_lbfgs_fits_as_dense():
+    # L-BFGS multiplies the sparse X itself (training/lbfgs.py; more in
+    # tests/test_sklearn_parity_fullbatch_sparse.py)
     X, y = _sparse_regression()
-    with pytest.raises(ValueError, match="solver='lbfgs' does not accept sparse X"):
-        ortlearn.OrtLinearRegressor(solver="lbfgs").fit(sp.csr_matrix(X), y)
+    dense = ortlearn.OrtLinearRegressor(solver="lbfgs").fit(X, y)
+    sparse = ortlearn.OrtLinearRegressor(solver="lbfgs").fit(sp.csr_matrix(X), y)
+    np.testing.assert_allclose(sparse.loss_, dense.loss_, rtol=1e-12)
 
 
 def test_dense_rows_sums_duplicates_and_clears():

@@ -330,14 +330,6 @@ class BaseOrtEstimator(CallbackSupportMixin, BaseEstimator, ABC):
         first = not hasattr(self, "estimator_") or (not self.warm_start and not incremental)
         device = parse_device(self.device)
         X, y = self._validate_xy(X, y, reset=first)
-        if self.solver == "lbfgs" and is_sparse(X):
-            # L-BFGS evaluates the whole data at every iteration: densified it would
-            # take the dense size; refused rather than silently densified.
-            raise ValueError(
-                "solver='lbfgs' does not accept sparse X (it evaluates the whole data at "
-                "each iteration, which would be densified). Use a mini-batch solver "
-                "('sgd', 'adam'), which densifies one block of rows at a time, or pass "
-                "X.toarray() if it fits in memory.")
         if not first:
             # before anything changes: a failed call leaves n_iter_, weights and curves as
             # they were. A warm start or partial_fit continues the fitted weights, so it

@@ -32,18 +32,20 @@ from numbers import Integral, Real
 
 import numpy as np
 import scipy.linalg
-from sklearn.base import MultiOutputMixin, RegressorMixin
+from sklearn.base import MultiOutputMixin, RegressorMixin, _fit_context
 from sklearn.utils._param_validation import Interval, StrOptions
 
 from ..exceptions import ConvergenceWarning
 from ..log import user_stacklevel
 from ..loss import elementwise_loss
 from ..training import loss_and_gradient
+from ..training.sparse import is_sparse
 from ._fullbatch import (
     COEF,
     LABEL,
     SAMPLE_WEIGHT,
     BaseOrtFullBatch,
+    center_data,
     fill_shared_doc,
     linear_objective,
 )
@@ -57,11 +59,21 @@ _DENSE_EIGEN_MAX_FEATURES = 64
 _POWER_ITERATIONS = 8
 
 
-def _largest_eigenvalue(X: np.ndarray, sample_weight: np.ndarray) -> tuple[float, bool]:
-    """``(estimate, exact)`` of the largest eigenvalue of ``X^T diag(sample_weight) X``."""
+def _largest_eigenvalue(X, sample_weight: np.ndarray,
+                        x_offset: np.ndarray | None = None) -> tuple[float, bool]:
+    """``(estimate, exact)`` of the largest eigenvalue of ``Xc^T diag(sample_weight) Xc``.
+
+    ``Xc = X - x_offset`` (a sparse ``X`` is centred implicitly, with
+    ``x_offset`` its weighted column means), else ``X``.
+    """
     n_features = X.shape[1]
+    offset = np.zeros(n_features) if x_offset is None else x_offset
     if n_features <= _DENSE_EIGEN_MAX_FEATURES:
-        gram = X.T @ (sample_weight[:, None] * X)
+        weighted = X.multiply(sample_weight[:, None]) if is_sparse(X) else (
+            sample_weight[:, None] * X)
+        gram = np.asarray((X.T @ weighted).todense() if is_sparse(X) else X.T @ weighted)
+        # the weighted means: Xc^T W Xc = X^T W X - sum(w) m m^T
+        gram = gram - sample_weight.sum() * np.outer(offset, offset)
         top = scipy.linalg.eigh(gram, eigvals_only=True,
                                 subset_by_index=[n_features - 1, n_features - 1])[0]
         return float(top), True
@@ -69,7 +81,8 @@ def _largest_eigenvalue(X: np.ndarray, sample_weight: np.ndarray) -> tuple[float
     estimate = 0.0
     for _ in range(_POWER_ITERATIONS):
         vector /= np.linalg.norm(vector) or 1.0
-        product = X.T @ (sample_weight * (X @ vector))
+        weighted = sample_weight * (X @ vector - offset @ vector)
+        product = X.T @ weighted - offset * weighted.sum()
         estimate = float(vector @ product)  # Rayleigh quotient: a lower bound
         vector = product
     return estimate, False
@@ -207,6 +220,7 @@ class OrtElasticNet(MultiOutputMixin, RegressorMixin, BaseOrtFullBatch):
     def _l1_ratio(self) -> float:
         return float(self.l1_ratio)
 
+    @_fit_context(prefer_skip_nested_validation=True)
     def fit(self, X, y, sample_weight=None, check_input=True):
         """Fit the model with FISTA on the whole data set.
 
@@ -223,20 +237,24 @@ class OrtElasticNet(MultiOutputMixin, RegressorMixin, BaseOrtFullBatch):
         -------
         self : object
         """
-        self._validate_params()
         if np.isscalar(sample_weight):
             sample_weight = None
         X, y, sample_weight = self._prepare_fit(X, y, sample_weight)
+        with self._fit_task(X, y, sample_weight):
+            return self._fit_validated(X, y, sample_weight)
+
+    def _fit_validated(self, X, y, sample_weight):
         n_samples, n_features = X.shape
         sample_weight = sample_weight * (n_samples / sample_weight.sum())
         y = np.asarray(y, dtype=np.float64)
         Y = y.reshape(n_samples, -1)
         n_targets = Y.shape[1]
+        x_offset = None
         if self.fit_intercept:
-            x_mean = np.average(X, axis=0, weights=sample_weight)
+            x_mean, X, x_offset = center_data(X, sample_weight)
             y_mean = np.average(Y, axis=0, weights=sample_weight)
-            X, Y = X - x_mean, Y - y_mean
-        X, Y = np.ascontiguousarray(X), np.ascontiguousarray(Y)
+            Y = Y - y_mean
+        Y = np.ascontiguousarray(Y)
         l1_ratio = self._l1_ratio()
         alpha = float(self.alpha)
         l1, l2 = alpha * l1_ratio, alpha * (1 - l1_ratio)
@@ -246,7 +264,7 @@ class OrtElasticNet(MultiOutputMixin, RegressorMixin, BaseOrtFullBatch):
 
         # The smooth part: 1/(2n) sum_i w_i r_i^2 + l2/2 ||coef||^2.
         model = linear_objective(n_features, n_targets, row_loss, fit_intercept=False,
-                                 data_scale=0.5 / n_samples, l2=0.5 * l2)
+                                 data_scale=0.5 / n_samples, l2=0.5 * l2, x_offset=x_offset)
         initial = {}
         if self.warm_start and hasattr(self, "coef_"):
             previous = np.atleast_2d(np.asarray(self.coef_, np.float64))
@@ -254,38 +272,47 @@ class OrtElasticNet(MultiOutputMixin, RegressorMixin, BaseOrtFullBatch):
                 initial[COEF] = np.ascontiguousarray(previous.T)
         fun, x0 = loss_and_gradient(model, [COEF], initial, [X, Y, sample_weight],
                                     ["X", LABEL, SAMPLE_WEIGHT], device=str(self.device))
+
+        def attributes(weights):
+            coef = weights[COEF]
+            intercept = y_mean - x_mean @ coef if self.fit_intercept else np.zeros(n_targets)
+            if y.ndim == 1:
+                return {"coef_": coef[:, 0].astype(self._dtype),
+                        "intercept_": float(intercept[0]) if self.fit_intercept else 0.0}
+            return {"coef_": np.ascontiguousarray(coef.T).astype(self._dtype),
+                    "intercept_": intercept.astype(self._dtype)}
+
         coef, gap, n_iter, loss = self._fista(fun, x0.reshape(n_features, n_targets), X, Y,
-                                              sample_weight, l1, l2)
+                                              sample_weight, l1, l2, x_offset,
+                                              self._iteration_hook(attributes))
         self._weights = {COEF: coef}
         self.loss_ = float(loss)
         self.train_losses_ = [self.loss_]
-        intercept = y_mean - x_mean @ coef if self.fit_intercept else np.zeros(n_targets)
+        self.__dict__.update(attributes(self._weights))
         gap = gap / n_samples
         if y.ndim == 1:
-            self.coef_ = coef[:, 0].astype(self._dtype)
-            self.intercept_ = float(intercept[0]) if self.fit_intercept else 0.0
             self.dual_gap_ = float(gap[0])
             self.n_iter_ = int(n_iter[0])
         else:
-            self.coef_ = np.ascontiguousarray(coef.T).astype(self._dtype)
-            self.intercept_ = intercept.astype(self._dtype)
             self.dual_gap_ = gap
             self.n_iter_ = [int(i) for i in n_iter]
         return self
 
-    def _fista(self, fun, coef, X, Y, sample_weight, l1, l2):
+    def _fista(self, fun, coef, X, Y, sample_weight, l1, l2, x_offset=None, hook=None):
         """FISTA with adaptive restart, one column per target, until every gap is small.
 
         Returns ``(coef, gap, n_iter, loss)``, the gap in scikit-learn's units
-        (multiplied by ``n_samples``).
+        (multiplied by ``n_samples``). ``hook({'coef': coef}) -> stop`` after
+        each accepted iteration (scikit-learn's callbacks).
         """
         n_samples, n_targets = X.shape[0], Y.shape[1]
         weighted_Y = sample_weight[:, None] * Y
         yy = np.einsum("ik,ik->k", Y, weighted_Y)
-        Xty = X.T @ weighted_Y
+        # Y is centred with the weights: Xc^T W Y = X^T W Y (x_offset drops out)
+        Xty = np.asarray(X.T @ weighted_Y)
         tol = self.tol * yy
         max_iter = 1000 if self.max_iter is None else self.max_iter
-        top, exact = _largest_eigenvalue(X, sample_weight)
+        top, exact = _largest_eigenvalue(X, sample_weight, x_offset)
         # A zero Lipschitz constant (X constant, no L2): the smooth part is flat, any step.
         lipschitz = top / n_samples + l2 or 1.0
         eps = np.finfo(np.float64).eps
@@ -309,7 +336,7 @@ class OrtElasticNet(MultiOutputMixin, RegressorMixin, BaseOrtFullBatch):
         active = ~(gap <= tol)
         momentum_t = np.ones(n_targets)
         point, point_grad = coef, grad  # the extrapolated point and its gradient
-        iteration = 0
+        iteration, stopped = 0, False
         while active.any() and iteration < max_iter:
             iteration += 1
             new = prox(point - point_grad / lipschitz, 1.0 / lipschitz)
@@ -344,7 +371,10 @@ class OrtElasticNet(MultiOutputMixin, RegressorMixin, BaseOrtFullBatch):
             gap = np.where(active, new_gap, gap)
             n_iter[active] = iteration
             active &= ~(new_gap <= tol)
-        if active.any():
+            if hook is not None and hook({COEF: coef}):
+                stopped = True  # a callback asked to stop: no convergence warning
+                break
+        if active.any() and not stopped:
             warnings.warn(
                 f"Objective did not converge. You might want to increase the number of "
                 f"iterations (max_iter={max_iter}). Duality gap: {gap.max() / n_samples:.3e}, "

@@ -113,10 +113,16 @@ class _BaseOrtGLM(RegressorMixin, BaseOrtFullBatch):
             initial[COEF] = np.asarray(self.coef_, np.float64).reshape(-1, 1)
             if self.fit_intercept:
                 initial[INTERCEPT] = np.array([self.intercept_], np.float64)
-        weights, n_iter = self._minimize(model, X, y.reshape(-1, 1), sample_weight, initial)
+
+        def attributes(weights):
+            return {"coef_": weights[COEF][:, 0].astype(self._dtype),
+                    "intercept_": (float(weights[INTERCEPT][0]) if self.fit_intercept
+                                   else 0.0)}
+
+        weights, n_iter = self._minimize(model, X, y.reshape(-1, 1), sample_weight, initial,
+                                         attributes)
         self._weights = weights
-        self.coef_ = weights[COEF][:, 0].astype(self._dtype)
-        self.intercept_ = float(weights[INTERCEPT][0]) if self.fit_intercept else 0.0
+        self.__dict__.update(attributes(weights))
         self.n_iter_ = n_iter
         return self
 

@@ -150,11 +150,17 @@ class OrtHuberRegressor(RegressorMixin, BaseOrtFullBatch):
         model = linear_objective(n_features, 1, row_loss, fit_intercept=self.fit_intercept,
                                  data_scale=1.0, l2=self.alpha,
                                  extra_weights={SCALE: np.ones(1)})
-        weights, n_iter = self._minimize(model, X, y.reshape(-1, 1), sample_weight, initial)
+
+        def attributes(weights):
+            return {"coef_": weights[COEF][:, 0].astype(self._dtype),
+                    "intercept_": (float(weights[INTERCEPT][0]) if self.fit_intercept
+                                   else 0.0),
+                    "scale_": float(weights[SCALE][0])}
+
+        weights, n_iter = self._minimize(model, X, y.reshape(-1, 1), sample_weight, initial,
+                                         attributes)
         self._weights = weights
-        self.coef_ = weights[COEF][:, 0].astype(self._dtype)
-        self.intercept_ = float(weights[INTERCEPT][0]) if self.fit_intercept else 0.0
-        self.scale_ = float(weights[SCALE][0])
+        self.__dict__.update(attributes(weights))
         self.n_iter_ = n_iter
         residual = np.abs(y - X @ weights[COEF][:, 0] - self.intercept_)
         self.outliers_ = residual > self.scale_ * epsilon

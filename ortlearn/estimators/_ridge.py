@@ -19,7 +19,7 @@ from sklearn.base import MultiOutputMixin, RegressorMixin
 from sklearn.utils._param_validation import Interval, StrOptions
 
 from ..loss import elementwise_loss
-from ._fullbatch import COEF, BaseOrtFullBatch, fill_shared_doc, linear_objective
+from ._fullbatch import COEF, BaseOrtFullBatch, center_data, fill_shared_doc, linear_objective
 
 __all__ = ["OrtRidge"]
 
@@ -126,25 +126,13 @@ class OrtRidge(MultiOutputMixin, RegressorMixin, BaseOrtFullBatch):
     def _bounds(self, n_features: int, n_outputs: int):
         return {COEF: (0.0, None)} if self.positive else None
 
-    def fit(self, X, y, sample_weight=None):
-        """Fit the model with L-BFGS.
-
-        Parameters
-        ----------
-        X : array-like of shape (n_samples, n_features)
-        y : array-like of shape (n_samples,) or (n_samples, n_targets)
-        sample_weight : float or array-like of shape (n_samples,), default=None
-
-        Returns
-        -------
-        self : object
-        """
-        self._validate_params()
+    def _check_params(self):
         if self.solver not in ("auto", "lbfgs"):
             raise ValueError(
                 f"solver={self.solver!r} is not available in OrtRidge: ortlearn trains it "
                 "with L-BFGS; use solver='auto' or 'lbfgs' (same minimiser).")
-        X, y, sample_weight = self._prepare_fit(X, y, sample_weight)
+
+    def _fit_validated(self, X, y, sample_weight):
         y = np.asarray(y, dtype=np.float64)
         Y = y.reshape(len(y), -1)
         n_features, n_outputs = X.shape[1], Y.shape[1]
@@ -154,26 +142,31 @@ class OrtRidge(MultiOutputMixin, RegressorMixin, BaseOrtFullBatch):
                              f"{alpha.size} != {n_outputs}")
         if (alpha < 0).any():
             raise ValueError("alpha must be >= 0.")
+        x_offset = None
         if self.fit_intercept:
-            x_mean = np.average(X, axis=0, weights=sample_weight)
+            x_mean, X, x_offset = center_data(X, sample_weight)
             y_mean = np.average(Y, axis=0, weights=sample_weight)
-            X, Y = X - x_mean, Y - y_mean
+            Y = Y - y_mean
 
         def row_loss(b, raw, label):
             return elementwise_loss(b, "squared_error", raw, label, np.float64)
 
         model = linear_objective(n_features, n_outputs, row_loss, fit_intercept=False,
-                                 data_scale=0.5, l2=0.5 * np.broadcast_to(alpha, (n_outputs,)))
-        weights, n_iter = self._minimize(model, np.ascontiguousarray(X), np.ascontiguousarray(Y),
-                                         sample_weight, {})
+                                 data_scale=0.5, l2=0.5 * np.broadcast_to(alpha, (n_outputs,)),
+                                 x_offset=x_offset)
+
+        def attributes(weights):
+            coef = weights[COEF].T  # (n_targets, n_features)
+            intercept = y_mean - x_mean @ coef.T if self.fit_intercept else np.zeros(n_outputs)
+            if y.ndim == 1:
+                return {"coef_": coef[0].astype(self._dtype),
+                        "intercept_": float(intercept[0]) if self.fit_intercept else 0.0}
+            return {"coef_": coef.astype(self._dtype),
+                    "intercept_": intercept.astype(self._dtype)}
+
+        weights, n_iter = self._minimize(model, X, np.ascontiguousarray(Y), sample_weight, {},
+                                         attributes)
         self._weights = weights
-        coef = weights[COEF].T  # (n_targets, n_features)
-        intercept = y_mean - x_mean @ coef.T if self.fit_intercept else np.zeros(n_outputs)
-        if y.ndim == 1:
-            self.coef_ = coef[0].astype(self._dtype)
-            self.intercept_ = float(intercept[0]) if self.fit_intercept else 0.0
-        else:
-            self.coef_ = coef.astype(self._dtype)
-            self.intercept_ = intercept.astype(self._dtype)
+        self.__dict__.update(attributes(weights))
         self.n_iter_ = np.full(n_outputs, n_iter, dtype=np.int32)
         return self

@@ -28,6 +28,7 @@ from __future__ import annotations
 from numbers import Integral, Real
 
 import numpy as np
+import scipy.sparse
 from onnx import TensorProto, helper, numpy_helper
 from sklearn.base import RegressorMixin
 from sklearn.utils._param_validation import Interval, StrOptions
@@ -38,6 +39,7 @@ from ..graph import GraphBuilder, finalize_model
 from ..graph.model import DEFAULT_OPSET
 from ..loss import elementwise_loss
 from ..training import minimize_lbfgs
+from ..training.sparse import is_sparse
 from ._fullbatch import (
     COEF,
     LABEL,
@@ -69,8 +71,10 @@ def _primal_objective(n_features, n_outputs, cost, score, **score_params):
         return b.op("Mul", [elementwise_loss(b, score, raw, label, np.float64, **score_params),
                             COST])
 
+    # one output: the row losses are vectors (N,) (linear_objective), the costs too
     return linear_objective(n_features, n_outputs, row_loss, fit_intercept=False,
-                            data_scale=1.0, l2=0.5, extra_weights={COST: cost})
+                            data_scale=1.0, l2=0.5,
+                            extra_weights={COST: cost.ravel() if n_outputs == 1 else cost})
 
 
 def _dual_objective(n_features, n_samples, n_outputs, epsilon=None):
@@ -174,7 +178,10 @@ class _BaseOrtLinearSVM(BaseOrtFullBatch):
     def _augment(self, X):
         if not self.fit_intercept:
             return X
-        return np.hstack([X, np.full((X.shape[0], 1), float(self.intercept_scaling))])
+        column = np.full((X.shape[0], 1), float(self.intercept_scaling))
+        if is_sparse(X):
+            return scipy.sparse.hstack([X, column], format="csr")
+        return np.hstack([X, column])
 
     def _check_params(self):
         if self.loss == self._dual_loss and self.dual is False:
@@ -182,8 +189,18 @@ class _BaseOrtLinearSVM(BaseOrtFullBatch):
                 f"loss={self._dual_loss!r} with dual=False is not supported (as in "
                 f"scikit-learn's liblinear): use dual=True or 'auto'.")
 
+    def _accepts_sparse(self) -> bool:
+        return self.loss != self._dual_loss
+
     def _solve(self, X, Y, cost, **score_params):
-        """``w~`` of shape (n_features + fit_intercept, n_outputs) and the iterations."""
+        """Fit ``w~`` of shape (n_features + fit_intercept, n_outputs); set the attributes."""
+        if is_sparse(X) and not self._accepts_sparse():
+            # The dual reads X^T (and its polish dense rows): not the MatMul(X, coef)
+            # that minimize_lbfgs multiplies sparsely.
+            raise ValueError(
+                f"loss={self.loss!r} (solved in the dual) does not accept sparse X in "
+                f"{type(self).__name__}: use loss={self._smooth_loss!r} (primal, "
+                "sparse products) or pass X.toarray().")
         X = self._augment(X)
         n_samples, n_features = X.shape
         n_outputs = Y.shape[1]
@@ -195,18 +212,36 @@ class _BaseOrtLinearSVM(BaseOrtFullBatch):
             trainable = [DUAL] if epsilon is None else [DUAL, DUAL_NEG]
             # One run per one-vs-rest problem, as liblinear: L-BFGS's curvature pairs of
             # independent problems mixed in one run slow it down several times.
-            coef, n_iter, loss = np.empty((n_features, n_outputs)), 0, 0.0
-            for k in range(n_outputs):
+            coef, n_iter, loss = np.zeros((n_features, n_outputs)), 0, 0.0
+
+            def primal(weights, k):  # w~ of problem k from its dual variables
+                signed = (weights[DUAL][:, 0] * Y[:, k] if epsilon is None
+                          else weights[DUAL][:, 0] - weights[DUAL_NEG][:, 0])
+                return X.T @ signed
+
+            def attributes(weights, k):  # the problems solved so far, k at this iteration
+                current = coef.copy()
+                current[:, k] = primal(weights, k)
+                return self._attributes(current)
+
+            hook, stopped = self._iteration_hook(lambda w: attributes(w, k)), []
+
+            def stop(weights):  # a callback asking to stop ends every problem there
+                stopped.append(hook(weights))
+                return stopped[-1]
+
+            for k in range(n_outputs):  # the hook's attributes read the current k
                 bounds = {name: (0.0, cost[:, [k]]) for name in trainable}
                 weights, iterations, value = minimize_lbfgs(
                     model, trainable, None, [X, np.ascontiguousarray(Y[:, [k]])],
                     ["X", LABEL], loss_output=LOSS, bounds=bounds,
-                    tol=self.tol * _DUAL_GTOL_FACTOR, **options)
-                signed = (weights[DUAL][:, 0] * Y[:, k] if epsilon is None
-                          else weights[DUAL][:, 0] - weights[DUAL_NEG][:, 0])
-                coef[:, k] = X.T @ signed
+                    tol=self.tol * _DUAL_GTOL_FACTOR, callback=hook and stop, **options)
+                coef[:, k] = primal(weights, k)
                 n_iter, loss = max(n_iter, iterations), loss + value
-            for _ in range(_POLISH_ROUNDS):  # each round's partition from the last's w~
+                if any(stopped):
+                    break
+            for _ in range(0 if any(stopped) else _POLISH_ROUNDS):  # each round's partition
+                # from the last's w~
                 polished = _polish(X, Y, cost, coef, epsilon)
                 if np.array_equal(polished, coef):
                     break
@@ -216,7 +251,8 @@ class _BaseOrtLinearSVM(BaseOrtFullBatch):
                                       **score_params)
             weights, n_iter, loss = minimize_lbfgs(
                 model, [COEF], None, [X, Y, np.ones(n_samples)], ["X", LABEL, SAMPLE_WEIGHT],
-                loss_output=LOSS, tol=self.tol, **options)
+                loss_output=LOSS, tol=self.tol,
+                callback=self._iteration_hook(lambda w: self._attributes(w[COEF])), **options)
             coef = weights[COEF]
         if not (np.isfinite(loss) and np.isfinite(coef).all()):
             raise ConvergenceError(f"L-BFGS diverged: the loss is {loss}. Scale the data or "
@@ -225,9 +261,13 @@ class _BaseOrtLinearSVM(BaseOrtFullBatch):
         self.loss_ = float(loss)
         self.train_losses_ = [self.loss_]
         self.n_iter_ = int(n_iter)
+        self.__dict__.update(self._attributes(coef))
+
+    def _attributes(self, coef):
+        """``coef_`` and ``intercept_`` of ``w~`` (n_features + fit_intercept, n_outputs)."""
         if self.fit_intercept:
-            return coef[:-1].T, float(self.intercept_scaling) * coef[-1]
-        return coef.T, 0.0  # scikit-learn's intercept_ without fit_intercept
+            return self._fitted(coef[:-1].T, float(self.intercept_scaling) * coef[-1])
+        return self._fitted(coef.T, 0.0)  # scikit-learn's intercept_ without fit_intercept
 
 
 @fill_shared_doc
@@ -365,11 +405,13 @@ class OrtLinearSVC(FullBatchClassifierMixin, _BaseOrtLinearSVM):
             Y = np.where(positive, 1.0, -1.0)
         else:
             Y = positive.astype(np.float64)  # the score's labels: 1 positive, 0 negative
-        coef, intercept = self._solve(X, Y, cost)
-        self.coef_ = np.ascontiguousarray(coef).astype(self._dtype)
-        self.intercept_ = (np.asarray(intercept, dtype=self._dtype) if self.fit_intercept
-                           else 0.0)
+        self._solve(X, Y, cost)
         return self
+
+    def _fitted(self, coef, intercept):
+        return {"coef_": np.ascontiguousarray(coef).astype(self._dtype),
+                "intercept_": (np.asarray(intercept, dtype=self._dtype) if self.fit_intercept
+                               else 0.0)}
 
     def _inference_outputs(self, b, raw, elem):
         """``raw_scores`` and ``label`` (one of ``classes_``)."""
@@ -471,8 +513,10 @@ default='epsilon_insensitive'
     def _fit_validated(self, X, y, sample_weight):
         Y = np.asarray(y, dtype=np.float64).reshape(-1, 1)
         cost = (float(self.C) * sample_weight)[:, None]
-        coef, intercept = self._solve(X, Y, cost, epsilon=float(self.epsilon))
-        self.coef_ = coef[0].astype(self._dtype)
-        self.intercept_ = (np.asarray(intercept, dtype=self._dtype) if self.fit_intercept
-                           else 0.0)
+        self._solve(X, Y, cost, epsilon=float(self.epsilon))
         return self
+
+    def _fitted(self, coef, intercept):
+        return {"coef_": coef[0].astype(self._dtype),
+                "intercept_": (np.asarray(intercept, dtype=self._dtype) if self.fit_intercept
+                               else 0.0)}
