@@ -39,7 +39,15 @@ import onnx
 from onnx import TensorProto, helper
 
 from ..autodiff import append_backward
-from ..graph import GraphBuilder, elem_type_of, finalize_model, needed_nodes, opset_of, shape_of
+from ..graph import (
+    GraphBuilder,
+    elem_type_of,
+    finalize_model,
+    needed_nodes,
+    node_reads,
+    opset_of,
+    shape_of,
+)
 from ..graph.passes import run_passes
 
 __all__ = ["FusedLayout", "build_fused_epoch", "build_fused_step", "in_place_safe"]
@@ -391,18 +399,6 @@ _VIEW_OPS = frozenset({"Reshape", "Identity", "Squeeze", "Unsqueeze", "Flatten",
 _ELEMENTWISE_OPS = frozenset({"Add", "Sub", "Mul", "Div"})
 
 
-def _node_reads(node: onnx.NodeProto) -> set:
-    """Names a node reads, those its subgraphs read from the outer scope included."""
-    names = set(node.input)
-    for attr in node.attribute:
-        graphs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
-        for sub in graphs:
-            for inner in sub.node:
-                names |= _node_reads(inner)
-    names.discard("")
-    return names
-
-
 def in_place_safe(nodes, carried: dict) -> tuple:
     """Carried inputs that the node writing their next value may overwrite.
 
@@ -441,7 +437,7 @@ def in_place_safe(nodes, carried: dict) -> tuple:
     ('w',)
     """
     producer = {out: i for i, node in enumerate(nodes) for out in node.output if out}
-    reads = [_node_reads(node) for node in nodes]
+    reads = [node_reads(node) for node in nodes]
     consumers = {}
     for i, names in enumerate(reads):
         for value in names:
