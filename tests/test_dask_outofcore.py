@@ -20,7 +20,7 @@ import dask.array as da  # noqa: E402
 from dask_helpers import local_client  # noqa: E402
 
 from ortlearn import OrtMLPClassifier, OrtMLPRegressor  # noqa: E402
-from ortlearn.estimators._session_cache import session_cache_info  # noqa: E402
+from ortlearn.estimators import session_cache_info  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
 

@@ -241,7 +241,7 @@ def test_estimators_pickle_and_copy_without_onnxruntime_state(est):
 
 
 def test_copies_of_the_same_weights_share_one_session_per_process():
-    from ortlearn.estimators._session_cache import session_cache_info
+    from ortlearn.estimators import session_cache_info
 
     rs = np.random.RandomState(0)
     X = rs.randn(100, 4)

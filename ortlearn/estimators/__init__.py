@@ -14,7 +14,9 @@
   smoothing continuation with L-BFGS-B and a polish of its vertex;
 - :class:`OrtSGDRegressor`, :class:`OrtSGDClassifier`: ``SGDRegressor`` /
   ``SGDClassifier`` with every loss, their updates and parameters;
-- :class:`OrtGradientOptimizer`: trains any ONNX graph that computes its own loss.
+- :class:`OrtGradientOptimizer`: trains any ONNX graph that computes its own loss;
+- :func:`session_cache_info`: the inference sessions this process built and
+  shared between copies of fitted estimators (``doc/scaling_out.rst``).
 """
 
 from ._coordinate import OrtElasticNet, OrtLasso
@@ -25,6 +27,7 @@ from ._logistic import OrtLogisticRegression
 from ._mlp import OrtMLPClassifier, OrtMLPRegressor
 from ._quantile import OrtQuantileRegressor
 from ._ridge import OrtRidge
+from ._session_cache import session_cache_info
 from ._sgd import OrtSGDClassifier, OrtSGDRegressor
 from ._svm import OrtLinearSVC, OrtLinearSVR
 from .gradient_optimizer import OrtGradientOptimizer
@@ -48,4 +51,5 @@ __all__ = [
     "OrtSGDClassifier",
     "OrtSGDRegressor",
     "OrtTweedieRegressor",
+    "session_cache_info",
 ]
