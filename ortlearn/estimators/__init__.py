@@ -15,10 +15,12 @@
 - :class:`OrtSGDRegressor`, :class:`OrtSGDClassifier`: ``SGDRegressor`` /
   ``SGDClassifier`` with every loss, their updates and parameters;
 - :class:`OrtGradientOptimizer`: trains any ONNX graph that computes its own loss;
+- :func:`average_estimators`: model averaging of copies of one estimator;
 - :func:`session_cache_info`: the inference sessions this process built and
   shared between copies of fitted estimators (``doc/scaling_out.rst``).
 """
 
+from ._averaging import average_estimators
 from ._coordinate import OrtElasticNet, OrtLasso
 from ._glm import OrtGammaRegressor, OrtPoissonRegressor, OrtTweedieRegressor
 from ._huber import OrtHuberRegressor
@@ -51,5 +53,6 @@ __all__ = [
     "OrtSGDClassifier",
     "OrtSGDRegressor",
     "OrtTweedieRegressor",
+    "average_estimators",
     "session_cache_info",
 ]
