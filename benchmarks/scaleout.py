@@ -8,6 +8,9 @@ one thread each on 127.0.0.1, started (and the workers' imports done) before the
   pipeline on joblib's dask backend. Their ratio is the speed-up of the second worker; the
   ideal is ``min(workers, cores)``, printed with it. Each worker gets
   ``ORTLEARN_NUM_THREADS = threads // workers`` (``--threads``).
+* ``dask_dataparallel_1worker`` / ``dask_dataparallel_2workers``: seconds per epoch of
+  :class:`ortlearn.parallel.DataParallel` (a shard per worker, averaged each epoch) and the
+  R² it reaches in the same number of epochs.
 * ``dask_incremental_outofcore``: ``dask_ml.wrappers.Incremental(OrtMLPRegressor)`` over a
   dask array computed block by block, four times the size of a worker's memory limit (at
   ``--scale 1``), blocks shuffled; the time of the pass, the peak resident memory of the
@@ -37,10 +40,18 @@ GRID = {"ortmlpregressor__alpha": [1e-4, 1e-2],
 
 
 def _import_everything():
+    """Imports, and a first fit and prediction: what a process pays once (the converters)."""
+    import warnings
+
     import dask_ml.wrappers  # noqa: F401
     import sklearn.model_selection  # noqa: F401
 
-    import ortlearn.estimators  # noqa: F401
+    from ortlearn import OrtMLPRegressor
+
+    X = np.random.RandomState(0).randn(64, 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        OrtMLPRegressor(hidden_layer_sizes=(4,), max_iter=1).fit(X, X[:, 0]).predict(X)
 
 
 class _Cluster:
@@ -166,6 +177,42 @@ def _outofcore_contender(times_limit: float) -> Contender:
                           f"({MEMORY_LIMIT >> 20} MiB), 2 workers, one pass, blocks shuffled")
 
 
+# ------------------------------------------------------------------------ data parallel
+def _dataparallel_contender(n_workers: int, threads: int, n_rows: int, epochs: int,
+                            sync_every) -> Contender:
+    def run(seed, warmup):
+        import dask.array as da
+
+        from ortlearn import OrtMLPRegressor
+        from ortlearn.parallel import DataParallel
+
+        rs = np.random.RandomState(0)
+        w = rs.randn(20) / 4
+        rows = 4000 if warmup else n_rows
+        X = np.random.RandomState(seed).randn(rows + 20_000, 20)
+        y = np.tanh(X @ w) + 0.05 * np.random.RandomState(seed + 1).randn(len(X))
+        X_test, y_test, X, y = X[rows:], y[rows:], X[:rows], y[:rows]
+        chunk = -(-rows // n_workers)
+        dX, dy = da.from_array(X, chunks=(chunk, 20)), da.from_array(y, chunks=chunk)
+        est = OrtMLPRegressor(hidden_layer_sizes=(64,), solver="adam", batch_size=256,
+                              learning_rate_init=3e-3, random_state=0)
+        with _Cluster(n_workers, threads):
+            model = DataParallel(est, max_iter=2 if warmup else epochs, sync_every=sync_every,
+                                 random_state=seed).fit(dX, dy)
+        # the first epoch also builds each worker's training graph and session
+        per_epoch = float(np.mean(model.epoch_times_[1:]))
+        return {"time": per_epoch, "first_epoch_s": model.epoch_times_[0],
+                "r2": float(model.score(X_test, y_test)), "shards": model.n_shards_,
+                "rounds": model.n_rounds_}
+
+    every = "each epoch" if sync_every is None else f"every {sync_every} batches"
+    return Contender(f"dask_dataparallel_{n_workers}worker{'s' if n_workers > 1 else ''}",
+                     "ortlearn", run,
+                     note=f"DataParallel(OrtMLPRegressor 20-64-1, Adam), {n_rows} rows, "
+                          f"{epochs} epochs, averaged {every}, {n_workers} worker(s): "
+                          "s per epoch after the first")
+
+
 def build_w19(opts: Options) -> Workload:
     """W19: the grid on 1 vs 2 Dask workers, and an out-of-core Incremental pass."""
     # --threads, as benchmarks.run puts it in force; the workers share it
@@ -173,16 +220,24 @@ def build_w19(opts: Options) -> Workload:
     n_rows = max(int(round(2000 * opts.scale)), 200)
     times_limit = 4.0 * min(opts.scale, 1.0)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    dp_rows = max(int(round(400_000 * opts.scale)), 8000)
+    dp_epochs = opts.epochs or 4
     contenders = [_grid_contender(1, threads, n_rows), _grid_contender(2, threads, n_rows),
-                  _outofcore_contender(times_limit)]
+                  _outofcore_contender(times_limit),
+                  _dataparallel_contender(1, threads, dp_rows, dp_epochs, None),
+                  _dataparallel_contender(2, threads, dp_rows, dp_epochs, None)]
     return Workload(
         "W19", "scale-out on Dask: a 16-point grid on 1 and 2 workers; out-of-core Incremental",
         "s", "r2",
         {"grid_rows": n_rows, "grid_points": 16, "folds": 3, "outofcore_times_limit": times_limit,
-         "memory_limit_mb": MEMORY_LIMIT >> 20, "cores": cores},
+         "memory_limit_mb": MEMORY_LIMIT >> 20, "dataparallel_rows": dp_rows,
+         "dataparallel_epochs": dp_epochs, "cores": cores},
         contenders,
         notes=[f"the ideal speed-up of the second worker on {cores} core(s) is "
                f"{min(2, cores)}x: dask_grid_2workers / dask_grid_1worker is its inverse",
                "dask_incremental_outofcore: time of one pass; peak_worker_mb: the largest "
-               "resident memory of a worker, sampled every 5 ms"],
-        pairs=[("dask_grid_2workers", "dask_grid_1worker")])
+               "resident memory of a worker, sampled every 5 ms",
+               "dask_dataparallel_*: seconds per epoch (after the first) of one model trained "
+               "on a shard per worker, averaged each epoch; r2 on held-out rows"],
+        pairs=[("dask_grid_2workers", "dask_grid_1worker"),
+               ("dask_dataparallel_2workers", "dask_dataparallel_1worker")])
