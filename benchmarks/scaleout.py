@@ -7,7 +7,9 @@ one thread each on 127.0.0.1, started (and the workers' imports done) before the
   ``GridSearchCV`` (3 folds, 48 fits and the refit) over a scaler + ``OrtMLPRegressor``
   pipeline on joblib's dask backend. Their ratio is the speed-up of the second worker; the
   ideal is ``min(workers, cores)``, printed with it. Each worker gets
-  ``ORTLEARN_NUM_THREADS = threads // workers`` (``--threads``).
+  ``ORTLEARN_NUM_THREADS = threads // workers`` (``--threads``). On one single-thread worker
+  joblib runs the search in the calling process (its ``n_jobs == 1`` shortcut): the 1-worker
+  time is the sequential search.
 * ``dask_dataparallel_1worker`` / ``dask_dataparallel_2workers``: seconds per epoch of
   :class:`ortlearn.parallel.DataParallel` (a shard per worker, averaged each epoch) and the
   R² it reaches in the same number of epochs.
@@ -234,7 +236,8 @@ def build_w19(opts: Options) -> Workload:
          "dataparallel_epochs": dp_epochs, "cores": cores},
         contenders,
         notes=[f"the ideal speed-up of the second worker on {cores} core(s) is "
-               f"{min(2, cores)}x: dask_grid_2workers / dask_grid_1worker is its inverse",
+               f"{min(2, cores)}x: dask_grid_2workers / dask_grid_1worker is its inverse; "
+               "on 1 single-thread worker joblib runs the search in the calling process",
                "dask_incremental_outofcore: time of one pass; peak_worker_mb: the largest "
                "resident memory of a worker, sampled every 5 ms",
                "dask_dataparallel_*: seconds per epoch (after the first) of one model trained "

@@ -62,20 +62,21 @@ def _pipeline(**params):
 
 
 # ----------------------------------------------------------------- joblib's dask backend
-@pytest.mark.parametrize("search", ["grid", "random"])
-def test_a_search_on_the_dask_backend_gives_the_loky_backends_numbers(client, data, search):
+@pytest.fixture(scope="module")
+def grids(client, data):
+    """The 16-point grid (3 folds) on the dask backend and on loky's 2 processes."""
     X, y = data
+    searches = {}
+    for backend, kwargs in (("dask", {}), ("loky", {"n_jobs": 2})):
+        with joblib.parallel_backend(backend, **kwargs):
+            searches[backend] = GridSearchCV(_pipeline(), GRID, cv=3).fit(X, y)
+    return searches
 
-    def run(backend):
-        if search == "grid":  # 16 points, 3 folds
-            est = GridSearchCV(_pipeline(), GRID, cv=3)
-        else:
-            est = RandomizedSearchCV(_pipeline(), GRID, n_iter=6, cv=3, random_state=0)
-        with joblib.parallel_backend(backend, **({"n_jobs": 2} if backend == "loky" else {})):
-            return est.fit(X, y)
 
-    on_dask, on_loky = run("dask"), run("loky")
-    assert len(on_dask.cv_results_["params"]) == (16 if search == "grid" else 6)
+def test_a_grid_on_the_dask_backend_gives_the_loky_backends_numbers(grids, data):
+    X, _ = data
+    on_dask, on_loky = grids["dask"], grids["loky"]
+    assert len(on_dask.cv_results_["params"]) == 16
     assert on_dask.best_params_ == on_loky.best_params_
     for key in on_dask.cv_results_:
         if key.startswith(("split", "mean_test", "std_test", "rank")):
@@ -83,9 +84,22 @@ def test_a_search_on_the_dask_backend_gives_the_loky_backends_numbers(client, da
                                           err_msg=key)
     # the refitted best pipeline came back from no worker: it predicts here
     np.testing.assert_array_equal(on_dask.predict(X), on_loky.predict(X))
-    # the searches found something: the best R² beats the worst by a margin
+    # the search found something: the best R² beats the worst by a margin
     scores = on_dask.cv_results_["mean_test_score"]
     assert scores.max() > 0.7 and scores.max() - scores.min() > 0.1
+
+
+def test_a_randomized_search_on_the_dask_backend_scores_as_the_grid(client, grids, data):
+    """Its candidates are points of the grid: each gets the grid's fold scores."""
+    X, y = data
+    with joblib.parallel_backend("dask"):
+        search = RandomizedSearchCV(_pipeline(), GRID, n_iter=6, cv=3, random_state=0).fit(X, y)
+    grid = grids["dask"].cv_results_
+    for i, params in enumerate(search.cv_results_["params"]):
+        j = grid["params"].index(params)
+        for fold in range(3):
+            key = f"split{fold}_test_score"
+            assert search.cv_results_[key][i] == grid[key][j], (params, key)
 
 
 # ------------------------------------------------------------------ dask-ml's searches
