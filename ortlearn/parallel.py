@@ -120,7 +120,10 @@ class DataParallel(MetaEstimatorMixin, BaseEstimator):
     round) but let the copies drift apart between averages; averaging every step is
     synchronous data-parallel SGD with an effective batch of ``workers x batch_size`` rows.
 
-    Runs on the default Dask client (``distributed.Client`` made before ``fit``).
+    Runs on the default Dask client (``distributed.Client`` made before ``fit``). Each round
+    sends every worker the model and brings its copy back, as pickles: the copy builds its
+    training session again on the worker (a fraction of a second for an MLP), which a round
+    should outweigh.
 
     Parameters
     ----------
