@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import math
 import time
+import uuid
 import warnings
 
 import numpy as np
@@ -22,7 +23,7 @@ from sklearn.base import BaseEstimator, MetaEstimatorMixin, clone, is_classifier
 from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted
 
-from .estimators import average_estimators
+from .estimators import average_training_states, get_training_state, set_training_state
 from .training.engine import DEFAULT_BATCH_ROWS
 
 __all__ = ["DataParallel"]
@@ -43,18 +44,43 @@ def _shard_rows(seed: int, epoch: int, shard: int, n_rows: int) -> np.ndarray:
     return np.random.default_rng([seed, epoch, shard]).permutation(n_rows)
 
 
-def _train_round(model, X, y, seed, epoch, shard, start, stop, fit_kwargs):
-    """On the shard's worker: a copy of ``model`` after ``partial_fit`` on its rows ``start:stop``
-    of the epoch's order; the model unchanged when the shard has no such rows."""
+#: On a worker: the copy of the model each shard trains, by ``(fit id, shard)``, kept
+#: between rounds with its training session (a round sends it the averaged state only).
+_RESIDENT: dict = {}
+
+
+def _train_round(key, model, state, X, y, seed, epoch, shard, start, stop, fit_kwargs):
+    """On the shard's worker: ``partial_fit`` of its copy on rows ``start:stop`` of the epoch's
+    order, from the averaged ``state`` (None on the first round, where ``model`` is given).
+
+    Returns the copy's training state, its loss and the rows it trained on (0: none left).
+    """
+    est = _RESIDENT.get(key)
+    if est is None:
+        if model is None:
+            raise RuntimeError(f"The copy of shard {shard} is gone from its worker (did the "
+                               "worker restart?): fit again.")
+        # the model given to the tasks of one worker may be one object: train a copy
+        est = _RESIDENT[key] = copy.deepcopy(model)
+    if state is not None:
+        set_training_state(est, *state)
     rows = _shard_rows(seed, epoch, shard, X.shape[0])[start:stop]
     if rows.size == 0:
-        return model, 0
-    # the model given to the tasks of one worker may be one object: train a copy
-    model = copy.deepcopy(model)
+        return None, 0.0, 0
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # a last slice smaller than a batch
-        model.partial_fit(X[rows], y[rows], **fit_kwargs)
-    return model, int(rows.size)
+        est.partial_fit(X[rows], y[rows], **fit_kwargs)
+    return get_training_state(est), float(est.loss_), int(rows.size)
+
+
+def _take_resident(key):
+    """The copy of a shard, without its training session (a fitted estimator to return)."""
+    return copy.deepcopy(_RESIDENT[key])
+
+
+def _drop_resident(fit_id):
+    for key in [k for k in _RESIDENT if k[0] == fit_id]:
+        del _RESIDENT[key]
 
 
 def _concatenate(*blocks):
@@ -114,16 +140,16 @@ class DataParallel(MetaEstimatorMixin, BaseEstimator):
     Each round, every worker trains a copy of the current model on its own rows with
     ``partial_fit`` (the shard in a new shuffled order each epoch), then the copies are
     averaged, weights and optimizer state, weighted by the rows each trained on
-    (:func:`~ortlearn.estimators.average_estimators`). A round is an epoch
+    (:func:`~ortlearn.estimators.average_training_states`). A round is an epoch
     (``sync_every=None``) or ``sync_every`` mini-batches of each worker. The trade-off of
     model averaging: fewer rounds move less data (two copies of the model per worker per
     round) but let the copies drift apart between averages; averaging every step is
     synchronous data-parallel SGD with an effective batch of ``workers x batch_size`` rows.
 
-    Runs on the default Dask client (``distributed.Client`` made before ``fit``). Each round
-    sends every worker the model and brings its copy back, as pickles: the copy builds its
-    training session again on the worker (a fraction of a second for an MLP), which a round
-    should outweigh.
+    Runs on the default Dask client (``distributed.Client`` made before ``fit``). Each worker
+    keeps its copy, with its training session, from round to round; a round sends it the
+    averaged weights and optimizer state and brings back its own (two copies of the weights
+    and the optimizer state per worker per round).
 
     Parameters
     ----------
@@ -209,26 +235,35 @@ class DataParallel(MetaEstimatorMixin, BaseEstimator):
         longest = max(n for *_, n in shards)
         n_rounds = 1 if rows_per_round is None else math.ceil(longest / rows_per_round)
         self.train_losses_, self.epoch_times_, self.t_, self.n_rounds_ = [], [], 0, 0
-        for epoch in range(max_iter):
-            start_time, losses = time.perf_counter(), []
-            for r in range(n_rounds):
-                start = 0 if rows_per_round is None else r * rows_per_round
-                stop = None if rows_per_round is None else start + rows_per_round
-                futures = [client.submit(_train_round, model, Xs, ys, seed, epoch, i, start,
-                                         stop, fit_kwargs, workers=[worker], pure=False)
-                           for i, (worker, Xs, ys, _) in enumerate(shards)]
-                trained = [(m, n) for m, n in client.gather(futures) if n]
-                model = average_estimators([m for m, _ in trained],
-                                           weights=[n for _, n in trained])
-                losses += [(m.loss_, n) for m, n in trained]
-                self.t_ += sum(n for _, n in trained)
-                self.n_rounds_ += 1
-            self.train_losses_.append(float(sum(loss * n for loss, n in losses)
-                                            / sum(n for _, n in losses)))
-            self.epoch_times_.append(time.perf_counter() - start_time)
+        fit_id, state = uuid.uuid4().hex, None
+        try:
+            for epoch in range(max_iter):
+                start_time, losses = time.perf_counter(), []
+                for r in range(n_rounds):
+                    start = 0 if rows_per_round is None else r * rows_per_round
+                    stop = None if rows_per_round is None else start + rows_per_round
+                    first = epoch == 0 and r == 0
+                    futures = [client.submit(_train_round, (fit_id, i), model if first else None,
+                                             state, Xs, ys, seed, epoch, i, start, stop,
+                                             fit_kwargs, workers=[worker], pure=False)
+                               for i, (worker, Xs, ys, _) in enumerate(shards)]
+                    trained = [t for t in client.gather(futures) if t[2]]
+                    state = average_training_states([t[0] for t in trained],
+                                                    [t[2] for t in trained])
+                    losses += [(t[1], t[2]) for t in trained]
+                    self.t_ += sum(t[2] for t in trained)
+                    self.n_rounds_ += 1
+                self.train_losses_.append(float(sum(loss * n for loss, n in losses)
+                                                / sum(n for _, n in losses)))
+                self.epoch_times_.append(time.perf_counter() - start_time)
+            fitted = client.submit(_take_resident, (fit_id, 0), workers=[shards[0][0]],
+                                   pure=False).result()
+        finally:
+            client.run(_drop_resident, fit_id)
+        set_training_state(fitted, *state)
         self.n_iter_ = max_iter
         self.n_shards_ = len(shards)
-        self.estimator_ = model
+        self.estimator_ = fitted
         return self
 
     def predict(self, X):

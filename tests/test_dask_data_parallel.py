@@ -98,6 +98,14 @@ def test_two_workers_reach_the_single_worker_quality(client, sync_every):
     assert r2_single > 0.9
     assert r2 >= r2_single - 0.02, (r2, r2_single)
     assert len(model.train_losses_) == 8 and model.train_losses_[-1] < model.train_losses_[0]
+    # the workers' copies (kept from round to round with their sessions) are gone
+    assert set(client.run(_resident_copies).values()) == {0}
+
+
+def _resident_copies():
+    from ortlearn import parallel
+
+    return len(parallel._RESIDENT)
 
 
 def test_classifier_shards_in_a_list(client):

@@ -15,12 +15,19 @@
 - :class:`OrtSGDRegressor`, :class:`OrtSGDClassifier`: ``SGDRegressor`` /
   ``SGDClassifier`` with every loss, their updates and parameters;
 - :class:`OrtGradientOptimizer`: trains any ONNX graph that computes its own loss;
-- :func:`average_estimators`: model averaging of copies of one estimator;
+- :func:`average_estimators`, :func:`average_training_states`,
+  :func:`get_training_state`, :func:`set_training_state`: model averaging of
+  copies of one estimator (what ``partial_fit`` continues from);
 - :func:`session_cache_info`: the inference sessions this process built and
   shared between copies of fitted estimators (``doc/scaling_out.rst``).
 """
 
-from ._averaging import average_estimators
+from ._averaging import (
+    average_estimators,
+    average_training_states,
+    get_training_state,
+    set_training_state,
+)
 from ._coordinate import OrtElasticNet, OrtLasso
 from ._glm import OrtGammaRegressor, OrtPoissonRegressor, OrtTweedieRegressor
 from ._huber import OrtHuberRegressor
@@ -54,5 +61,8 @@ __all__ = [
     "OrtSGDRegressor",
     "OrtTweedieRegressor",
     "average_estimators",
+    "average_training_states",
+    "get_training_state",
     "session_cache_info",
+    "set_training_state",
 ]
