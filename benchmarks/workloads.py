@@ -1,6 +1,7 @@
 """The workloads and their contenders (W6 and W7, torch networks: :mod:`benchmarks.networks`;
 W8 and W9, torch modules through ``ORTModule``: :mod:`benchmarks.ortmodule`; W10-W18, the
-scikit-learn families of issue 23: :mod:`benchmarks.families`).
+scikit-learn families of issue 23: :mod:`benchmarks.families`; W19, scale-out on Dask:
+:mod:`benchmarks.scaleout`).
 
 A :class:`Workload` holds the data and a list of :class:`Contender`; calling a
 contender trains once and returns its measurement (a dict): ``time`` in the
@@ -626,6 +627,14 @@ def _family(key: str):
     return build
 
 
+def build_w19(opts: Options) -> Workload:
+    """W19: scale-out on Dask: a 16-point grid on 1 and 2 workers, an out-of-core pass."""
+    from benchmarks.scaleout import build_w19 as build
+
+    return build(opts)
+
+
 BUILDERS = {"W1": build_w1, "W2": build_w2, "W3": build_w3, "W4": build_w4, "W5": build_w5,
             "W6": _network("W6"), "W7": _network("W7"), "W8": _ortmodule("W8"),
-            "W9": _ortmodule("W9"), **{key: _family(key) for key in _FAMILY_WORKLOADS}}
+            "W9": _ortmodule("W9"), **{key: _family(key) for key in _FAMILY_WORKLOADS},
+            "W19": build_w19}

@@ -21,6 +21,7 @@ FLOORS = {
     "convert": 2, "loss": 2, "optim": 2, "fileio": 0,
     "training": 3,
     "artifacts": 4, "onnxblock": 4, "api": 4, "estimators": 4, "torch": 4, "compat": 4,
+    "parallel": 4,
     "__main__": 5, "__init__": 5,
 }
 

@@ -14,9 +14,20 @@
   smoothing continuation with L-BFGS-B and a polish of its vertex;
 - :class:`OrtSGDRegressor`, :class:`OrtSGDClassifier`: ``SGDRegressor`` /
   ``SGDClassifier`` with every loss, their updates and parameters;
-- :class:`OrtGradientOptimizer`: trains any ONNX graph that computes its own loss.
+- :class:`OrtGradientOptimizer`: trains any ONNX graph that computes its own loss;
+- :func:`average_estimators`, :func:`average_training_states`,
+  :func:`get_training_state`, :func:`set_training_state`: model averaging of
+  copies of one estimator (what ``partial_fit`` continues from);
+- :func:`session_cache_info`: the inference sessions this process built and
+  shared between copies of fitted estimators (``doc/scaling_out.rst``).
 """
 
+from ._averaging import (
+    average_estimators,
+    average_training_states,
+    get_training_state,
+    set_training_state,
+)
 from ._coordinate import OrtElasticNet, OrtLasso
 from ._glm import OrtGammaRegressor, OrtPoissonRegressor, OrtTweedieRegressor
 from ._huber import OrtHuberRegressor
@@ -25,6 +36,7 @@ from ._logistic import OrtLogisticRegression
 from ._mlp import OrtMLPClassifier, OrtMLPRegressor
 from ._quantile import OrtQuantileRegressor
 from ._ridge import OrtRidge
+from ._session_cache import session_cache_info
 from ._sgd import OrtSGDClassifier, OrtSGDRegressor
 from ._svm import OrtLinearSVC, OrtLinearSVR
 from .gradient_optimizer import OrtGradientOptimizer
@@ -48,4 +60,9 @@ __all__ = [
     "OrtSGDClassifier",
     "OrtSGDRegressor",
     "OrtTweedieRegressor",
+    "average_estimators",
+    "average_training_states",
+    "get_training_state",
+    "session_cache_info",
+    "set_training_state",
 ]

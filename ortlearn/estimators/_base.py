@@ -923,6 +923,12 @@ class OrtRegressorMixin(RegressorMixin):
     def partial_fit(self, X, y, sample_weight=None):
         """One epoch over X and y (starting from the current weights).
 
+        One pass over the rows given, shuffled when ``shuffle``, in
+        mini-batches, as one epoch of ``fit``: a data set larger than memory
+        trains by a call per chunk (``dask_ml.wrappers.Incremental``,
+        ``doc/scaling_out.rst``). The optimizer state carries over from call to
+        call, through pickles and copies too.
+
         Parameters
         ----------
         X : array-like of shape (n_samples, n_features)
@@ -994,6 +1000,12 @@ class OrtClassifierMixin(ClassifierMixin):
     @_fit_context(prefer_skip_nested_validation=True)
     def partial_fit(self, X, y, sample_weight=None, classes=None):
         """One epoch over X and y (starting from the current weights).
+
+        One pass over the rows given, shuffled when ``shuffle``, in
+        mini-batches, as one epoch of ``fit``: a data set larger than memory
+        trains by a call per chunk (``dask_ml.wrappers.Incremental``,
+        ``doc/scaling_out.rst``). The optimizer state carries over from call to
+        call, through pickles and copies too.
 
         Parameters
         ----------

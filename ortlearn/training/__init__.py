@@ -14,7 +14,8 @@
 - :class:`Batches`: the mini-batches of an epoch.
 - Devices (:func:`parse_device`, :func:`cuda_available`) and the session
   options of the runtime (:func:`make_session_options`,
-  :func:`default_session_options`).
+  :func:`default_session_options`) and its thread policy
+  (:func:`resolve_num_threads`).
 
 The engine and the session keep their device buffers in one implementation
 (``ortlearn/training/_buffers.py``); the argument checks they share are in
@@ -32,6 +33,7 @@ from .device import (
     make_session,
     make_session_options,
     parse_device,
+    resolve_num_threads,
 )
 from .engine import TrainingEngine
 from .lbfgs import loss_and_gradient, minimize_lbfgs
@@ -53,4 +55,5 @@ __all__ = [
     "make_session_options",
     "minimize_lbfgs",
     "parse_device",
+    "resolve_num_threads",
 ]

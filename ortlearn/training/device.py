@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 import tempfile
 from dataclasses import dataclass
 
@@ -101,6 +102,89 @@ def default_num_threads() -> int | None:
     return int(value)
 
 
+def _available_cpus() -> int:
+    """CPUs this process may run on (its affinity mask where the OS has one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def _omp_num_threads() -> int | None:
+    # OMP_NUM_THREADS is OpenMP's variable, not ours: a value it would not take
+    # ("4,2" takes the outer level) is no limit rather than an error.
+    value = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
+    return int(value) if value.isdigit() and int(value) > 0 else None
+
+
+# threadpoolctl's controller lists the libraries loaded when it is made (a scan of
+# the process's shared objects, ~8 ms); it is made again once modules were imported
+_CONTROLLER: list = [None, -1]
+
+
+def _library_num_threads() -> list:
+    """Threads of the OpenMP and BLAS libraries loaded (what ``threadpool_limits`` sets)."""
+    try:
+        from threadpoolctl import ThreadpoolController
+    except ImportError:  # pragma: no cover - a dependency of scikit-learn
+        return []
+    controller, n_modules = _CONTROLLER
+    if controller is None or n_modules != len(sys.modules):
+        controller = ThreadpoolController()
+        _CONTROLLER[:] = [controller, len(sys.modules)]
+    return [info["num_threads"] for info in controller.info()
+            if isinstance(info.get("num_threads"), int) and info["num_threads"] > 0]
+
+
+def context_num_threads() -> int | None:
+    """The thread limit of the context this process runs in; None where there is none.
+
+    The smallest of ``OMP_NUM_THREADS`` (joblib's workers get it from
+    ``inner_max_num_threads``, a Dask nanny sets it to 1 for its workers)
+    and the threads of the OpenMP and BLAS libraries loaded, as
+    threadpoolctl reads them (``threadpool_limits``), when it is below the
+    CPUs the process may run on.
+
+    Returns
+    -------
+    int or None
+
+    Examples
+    --------
+    >>> from threadpoolctl import threadpool_limits
+    >>> with threadpool_limits(limits=1):
+    ...     context_num_threads()
+    1
+    """
+    limits = [n for n in [_omp_num_threads(), *_library_num_threads()] if n is not None]
+    limit = min(limits, default=None)
+    return limit if limit is not None and limit < _available_cpus() else None
+
+
+def resolve_num_threads(intra_op_num_threads: int | None = None) -> int | None:
+    """Intra-op threads of a session: the runtime's one thread policy.
+
+    The first set of, in order: ``intra_op_num_threads`` (the caller's own
+    setting), ``ORTLEARN_NUM_THREADS``, :func:`context_num_threads`; None
+    (onnxruntime's default, one thread per physical core) when none is. onnxruntime
+    itself reads none of the environment's limits: without this, each task
+    of a Dask worker or a joblib process would take every core.
+
+    Parameters
+    ----------
+    intra_op_num_threads : int, default=None
+
+    Returns
+    -------
+    int or None
+
+    Examples
+    --------
+    >>> resolve_num_threads(3)
+    3
+    """
+    return intra_op_num_threads or default_num_threads() or context_num_threads()
+
+
 #: Environment variable that turns the spinning of onnxruntime's worker threads
 #: on (``1``) or off (``0``) where ortlearn would otherwise choose.
 SPINNING_ENV = "ORTLEARN_ALLOW_SPINNING"
@@ -132,8 +216,9 @@ def make_session_options(intra_op_num_threads: int | None = None, *,
     Parameters
     ----------
     intra_op_num_threads : int, default=None
-        Threads of one operator. None: ``ORTLEARN_NUM_THREADS`` if set, else
-        onnxruntime's default (one per physical core).
+        Threads of one operator. None: :func:`resolve_num_threads`
+        (``ORTLEARN_NUM_THREADS``, else the context's limit, else
+        onnxruntime's default: one per physical core).
     allow_spinning : bool, default=False
         Let idle worker threads spin for the next task. Spinning saves a few
         microseconds per operator on an idle machine but takes cores from
@@ -155,7 +240,7 @@ def make_session_options(intra_op_num_threads: int | None = None, *,
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     so.log_severity_level = 3
-    threads = intra_op_num_threads or default_num_threads()
+    threads = resolve_num_threads(intra_op_num_threads)
     if threads:
         so.intra_op_num_threads = threads
     so.inter_op_num_threads = 1
@@ -226,11 +311,11 @@ LARGE_MODEL_BYTES = 3 << 20
 #: a smaller step runs one call per batch.
 LOOP_MIN_STEP_MACS = 1_000_000
 #: On the CPU, a step of at least this many multiply-adds (batch rows x weights)
-#: runs on ``ORTLEARN_NUM_THREADS`` threads (onnxruntime's default: one per
-#: core) whose workers spin between operators; a smaller step runs on one
-#: thread: waking a sleeping worker costs more than a small operator, and
-#: spinning pays only when the matrix products are large enough to share
-#: (``doc/benchmarks.rst``, "The runtime's thresholds").
+#: runs on the threads of :func:`resolve_num_threads` (without a setting or a
+#: limit, onnxruntime's default: one per core) whose workers spin between
+#: operators; a smaller step runs on one thread: waking a sleeping worker
+#: costs more than a small operator, and spinning pays only when the matrix
+#: products are large enough to share (``doc/benchmarks.rst``, "The runtime's thresholds").
 PARALLEL_MIN_STEP_MACS = 1_000_000
 
 

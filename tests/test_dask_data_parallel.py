@@ -1,0 +1,140 @@
+"""Data-parallel training of one model on a Dask cluster (issue 21, item 4):
+``ortlearn.parallel.DataParallel`` and the model averaging under it."""
+
+import sys
+
+import numpy as np
+import pytest
+
+from ortlearn import OrtMLPClassifier, OrtMLPRegressor, OrtSGDRegressor
+from ortlearn.estimators import average_estimators
+
+pytestmark = pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
+
+
+_W = np.random.RandomState(42).randn(10) / 3
+
+
+def _data(n=4000, seed=0):
+    rs = np.random.RandomState(seed)
+    X = rs.randn(n, 10)
+    return X, np.tanh(X @ _W) + 0.05 * rs.randn(n)
+
+
+def _mlp(**params):
+    return OrtMLPRegressor(**{"hidden_layer_sizes": (16,), "solver": "adam", "batch_size": 50,
+                              "learning_rate_init": 1e-2, "max_iter": 8, "random_state": 0,
+                              **params})
+
+
+# ------------------------------------------------------------------------ averaging
+def test_average_is_the_weighted_mean_of_weights_and_optimizer_state():
+    X, y = _data(600)
+    a = _mlp().partial_fit(X[:300], y[:300])
+    b = _mlp().partial_fit(X[300:], y[300:])
+    mean = average_estimators([a, b], weights=[1, 3])
+    for name, value in mean.get_state().items():
+        np.testing.assert_allclose(value, (a.get_state()[name] + 3 * b.get_state()[name]) / 4,
+                                   rtol=1e-12, err_msg=name)
+    for param, moments in mean._optimizer_state["states"].items():
+        for key, value in moments.items():
+            np.testing.assert_allclose(
+                value, (a._optimizer_state["states"][param][key]
+                        + 3 * b._optimizer_state["states"][param][key]) / 4, rtol=1e-12)
+    # a copy: the ones given are untouched, and the mean predicts with its own weights
+    assert not np.array_equal(a.predict(X), mean.predict(X))
+    # the mean trains on: partial_fit starts from its weights and moments
+    assert mean.partial_fit(X, y).t_ == a.t_ + 600
+    with pytest.raises(ValueError, match="non-negative"):
+        average_estimators([a, b], weights=[0, 0])
+    with pytest.raises(TypeError, match="copies of one estimator"):
+        average_estimators([a, OrtSGDRegressor().partial_fit(X, y)])
+
+
+# ---------------------------------------------------------------------- the cluster
+pytest.importorskip("distributed")
+
+import dask.array as da  # noqa: E402
+from dask_helpers import local_client  # noqa: E402
+
+from ortlearn.parallel import DataParallel, _shard_rows  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def client():
+    with local_client(__name__) as client:
+        yield client
+
+
+def test_one_shard_is_the_same_partial_fit_calls_here(client):
+    """One shard: averaging one copy is no change, so the model is the partial_fit of each
+    epoch's order of the rows, bit for bit (the copies travel to a worker and back)."""
+    X, y = _data(1000)
+    model = DataParallel(_mlp(), max_iter=3, random_state=0).fit([X], [y])
+    seed = int(np.random.RandomState(0).randint(2**31 - 1))
+    here = _mlp()
+    for epoch in range(3):
+        rows = _shard_rows(seed, epoch, 0, 1000)
+        here.partial_fit(X[rows], y[rows])
+    for name, value in here.get_state().items():
+        np.testing.assert_array_equal(model.estimator_.get_state()[name], value, err_msg=name)
+    assert (model.n_iter_, model.n_rounds_, model.t_, model.n_shards_) == (3, 3, 3000, 1)
+    np.testing.assert_array_equal(model.predict(X), here.predict(X))
+
+
+@pytest.mark.parametrize("sync_every", [None, 10])
+def test_two_workers_reach_the_single_worker_quality(client, sync_every):
+    """Stated tolerance: on 2 workers (a shard each), 8 epochs reach the R² of 8 epochs of
+    one fit on all the rows within 0.02 (held-out rows)."""
+    X, y = _data(4000)
+    X_test, y_test = _data(2000, seed=1)
+    dX, dy = da.from_array(X, chunks=(1000, 10)), da.from_array(y, chunks=1000)
+    model = DataParallel(_mlp(), sync_every=sync_every, random_state=0).fit(dX, dy)
+    single = _mlp().fit(X, y)
+    assert model.n_shards_ == 2 and model.t_ == 8 * 4000
+    # 2 shards of 2000 rows, 40 batches each: 1 average an epoch, or 4 (every 10 batches)
+    assert model.n_rounds_ == 8 * (1 if sync_every is None else 4)
+    r2, r2_single = model.score(X_test, y_test), single.score(X_test, y_test)
+    assert r2_single > 0.9
+    assert r2 >= r2_single - 0.02, (r2, r2_single)
+    assert len(model.train_losses_) == 8 and model.train_losses_[-1] < model.train_losses_[0]
+    # the workers' copies (kept from round to round with their sessions) are gone
+    assert set(client.run(_resident_copies).values()) == {0}
+
+
+def _resident_copies():
+    from ortlearn import parallel
+
+    return len(parallel._RESIDENT)
+
+
+def test_classifier_shards_in_a_list(client):
+    X, y = _data(2000)
+    labels = (y > 0).astype(int)
+    clf = OrtMLPClassifier(hidden_layer_sizes=(8,), learning_rate_init=1e-2, batch_size=50,
+                           max_iter=5, random_state=0)
+    model = DataParallel(clf, random_state=0).fit([X[:1000], X[1000:]],
+                                                   [labels[:1000], labels[1000:]])
+    assert model.n_shards_ == 2
+    np.testing.assert_array_equal(model.estimator_.classes_, [0, 1])
+    X_test, y_test = _data(2000, seed=1)
+    accuracy = model.score(X_test, (y_test > 0).astype(int))
+    single = clf.fit(X, labels).score(X_test, (y_test > 0).astype(int))
+    assert single > 0.9 and accuracy >= single - 0.03, (accuracy, single)
+
+
+def test_without_dask_the_error_names_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "distributed", None)
+    X, y = _data(100)
+    with pytest.raises(ImportError, match=r"pip install 'ortlearn\[dask\]'"):
+        DataParallel(_mlp()).fit([X], [y])
+
+
+def test_estimators_do_not_import_dask():
+    import subprocess
+
+    code = ("import sys, ortlearn, ortlearn.estimators, ortlearn.parallel; "
+            "print(sorted(m for m in ('dask', 'distributed', 'dask_ml') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.strip() == "[]"
