@@ -19,7 +19,8 @@ import os
 import platform
 
 PACKAGES = ("ortlearn", "numpy", "scipy", "scikit-learn", "onnx", "onnxruntime",
-            "onnxruntime-gpu", "skl2onnx", "torch", "threadpoolctl", "matplotlib")
+            "onnxruntime-gpu", "skl2onnx", "torch", "jax", "jaxlib", "optax", "threadpoolctl",
+            "matplotlib")
 
 
 def import_torch():

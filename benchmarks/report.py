@@ -131,7 +131,7 @@ def write_chart(result: dict, path) -> bool:
                              figsize=(7, 1.0 + 1.1 * sum(len(w["contenders"])
                                                           for w in workloads.values()) / 2))
     colors = {"ortlearn": "tab:blue", "sklearn": "tab:orange", "torch": "tab:red",
-              "onnxruntime": "tab:gray"}
+              "onnxruntime": "tab:gray", "jax": "tab:purple"}
     for ax, (key, wl) in zip(axes[:, 0], workloads.items()):
         rows = [(n, c) for n, c in wl["contenders"].items() if _timed(c)]
         names = [n if c["unit"] == wl["unit"] else f"{n} ({c['unit']})" for n, c in rows]

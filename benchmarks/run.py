@@ -27,6 +27,19 @@ Workloads (see :mod:`benchmarks.workloads` for what exactly is timed):
   fits, with the objective's relative gap to scikit-learn's and the time per evaluation),
   W14 linear SVM by SGD (per sample and mini-batch), W15 Poisson MLP and W16 multilabel
   MLP (Adam, s/epoch), W17 Lasso and W18 LinearSVC (whole fits).
+* W20 (issue 24; "W6" was taken, W19 is another branch's Dask scale-out): MLP
+  regressor 200-512-512-1 on make_regression(200k, 200), Adam, batch 512, 2 epochs:
+  each contender's GFLOP/s
+  (``6 * batch * sum(in * out)`` flops a step) against the float32 GEMM peak of the
+  machine at the step's shapes, measured in the same run (``gemm_peak``,
+  :mod:`benchmarks.gemm`).
+
+W2, W3 and W20 also run JAX (a jitted ``lax.scan`` per epoch with ``optax.adam``,
+:mod:`benchmarks.xla`; optional and detected, as torch is) from the same initial
+weights and batch order as ortlearn, whose quality it must match (else it is
+reported failed), and ``torch.compile`` of torch's module (``--compile-backend``);
+``ortlearn_adam / jax_adam`` and ``ortlearn_adam / torch_compile_adam`` are printed
+under the table.
 
 Method: the contenders of a workload run interleaved, their order rotated every
 repetition, each after a pause (so the worker threads of the previous library go
@@ -63,7 +76,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make the package importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks import _env, memory, networks, report
+from benchmarks import _env, memory, networks, report, xla
 from benchmarks.workloads import BUILDERS, Options, Unavailable
 
 
@@ -199,6 +212,12 @@ def measure(workload, reps: int, pause: float) -> dict:
             f"{workload.device_pair[0]} / {workload.device_pair[1]} (time per epoch on the "
             f"device over the CPU's): {report.format_number(result['device_to_cpu']['ratio'])}"
             f" (paired {report.format_number(result['device_to_cpu']['paired'])})")
+    rates = [f"{name} {entry['median']['gflops']:.3g}" for name, entry in entries.items()
+             if entry.get("median", {}).get("gflops") is not None]
+    if rates:
+        result["notes"].append("GFLOP/s (medians): " + ", ".join(rates))
+    for name, ref, rtol in workload.same_quality:
+        _check_same_quality(workload, entries, result, name, ref, rtol)
     if workload.pairs:
         result["pairs"] = {}
         for name, ref in workload.pairs:
@@ -215,6 +234,24 @@ def measure(workload, reps: int, pause: float) -> dict:
                 f"{name} / {ref}: {report.format_number(pair['ratio'])} "
                 f"(paired {report.format_number(pair['paired'])}){why}")
     return result
+
+
+def _check_same_quality(workload, entries: dict, result: dict, name: str, ref: str,
+                        rtol: float) -> None:
+    """``name`` trains the same model as ``ref`` (same weights, batches, optimizer): their
+    median qualities agree within ``rtol``, else ``name`` is reported failed."""
+    key = workload.quality
+    ours = entries.get(name, {}).get("median", {}).get(key)
+    theirs = entries.get(ref, {}).get("median", {}).get(key)
+    if ours is None or theirs is None:
+        return
+    diff = abs(ours - theirs) / max(abs(theirs), 1e-12)
+    entries[name]["quality_rel_diff"] = diff
+    result["notes"].append(f"{name} {key} {ours:.5g} against {ref}'s {theirs:.5g}: relative "
+                           f"difference {diff:.2g} (tolerance {rtol:g})")
+    if diff > rtol:
+        entries[name]["error"] = (f"{key} {ours:.5g} differs from {ref}'s {theirs:.5g} by more "
+                                  f"than {rtol:g} (relative): not the same training")
 
 
 def _quality_gaps(workload, entries: dict, result: dict) -> None:
@@ -257,6 +294,9 @@ def run(args: argparse.Namespace) -> dict:
     if torch is None:
         notes.append("torch is not installed: the PyTorch contenders are skipped")
         print(notes[-1], flush=True)
+    jax, optax, jax_note = xla.import_jax(args.threads)
+    notes.append(jax_note)
+    print(notes[-1], flush=True)
     # loaded before the thread limits are applied
     import sklearn.linear_model
     import sklearn.neural_network  # noqa: F401
@@ -266,7 +306,7 @@ def run(args: argparse.Namespace) -> dict:
         print(f"threads: {args.threads} requested; in force: {threads}", flush=True)
         opts = Options(scale=args.scale, epochs=args.epochs, batch=args.batch,
                        device=args.device, torch=torch, exporter=args.exporter,
-                       compile_backend=args.compile_backend,
+                       compile_backend=args.compile_backend, jax=jax, optax=optax,
                        torch_device=_env.torch_device(torch, args.device) if torch else "cpu")
         workloads = {}
         for key in args.workloads:

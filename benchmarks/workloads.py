@@ -1,7 +1,8 @@
 """The workloads and their contenders (W6 and W7, torch networks: :mod:`benchmarks.networks`;
 W8 and W9, torch modules through ``ORTModule``: :mod:`benchmarks.ortmodule`; W10-W18, the
 scikit-learn families of issue 23: :mod:`benchmarks.families`; W19, scale-out on Dask:
-:mod:`benchmarks.scaleout`).
+:mod:`benchmarks.scaleout`; W20, the GEMM-bound MLP of issue 24: :mod:`benchmarks.gemm`; JAX
+contenders: :mod:`benchmarks.xla`).
 
 A :class:`Workload` holds the data and a list of :class:`Contender`; calling a
 contender trains once and returns its measurement (a dict): ``time`` in the
@@ -80,6 +81,9 @@ class Workload:
     device_pair: tuple[str, str] | None = None
     #: ``(contender, reference)`` pairs whose ratio is printed under the table
     pairs: list = field(default_factory=list)
+    #: ``(contender, reference, rtol)``: the contender's median quality must be within ``rtol``
+    #: (relative) of the reference's, else it is reported failed (the same training, W2/W3)
+    same_quality: list = field(default_factory=list)
     #: a quality key compared with the scikit-learn reference's (``objective_gap`` /
     #: ``quality_diff`` under the table): both reach the same objective or score
     gap: str | None = None
@@ -101,7 +105,9 @@ class Options:
     torch: object = None          # the torch module, or None
     torch_device: str = "cpu"
     exporter: str = "auto"        # ORTModule's exporter (W8, W9)
-    compile_backend: str = "inductor"  # torch.compile's backend (W8, W9)
+    compile_backend: str = "inductor"  # torch.compile's backend (W2, W3, W8, W9, W20)
+    jax: object = None            # the jax module, or None (benchmarks.xla)
+    optax: object = None
 
 
 # ---------------------------------------------------------------- helpers
@@ -314,9 +320,27 @@ def build_w2(opts: Options) -> Workload:
     w.contenders += _mlp_adam_contenders(opts, X, y, hidden, epochs, batch, False,
                                          lambda predict: {"train_mse": _mse(predict(X), y)})
     if opts.torch is not None:
-        w.contenders.append(_torch_adam_contender(opts, X, y.reshape(-1, 1), hidden, epochs,
-                                                  batch, regression=True))
+        w.contenders += _torch_adam_contenders(opts, X, y.reshape(-1, 1), hidden, epochs,
+                                               batch, regression=True)
+    _add_jax(w, opts, X, y, hidden, epochs, batch, False,
+             lambda predict: {"train_mse": _mse(predict(X), y)}, rtol=0.05)
     return w
+
+
+def _add_jax(w: Workload, opts: Options, X, y, hidden, epochs, batch, classifier, quality,
+             rtol: float) -> None:
+    """W2/W3's JAX contender (when installed) and the ratios to JAX and torch.compile."""
+    from benchmarks.xla import jax_mlp_contender
+
+    contender = jax_mlp_contender(opts, X, y, hidden, epochs, batch, classifier, quality,
+                                  ADAM_LR)
+    if contender is not None:
+        w.contenders.append(contender)
+        w.pairs.append(("ortlearn_adam", "jax_adam"))
+        # same weights, order and optimizer as ortlearn: the same model within float noise
+        w.same_quality.append(("jax_adam", "ortlearn_adam", rtol))
+    if opts.torch is not None:
+        w.pairs.append(("ortlearn_adam", "torch_compile_adam"))
 
 
 def _mlp_adam_contenders(opts: Options, X, y, hidden, epochs, batch, classifier: bool,
@@ -363,11 +387,18 @@ def _device_pair(opts: Options, name: str) -> tuple[str, str] | None:
     return None if opts.device == "cpu" else (name, name + "_cpu")
 
 
-def _torch_adam_contender(opts: Options, X, y, hidden, epochs, batch, regression, X_test=None,
-                          y_test=None):
+def _torch_adam_contenders(opts: Options, X, y, hidden, epochs, batch, regression, X_test=None,
+                           y_test=None) -> list:
+    """torch eager and ``torch.compile`` (the same loop with the module compiled) for W2/W3."""
     torch = opts.torch
     n_out = 1 if regression else int(y.max()) + 1
     loss_fn = _half_mse(torch) if regression else torch.nn.CrossEntropyLoss()
+
+    def score(out, model):
+        if regression:
+            return {**out, "train_mse": _mse(_torch_predict(opts, model, X), y)}
+        pred = _torch_predict(opts, model, X_test).argmax(axis=1)
+        return {**out, "test_accuracy": float(np.mean(pred == y_test))}
 
     def torch_adam(seed, warmup):
         def build(generator):
@@ -375,13 +406,43 @@ def _torch_adam_contender(opts: Options, X, y, hidden, epochs, batch, regression
             return model, torch.optim.Adam(model.parameters(), lr=ADAM_LR, eps=1e-8)
         out, model = _torch_loop(opts, build, loss_fn, X, y, 1 if warmup else epochs, batch,
                                  seed)
-        if regression:
-            return {**out, "train_mse": _mse(_torch_predict(opts, model, X), y)}
-        pred = _torch_predict(opts, model, X_test).argmax(axis=1)
-        return {**out, "test_accuracy": float(np.mean(pred == y_test))}
+        return score(out, model)
 
-    return Contender("torch_adam", "torch", torch_adam,
-                     "Linear-ReLU-Linear, optim.Adam, sklearn's Glorot init")
+    held = {}  # compiled once (the warm-up run, both batch shapes); weights reloaded in place
+
+    def torch_compile_adam(seed, warmup):
+        def build(generator):
+            fresh = _torch_mlp(torch, X.shape[1], hidden, n_out, generator)
+            if "compiled" not in held:
+                held["module"] = fresh
+                # one graph per batch shape (the full and the last batch), as JAX and
+                # ortlearn specialise: the dynamic-shape graph torch would switch to is slower
+                held["compiled"] = torch.compile(fresh, backend=opts.compile_backend,
+                                                 dynamic=False)
+            held["module"].load_state_dict(fresh.state_dict())
+            return held["compiled"], torch.optim.Adam(held["module"].parameters(), lr=ADAM_LR,
+                                                      eps=1e-8)
+        if not hasattr(torch, "compile"):
+            raise Unavailable(f"torch {torch.__version__} has no torch.compile")
+        first = "compiled" not in held
+        try:
+            out, model = _torch_loop(opts, build, loss_fn, X, y, 1 if warmup else epochs,
+                                     batch, seed)
+        except Exception as exc:  # noqa: BLE001  eager runs the same loop: compiling failed
+            if not first:
+                raise
+            held.clear()
+            lines = str(exc).strip().splitlines()
+            raise Unavailable(f"torch.compile(backend={opts.compile_backend!r}) failed: "
+                              f"{type(exc).__name__}: {lines[0] if lines else ''}"[:300]) from exc
+        return score(out, model)
+
+    return [Contender("torch_adam", "torch", torch_adam,
+                      "Linear-ReLU-Linear, optim.Adam, sklearn's Glorot init"),
+            Contender("torch_compile_adam", "torch", torch_compile_adam,
+                      f"torch_adam's loop, the module torch.compile'd "
+                      f"(backend={opts.compile_backend!r}, dynamic=False, compiled in the "
+                      "warm-up run)")]
 
 
 # ---------------------------------------------------------------- W3
@@ -409,9 +470,11 @@ def build_w3(opts: Options) -> Workload:
         opts, X, y, hidden, epochs, batch, True,
         lambda predict: {"test_accuracy": float(np.mean(predict(X_test) == y_test))})
     if opts.torch is not None:
-        w.contenders.append(_torch_adam_contender(opts, X, y, hidden, epochs, batch,
-                                                  regression=False, X_test=X_test,
-                                                  y_test=y_test))
+        w.contenders += _torch_adam_contenders(opts, X, y, hidden, epochs, batch,
+                                               regression=False, X_test=X_test, y_test=y_test)
+    _add_jax(w, opts, X, y, hidden, epochs, batch, True,
+             lambda predict: {"test_accuracy": float(np.mean(predict(X_test) == y_test))},
+             rtol=0.03)
     return w
 
 
@@ -618,6 +681,13 @@ _FAMILY_WORKLOADS = {
 }
 
 
+def build_w20(opts: Options) -> Workload:
+    """W20: MLP regressor 200-512-512-1, Adam, batch 512: GFLOP/s against the GEMM peak."""
+    from benchmarks.gemm import build_w20 as build
+
+    return build(opts)
+
+
 def _family(key: str):
     def build(opts: Options) -> Workload:
         from benchmarks.families import FAMILY_BUILDERS
@@ -637,4 +707,4 @@ def build_w19(opts: Options) -> Workload:
 BUILDERS = {"W1": build_w1, "W2": build_w2, "W3": build_w3, "W4": build_w4, "W5": build_w5,
             "W6": _network("W6"), "W7": _network("W7"), "W8": _ortmodule("W8"),
             "W9": _ortmodule("W9"), **{key: _family(key) for key in _FAMILY_WORKLOADS},
-            "W19": build_w19}
+            "W19": build_w19, "W20": build_w20}
