@@ -29,9 +29,10 @@ import numpy as np
 
 from benchmarks.workloads import Contender, Options, Unavailable, Workload
 
-#: a worker's memory limit in the out-of-core run (its process: ~400 MB of it is the
-#: interpreter with scikit-learn, onnxruntime, dask-ml and ortlearn loaded)
-MEMORY_LIMIT = 600 << 20
+#: a worker's memory limit in the out-of-core run (its process: 320 to 440 MB of it is the
+#: interpreter with scikit-learn, onnxruntime, dask-ml and ortlearn loaded, the more in a
+#: fresh environment; past 80 % of the limit a worker pauses)
+MEMORY_LIMIT = 1 << 30
 N_FEATURES = 256
 BLOCK_ROWS = (32 << 20) // (8 * N_FEATURES)   # 32 MiB blocks of float64
 _W = np.random.RandomState(0).randn(8) / 2

@@ -9,11 +9,13 @@ import dask
 
 
 @contextlib.contextmanager
-def local_client(module_name: str, n_workers: int = 2, **cluster_kwargs):
+def local_client(module_name: str, n_workers: int = 2, config: dict | None = None,
+                 **cluster_kwargs):
     """A client of a ``LocalCluster`` of ``n_workers`` processes with one thread each.
 
     The functions of the test module ``module_name`` travel by value: the
-    worker processes cannot import a test file.
+    worker processes cannot import a test file. ``config`` adds Dask settings
+    (the nannies hand them to their workers).
     """
     from distributed import Client, LocalCluster
 
@@ -21,7 +23,7 @@ def local_client(module_name: str, n_workers: int = 2, **cluster_kwargs):
     # a dead worker fails the test instead of being retried; no call waits forever
     settings = {"distributed.scheduler.allowed-failures": 0,
                 "distributed.comm.timeouts.connect": "30s",
-                "distributed.comm.timeouts.tcp": "60s"}
+                "distributed.comm.timeouts.tcp": "60s", **(config or {})}
     with dask.config.set(settings):
         cluster = LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True,
                                host="127.0.0.1", dashboard_address=None, **cluster_kwargs)
