@@ -43,7 +43,7 @@ from .checks import (
     check_trainable,
     conform_state,
 )
-from .device import make_session, make_session_options, parse_device
+from .device import make_session, make_session_options, parse_device, single_thread_blas
 from .sparse import is_sparse
 
 __all__ = ["loss_and_gradient", "minimize_lbfgs"]
@@ -391,8 +391,11 @@ def minimize_lbfgs(loss_model, trainable, initial_weights, arrays, input_names=N
     # scipy deprecates iprint: the callback counts iterations and prints the progress.
     progress = _Progress(fun, verbose, callback)
     try:
-        result = scipy.optimize.minimize(fun, x0, method="L-BFGS-B", jac=True,
-                                         options=options, callback=progress, bounds=box)
+        # scipy's L-BFGS-B calls BLAS on (n_weights, 10) matrices at every iteration:
+        # threads only cost there (the evaluations run in onnxruntime's own pool)
+        with single_thread_blas():
+            result = scipy.optimize.minimize(fun, x0, method="L-BFGS-B", jac=True,
+                                             options=options, callback=progress, bounds=box)
     except KeyboardInterrupt:
         if fun.best_x is None:
             raise
