@@ -8,6 +8,7 @@ weights are those of the (N, 1) objective and of float64 re-computations.
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 from sklearn.datasets import make_classification, make_regression
 from sklearn.linear_model import LogisticRegression
@@ -15,8 +16,9 @@ from threadpoolctl import threadpool_info, threadpool_limits
 
 from ortlearn.estimators import OrtLinearClassifier, OrtLinearRegressor
 from ortlearn.estimators._objective import sgd_objective
-from ortlearn.training import loss_and_gradient, minimize_lbfgs
+from ortlearn.training import lbfgs, loss_and_gradient, minimize_lbfgs
 from ortlearn.training.device import single_thread_blas
+from ortlearn.training.lbfgs import _data_read_transposed
 
 # the fits that only give an inference graph, and the callback test, stop early on purpose
 pytestmark = pytest.mark.filterwarnings("ignore::ortlearn.exceptions.ConvergenceWarning")
@@ -141,3 +143,61 @@ def test_lbfgs_runs_scipy_with_one_blas_thread_and_restores_the_setting(binary):
     assert seen and all(set(threads.values()) == {1} for threads in seen)
     with threadpool_limits(limits=2, user_api="blas"), single_thread_blas():
         assert set(_blas_threads().values()) == {1}
+
+
+def test_data_read_transposed_gives_the_numbers_of_the_plain_products(binary, monkeypatch):
+    X, y, inference = binary
+    arrays = [X, y.astype(np.float32).reshape(-1, 1)]
+    model = _objective(inference, None, alpha=1 / len(X))
+    fast, _ = loss_and_gradient(model, ["coef", "intercept"], None, arrays, ["X", "y"])
+    # the session reads X^T (F, N): the input renamed, its shape transposed
+    inputs = {i.name: i.shape for i in fast._session.get_inputs()}
+    assert "X" not in inputs and inputs["X_transposed"] == [X.shape[1], "N"]
+    runs = {True: minimize_lbfgs(model, ["coef", "intercept"], None, arrays, ["X", "y"],
+                                 max_iter=200, tol=1e-4)}
+    monkeypatch.setattr(lbfgs, "_TRANSPOSED_COPY_MAX_BYTES", 0)
+    plain, _ = loss_and_gradient(model, ["coef", "intercept"], None, arrays, ["X", "y"])
+    assert "X" in {i.name for i in plain._session.get_inputs()}
+    runs[False] = minimize_lbfgs(model, ["coef", "intercept"], None, arrays, ["X", "y"],
+                                 max_iter=200, tol=1e-4)
+    x = np.random.default_rng(1).normal(size=X.shape[1] + 1) * 0.3
+    (loss_fast, grad_fast), (loss_plain, grad_plain) = fast(x), plain(x)
+    # float32 products in another order, summed in float64
+    np.testing.assert_allclose(loss_fast, loss_plain, rtol=1e-7)
+    np.testing.assert_allclose(grad_fast, grad_plain, rtol=1e-5, atol=1e-7)
+    # a product of another summation order: the objective within LogisticRegression's tol
+    assert abs(runs[True][1] - runs[False][1]) <= 1
+    np.testing.assert_allclose(runs[True][2], runs[False][2], rtol=1e-7)
+    np.testing.assert_allclose(runs[True][0]["coef"], runs[False][0]["coef"], atol=1e-4)
+
+
+def test_data_read_transposed_leaves_wider_weights_and_other_readers_alone():
+    def grad_model(width, extra_reader):
+        nodes = [onnx.helper.make_node("MatMul", ["X", "w"], ["p"]),
+                 onnx.helper.make_node("Transpose", ["X"], ["xt"], perm=[1, 0]),
+                 onnx.helper.make_node("MatMul", ["xt", "p"], ["g"])]
+        outputs = ["g"]
+        if extra_reader:
+            nodes.append(onnx.helper.make_node("ReduceSum", ["X"], ["s"]))
+            outputs.append("s")
+        graph = onnx.helper.make_graph(
+            nodes, "g", [onnx.helper.make_tensor_value_info("X", onnx.TensorProto.FLOAT,
+                                                            ["N", 3]),
+                         onnx.helper.make_tensor_value_info("w", onnx.TensorProto.FLOAT,
+                                                            [3, width])],
+            [onnx.helper.make_tensor_value_info(o, onnx.TensorProto.FLOAT, None)
+             for o in outputs])
+        return onnx.helper.make_model(graph)
+
+    for width, extra in ((2, False), (1, True)):
+        model = grad_model(width, extra)
+        assert _data_read_transposed(model, ["X"], {"w": (3, width)}) == {}
+        assert [n.op_type for n in model.graph.node][:3] == ["MatMul", "Transpose", "MatMul"]
+    model = grad_model(1, False)
+    assert _data_read_transposed(model, ["X"], {"w": (3, 1)}) == {"X": "X_transposed"}
+    assert "Transpose" not in [n.op_type for n in model.graph.node]
+    rng = np.random.default_rng(0)
+    X, w = rng.normal(size=(7, 3)).astype(np.float32), rng.normal(size=(3, 1)).astype(np.float32)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    (g,) = session.run(None, {"X_transposed": np.ascontiguousarray(X.T), "w": w})
+    np.testing.assert_allclose(g, X.T @ (X @ w), rtol=1e-5)
