@@ -65,11 +65,15 @@ def _label_input(kind: str, n_outputs: int, elem: int) -> onnx.ValueInfoProto:
     return helper.make_tensor_value_info(LABEL, elem, ["N", n_outputs])
 
 
-def _data_loss(b: GraphBuilder, kind: str, score: str, pred: str, dtype, **kwargs) -> str:
-    """Unreduced loss of each element: ``(N, k)`` for regressors, ``(N, 1)`` otherwise."""
+def _data_loss(b: GraphBuilder, kind: str, score: str, pred: str, dtype, label: str = LABEL,
+               **kwargs) -> str:
+    """Unreduced loss of each element: ``(N, k)`` for regressors, ``(N, 1)`` otherwise.
+
+    Of the shape of ``pred`` and ``label``, ``(N,)`` when both are vectors.
+    """
     if kind in _CLASSIFIER_SCORE:
-        return elementwise_loss(b, _CLASSIFIER_SCORE[kind], pred, LABEL, dtype)
-    per_elem = elementwise_loss(b, score, pred, LABEL, dtype, **kwargs)
+        return elementwise_loss(b, _CLASSIFIER_SCORE[kind], pred, label, dtype)
+    per_elem = elementwise_loss(b, score, pred, label, dtype, **kwargs)
     if score == "squared_error":
         # scikit-learn's squared loss carries a 1/2.
         per_elem = b.op("Mul", [b.const(0.5, dtype), per_elem])
@@ -240,7 +244,7 @@ def mlp_objective(model, kind: str, alpha: float, sum_in_float64: bool = False,
 def sgd_objective(model, kind: str, loss: str = "squared_error", penalty: str | None = "l2",
                   alpha: float = 1e-4, l1_ratio: float = 0.15,
                   epsilon: float = 0.1, sum_in_float64: bool = False,
-                  weighted: bool = True) -> onnx.ModelProto:
+                  weighted: bool = True, flat: bool | None = None) -> onnx.ModelProto:
     """The objective of ``SGDRegressor`` / ``SGDClassifier`` (and of logistic regression).
 
     ::
@@ -273,6 +277,11 @@ def sgd_objective(model, kind: str, loss: str = "squared_error", penalty: str | 
         As in :func:`mlp_objective`.
     weighted : bool, default=True
         As in :func:`mlp_objective`.
+    flat : bool or None, default=None
+        With one column (a binary classifier, a single-output regressor),
+        work on ``(N,)`` vectors from the prediction on (the same numbers,
+        fewer slow broadcasts); None: with ``sum_in_float64`` (the
+        full-batch objective of L-BFGS).
 
     Returns
     -------
@@ -283,8 +292,21 @@ def sgd_objective(model, kind: str, loss: str = "squared_error", penalty: str | 
         raise ValueError(f"A regressor's loss must be 'squared_error' or 'huber', got {loss!r}.")
     model, b, pred, elem, n_outputs, dtype = _start(model, kind)
     kwargs = {"epsilon": epsilon} if loss == "huber" else {}
-    per_elem = _data_loss(b, kind, loss, pred, dtype, **kwargs)
-    rows = _row_losses(b, per_elem, kind != "regressor" or n_outputs == 1, weighted)
+    # The full-batch objective (summed in float64: L-BFGS) of one column works on
+    # (N,) vectors from the prediction on: onnxruntime 1.31 broadcasts a (N, 1)
+    # tensor with a scalar 15 to 30 times slower than a (N,) one, and the loss and
+    # its gradient hold a dozen such operations (W4, 100 000 x 100 floats: 0.68 times
+    # the time per evaluation, the same loss and gradient bit for bit; doc/benchmarks.rst
+    # "W4 after round 3"). The mini-batch step graphs keep (N, 1): their batches are small.
+    flat = (sum_in_float64 if flat is None else flat) and n_outputs == 1 and kind in (
+        "binary", "regressor")
+    label = LABEL
+    if flat:
+        pred = b.op("Reshape", [pred, b.ints([-1], hint="rows")])
+        label = b.op("Reshape", [LABEL, b.ints([-1], hint="rows")])
+    per_elem = _data_loss(b, kind, loss, pred, dtype, label=label, **kwargs)
+    rows = per_elem if flat else _row_losses(b, per_elem, kind != "regressor" or n_outputs == 1,
+                                             weighted)
     if weighted:
         rows = b.op("Mul", [rows, SAMPLE_WEIGHT])
     (rows,), dtype, loss_elem = _widen(b, [rows], elem, sum_in_float64)

@@ -5,6 +5,7 @@ when an epoch is one call). The measurements behind each threshold are in
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import sys
@@ -121,18 +122,52 @@ def _omp_num_threads() -> int | None:
 _CONTROLLER: list = [None, -1]
 
 
-def _library_num_threads() -> list:
-    """Threads of the OpenMP and BLAS libraries loaded (what ``threadpool_limits`` sets)."""
+def _controller():
+    """threadpoolctl's controller of the libraries loaded now (kept while no module is imported)."""
     try:
         from threadpoolctl import ThreadpoolController
     except ImportError:  # pragma: no cover - a dependency of scikit-learn
-        return []
+        return None
     controller, n_modules = _CONTROLLER
     if controller is None or n_modules != len(sys.modules):
         controller = ThreadpoolController()
         _CONTROLLER[:] = [controller, len(sys.modules)]
+    return controller
+
+
+def _library_num_threads() -> list:
+    """Threads of the OpenMP and BLAS libraries loaded (what ``threadpool_limits`` sets)."""
+    controller = _controller()
+    if controller is None:
+        return []
     return [info["num_threads"] for info in controller.info()
             if isinstance(info.get("num_threads"), int) and info["num_threads"] > 0]
+
+
+def single_thread_blas():
+    """A context in which the BLAS libraries loaded run one thread.
+
+    For a host-side solver whose linear algebra is tiny (scipy's L-BFGS-B on
+    a hundred weights): a threaded BLAS call wakes its workers for microseconds
+    of work, and on a loaded machine each wake-up waits for a core (6 ms per
+    L-BFGS-B iteration on 2 busy cores against 0.03 ms on one thread,
+    ``doc/benchmarks.rst`` "W4 after round 3"). The cached controller makes it
+    cost ~40 us, not the ~8 ms of a fresh ``threadpool_limits``.
+
+    Returns
+    -------
+    context manager
+        threadpoolctl's limiter, or a no-op one without threadpoolctl.
+
+    Examples
+    --------
+    >>> with single_thread_blas():
+    ...     pass
+    """
+    controller = _controller()
+    if controller is None:  # pragma: no cover - a dependency of scikit-learn
+        return contextlib.nullcontext()
+    return controller.limit(limits=1, user_api="blas")
 
 
 def context_num_threads() -> int | None:
