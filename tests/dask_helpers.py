@@ -2,6 +2,7 @@
 the loopback address, bounded in time, shut down at the end."""
 
 import contextlib
+import os
 import sys
 
 import cloudpickle
@@ -20,6 +21,9 @@ def local_client(module_name: str, n_workers: int = 2, config: dict | None = Non
     from distributed import Client, LocalCluster
 
     cloudpickle.register_pickle_by_value(sys.modules[module_name])
+    # each nanny sets its workers' environment (OMP_NUM_THREADS=1, ...) in this process's
+    # os.environ before spawning them: the tests that follow must not inherit it
+    environ = dict(os.environ)
     # a dead worker fails the test instead of being retried; no call waits forever
     settings = {"distributed.scheduler.allowed-failures": 0,
                 "distributed.comm.timeouts.connect": "30s",
@@ -36,3 +40,5 @@ def local_client(module_name: str, n_workers: int = 2, config: dict | None = Non
         finally:
             cluster.close(timeout=30)
             cloudpickle.unregister_pickle_by_value(sys.modules[module_name])
+            os.environ.clear()
+            os.environ.update(environ)

@@ -32,7 +32,11 @@ from sklearn.utils import check_random_state  # noqa: E402
 from threadpoolctl import threadpool_limits  # noqa: E402
 
 from ortlearn import OrtMLPClassifier, OrtMLPRegressor, OrtSGDRegressor  # noqa: E402
-from ortlearn.training import make_session_options, resolve_num_threads  # noqa: E402
+from ortlearn.training import (  # noqa: E402
+    device,  # noqa: E402
+    make_session_options,
+    resolve_num_threads,
+)
 from ortlearn.training.device import NUM_THREADS_ENV, context_num_threads  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
@@ -277,9 +281,14 @@ def test_copies_of_the_same_weights_share_one_session_per_process():
 
 
 # -------------------------------------------------------------------- thread policy
+def _omp_at_import(monkeypatch, value):
+    """``OMP_NUM_THREADS`` as a process that imported ortlearn under it sees it."""
+    monkeypatch.setattr(device, "_OMP_NUM_THREADS_AT_IMPORT", value)
+
+
 def test_thread_policy_order(monkeypatch):
     monkeypatch.delenv(NUM_THREADS_ENV, raising=False)
-    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    _omp_at_import(monkeypatch, None)
     cpus = len(os.sched_getaffinity(0))
     assert context_num_threads() is None and resolve_num_threads() is None
     assert make_session_options().intra_op_num_threads == 0      # onnxruntime's default
@@ -287,18 +296,28 @@ def test_thread_policy_order(monkeypatch):
     with threadpool_limits(limits=1):
         assert context_num_threads() == 1 == make_session_options().intra_op_num_threads
     # OMP_NUM_THREADS, as a Dask nanny or joblib's inner_max_num_threads sets it
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    _omp_at_import(monkeypatch, "1")
     assert make_session_options().intra_op_num_threads == 1
     # a limit of every CPU is no limit: onnxruntime's default stays
-    monkeypatch.setenv("OMP_NUM_THREADS", str(cpus))
+    _omp_at_import(monkeypatch, str(cpus))
     assert context_num_threads() is None
-    monkeypatch.setenv("OMP_NUM_THREADS", "not a number")     # OpenMP's, not ours
+    _omp_at_import(monkeypatch, "not a number")     # OpenMP's, not ours
     assert context_num_threads() is None
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    _omp_at_import(monkeypatch, "1")
     # ORTLEARN_NUM_THREADS beats the context, the caller's own setting beats both
     monkeypatch.setenv(NUM_THREADS_ENV, "3")
     assert make_session_options().intra_op_num_threads == 3
     assert make_session_options(2).intra_op_num_threads == 2
+
+
+def test_the_process_that_starts_the_cluster_keeps_its_threads(client, monkeypatch):
+    monkeypatch.delenv(NUM_THREADS_ENV, raising=False)
+    monkeypatch.setattr(device, "_OMP_NUM_THREADS_AT_IMPORT", os.environ.get("OMP_NUM_THREADS"))
+    # what the 'import ortlearn' of this process would have read after the cluster started
+    assert os.environ.get("OMP_NUM_THREADS") == "1"   # the nannies', for their workers
+    assert make_session_options().intra_op_num_threads == 1
+    _omp_at_import(monkeypatch, None)                    # ortlearn imported before
+    assert make_session_options().intra_op_num_threads == 0
 
 
 def _session_threads():

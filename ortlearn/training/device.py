@@ -110,10 +110,18 @@ def _available_cpus() -> int:
     return os.cpu_count() or 1
 
 
+#: ``OMP_NUM_THREADS`` when ortlearn was imported. Read once, as an OpenMP runtime reads it
+#: when it loads: a ``LocalCluster`` of worker processes sets it to 1 in the process that
+#: starts it (the nanny's ``pre-spawn-environ``, meant for the workers it spawns), which
+#: must not turn the fits of that process to one thread. joblib's and Dask's workers get
+#: it before they start, so before they import ortlearn.
+_OMP_NUM_THREADS_AT_IMPORT = os.environ.get("OMP_NUM_THREADS")
+
+
 def _omp_num_threads() -> int | None:
     # OMP_NUM_THREADS is OpenMP's variable, not ours: a value it would not take
     # ("4,2" takes the outer level) is no limit rather than an error.
-    value = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
+    value = (_OMP_NUM_THREADS_AT_IMPORT or "").split(",")[0].strip()
     return int(value) if value.isdigit() and int(value) > 0 else None
 
 
@@ -173,9 +181,9 @@ def single_thread_blas():
 def context_num_threads() -> int | None:
     """The thread limit of the context this process runs in; None where there is none.
 
-    The smallest of ``OMP_NUM_THREADS`` (joblib's workers get it from
-    ``inner_max_num_threads``, a Dask nanny sets it to 1 for its workers)
-    and the threads of the OpenMP and BLAS libraries loaded, as
+    The smallest of ``OMP_NUM_THREADS`` as it was when ortlearn was imported
+    (joblib's workers get it from ``inner_max_num_threads``, a Dask nanny sets
+    it to 1 for its workers) and the threads of the OpenMP and BLAS libraries loaded, as
     threadpoolctl reads them (``threadpool_limits``), when it is below the
     CPUs the process may run on.
 
