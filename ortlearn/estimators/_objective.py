@@ -293,11 +293,10 @@ def sgd_objective(model, kind: str, loss: str = "squared_error", penalty: str | 
     model, b, pred, elem, n_outputs, dtype = _start(model, kind)
     kwargs = {"epsilon": epsilon} if loss == "huber" else {}
     # The full-batch objective (summed in float64: L-BFGS) of one column works on
-    # (N,) vectors from the prediction on: onnxruntime 1.31 broadcasts a (N, 1)
-    # tensor with a scalar 15 to 30 times slower than a (N,) one, and the loss and
-    # its gradient hold a dozen such operations (W4, 100 000 x 100 floats: 0.68 times
-    # the time per evaluation, the same loss and gradient bit for bit; doc/benchmarks.rst
-    # "W4 after round 3"). The mini-batch step graphs keep (N, 1): their batches are small.
+    # (N,) vectors from the prediction on: onnxruntime broadcasts a (N, 1) tensor with
+    # a scalar much slower than a (N,) one, and the loss and its gradient hold a dozen
+    # such operations (the same numbers bit for bit; doc/benchmarks.rst "W4 after
+    # round 3"). The mini-batch step graphs keep (N, 1): their batches are small.
     flat = (sum_in_float64 if flat is None else flat) and n_outputs == 1 and kind in (
         "binary", "regressor")
     label = LABEL

@@ -157,10 +157,9 @@ def single_thread_blas():
 
     For a host-side solver whose linear algebra is tiny (scipy's L-BFGS-B on
     a hundred weights): a threaded BLAS call wakes its workers for microseconds
-    of work, and on a loaded machine each wake-up waits for a core (6 ms per
-    L-BFGS-B iteration on 2 busy cores against 0.03 ms on one thread,
-    ``doc/benchmarks.rst`` "W4 after round 3"). The cached controller makes it
-    cost ~40 us, not the ~8 ms of a fresh ``threadpool_limits``.
+    of work, and on a loaded machine each wake-up waits for a core
+    (``doc/benchmarks.rst`` "W4 after round 3"). The cached controller spares
+    the scan of the loaded libraries a fresh ``threadpool_limits`` makes.
 
     Returns
     -------

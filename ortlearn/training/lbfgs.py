@@ -237,10 +237,10 @@ def _data_read_transposed(grad_model, names, weight_shapes: dict) -> dict:
     ``Transpose(X)`` (the ``X^T @ d`` of ``w``'s gradient): both products
     become row-vector products on the contiguous ``X^T``,
     ``(w^T X^T)^T`` and ``X^T d``, the reshapes of (1, F) and (1, N)
-    vectors being free. onnxruntime 1.31 on 100 000 x 100 floats: 2.1 ms
-    for each against 4.5 ms for ``X w`` and 7 to 8.5 ms for ``d^T X`` (its
-    transposed-left ``FusedMatMul``), at the cost of one transposed copy of
-    ``X`` for the fit (``doc/benchmarks.rst``, "W4 after round 3").
+    vectors being free: faster than the column product ``X w`` and
+    onnxruntime's transposed-left ``FusedMatMul`` for ``d^T X``, at the cost
+    of one transposed copy of ``X`` for the fit (``doc/benchmarks.rst``,
+    "W4 after round 3").
 
     Returns ``{X: name of the input now holding X^T}``.
     """
@@ -318,8 +318,8 @@ def _data_read_transposed(grad_model, names, weight_shapes: dict) -> dict:
 def _bias_add(consumers, product: str, weight_shapes: dict):
     """``Add(product, b)``, ``product``'s only reader, with a trained ``b`` of one element; or None.
 
-    onnxruntime 1.31 broadcasts a (1,) tensor over a (N, 1) one 15 to 30 times
-    slower than over a (1, N) one (2.9 ms against 0.1 on 100 000 rows).
+    onnxruntime broadcasts a (1,) tensor over a (N, 1) one much slower than
+    over a (1, N) one.
     """
     if len(consumers) != 1:
         return None
