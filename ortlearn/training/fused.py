@@ -500,8 +500,6 @@ def build_fused_epoch(loss_model: onnx.ModelProto, trainable, input_names, optim
     carried = list(layout.carried)
     outputs = list(layout.carried.values())
     body_nodes = run_passes(model, needed_nodes(graph.node, outputs), outputs)
-    cond = "fused.cond"
-    body_nodes.append(helper.make_node("Identity", [cond], [cond + _NEXT]))
     # Outer names differ from the bodies' (no shadowing across scopes).
     b = GraphBuilder(opset=opset_of(model), prefix="fused_epoch_")
     uniform, n_same = _uniform_body(model, body_nodes, layout, carried, b)
@@ -542,7 +540,8 @@ def _loop_body(nodes, name: str, iteration: str, carried, infos, layout) -> onnx
         [helper.make_tensor_value_info(iteration, TensorProto.INT64, []),
          helper.make_tensor_value_info(cond, TensorProto.BOOL, [])]
         + [infos[c] for c in carried],  # in the order of the outputs
-        [helper.make_tensor_value_info(cond + _NEXT, TensorProto.BOOL, [])]
+        # the condition passes through: the body's output is its input (no Identity node)
+        [helper.make_tensor_value_info(cond, TensorProto.BOOL, [])]
         + [_value_infos(infos, [c])[0] for c in carried])
     for info, out in zip(body.output[1:], layout.carried.values()):
         info.name = out
@@ -626,7 +625,7 @@ def _uniform_body(model, nodes, layout, carried, b: GraphBuilder):
             continue
         out.append(node)
     out = [_renamed(node, replaced) for node in out]
-    body_outputs = [*layout.carried.values(), "fused.cond" + _NEXT]
+    body_outputs = list(layout.carried.values())
     out = needed_nodes(out, body_outputs)
     return _hoisted(out, {k, "fused.cond", *carried}, b), n_same
 
@@ -707,7 +706,7 @@ def _batch_multiples(model: onnx.ModelProto, nodes, layout: FusedLayout) -> dict
             + [i for i in declared.values() if i.name not in set(layout.data.values())])
         del graph.output[:]
         del graph.value_info[:]
-        steps = [n for n in nodes if not set(n.output) & set(data) and "fused.cond" not in n.input]
+        steps = [n for n in nodes if not set(n.output) & set(data)]
         try:
             probes.append(GraphView(probe, steps, []).shapes)
         except (onnx.shape_inference.InferenceError, ValueError, KeyError, TypeError):
