@@ -125,3 +125,22 @@ def test_epoch_loops_equal_one_call_per_batch_bit_for_bit(sizes):
         np.testing.assert_array_equal(loop_weights[name], value)
         for moment, m in state["states"][name].items():
             np.testing.assert_array_equal(loop_state["states"][name][moment], m)
+
+
+def test_hoisting_moves_invariant_nodes_and_keeps_random_draws():
+    from onnx import helper
+
+    from ortlearn.graph import GraphBuilder
+    from ortlearn.training.fused import _hoisted
+
+    nodes = [helper.make_node("Constant", [], ["two"], value_float=2.0),
+             helper.make_node("Mul", ["outer", "two"], ["scaled"]),  # once per call
+             helper.make_node("RandomUniform", [], ["noise"], shape=[1]),  # a draw a step
+             helper.make_node("Add", ["scaled", "noise"], ["s"]),
+             helper.make_node("Mul", ["s", "carried"], ["carried.next"])]
+    outer = GraphBuilder(opset=18, prefix="outer_")
+    body = _hoisted(nodes, {"carried"}, outer)
+    assert [n.op_type for n in outer.nodes] == ["Constant", "Mul"]
+    assert list(outer.nodes[1].input) == ["outer", "two.per_epoch"]
+    assert [n.op_type for n in body] == ["Constant", "RandomUniform", "Add", "Mul"]
+    assert list(body[2].input) == ["scaled.per_epoch", "noise"]

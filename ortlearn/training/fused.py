@@ -548,6 +548,9 @@ def _loop_body(nodes, name: str, iteration: str, carried, infos, layout) -> onnx
     return body
 
 
+#: Operators drawing random numbers: a new draw each step, never computed once per epoch.
+_DRAWS = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
+                    "Multinomial", "Bernoulli", "Dropout"})
 #: Suffix of a value computed once per epoch instead of once per step.
 _HOISTED = ".per_epoch"
 #: Two batch sizes (primes) the step's shapes are inferred with: a ``Size`` or
@@ -647,6 +650,8 @@ def _hoisted(nodes, varying, b: GraphBuilder) -> list:
     the iteration number, the condition nor a carried value: ``varying``,
     nor what a node reading them computes) is moved to ``b``, which runs once
     per call, its outputs renamed; the constants it reads are copied there.
+    Random draws (:data:`_DRAWS`), operators of other domains and nodes with
+    subgraphs stay.
     """
     constants = {n.output[0]: n for n in nodes if n.op_type == "Constant"}
     varying, moved, copies, kept = set(varying), {}, {}, []
@@ -655,9 +660,9 @@ def _hoisted(nodes, varying, b: GraphBuilder) -> list:
         if node.op_type == "Constant":
             kept.append(node)
             continue
-        if reads & varying or any(a.type in (onnx.AttributeProto.GRAPH,
-                                             onnx.AttributeProto.GRAPHS)
-                                  for a in node.attribute):
+        if (reads & varying or node.op_type in _DRAWS or node.domain not in ("", "ai.onnx")
+                or any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+                       for a in node.attribute)):
             varying.update(node.output)
             kept.append(node)
             continue
