@@ -2,8 +2,9 @@
 
 :func:`build_fused_step` turns a loss graph into the graph a
 :class:`~ortlearn.training.TrainingEngine` runs once per mini-batch;
-:func:`build_fused_epoch` wraps the same nodes in an ONNX ``Loop`` that runs
-every mini-batch of an epoch in one call.
+:func:`build_fused_epoch` wraps the same nodes in ONNX ``Loop`` nodes that run
+every mini-batch of an epoch in one call (the batches of the first batch's
+size with a step whose bookkeeping is done once per call).
 
 The whole training set is a graph input (put on the device once): a step
 reads its rows from the epoch's row order with ``Gather``, so nothing is
