@@ -2,8 +2,9 @@
 
 :func:`build_fused_step` turns a loss graph into the graph a
 :class:`~ortlearn.training.TrainingEngine` runs once per mini-batch;
-:func:`build_fused_epoch` wraps the same nodes in an ONNX ``Loop`` that runs
-every mini-batch of an epoch in one call.
+:func:`build_fused_epoch` wraps the same nodes in ONNX ``Loop`` nodes that run
+every mini-batch of an epoch in one call (the batches of the first batch's
+size with a step whose bookkeeping is done once per call).
 
 The whole training set is a graph input (put on the device once): a step
 reads its rows from the epoch's row order with ``Gather``, so nothing is
@@ -41,6 +42,7 @@ from onnx import TensorProto, helper
 from ..autodiff import append_backward
 from ..graph import (
     GraphBuilder,
+    attr,
     elem_type_of,
     finalize_model,
     needed_nodes,
@@ -48,7 +50,7 @@ from ..graph import (
     opset_of,
     shape_of,
 )
-from ..graph.passes import run_passes
+from ..graph.passes import GraphView, run_passes
 
 __all__ = ["FusedLayout", "build_fused_epoch", "build_fused_step", "in_place_safe"]
 
@@ -477,11 +479,21 @@ def in_place_safe(nodes, carried: dict) -> tuple:
 def build_fused_epoch(loss_model: onnx.ModelProto, trainable, input_names, optimizer,
                       loss_output: str = "loss", epoch_ordered=()
                       ) -> tuple[onnx.ModelProto, FusedLayout]:
-    """The graph of one epoch: an ONNX ``Loop`` of the step over the mini-batches.
+    """The graph of one epoch: ONNX ``Loop`` nodes running the step over the mini-batches.
 
     Same parameters and layout as :func:`build_fused_step`, without ``k``
-    (the loop's iteration number counts the batches); the number of
+    (the loops' iteration numbers count the batches); the number of
     iterations is the length of ``rows``.
+
+    The leading batches of the size of the first (every batch but the last,
+    in an epoch of :class:`~ortlearn.training.Batches`) run in a first
+    ``Loop`` whose body reads what depends only on that size from values
+    the epoch computes once (:func:`_uniform_body`): the batch's rows are
+    one ``Gather`` of the row order seen as a (batches, rows) matrix, and
+    the batch's size, its reciprocal, the row of ones of the bias gradients'
+    column sums are no nodes of a step. The other batches run in a second
+    ``Loop`` of the general step. Both compute the same operations on the
+    same values: the weights are those of one ``Loop`` bit for bit.
     """
     model, inputs, infos, layout = _step_model(loss_model, trainable, input_names, optimizer,
                                                loss_output, True, epoch_ordered)
@@ -489,24 +501,21 @@ def build_fused_epoch(loss_model: onnx.ModelProto, trainable, input_names, optim
     carried = list(layout.carried)
     outputs = list(layout.carried.values())
     body_nodes = run_passes(model, needed_nodes(graph.node, outputs), outputs)
-    cond = "fused.cond"
-    body_nodes.append(helper.make_node("Identity", [cond], [cond + _NEXT]))
-    body = helper.make_graph(
-        body_nodes, "fused_epoch_body",
-        [helper.make_tensor_value_info(LOOP_ITERATION, TensorProto.INT64, []),
-         helper.make_tensor_value_info(cond, TensorProto.BOOL, [])]
-        + [infos[c] for c in carried],  # in the order of the outputs
-        [helper.make_tensor_value_info(cond + _NEXT, TensorProto.BOOL, [])]
-        + [_value_infos(infos, [c])[0] for c in carried])
-    for info, name in zip(body.output[1:], layout.carried.values()):
-        info.name = name
-    # Outer names differ from the body's (no shadowing across scopes).
+    # Outer names differ from the bodies' (no shadowing across scopes).
     b = GraphBuilder(opset=opset_of(model), prefix="fused_epoch_")
+    uniform, n_same = _uniform_body(model, body_nodes, layout, carried, b)
+    rest_iteration = LOOP_ITERATION + ".rest"
+    rest = [helper.make_node("Add", [rest_iteration, n_same], [LOOP_ITERATION])] + body_nodes
     trips = b.op("Squeeze", [b.op("Shape", [ROWS])])
     true = b.const(True)
     outer_in = {c: c + ".in" for c in carried}
+    between = {c: c + ".uniform" for c in carried}
     outer_out = {c: c + ".out" for c in carried}
-    b.op("Loop", [trips, true, *outer_in.values()], outputs=list(outer_out.values()), body=body)
+    b.op("Loop", [n_same, true, *outer_in.values()], outputs=list(between.values()),
+         body=_loop_body(uniform, "fused_epoch_uniform", LOOP_ITERATION, carried, infos, layout))
+    b.op("Loop", [b.op("Sub", [trips, n_same]), true, *between.values()],
+         outputs=list(outer_out.values()),
+         body=_loop_body(rest, "fused_epoch_rest", rest_iteration, carried, infos, layout))
     del graph.node[:]
     graph.node.extend(b.nodes)
     del graph.input[:]
@@ -522,3 +531,213 @@ def build_fused_epoch(loss_model: onnx.ModelProto, trainable, input_names, optim
                                outer_in[LOSS_SUM], layout.offsets,
                                layout.epoch_ordered, layout.scalars, layout.scalar_dtype)
     return finalize_model(model), epoch_layout
+
+
+def _loop_body(nodes, name: str, iteration: str, carried, infos, layout) -> onnx.GraphProto:
+    """The ``Loop`` body graph of the step ``nodes``: iteration, cond, then the carried values."""
+    cond = "fused.cond"
+    body = helper.make_graph(
+        nodes, name,
+        [helper.make_tensor_value_info(iteration, TensorProto.INT64, []),
+         helper.make_tensor_value_info(cond, TensorProto.BOOL, [])]
+        + [infos[c] for c in carried],  # in the order of the outputs
+        # the condition passes through: the body's output is its input (no Identity node)
+        [helper.make_tensor_value_info(cond, TensorProto.BOOL, [])]
+        + [_value_infos(infos, [c])[0] for c in carried])
+    for info, out in zip(body.output[1:], layout.carried.values()):
+        info.name = out
+    return body
+
+
+#: Operators drawing random numbers: a new draw each step, never computed once per epoch.
+_DRAWS = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
+                    "Multinomial", "Bernoulli", "Dropout"})
+#: Suffix of a value computed once per epoch instead of once per step.
+_HOISTED = ".per_epoch"
+#: Two batch sizes (primes) the step's shapes are inferred with: a ``Size`` or
+#: ``Shape`` whose value scales with them is a multiple of the batch's rows.
+_PROBE_ROWS = (1009, 1013)
+
+
+def _uniform_body(model, nodes, layout, carried, b: GraphBuilder):
+    """The step ``nodes`` for batches of one size, and the number of such leading batches.
+
+    Appends to ``b`` (the epoch's nodes, run once per call) the batch size
+    ``B`` of the first batch, the number ``n_same`` of leading batches of
+    that size (batch ``k < n_same`` is ``order[k * B:(k + 1) * B]``: the
+    batches tile the order), then rewrites a copy of ``nodes`` for those
+    batches:
+
+    * the rows of batch ``k`` are row ``k`` of the order seen as a
+      ``(n_same, B)`` matrix (one ``Gather`` instead of two ``Gather`` of
+      the bounds and a ``Slice``), and the epoch-ordered inputs likewise;
+    * ``Size`` and ``Shape`` nodes whose value is a multiple of the batch
+      rows (:func:`_batch_multiples`) become values of the epoch, ``rows``
+      of the batch is ``rows[0]``;
+    * every node reading only values of the epoch and constants then runs
+      once per epoch (:func:`_hoisted`): the same operation on the same
+      values, so the same bits.
+
+    Returns ``(nodes, n_same)`` with ``n_same`` an int64 scalar of ``b``.
+    """
+    k = LOOP_ITERATION
+    zero = b.const(0, dtype=np.int64, hint="zero")
+    size = b.op("Sub", [b.op("Gather", [ENDS, zero]), b.op("Gather", [STARTS, zero])])  # [B]
+    sizes = b.op("Reshape", [b.op("Sub", [ENDS, STARTS]), b.ints([-1], hint="flat")])
+    # The first batch not of size B: the first zero of the flags, one zero appended.
+    same = b.op("Concat", [b.op("Equal", [sizes, size]), b.const(np.array([False]))], axis=0)
+    n_same_vec = b.op("ArgMin", [b.cast(same, TensorProto.FLOAT)], axis=0, keepdims=1)
+    n_same = b.op("Squeeze", [n_same_vec])
+    count = b.op("Mul", [n_same_vec, size])
+    first = b.ints([0], hint="first")
+    by_batch = {}  # epoch input -> the same rows as (n_same, B, ...)
+
+    def batched(name: str) -> str:
+        if name not in by_batch:
+            tail = b.op("Slice", [b.op("Shape", [name]), b.ints([1], hint="one"),
+                                  b.ints([np.iinfo(np.int64).max], hint="end")])
+            by_batch[name] = b.op("Reshape", [
+                b.op("Slice", [name, first, count, first]),
+                b.op("Concat", [n_same_vec, size, tail], axis=0)])
+        return by_batch[name]
+
+    multiples = _batch_multiples(model, nodes, layout)
+    rows_scalar = b.op("Squeeze", [size])
+    replaced, out = {}, []
+    producers = {o: n for n in nodes for o in n.output}
+    for node in nodes:
+        if node.op_type == "Slice" and node.input[0] in (ORDER, *(
+                layout.data[n] for n in layout.epoch_ordered)):
+            bounds = [producers.get(v) for v in node.input[1:3]]
+            if all(p is not None and p.op_type == "Gather" and list(p.input) == [src, k]
+                   for p, src in zip(bounds, (STARTS, ENDS))):
+                out.append(helper.make_node("Gather", [batched(node.input[0]), k],
+                                            list(node.output), name=node.name))
+                continue
+        if node.op_type == "Gather" and list(node.input) == [ROWS, k]:
+            out.append(helper.make_node("Gather", [ROWS, zero], list(node.output),
+                                        name=node.name))
+            continue
+        if node.output and node.output[0] in multiples:
+            coef, const = multiples[node.output[0]]
+            if node.op_type == "Size":
+                value = b.op("Mul", [rows_scalar, b.const(coef, dtype=np.int64)])
+            else:
+                value = b.op("Add", [b.op("Mul", [size, b.ints(coef, hint="coef")]),
+                                     b.ints(const, hint="dims")])
+            replaced[node.output[0]] = value
+            continue
+        out.append(node)
+    out = [_renamed(node, replaced) for node in out]
+    body_outputs = list(layout.carried.values())
+    out = needed_nodes(out, body_outputs)
+    return _hoisted(out, {k, "fused.cond", *carried}, b), n_same
+
+
+def _renamed(node: onnx.NodeProto, names: dict) -> onnx.NodeProto:
+    """``node`` reading ``names[v]`` for each of its inputs ``v`` in ``names``."""
+    if not any(i in names for i in node.input):
+        return node
+    copy = onnx.NodeProto()
+    copy.CopyFrom(node)
+    copy.input[:] = [names.get(i, i) for i in node.input]
+    return copy
+
+
+def _hoisted(nodes, varying, b: GraphBuilder) -> list:
+    """``nodes`` of a ``Loop`` body less those computing the same value at every iteration.
+
+    A node that reads only constants and values from outside the body (not
+    the iteration number, the condition nor a carried value: ``varying``,
+    nor what a node reading them computes) is moved to ``b``, which runs once
+    per call, its outputs renamed; the constants it reads are copied there.
+    Random draws (:data:`_DRAWS`), operators of other domains and nodes with
+    subgraphs stay.
+    """
+    constants = {n.output[0]: n for n in nodes if n.op_type == "Constant"}
+    varying, moved, copies, kept = set(varying), {}, {}, []
+    for node in nodes:
+        reads = node_reads(node)
+        if node.op_type == "Constant":
+            kept.append(node)
+            continue
+        if (reads & varying or node.op_type in _DRAWS or node.domain not in ("", "ai.onnx")
+                or any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+                       for a in node.attribute)):
+            varying.update(node.output)
+            kept.append(node)
+            continue
+        for v in reads & constants.keys() - copies.keys():
+            copies[v] = v + _HOISTED
+            const = onnx.NodeProto()
+            const.CopyFrom(constants[v])
+            const.output[:] = [copies[v]]
+            const.name = copies[v]
+            b.nodes.append(const)
+        hoisted = onnx.NodeProto()
+        hoisted.CopyFrom(node)
+        hoisted.input[:] = [moved.get(i, copies.get(i, i)) for i in node.input]
+        moved.update((o, o + _HOISTED) for o in node.output if o)
+        hoisted.output[:] = [moved.get(o, o) for o in node.output]
+        hoisted.name = (node.name or node.output[0]) + _HOISTED
+        b.nodes.append(hoisted)
+    return [_renamed(node, moved) for node in kept]
+
+
+def _batch_multiples(model: onnx.ModelProto, nodes, layout: FusedLayout) -> dict:
+    """``{output: (coef, const)}`` of the ``Size`` and ``Shape`` nodes of a step that
+    depend on the batch only through its number of rows ``B``.
+
+    A ``Size`` is ``coef * B`` (``coef`` an int); a ``Shape`` is
+    ``coef * B + const`` (int vectors). Found by inferring the step's shapes
+    for two batch sizes (:data:`_PROBE_ROWS`); empty when the data inputs
+    have dims other than the rows that are not static.
+    """
+    wanted = [n for n in nodes if n.op_type in ("Size", "Shape")]
+    declared = {i.name: i for i in model.graph.input}
+    data = {name: declared[src] for name, src in layout.data.items()}
+    if not wanted or any(shape_of(i) is None or not all(isinstance(d, int)
+                                                         for d in shape_of(i)[1:])
+                         for i in data.values()):
+        return {}
+    probes = []
+    for rows in _PROBE_ROWS:
+        probe = onnx.ModelProto()
+        probe.CopyFrom(model)
+        graph = probe.graph
+        del graph.input[:]
+        graph.input.extend(
+            [helper.make_tensor_value_info(name, elem_type_of(info), [rows, *shape_of(info)[1:]])
+             for name, info in data.items()]
+            + [i for i in declared.values() if i.name not in set(layout.data.values())])
+        del graph.output[:]
+        del graph.value_info[:]
+        steps = [n for n in nodes if not set(n.output) & set(data)]
+        try:
+            probes.append(GraphView(probe, steps, []).shapes)
+        except (onnx.shape_inference.InferenceError, ValueError, KeyError, TypeError):
+            return {}
+    found = {}
+    for node in wanted:
+        dims = [shapes.get(node.input[0]) for shapes in probes]
+        if any(d is None or not all(isinstance(v, int) for v in d) for d in dims):
+            continue
+        if node.op_type == "Size":
+            dims = [[int(np.prod(d, dtype=np.int64))] for d in dims]
+        else:
+            end = attr(node, "end")
+            dims = [d[attr(node, "start", 0):end] for d in dims]
+        coef, const = [], []
+        for small, large in zip(*dims):
+            if small == large:
+                coef.append(0)
+                const.append(small)
+            elif small % _PROBE_ROWS[0] == 0 and large == small // _PROBE_ROWS[0] * _PROBE_ROWS[1]:
+                coef.append(small // _PROBE_ROWS[0])
+                const.append(0)
+            else:
+                break
+        else:
+            found[node.output[0]] = (coef[0], const[0]) if node.op_type == "Size" else (coef,
+                                                                                        const)
+    return found
