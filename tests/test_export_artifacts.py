@@ -9,6 +9,12 @@ same update (its in-graph scalars equal the engine's host-computed ones:
 the learning rate goes through float32 in both, and the float64 bias
 corrections are rounded to the weights' dtype in both), and the epoch loss
 is the same float64 sum of ``loss * rows``.
+
+Why the bits agree on every CPU: both sides run the same onnxruntime kernels on
+the same shapes in the same order, so whatever SIMD path MLAS picks, it picks it
+for both; the only scalars computed outside onnxruntime are the bias corrections
+``1 - beta**t``, which the host takes from the C library's ``pow`` as
+onnxruntime's Pow kernel does (``Optimizer.host_scalars``).
 """
 
 from __future__ import annotations

@@ -26,20 +26,25 @@ def _session(b, inputs, outputs):
 
 @pytest.mark.parametrize("optimizer", OPTIMIZERS, ids=repr)
 def test_host_scalars_equal_the_graph_scalars(optimizer):
+    """Bit for bit on every CPU: the same IEEE operations (Sqrt, Mul, Div, Sub) on the same
+    float64 values, and ``beta**t`` from the C library's ``pow`` on both sides (onnxruntime's
+    Pow kernel and Python's float power). numpy's SIMD ``power`` (SVML on AVX-512) differs
+    from ``pow`` in the last bit for about 5 % of these steps, which the training API's
+    continuation of an estimator's fit would see."""
     b = GraphBuilder(prefix="s_")
     scalars = optimizer.scalar_nodes(b, b.cast("lr", TensorProto.DOUBLE),
                                       b.cast("t", TensorProto.DOUBLE))
     assert tuple(scalars) == optimizer.scalar_names
     sess = _session(b, [vi("lr", TensorProto.DOUBLE, []), vi("t", TensorProto.INT64, [])],
                     [vi(n, TensorProto.DOUBLE, []) for n in scalars.values()])
-    steps = np.arange(1, 40)
+    steps = np.arange(1, 400)
     lrs = 0.003 / np.sqrt(steps)
     host = optimizer.host_scalars(lrs, steps)
     for i, (lr, t) in enumerate(zip(lrs, steps)):
         graph = sess.run(None, {"lr": np.array(lr), "t": np.array(t)})
         for name, value in zip(scalars, graph):
             assert host[name].dtype == np.float64 and host[name].shape == steps.shape
-            assert host[name][i] == pytest.approx(float(value), rel=1e-15)
+            assert host[name][i] == float(value), (name, int(t))
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])

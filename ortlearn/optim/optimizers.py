@@ -389,8 +389,8 @@ class Optimizer(ABC):
     def host_scalars(self, learning_rate, step) -> dict[str, np.ndarray]:
         """The per-step scalars of the update, computed on the host in float64.
 
-        The same values the graph computes from ``learning_rate`` and
-        ``step`` (to the last bit or so), for :meth:`build`'s ``scalars``.
+        The same values, bit for bit, that the graph computes from
+        ``learning_rate`` and ``step``, for :meth:`build`'s ``scalars``.
 
         Parameters
         ----------
@@ -568,7 +568,15 @@ class _AdamBase(Optimizer):
                 for beta in (self.beta_1, self.beta_2)]
 
     def _host_bias_corrections(self, step):
-        return 1.0 - self._coef(self.beta_1) ** step, 1.0 - self._coef(self.beta_2) ** step
+        """:meth:`_bias_corrections` on the host, the same bits on every CPU.
+
+        onnxruntime's ``Pow`` kernel calls the C library's ``pow``, as Python's
+        ``float ** float`` does; numpy's ``power`` may take a SIMD approximation
+        (SVML on AVX-512) that differs from it in the last bit.
+        """
+        power = np.vectorize(math.pow, otypes=[np.float64])
+        return (1.0 - power(self._coef(self.beta_1), step),
+                1.0 - power(self._coef(self.beta_2), step))
 
     def _moments(self, builder, typed, g, state):
         """``m = b1 m + (1 - b1) g`` and ``v = b2 v + (1 - b2) g^2``.
