@@ -182,8 +182,10 @@ def test_profile_of_an_ortlearn_step(tmp_path):
     and category (the matrix products, the flat Adam update), beside the GEMM floor."""
     from benchmarks.profile import main as profile_main
 
+    # every node listed (--top): which nodes are the slowest depends on the CPU's kernels,
+    # which nodes the step holds does not
     assert profile_main(["--workloads", "W3", "--scale", "0.05", "--reps", "1", "--epochs", "1",
-                         "--out", str(tmp_path)]) == 0
+                         "--top", "1000", "--out", str(tmp_path)]) == 0
     with open(tmp_path / "profile.json") as f:
         (w3,) = json.load(f)["workloads"]
     prof = w3["profile"]

@@ -16,6 +16,7 @@ the recipe of doc/torch_models.rst (tests/torch_models.py):
    BatchNorm statistics follow the documented rule.
 """
 
+import copy
 import functools
 
 import numpy as np
@@ -169,17 +170,53 @@ def _rel(a, b):
     return float(np.abs(np.asarray(a) - np.asarray(b)).max() / max(np.abs(b).max(), 1e-12))
 
 
-def _assert_state_equals_torch(state, model, onx, rtol, keys=None):
-    """Checkpoint values vs the module's parameters and buffers (running statistics)."""
+def _assert_state_equals_torch(state, model, onx, rtol, keys=None, atol=None):
+    """Checkpoint values vs the module's parameters and buffers (running statistics):
+    each within ``rtol`` of its largest magnitude, plus ``atol[key]`` if given."""
+    atol = atol or {}
     checked = []
     for init, (key, transposed) in parameter_map(onx, model).items():
         if init not in state.parameters or (keys is not None and key not in keys):
             continue
         value = state.parameters[init].data
+        value = value.T if transposed else value
         ref = model.state_dict()[key].detach().numpy()
-        assert _rel(value.T if transposed else value, ref) <= rtol, (key, _rel(value, ref))
+        error = float(np.abs(value - ref).max())
+        allowed = rtol * max(float(np.abs(ref).max()), 1e-12) + atol.get(key, 0.0)
+        assert error <= allowed, (key, error, allowed)
         checked.append(key)
     return checked
+
+
+def _adamw_rounding_drift(model, data, loss):
+    """Per parameter, how far ``STEPS`` float32 AdamW steps may drift from torch's through
+    the rounding of the parameter's own gradient.
+
+    Adam's step ``lr * m / (sqrt(v) + eps)`` does not depend on the gradient's scale, so a
+    gradient that cancels to almost nothing (the inverted residual's ``bn1.weight``: a sum
+    of products of both signs, 2e-5 of the model's largest gradient) is stepped by about
+    ``lr`` on digits that float32 does not hold. If each side computes the gradient to a
+    relative error ``rho``, one step of each differs by at most ``2 * rho * lr`` (a
+    relative error ``r`` of ``g`` moves ``m / sqrt(v)`` by at most ``2 r`` times its
+    magnitude, which is at most 1 here), so the two trainings drift apart by at most
+    ``STEPS * 4 * rho * lr``. ``rho`` is the float32 rounding error of the gradient, read
+    as torch float32 against torch float64 on the training batches at the initial
+    weights: the sum's condition number times float32's epsilon, for that parameter and
+    this data, not a figure of one machine's kernels.
+    """
+    rho = {}
+    models = {dtype: copy.deepcopy(model).to(dtype) for dtype in (torch.float32, torch.float64)}
+    for x, y in data:
+        grads = {}
+        for dtype, net in models.items():
+            target = torch.from_numpy(y)
+            target = target.to(dtype) if target.dtype.is_floating_point else target
+            _, grads[dtype] = torch_models.torch_gradients(
+                net, (torch.from_numpy(x).to(dtype),), target, loss)
+        for key, g64 in grads[torch.float64].items():
+            error = np.abs(grads[torch.float32][key] - g64).max() / max(np.abs(g64).max(), 1e-30)
+            rho[key] = max(rho.get(key, 0.0), float(error))
+    return {key: STEPS * 4 * r * LR for key, r in rho.items()}
 
 
 #: Parameters whose gradient is exactly zero: a Conv bias before a train-mode BatchNorm
@@ -205,11 +242,15 @@ def test_adamw_follows_torch(name, exporter, tmp_path):
     stats = _running_statistics(model)
     got, state, _ = _train_ortlearn(onx, data, loss, tmp_path, requires_grad=trainable,
                                     frozen_params=frozen + stats)
+    drift = _adamw_rounding_drift(model, data, loss)  # before torch trains the module
+    drift = {k: v for k, v in drift.items() if k in trainable}  # the frozen stay exact
     expected = _train_torch(model, data, loss, trainable)
     for step, (a, b) in enumerate(zip(got, expected)):
         assert a == pytest.approx(b, rel=1e-4), f"step {step}: {a} vs {b}"
     assert _falls(got)
-    checked = _assert_state_equals_torch(state, model, onx, rtol=1e-4)
+    # 1e-4: the errors each parameter's update takes from the others (about 1e-6 here);
+    # plus the drift through the parameter's own gradient rounding (see the helper)
+    checked = _assert_state_equals_torch(state, model, onx, rtol=1e-4, atol=drift)
     assert sorted(checked) == sorted(trainable + frozen + stats)
 
 
