@@ -420,8 +420,15 @@ def test_same_numbers_as_a_recording_of_onnxruntime_training(tmp_path):
     """The script of ``tests/data/record_training_api.py`` (a small MLP, MSELoss, AdamW then
     SGD, ``set_learning_rate`` and ``LinearLRScheduler``, six steps each) gives through ortlearn
     the losses, learning rates and parameters onnxruntime-training 1.19.2 gave (recorded in
-    ``tests/data/onnxruntime_training_1_19_2.npz``): SGD to the last bit, AdamW to float32
-    rounding."""
+    ``tests/data/onnxruntime_training_1_19_2.npz``): the learning rates to the last bit (host
+    arithmetic), SGD and AdamW to float32 rounding.
+
+    The recording is of one CPU and onnxruntime 1.19.2's kernels: MatMul and Tanh round by a
+    few float32 ulps otherwise on another CPU (sums of at most 8 terms: 8 * 2**-24 = 4.8e-7
+    relative), and six SGD steps of lr <= 0.05 carry that into the parameters (1e-6
+    relative, 1e-7 absolute for values near 0). AdamW's update divides by ``sqrt(v)`` of
+    such gradients, which amplifies a gradient's relative error on the first steps: 2e-5.
+    """
     import subprocess
     import sys
     from pathlib import Path
@@ -433,8 +440,11 @@ def test_same_numbers_as_a_recording_of_onnxruntime_training(tmp_path):
     reference, ours = np.load(data / "onnxruntime_training_1_19_2.npz"), np.load(out)
     assert sorted(reference.files) == sorted(ours.files)
     for key in reference.files:
-        if key.startswith("SGD") or "_lr" in key:
+        if "_lr" in key:
             np.testing.assert_array_equal(ours[key], reference[key], err_msg=key)
+        elif key.startswith("SGD"):
+            np.testing.assert_allclose(ours[key], reference[key], rtol=1e-6, atol=1e-7,
+                                       err_msg=key)
         else:
             np.testing.assert_allclose(ours[key], reference[key], rtol=2e-5, atol=1e-6,
                                        err_msg=key)
