@@ -4,7 +4,7 @@ Usage::
 
     python -m benchmarks [--workloads W1,W3] [--reps 3] [--threads 2] [--device cpu]
                          [--scale 1.0] [--epochs N] [--batch N] [--out DIR] [--pause 0.5]
-                         [--memory] [--exporter auto] [--compile-backend inductor]
+                         [--memory [W6,W7]] [--exporter auto] [--compile-backend inductor]
     python benchmarks/run.py ...        # same
 
 Workloads (see :mod:`benchmarks.workloads` for what exactly is timed):
@@ -56,7 +56,8 @@ threads. Results: ``results.json``, ``results.md`` and, with matplotlib,
 ``results.png`` in ``--out``. PyTorch is optional: without it its contenders are
 skipped with a printed note. ``--memory`` adds the peak resident memory of a W2
 fit (:mod:`benchmarks.memory`, in a child process) to the results, and for W6/W7
-the peak memory of training steps, ortlearn's over torch's (``step_memory``).
+the peak memory of training steps, ortlearn's over torch's (``step_memory``): of
+every W6/W7 run, or of those listed (``--memory W6``; two fresh processes each).
 
 On a GPU (``--device cuda``), W2 and W3 also train ortlearn's MLP on the CPU in
 the same run (``ortlearn_adam_cpu``) and report the GPU's time per epoch over
@@ -111,8 +112,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--out", default="benchmark_results", help="directory of the results")
     parser.add_argument("--pause", type=float, default=0.5,
                         help="seconds of pause before each timed run")
-    parser.add_argument("--memory", action="store_true",
-                        help="also measure the peak memory of a W2 fit (benchmarks.memory)")
+    parser.add_argument("--memory", nargs="?", const="all", default=None, metavar="W6,W7",
+                        help="also measure the peak memory of a W2 fit (benchmarks.memory) "
+                             "and of the training steps of W6/W7, of those run or of those "
+                             "listed")
     parser.add_argument("--exporter", default="auto", choices=("auto", "dynamo", "torchscript"),
                         help="ORTModule's exporter in W8, W9 (default: %(default)s)")
     parser.add_argument("--compile-backend", default="inductor",
@@ -124,6 +127,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     if unknown or not keys:
         parser.error(f"unknown workload(s) {unknown}; choose among {list(BUILDERS)}")
     args.workloads = keys
+    if args.memory not in (None, "all"):
+        listed = [k.strip().upper() for k in args.memory.split(",") if k.strip()]
+        wrong = [k for k in listed if k not in networks.NETWORKS or k not in keys]
+        if wrong or not listed:
+            parser.error(f"--memory takes workloads that run among {list(networks.NETWORKS)}, "
+                         f"got {args.memory!r}")
+        args.memory = listed
     for name, low in (("reps", 1), ("threads", 1), ("epochs", 1), ("batch", 1)):
         value = getattr(args, name)
         if value is not None and value < low:
@@ -314,7 +324,8 @@ def run(args: argparse.Namespace) -> dict:
             print(f"{key}: {workload.title} {workload.params}", flush=True)
             workloads[key] = measure(workload, args.reps, args.pause)
     if args.memory:
-        for key in set(args.workloads) & set(networks.NETWORKS):
+        measured = args.workloads if args.memory == "all" else args.memory
+        for key in set(measured) & set(networks.NETWORKS):
             if torch is not None:
                 workloads[key]["step_memory"] = _step_memory(key, args.threads)
         rows = max(int(round(100_000 * args.scale)), 512)
