@@ -236,7 +236,8 @@ def test_options_are_checked():
     assert parse_args(["--workloads", "W6,W7", "--memory", "w7"]).memory == ["W7"]
     for bad in (["--workloads", "W99"], ["--scale", "0"], ["--reps", "0"],
                 ["--device", "tpu"], ["--batch", "0"], ["--exporter", "jit"],
-                ["--workloads", "W1,W6", "--memory", "W1"], ["--workloads", "W6", "--memory", "W7"]):
+                ["--workloads", "W1,W6", "--memory", "W1"],
+                ["--workloads", "W6", "--memory", "W7"]):
         with pytest.raises(SystemExit):
             parse_args(bad)
 
