@@ -44,6 +44,22 @@ def rng():
     return np.random.default_rng(0)
 
 
+@pytest.fixture
+def unlimited_threads(monkeypatch):
+    """The thread policy of a process on 4 CPUs that started with no thread limit, whatever
+    this one runs under (``OMP_NUM_THREADS``, ``ORTLEARN_NUM_THREADS``, the BLAS libraries'
+    limits, the machine's cores); yields the 4."""
+    from threadpoolctl import threadpool_limits
+
+    from ortlearn.training import device
+
+    monkeypatch.delenv(device.NUM_THREADS_ENV, raising=False)
+    monkeypatch.setattr(device, "_OMP_NUM_THREADS_AT_IMPORT", None)
+    monkeypatch.setattr(device, "_available_cpus", lambda: 4)
+    with threadpool_limits(limits=4):
+        yield 4
+
+
 @pytest.fixture(scope="session")
 def linear_onnx():
     """LinearRegression on 3 float32 features as MatMul + Add (``coef``, ``intercept``)."""

@@ -113,9 +113,9 @@ SPIN = "session.intra_op.allow_spinning"
     (None, 1, "0"),          # 200 rows assumed
     (40_000, 0, "1"),        # 1.24 M multiply-adds: onnxruntime's threads, spinning
 ])
-def test_threads_follow_the_work_of_a_step(monkeypatch, batch_size, threads, spinning):
+def test_threads_follow_the_work_of_a_step(monkeypatch, unlimited_threads, batch_size, threads,
+                                           spinning):
     monkeypatch.delenv("ORTLEARN_ALLOW_SPINNING", raising=False)
-    monkeypatch.delenv("ORTLEARN_NUM_THREADS", raising=False)
     loss, trainable, names, _ = _mlp_loss()
     engine = TrainingEngine(loss, trainable, SGD(), input_names=names, batch_size=batch_size)
     options = engine._session_options
@@ -187,15 +187,14 @@ def test_estimators_tell_the_engine_their_batch_size(monkeypatch):
 
 @pytest.mark.parametrize("batch_size, n_rows, threads", [(10, 400, 1), (400, 20, 1),
                                                         (400, 400, 0)])
-def test_gradient_optimizer_tells_the_engine_its_batch_size(monkeypatch, batch_size, n_rows,
-                                                             threads):
+def test_gradient_optimizer_tells_the_engine_its_batch_size(monkeypatch, unlimited_threads,
+                                                             batch_size, n_rows, threads):
     from skl2onnx import to_onnx
     from sklearn.linear_model import LinearRegression
 
     from ortlearn import add_loss_output
     from ortlearn.estimators import OrtGradientOptimizer
 
-    monkeypatch.delenv("ORTLEARN_NUM_THREADS", raising=False)
     rs = np.random.RandomState(0)
     X = rs.randn(n_rows, 3000).astype(np.float32)  # 3 001 weights
     y = X[:, 0].astype(np.float32)
