@@ -49,7 +49,7 @@ print(json.dumps({"overhead": status("VmHWM") - before, "data": X.nbytes + y.nby
 #: Bound on the fit's peak above the process before it: the data + K x the
 #: weights (float32) + ALLOWANCE. Measured on 4 x 100 000 features (1 000 021
 #: weights, 4 MB; data 1.6 MB): 1 188 MB before the first fix (onnx's data
-#: propagation on the flat weights, ``ortlearn.graph.model.LONG_VECTOR``),
+#: propagation on the flat weights, ``ortlearn.graph.values.LONG_VECTOR``),
 #: 127 MB after it, 95 to 103 MB after the second round (127 MB in CI's fresh
 #: environment), 43 MB now: a large model's step writes its weights and Adam's
 #: moments in place (one buffer each instead of a ping-pong pair), keeps a
@@ -80,9 +80,9 @@ def test_long_vectors_keep_the_shapes_of_full_data_propagation():
     import numpy as np
     from onnx import TensorProto, helper, numpy_helper
 
-    from ortlearn.graph import model as graph_model
+    from ortlearn.graph import values as graph_values
 
-    n = graph_model.LONG_VECTOR + 10
+    n = graph_values.LONG_VECTOR + 10
     const = {"value": numpy_helper.from_array(np.array(0.9, np.float32))}
     nodes = [
         helper.make_node("Constant", [], ["c"], **const),
@@ -107,8 +107,8 @@ def test_long_vectors_keep_the_shapes_of_full_data_propagation():
     def dims(info):
         return [d.dim_value or d.dim_param for d in info.type.tensor_type.shape.dim]
 
-    hidden = graph_model.value_info_map(model)
-    full = graph_model._info_table(graph_model._infer_shapes_completed(model).graph)
+    hidden = graph_values.value_info_map(model)
+    full = graph_values._info_table(graph_values._infer_shapes_completed(model).graph)
     assert {k: dims(v) for k, v in hidden.items()} == {k: dims(v) for k, v in full.items()}
     assert dims(hidden["both"]) == [2 * n] and dims(hidden["scaled"]) == [n]
     assert dims(hidden["matrix"]) == [2, 3] and dims(hidden["y"]) == [2, n]

@@ -2,9 +2,13 @@
 
 - :class:`GraphBuilder`: appends nodes with unique names in the form the
   opset wants; what gradient rules, losses and optimizers receive.
-- :mod:`~ortlearn.graph.model`: opsets, dtypes, loading, finalising and
-  pruning models, value types and shapes, node attributes, constant values.
-- :func:`refine_shapes`: static shapes where ONNX shape inference gives up.
+- :mod:`~ortlearn.graph.model`: opsets, dtypes, loading, checking and
+  finalising models.
+- :mod:`~ortlearn.graph.values`: the type and shape of every value (onnx's shape
+  inference, completed); :func:`refine_shapes`: static shapes where it gives up.
+- :mod:`~ortlearn.graph.nodes`: node attributes and inputs, constant values,
+  pruning and renaming, initializers as inputs.
+- :mod:`~ortlearn.graph.labels`: class-label inputs, marked and guarded.
 - :mod:`~ortlearn.graph.passes`: the rewrites that keep a graph's values and
   cost onnxruntime less, each a named pass.
 - :mod:`~ortlearn.graph.format`: the names of the training artifacts.
@@ -16,51 +20,51 @@ Nothing here imports another ortlearn package.
 """
 
 from .builder import GraphBuilder
-from .model import (
+from .labels import (
     CLASS_LABEL_GUARD,
     CLASS_LABELS_KEY,
+    class_label_marks,
+    guard_class_labels,
+    mark_class_labels,
+)
+from .model import (
     DEFAULT_ML_OPSET,
     DEFAULT_OPSET,
     FLOAT_TYPES,
     MIN_OPSET,
-    OUTPUT_LIKE_INPUT0,
     TOLERATED_DEPRECATED_OPS,
-    TRAINABLE_TYPES,
-    attr,
     check_model,
-    class_label_marks,
-    constant_values,
-    elem_type_of,
     finalize_model,
-    get_train_initializer,
-    guard_class_labels,
-    initializer_map,
-    initializers_to_inputs,
     invalid_model_errors,
     load_model,
     make_model,
-    mark_class_labels,
-    needed_nodes,
-    node_reads,
     np_dtype_to_onnx,
     onnx_to_np_dtype,
     opset_of,
+)
+from .nodes import (
+    attr,
+    constant_values,
+    initializer_map,
+    initializers_to_inputs,
+    needed_nodes,
+    node_reads,
     optional_input,
     prune_model,
     rename_value,
-    shape_matches,
-    shape_of,
-    value_info_map,
 )
 from .passes import set_inference_mode
 from .prepare import (
     NON_DIFFERENTIABLE_INPUTS,
+    TRAINABLE_TYPES,
     constant_initializers,
+    get_train_initializer,
     graph_names,
     prepare_for_gradient,
     select_trainable,
 )
 from .shapes import refine_shapes
+from .values import OUTPUT_LIKE_INPUT0, elem_type_of, shape_matches, shape_of, value_info_map
 
 __all__ = [
     "CLASS_LABELS_KEY",

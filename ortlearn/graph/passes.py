@@ -26,19 +26,10 @@ from onnx import TensorProto, helper
 
 from .builder import GraphBuilder
 from .format import UPDATED_SUFFIX
-from .model import (
-    FLOAT_TYPES,
-    attr,
-    constant_values,
-    elem_type_of,
-    finalize_model,
-    needed_nodes,
-    onnx_to_np_dtype,
-    opset_of,
-    shape_of,
-    value_info_map,
-)
+from .model import FLOAT_TYPES, finalize_model, onnx_to_np_dtype, opset_of
+from .nodes import attr, constant_values, needed_nodes
 from .shapes import refine_shapes
+from .values import elem_type_of, shape_of, value_info_map
 
 __all__ = [
     "CHEAPER_NODES",

@@ -28,18 +28,12 @@ from collections.abc import Sequence
 import numpy as np
 import onnx
 import onnx.inliner
-from onnx import helper, numpy_helper
+from onnx import TensorProto, helper, numpy_helper
 
 from .builder import GraphBuilder
-from .model import (
-    FLOAT_TYPES,
-    TRAINABLE_TYPES,
-    attr,
-    constant_values,
-    opset_of,
-    shape_of,
-    value_info_map,
-)
+from .model import FLOAT_TYPES, load_model, opset_of
+from .nodes import attr, constant_values
+from .values import shape_of, value_info_map
 
 __all__ = [
     "NON_DIFFERENTIABLE_INPUTS",
@@ -556,3 +550,46 @@ def fold_static_operands(model: onnx.ModelProto, wrt: Sequence[str] = ()) -> int
         del model.graph.node[:]
         model.graph.node.extend(out)
     return folded
+
+
+#: Element types of the initializers that can be trained.
+TRAINABLE_TYPES = (TensorProto.FLOAT16, TensorProto.FLOAT, TensorProto.DOUBLE)
+
+
+def get_train_initializer(onx) -> list[str]:
+    """Names of the initializers of ``onx`` that can be trained.
+
+    An initializer can be trained when its element type is a float type
+    (float16, float32, float64); integer tensors (shapes, axes, class labels)
+    are not weights. Nor is a float initializer that every node reads
+    through an input carrying no gradient (a Dropout ratio, a shape, axes,
+    BatchNormalization's running statistics:
+    :func:`~ortlearn.graph.prepare.constant_initializers`). Constants written
+    as ``Constant`` nodes are never listed: that is how ortlearn freezes a
+    value.
+
+    Parameters
+    ----------
+    onx : onnx.ModelProto, bytes or path
+        The model.
+
+    Returns
+    -------
+    list of str
+        Initializer names, in the order of ``onx.graph.initializer``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from sklearn.linear_model import LinearRegression
+    >>> from skl2onnx import to_onnx
+    >>> X = np.random.rand(20, 3).astype(np.float32)
+    >>> lr = LinearRegression().fit(X, X.sum(axis=1))
+    >>> onx = to_onnx(lr, X, black_op={'LinearRegressor'})
+    >>> get_train_initializer(onx)
+    ['coef', 'intercept']
+    """
+    model = onx if isinstance(onx, onnx.ModelProto) else load_model(onx)
+    constants = constant_initializers(model)
+    return [init.name for init in model.graph.initializer
+            if init.data_type in TRAINABLE_TYPES and init.name not in constants]

@@ -17,7 +17,8 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
-from .model import OUTPUT_LIKE_INPUT0, attr, optional_input, shape_of
+from .nodes import attr, optional_input
+from .values import OUTPUT_LIKE_INPUT0, shape_of
 
 _SAME_SHAPE = OUTPUT_LIKE_INPUT0 | {"Cast", "IsInf", "IsNaN"}
 _BROADCAST = frozenset((
