@@ -187,13 +187,15 @@ class TrainingEngine:
     >>> from skl2onnx import to_onnx
     >>> from ortlearn import add_loss_output
     >>> from ortlearn.optim import SGD
+    >>> from ortlearn.training import Batches
     >>> X = np.random.RandomState(0).randn(40, 2).astype(np.float32)
     >>> y = X @ np.array([1.0, -2.0], dtype=np.float32)
     >>> onx = to_onnx(LinearRegression().fit(X, y), X, black_op={'LinearRegressor'})
     >>> engine = TrainingEngine(add_loss_output(onx), ['coef', 'intercept'], SGD(),
     ...                         initial_weights={'coef': np.zeros((2, 1))})
     >>> engine.set_learning_rate(0.05)
-    >>> losses = [engine.train_epoch([X, y[:, None]], _batches(40, 8)) for _ in range(5)]
+    >>> batches = Batches(np.arange(40), 8)
+    >>> losses = [engine.train_epoch([X, y[:, None]], batches) for _ in range(5)]
     >>> bool(losses[-1] < losses[0])
     True
     """
@@ -454,7 +456,7 @@ class TrainingEngine:
             :meth:`release_data`).
         batch_indices : list of numpy.ndarray
             Row indices of each batch, in the order they are learned (see
-            :func:`_batches`).
+            :class:`~ortlearn.training.Batches`).
         lr_for_step : callable, default=None
             ``lr_for_step(step) -> float`` with the 1-based global number of
             each update (``n_steps + 1``, ...), all called before the epoch
