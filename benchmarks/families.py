@@ -28,16 +28,16 @@ import time
 
 import numpy as np
 
-from benchmarks.workloads import (
+from benchmarks._harness import (
     ADAM_LR,
     Contender,
     Options,
     Workload,
-    _ortlearn,
-    _ortlearn_epochs,
-    _rows,
-    _sklearn_epochs,
-    _timed,
+    ortlearn_epochs,
+    ortlearn_estimator,
+    rows,
+    sklearn_epochs,
+    timed,
 )
 
 LBFGS_TOL = 1e-4
@@ -82,7 +82,7 @@ def _count_evaluations():
 def _lbfgs_fit(est, X, y, objective) -> dict:
     """Fit ``est`` once; time, iterations, evaluations and the objective reached."""
     with _count_evaluations() as stats:
-        seconds, est = _timed(lambda: est.fit(X, y))
+        seconds, est = timed(lambda: est.fit(X, y))
     n_iter = getattr(est, "n_iter_", None)
     n_evals = stats["n_evals"]
     return {"time": seconds, "total_s": seconds,
@@ -113,7 +113,7 @@ def _lbfgs_workload(key, title, params, ours: tuple, theirs: tuple, objective, n
 
 
 def _ort(name: str, params: dict, device: str):
-    return _ortlearn(name, {**params, "device": device}, {})
+    return ortlearn_estimator(name, {**params, "device": device}, {})
 
 
 def _pair(opts: Options, ours: tuple, theirs: tuple, common: dict, max_iter: int) -> tuple:
@@ -137,7 +137,7 @@ def build_w10(opts: Options) -> Workload:
     from sklearn.datasets import make_classification
     from sklearn.linear_model import LogisticRegression
 
-    n = _rows(50_000, opts.scale, 500)
+    n = rows(50_000, opts.scale, 500)
     X, y = make_classification(n_samples=n, n_features=50, n_informative=20, n_classes=5,
                                random_state=0)
     C, max_iter = 1.0, 1000
@@ -166,7 +166,7 @@ def build_w11(opts: Options) -> Workload:
     from scipy.special import xlogy
     from sklearn.linear_model import PoissonRegressor
 
-    n, p = _rows(100_000, opts.scale, 500), 50
+    n, p = rows(100_000, opts.scale, 500), 50
     rng = np.random.RandomState(0)
     X = rng.standard_normal((n, p))
     true = rng.uniform(-1, 1, p) / np.sqrt(p)
@@ -197,7 +197,7 @@ def build_w12(opts: Options) -> Workload:
     from sklearn.datasets import make_regression
     from sklearn.linear_model import HuberRegressor
 
-    n = _rows(100_000, opts.scale, 500)
+    n = rows(100_000, opts.scale, 500)
     X, y = make_regression(n_samples=n, n_features=50, noise=5.0, random_state=0)
     rng = np.random.RandomState(1)
     outliers = rng.rand(n) < 0.05
@@ -230,7 +230,7 @@ def build_w13(opts: Options) -> Workload:
     from sklearn.datasets import make_regression
     from sklearn.linear_model import Ridge
 
-    n = _rows(100_000, opts.scale, 500)
+    n = rows(100_000, opts.scale, 500)
     X, y = make_regression(n_samples=n, n_features=50, noise=5.0, random_state=0)
     alpha = 1.0
 
@@ -260,7 +260,7 @@ def build_w14(opts: Options) -> Workload:
     from sklearn.linear_model import SGDClassifier
     from sklearn.model_selection import train_test_split
 
-    n = _rows(12_500, opts.scale, 500)
+    n = rows(12_500, opts.scale, 500)
     X, y = make_classification(n_samples=n, n_features=50, n_informative=20, random_state=0)
     X, X_test, y, y_test = train_test_split(X, y, test_size=0.2, random_state=0)
     epochs, batch = opts.epochs or 3, opts.batch or 256
@@ -278,13 +278,13 @@ def build_w14(opts: Options) -> Workload:
                 return _ort("OrtSGDClassifier", {**common, "batch_size": batch_size,
                                                  "max_iter": max_iter, "random_state": seed},
                             opts.device)
-            out, est = _ortlearn_epochs(make, X, y, epochs, warmup)
+            out, est = ortlearn_epochs(make, X, y, epochs, warmup)
             return {**out, "test_accuracy": float(est.score(X_test, y_test))}
         return run
 
     def sklearn_sgd(seed, warmup):
         est = SGDClassifier(**common, max_iter=1 if warmup else epochs, random_state=seed)
-        out, est = _sklearn_epochs(est, X, y)
+        out, est = sklearn_epochs(est, X, y)
         return {**out, "test_accuracy": float(est.score(X_test, y_test))}
 
     w.contenders += [
@@ -315,14 +315,14 @@ def _mlp_workload(opts: Options, key, title, reference, X, y, X_test, quality_na
             return _ort("Ort" + reference.__name__,
                         {**common, "max_iter": max_iter, "n_iter_no_change": max_iter + 1,
                          "random_state": seed}, opts.device)
-        out, est = _ortlearn_epochs(make, X, y, epochs, warmup)
+        out, est = ortlearn_epochs(make, X, y, epochs, warmup)
         return {**out, quality_name: quality(est)}
 
     def sklearn_adam(seed, warmup):
         max_iter = 1 if warmup else epochs
         est = reference(**common, max_iter=max_iter, n_iter_no_change=max_iter + 1,
                         random_state=seed)
-        out, est = _sklearn_epochs(est, X, y)
+        out, est = sklearn_epochs(est, X, y)
         return {**out, quality_name: quality(est)}
 
     w.contenders += [Contender("ortlearn_adam", "ortlearn", ortlearn_adam,
@@ -336,7 +336,7 @@ def build_w15(opts: Options) -> Workload:
     from sklearn.metrics import mean_poisson_deviance
     from sklearn.neural_network import MLPRegressor
 
-    n, p = _rows(25_000, opts.scale, 500), 20
+    n, p = rows(25_000, opts.scale, 500), 20
     rng = np.random.RandomState(0)
     X = rng.standard_normal((n + n // 4, p)).astype(np.float32)
     y = rng.poisson(np.exp(np.tanh(X[:, :5]).sum(axis=1) * 0.4)).astype(np.float32)
@@ -354,7 +354,7 @@ def build_w16(opts: Options) -> Workload:
     from sklearn.datasets import make_multilabel_classification
     from sklearn.neural_network import MLPClassifier
 
-    n = _rows(25_000, opts.scale, 500)
+    n = rows(25_000, opts.scale, 500)
     X, Y = make_multilabel_classification(n_samples=n + n // 4, n_features=20, n_classes=5,
                                           random_state=0)
     X = (X / X.max()).astype(np.float32)
@@ -372,7 +372,7 @@ def build_w17(opts: Options) -> Workload:
     from sklearn.datasets import make_regression
     from sklearn.linear_model import Lasso
 
-    n = _rows(100_000, opts.scale, 500)
+    n = rows(100_000, opts.scale, 500)
     X, y = make_regression(n_samples=n, n_features=50, n_informative=10, noise=5.0,
                            random_state=0)
     alpha, tol = 1.0, 1e-4
@@ -400,7 +400,7 @@ def build_w18(opts: Options) -> Workload:
     from sklearn.datasets import make_classification
     from sklearn.svm import LinearSVC
 
-    n = _rows(50_000, opts.scale, 500)
+    n = rows(50_000, opts.scale, 500)
     X, y = make_classification(n_samples=n, n_features=50, n_informative=20, random_state=0)
     C, scaling = 1.0, 1.0
 

@@ -25,6 +25,17 @@ import time
 
 import numpy as np
 
+from benchmarks._harness import (
+    ADAM_LR,
+    Contender,
+    Workload,
+    mlp_adam_contenders,
+    mse,
+    rows,
+    torch_adam_contenders,
+)
+from benchmarks.xla import add_jax
+
 HIDDEN = (512, 512)
 BATCH = 512
 ROWS = 200_000
@@ -128,18 +139,7 @@ def build_w20(opts):
     """W20: MLP regressor 200-512-512-1, Adam, batch 512: GFLOP/s against the GEMM peak."""
     from sklearn.datasets import make_regression
 
-    from benchmarks.workloads import (
-        ADAM_LR,
-        Contender,
-        Workload,
-        _add_jax,
-        _mlp_adam_contenders,
-        _mse,
-        _rows,
-        _torch_adam_contenders,
-    )
-
-    n = _rows(ROWS, opts.scale, 4 * BATCH)
+    n = rows(ROWS, opts.scale, 4 * BATCH)
     X, y = make_regression(n_samples=n, n_features=FEATURES, noise=1.0, random_state=0)
     X, y = X.astype(np.float32), y.astype(np.float32)
     epochs, batch = opts.epochs or 2, BATCH
@@ -155,14 +155,14 @@ def build_w20(opts):
                  sklearn_ref="sklearn_adam", torch_ref="torch_adam")
 
     def quality(predict):
-        return {"train_mse": _mse(predict(X), y)}
+        return {"train_mse": mse(predict(X), y)}
 
-    contenders = _mlp_adam_contenders(opts, X, y, HIDDEN, epochs, batch, False, quality)
+    contenders = mlp_adam_contenders(opts, X, y, HIDDEN, epochs, batch, False, quality)
     if opts.torch is not None:
-        contenders += _torch_adam_contenders(opts, X, y.reshape(-1, 1), HIDDEN, epochs, batch,
+        contenders += torch_adam_contenders(opts, X, y.reshape(-1, 1), HIDDEN, epochs, batch,
                                              regression=True)
     w.contenders = contenders
-    _add_jax(w, opts, X, y, HIDDEN, epochs, batch, False, quality, rtol=0.05)
+    add_jax(w, opts, X, y, HIDDEN, epochs, batch, False, quality, rtol=0.05)
     for c in w.contenders:
         c.run = _with_gflops(c.run, epoch_flops)
         w.pairs.append(("gemm_peak", c.name))

@@ -155,7 +155,7 @@ def run_steps(step, batches) -> dict:
 
 def build_network(key: str, opts):
     """The workload ``key`` (W6 or W7): ortlearn.api and, with torch, torch eager."""
-    from benchmarks.workloads import Contender, Workload
+    from benchmarks._harness import Contender, Workload
 
     title, make, batches_of, batch = NETWORKS[key]
     steps = max(int(round(100 * opts.scale)), 2 * WARMUP_STEPS + 10)

@@ -41,14 +41,14 @@ from benchmarks.networks import LR, WARMUP_STEPS, run_steps
 
 
 def _mlp_setup(opts):
-    from benchmarks.workloads import _half_mse, _regression_data, _torch_mlp
+    from benchmarks._harness import half_mse, regression_data, torch_mlp
 
     torch = opts.torch
-    X, y = _regression_data(opts)
+    X, y = regression_data(opts)
     y = y.reshape(-1, 1)
 
     def make(seed):
-        return _torch_mlp(torch, X.shape[1], (100,), 1, torch.Generator().manual_seed(seed))
+        return torch_mlp(torch, X.shape[1], (100,), 1, torch.Generator().manual_seed(seed))
 
     def batches(batch, steps, seed):
         rng = np.random.default_rng(seed)
@@ -57,7 +57,7 @@ def _mlp_setup(opts):
 
     params = {"n_samples": len(X), "n_features": X.shape[1], "hidden_layer_sizes": (100,),
               "activation": "relu"}
-    return make, batches, _half_mse(torch), torch.optim.Adam, params
+    return make, batches, half_mse(torch), torch.optim.Adam, params
 
 
 def _cnn_setup(opts):
@@ -98,7 +98,7 @@ def _first_line(exc: BaseException) -> str:
 
 def build_ortmodule_workload(key: str, opts):
     """The workload ``key`` (W8 or W9): ORTModule, torch eager and torch.compile."""
-    from benchmarks.workloads import Contender, Unavailable, Workload
+    from benchmarks._harness import Contender, Unavailable, Workload
 
     title, setup, batch, opt_label, what = MODELS[key]
     steps = max(int(round(200 * opts.scale)), 2 * WARMUP_STEPS + 10)
@@ -236,7 +236,7 @@ def profile_step(key: str, steps: int = 200, blocks: int = 5, threads: int = 1,
 
     import torch
 
-    from benchmarks.workloads import Options
+    from benchmarks._harness import Options
     from ortlearn.torch import DebugOptions, ORTModule
     from ortlearn.training.device import NUM_THREADS_ENV
 

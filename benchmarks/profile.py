@@ -87,7 +87,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def _data(key: str, scale: float):
     """The training rows of W2/W3/W20, as :mod:`benchmarks.workloads` makes them."""
-    from benchmarks.workloads import Options, build_w2, build_w3
+    from benchmarks._harness import Options
+    from benchmarks.workloads import build_w2, build_w3
 
     if key == "W20":
         from sklearn.datasets import make_regression
@@ -98,9 +99,9 @@ def _data(key: str, scale: float):
         return X.astype(np.float32), y.astype(np.float32)
     opts = Options(scale=scale)
     if key == "W2":
-        from benchmarks.workloads import _regression_data
+        from benchmarks._harness import regression_data
 
-        return _regression_data(opts)
+        return regression_data(opts)
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 
@@ -116,10 +117,10 @@ def _data(key: str, scale: float):
 
 
 def _estimator(key: str, epochs: int, seed: int):
-    from benchmarks.workloads import ADAM_LR, _ortlearn
+    from benchmarks._harness import ADAM_LR, ortlearn_estimator
 
     hidden, batch, classifier = MODELS[key]
-    return _ortlearn("OrtMLPClassifier" if classifier else "OrtMLPRegressor",
+    return ortlearn_estimator("OrtMLPClassifier" if classifier else "OrtMLPRegressor",
                      {"hidden_layer_sizes": hidden, "activation": "relu", "solver": "adam",
                       "batch_size": batch, "learning_rate_init": ADAM_LR, "alpha": 0.0,
                       "max_iter": epochs, "random_state": seed},
@@ -229,17 +230,17 @@ def profile_workload(key: str, epochs: int, reps: int, threads: int, scale: floa
         profiles = [read_profile(p, steps_per_epoch * epochs, n_weights) for p in paths]
         prof = max(profiles, key=lambda p: p["run_us_per_step"])
         # unprofiled: ortlearn's epoch (difference of fits) and JAX's, interleaved
-        from benchmarks.workloads import _ortlearn_epochs
+        from benchmarks._harness import ortlearn_epochs
 
         times = {"ortlearn": [], "jax": []}
         model = None
         if jax_modules[0] is not None:
-            from benchmarks.workloads import ADAM_LR
+            from benchmarks._harness import ADAM_LR
 
             model = xla.JaxMLP(*jax_modules, X, y, hidden, batch, classifier, ADAM_LR)
             model.fit(0, 1)
         for rep in range(reps):
-            out, _ = _ortlearn_epochs(lambda e, rep=rep: _estimator(key, e, rep), X, y,
+            out, _ = ortlearn_epochs(lambda e, rep=rep: _estimator(key, e, rep), X, y,
                                       epochs + 1, False)
             times["ortlearn"].append(out["time"] / steps_per_epoch * 1e6)
             if model is not None:

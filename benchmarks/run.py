@@ -78,7 +78,8 @@ if __package__ in (None, ""):  # run as a script: make the package importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import _env, memory, networks, report, xla
-from benchmarks.workloads import BUILDERS, Options, Unavailable
+from benchmarks._harness import Options, Unavailable
+from benchmarks.workloads import BUILDERS
 
 
 def _summary(build) -> str:

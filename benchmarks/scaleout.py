@@ -27,7 +27,7 @@ import time
 
 import numpy as np
 
-from benchmarks.workloads import Contender, Options, Unavailable, Workload
+from benchmarks._harness import Contender, Options, Unavailable, Workload
 
 #: a worker's memory limit in the out-of-core run (its process: 320 to 440 MB of it is the
 #: interpreter with scikit-learn, onnxruntime, dask-ml and ortlearn loaded, the more in a

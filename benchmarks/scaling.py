@@ -100,7 +100,7 @@ def _contenders(X, y, hidden, batch, epochs, jax_modules):
     the epochs to time, decided after the warm-up)."""
     from sklearn.neural_network import MLPRegressor
 
-    from benchmarks.workloads import ADAM_LR, _ortlearn, _ortlearn_epochs, _sklearn_epochs
+    from benchmarks._harness import ADAM_LR, ortlearn_epochs, ortlearn_estimator, sklearn_epochs
 
     common = {"hidden_layer_sizes": hidden, "activation": "relu", "solver": "adam",
               "batch_size": batch, "learning_rate_init": ADAM_LR, "alpha": 0.0, "tol": 0.0,
@@ -108,15 +108,15 @@ def _contenders(X, y, hidden, batch, epochs, jax_modules):
 
     def ortlearn(seed):
         def make(max_iter):
-            return _ortlearn("OrtMLPRegressor", {**common, "max_iter": max_iter,
+            return ortlearn_estimator("OrtMLPRegressor", {**common, "max_iter": max_iter,
                                                  "random_state": seed},
                              {"n_iter_no_change": max_iter + 1})
-        return _ortlearn_epochs(make, X, y, epochs() + 1, False)[0]["time"]
+        return ortlearn_epochs(make, X, y, epochs() + 1, False)[0]["time"]
 
     def sklearn(seed):
         est = MLPRegressor(**common, max_iter=epochs(), n_iter_no_change=epochs() + 1,
                            random_state=seed)
-        return _sklearn_epochs(est, X, y)[0]["time"]
+        return sklearn_epochs(est, X, y)[0]["time"]
 
     runs = {"ortlearn": ortlearn, "sklearn": sklearn}
     if jax_modules[0] is not None:

@@ -38,6 +38,8 @@ import time
 
 import numpy as np
 
+from benchmarks._harness import ADAM_LR, Contender, Options, Workload
+
 ONE_THREAD_FLAGS = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
 
 
@@ -174,8 +176,6 @@ class JaxMLP:
 
 def jax_mlp_contender(opts, X, y, hidden, epochs, batch, classifier, quality, learning_rate):
     """The ``jax_adam`` contender of W2/W3 (``quality(predict) -> dict``), or None without JAX."""
-    from benchmarks.workloads import Contender
-
     if opts.jax is None:
         return None
     held = {}
@@ -194,3 +194,17 @@ def jax_mlp_contender(opts, X, y, hidden, epochs, batch, classifier, quality, le
     return Contender("jax_adam", "jax", jax_adam,
                      "one jitted lax.scan per epoch, optax.adam, sklearn's Glorot init and "
                      "batch order (same random_state)")
+
+
+def add_jax(w: Workload, opts: Options, X, y, hidden, epochs, batch, classifier, quality,
+             rtol: float) -> None:
+    """W2/W3's JAX contender (when installed) and the ratios to JAX and torch.compile."""
+    contender = jax_mlp_contender(opts, X, y, hidden, epochs, batch, classifier, quality,
+                                  ADAM_LR)
+    if contender is not None:
+        w.contenders.append(contender)
+        w.pairs.append(("ortlearn_adam", "jax_adam"))
+        # same weights, order and optimizer as ortlearn: the same model within float noise
+        w.same_quality.append(("jax_adam", "ortlearn_adam", rtol))
+    if opts.torch is not None:
+        w.pairs.append(("ortlearn_adam", "torch_compile_adam"))

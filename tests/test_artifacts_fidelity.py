@@ -29,7 +29,7 @@ from tests.conftest import run_onnx
 CONTRIB = "ai.onnx.contrib"
 
 
-def _torch_mlp():
+def torch_mlp():
     torch = pytest.importorskip("torch")
     torch.manual_seed(0)
     module = torch.nn.Sequential(torch.nn.Linear(4, 5), torch.nn.ReLU(), torch.nn.Linear(5, 3))
@@ -51,7 +51,7 @@ def _mlp_np(x, p):
 
 # ------------------------------------------------------- item 2: what is trained by default
 def test_requires_grad_none_trains_nothing(tmp_path, rng):
-    model, params = _torch_mlp()
+    model, params = torch_mlp()
     artifacts.generate_artifacts(model, frozen_params=["2.bias"],
                                  loss=artifacts.LossType.MSELoss, artifact_directory=tmp_path)
     training = onnx.load(tmp_path / "training_model.onnx")
@@ -98,7 +98,7 @@ def _train(session, batches):
 
 
 def test_ort_format_artifacts_train_as_the_onnx_ones(tmp_path, rng):
-    model, _ = _torch_mlp()
+    model, _ = torch_mlp()
     artifacts.generate_artifacts(model, requires_grad=["0.weight", "0.bias", "2.weight"],
                                  frozen_params=["2.bias"], loss=artifacts.LossType.CrossEntropyLoss,
                                  optimizer=artifacts.OptimType.AdamW, artifact_directory=tmp_path,
@@ -133,7 +133,7 @@ def test_ort_format_artifacts_train_as_the_onnx_ones(tmp_path, rng):
 
 
 def test_ort_format_bytes_and_a_damaged_file(tmp_path):
-    model, _ = _torch_mlp()
+    model, _ = torch_mlp()
     artifacts.generate_artifacts(model, requires_grad=["2.bias"], loss=artifacts.LossType.MSELoss,
                                  artifact_directory=tmp_path, ort_format=True)
     state = CheckpointState.load_checkpoint(tmp_path / "checkpoint")

@@ -86,8 +86,8 @@ def test_jax_trains_ortlearns_model(w2_w3):
 
 def test_a_different_quality_is_a_failure():
     """A contender meant to train the same model that reaches another quality fails the run."""
+    from benchmarks._harness import Contender, Workload
     from benchmarks.run import measure
-    from benchmarks.workloads import Contender, Workload
 
     w = Workload("WX", "t", "s/epoch", "train_mse", {})
     w.contenders = [Contender("a", "ortlearn", lambda s, w: {"time": 1.0, "train_mse": 1.0}),

@@ -124,9 +124,10 @@ def test_a_contender_that_cannot_compile_is_unavailable_not_failed():
     C++ compiler: inductor) is reported unavailable with the reason, and the run goes on."""
     import torch
 
+    from benchmarks._harness import Options
     from benchmarks.report import markdown_table
     from benchmarks.run import measure
-    from benchmarks.workloads import BUILDERS, Options
+    from benchmarks.workloads import BUILDERS
 
     workload = BUILDERS["W8"](Options(scale=0.01, torch=torch, compile_backend="no_such_backend"))
     workload.contenders = [c for c in workload.contenders
@@ -193,8 +194,9 @@ def test_paired_ratio_is_the_median_of_the_ratios_of_each_repetition():
 
 def test_a_gpu_run_reports_the_device_over_the_cpu():
     """With --device cuda, W2 and W3 train ortlearn on the CPU too, in the same run."""
+    from benchmarks._harness import Contender, Options, Workload
     from benchmarks.run import measure
-    from benchmarks.workloads import Contender, Options, Workload, build_w2, build_w3
+    from benchmarks.workloads import build_w2, build_w3
 
     for build in (build_w2, build_w3):
         workload = build(Options(scale=0.01, batch=1024, device="cuda"))
