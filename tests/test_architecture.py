@@ -111,3 +111,125 @@ def test_the_lower_floors_import_nothing_above_them(package):
              for path, line, module, target, _ in _cross_package_imports()
              if _package(module) == package and _package(target) in above]
     assert not users, "\n".join(users)
+
+
+def _module_graph(root: Path, package: str) -> dict:
+    """``{module: modules it imports}`` within ``package`` (imports inside functions too),
+    each import resolved to the module that defines it; a package's ``__init__`` is left
+    out of its own modules' imports (importing a submodule runs it first)."""
+    modules = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = (package,) + path.relative_to(root).with_suffix("").parts
+        modules[parts[:-1] if parts[-1] == "__init__" else parts] = path
+
+    def resolve(target):
+        while target and target not in modules:
+            target = target[:-1]
+        return target
+
+    graph = {}
+    for module, path in modules.items():
+        dotted = module + (("__init__",) if path.name == "__init__.py" else ("",))
+        graph[module] = set()
+        for _, target, names in _imports(path, dotted[:-1] if not dotted[-1] else dotted):
+            if target[0] != package:
+                continue
+            for found in [resolve(target + (n,)) for n in names] or [resolve(target)]:
+                if found and found != module and module[:len(found)] != found:
+                    graph[module].add(found)
+    return graph
+
+
+def _circles(graph: dict) -> list:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(".".join(w))
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return found
+
+
+@pytest.mark.parametrize("package", ["ortlearn", "benchmarks"])
+def test_no_import_circles(package):
+    root = ROOT if package == "ortlearn" else ROOT.parent / "benchmarks"
+    assert _circles(_module_graph(root, package)) == []
+
+
+def test_circles_are_found():
+    graph = {("a",): {("b",)}, ("b",): {("c",)}, ("c",): {("a",)}, ("d",): {("a",)}}
+    assert _circles(graph) == [["a", "b", "c"]]
+
+
+#: Modules above MAX_LINES, each with the one idea it holds.
+LARGE_MODULES = {
+    "training/session.py": "the TrainingSession class: the three artifacts run on bound state",
+    "training/checkpoint.py": "the checkpoint state: parameters, properties, optimizer state, "
+                              "and their file format (the safetensors codec: _safetensors.py)",
+    "estimators/_base.py": "the mini-batch estimators' base class and its fit loop",
+    "loss.py": "the loss table: one graph-writing entry per loss, with its formula",
+}
+MAX_LINES = 800
+
+
+def test_a_large_module_holds_one_listed_idea():
+    sizes = {str(p.relative_to(ROOT)): len(p.read_text().splitlines())
+             for p in ROOT.rglob("*.py")}
+    large = {name for name, n in sizes.items() if n > MAX_LINES}
+    assert large <= set(LARGE_MODULES), sorted(large - set(LARGE_MODULES))
+    # a listed module that shrank leaves the list
+    assert set(LARGE_MODULES) <= large, sorted(set(LARGE_MODULES) - large)
+
+
+def _imported_modules(path: Path, module: tuple) -> dict:
+    """``{local name: ortlearn module}`` of the names ``path`` binds to ortlearn modules."""
+    bound = {}
+    for _, target, names in _imports(path, module):
+        if target[0] != "ortlearn":
+            continue
+        for name in names:
+            full = target + (name,)
+            if (ROOT.joinpath(*full[1:]).is_dir()
+                    or ROOT.joinpath(*full[1:-1], f"{full[-1]}.py").is_file()):
+                bound[name] = full
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("ortlearn.") and alias.asname:
+                    bound[alias.asname] = tuple(alias.name.split("."))
+    return bound
+
+
+def test_no_module_reads_another_packages_private_attributes():
+    """``module._name`` of a module of another package is as private as importing it."""
+    offences = []
+    for path, module in _modules():
+        bound = _imported_modules(path, module)
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                    and node.value.id in bound and node.attr.startswith("_")
+                    and not node.attr.startswith("__")
+                    and _package(bound[node.value.id]) != _package(module)):
+                offences.append(f"{_where(path, node.lineno)}: {node.value.id}.{node.attr}")
+    assert not offences, "\n".join(offences)

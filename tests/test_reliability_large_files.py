@@ -26,6 +26,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from benchmarks.memory import STATUS_SOURCE
 from ortlearn import api, artifacts, fileio
+from ortlearn.training import _safetensors as safetensors_format
 from ortlearn.training import checkpoint as ckmod
 from ortlearn.training.checkpoint import CheckpointState
 from ortlearn.training.device import make_session
@@ -209,7 +210,7 @@ def test_streamed_safetensors_are_byte_identical_to_safetensors():
                "u": np.arange(3, dtype=np.uint8), "h": rng.random(5).astype(np.float16)}
     for metadata in ({"k": 'ü\t"\\\x01 ✓'}, {"only": "one"}):
         f = io.BytesIO()
-        ckmod._write_safetensors(f, tensors, metadata)
+        safetensors_format.write(f, tensors, metadata)
         assert f.getvalue() == safetensors.numpy.save(tensors, metadata=metadata)
 
 
@@ -289,7 +290,7 @@ def test_panic_while_saving_is_a_value_error_and_keeps_the_old_file(tmp_path, mo
         f.write(b"partial")
         raise PanicException("called `Result::unwrap()` on an `Err` value")
 
-    monkeypatch.setattr(ckmod, "_write_safetensors", panic)
+    monkeypatch.setattr(ckmod, "write", panic)
     with pytest.raises(ValueError, match="Cannot save the checkpoint to .*checkpoint.*unchanged"):
         CheckpointState.save_checkpoint(_checkpoint_state(), path)
     assert path.read_bytes() == old

@@ -13,17 +13,9 @@
   :class:`Adaptive`, :class:`LinearLR`: learning-rate schedules.
 """
 
-from .optimizers import (
-    SGD,
-    Adam,
-    AdamW,
-    Optimizer,
-    PlainSGD,
-    TorchAdamW,
-    build_optimizer_model,
-    clip_grad_norm,
-    unpack_optimizer_model,
-)
+from .base import Optimizer, clip_grad_norm
+from .model_file import build_optimizer_model, unpack_optimizer_model
+from .rules import SGD, Adam, AdamW, PlainSGD, TorchAdamW
 from .schedules import Adaptive, Constant, InvScaling, LinearLR, Optimal
 
 __all__ = [

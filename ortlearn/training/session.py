@@ -25,11 +25,9 @@ the optimizer state.
 from __future__ import annotations
 
 import functools
-import json
 import math
 import numbers
 import os
-from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
@@ -39,27 +37,19 @@ from ..exceptions import NominalCheckpointError
 from ..fileio import save_model
 from ..graph import (
     class_label_marks,
-    elem_type_of,
     guard_class_labels,
     invalid_model_errors,
-    load_model,
-    onnx_to_np_dtype,
     prune_model,
     shape_matches,
-    shape_of,
 )
 from ..graph.format import (
     DEFAULT_LEARNING_RATE,
     GRAD_BUFFER_SUFFIX,
     GRAD_OUTPUT_SUFFIX,
     GRADIENT_SUFFIX,
-    INPUT_GRADIENTS_KEY,
     LAZY_RESET_GRAD,
     LEARNING_RATE,
-    OPTIMIZER_METADATA_KEY,
     STEP,
-    TRAINING_METADATA_KEY,
-    UPDATED_FROZEN_KEY,
     UPDATED_SUFFIX,
 )
 from ..optim import LinearLR, unpack_optimizer_model
@@ -68,6 +58,19 @@ from .checkpoint import CheckpointState
 from .checks import FLOAT32_MAX as _FLOAT32_MAX
 from .checks import check_class_labels, class_label_errors
 from .device import make_session, make_session_options, parse_device
+from .layout import (
+    Layout,
+    OptimizerLayout,
+    as_model,
+    input_types,
+    is_ort_format,
+    is_string_array,
+    linked_dims,
+    ort_elem_type,
+    read_layout,
+    read_optimizer_layout,
+    skeleton,
+)
 
 __all__ = ["TrainingSession"]
 
@@ -89,251 +92,6 @@ def _open_only(method):
                 "state to go on training.")
         return method(self, *args, **kwargs)
     return wrapper
-
-
-@dataclass(frozen=True)
-class _Layout:
-    """Names of a training or eval model, as the artifacts contract orders them."""
-
-    user_inputs: list
-    user_outputs: list
-    trainable: list
-    frozen: list
-    #: frozen parameters a training step updates (BatchNormalization's running
-    #: statistics), each written to the output ``<name>.updated``
-    updated: list = field(default_factory=list)
-    #: user inputs whose gradients the training model outputs
-    #: (``<name>_grad.accumulation.out``)
-    input_grads: list = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class _OptimizerLayout:
-    """Names of an optimizer model: its parameters, their states, its hyper-parameters."""
-
-    params: list
-    states: list
-    hyper: dict
-
-
-def _metadata(model: onnx.ModelProto, key: str) -> dict | None:
-    for prop in model.metadata_props:
-        if prop.key == key:
-            try:
-                return json.loads(prop.value)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"metadata_props[{key!r}] is not valid JSON: {exc}") from exc
-    return None
-
-
-def _read_layout(model: onnx.ModelProto, what: str) -> _Layout:
-    """Read the user/parameter names of a training or eval model.
-
-    The names come from ``metadata_props['ortlearn.training']``; a model without
-    it is read by position, following the contract's input order.
-    """
-    meta = _metadata(model, TRAINING_METADATA_KEY)
-    inputs = [i.name for i in model.graph.input]
-    outputs = [o.name for o in model.graph.output]
-    if meta is not None:
-        try:
-            layout = _Layout(list(meta["user_inputs"]), list(meta["user_outputs"]),
-                             list(meta["trainable"]), list(meta["frozen"]),
-                             list(meta.get(UPDATED_FROZEN_KEY, [])),
-                             list(meta.get(INPUT_GRADIENTS_KEY, [])))
-        except KeyError as exc:
-            raise ValueError(
-                f"The {what} model's metadata_props[{TRAINING_METADATA_KEY!r}] lacks {exc}."
-            ) from None
-        missing = [n for n in layout.user_inputs if n not in inputs]
-        missing += [n for n in layout.user_outputs if n not in outputs]
-        missing += [f"{n}{UPDATED_SUFFIX}" for n in layout.updated
-                    if f"{n}{UPDATED_SUFFIX}" not in outputs]
-        missing += [n for n in layout.updated if n not in layout.frozen]
-        if missing:
-            raise ValueError(f"The {what} model's metadata names values the graph "
-                             f"does not have: {missing}.")
-        return layout
-    # No metadata: trainable parameters are the ones with a gradient buffer.
-    buffers = [n for n in inputs if n.endswith(GRAD_BUFFER_SUFFIX)]
-    trainable = [n[: -len(GRAD_BUFFER_SUFFIX)] for n in buffers]
-    first = inputs.index(trainable[0]) if trainable else len(inputs)
-    end = inputs.index(buffers[0]) if buffers else len(inputs)
-    return _Layout(inputs[:first], [n for n in outputs if not n.endswith(GRAD_OUTPUT_SUFFIX)],
-                   trainable, [n for n in inputs[first:end] if n not in trainable])
-
-
-def _read_optimizer_layout(model: onnx.ModelProto) -> _OptimizerLayout:
-    meta = _metadata(model, OPTIMIZER_METADATA_KEY)
-    if meta is None:
-        raise ValueError(
-            f"The optimizer model has no metadata_props[{OPTIMIZER_METADATA_KEY!r}]: "
-            "it was not written by ortlearn.artifacts.generate_artifacts."
-        )
-    return _OptimizerLayout(list(meta.get("params", [])), list(meta.get("states", [])),
-                            dict(meta.get("hyper", {})))
-
-
-def _input_dtype(value_info) -> np.dtype:
-    """numpy dtype of a graph input, any ONNX element type (STRING is ``object``)."""
-    elem = elem_type_of(value_info)
-    try:
-        return onnx_to_np_dtype(elem)
-    except TypeError:  # the dtypes ortlearn trains are fewer than those a user feeds
-        return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem))
-
-
-def _input_types(model: onnx.ModelProto) -> dict:
-    """``{input name: (numpy dtype, declared shape)}``."""
-    return {i.name: (_input_dtype(i), shape_of(i)) for i in model.graph.input}
-
-
-# Operators whose inputs broadcast against each other: a symbolic dimension they
-# align with another must have the same size at run time (or be 1).
-_BROADCAST_OPS = frozenset((
-    "Add", "And", "BitShift", "Div", "Equal", "Greater", "GreaterOrEqual", "Less",
-    "LessOrEqual", "Max", "Mean", "Min", "Mod", "Mul", "Or", "Pow", "PRelu", "Sub", "Sum",
-    "Where", "Xor",
-))
-# Losses whose labels have the scores' dimensions, less the class axis.
-_LABEL_LOSSES = frozenset(("SoftmaxCrossEntropyLoss", "NegativeLogLikelihoodLoss"))
-# Initializers up to this size keep their values for shape inference (Reshape targets).
-_SMALL_INITIALIZER = 64
-
-
-def _linked_dims(model: onnx.ModelProto, user_inputs: list) -> list:
-    """Dimensions of the user inputs the graph combines: ``[[(input, axis), ...], ...]``.
-
-    Declared shapes tie inputs only when they share a symbol; a loss's target
-    declared ``[M, 1]`` (or ``[None, 1]``) against an input ``[N, 4]`` is tied to
-    it by the graph alone, where a ``Sub`` broadcasts the prediction against it.
-    Shape inference on a copy of the graph (without the weights' values) gives
-    the shapes of the values, and the dimensions that the inputs of a
-    broadcasting operator (or of a loss, scores against labels) align are
-    joined. A model without nodes (an ORT-format skeleton) or one shape
-    inference fails on ties nothing.
-    """
-    if not model.graph.node or not user_inputs:
-        return []
-    graph = onnx.GraphProto(name=model.graph.name)
-    graph.node.extend(model.graph.node)
-    graph.output.extend(model.graph.output)
-    declared = {i.name for i in model.graph.input}
-    fresh = 0
-    for value in model.graph.input:
-        value = graph.input.add(name=value.name, type=value.type)
-        if value.name in user_inputs and value.type.HasField("tensor_type"):
-            for dim in value.type.tensor_type.shape.dim:
-                if not dim.HasField("dim_value") and not dim.dim_param:
-                    # an unnamed dimension gets a name, so that the graph can tie it
-                    dim.dim_param = f"ortlearn.input_dim.{fresh}"
-                    fresh += 1
-    for init in model.graph.initializer:
-        if int(np.prod(init.dims)) <= _SMALL_INITIALIZER:
-            graph.initializer.append(init)
-        elif init.name not in declared:
-            graph.input.append(onnx.helper.make_tensor_value_info(
-                init.name, init.data_type, list(init.dims)))
-    copy = onnx.ModelProto(ir_version=model.ir_version, graph=graph)
-    copy.opset_import.extend(model.opset_import)
-    copy.functions.extend(model.functions)
-    try:
-        inferred = onnx.shape_inference.infer_shapes(copy)
-    except Exception:  # noqa: BLE001 - an unusual graph only loses this check
-        return []
-    infos = [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]
-    shapes = {info.name: shape_of(info) for info in infos}
-
-    parent: dict = {}
-
-    def root(symbol):
-        while parent.setdefault(symbol, symbol) != symbol:
-            symbol = parent[symbol]
-        return symbol
-
-    def join(dims):
-        symbols = [d for d in dims if isinstance(d, str)]
-        for other in symbols[1:]:
-            parent[root(other)] = root(symbols[0])
-
-    for node in inferred.graph.node:
-        ins = [shapes.get(name) if name else None for name in node.input]
-        if node.domain not in ("", "ai.onnx"):
-            continue
-        if node.op_type in _BROADCAST_OPS:
-            known = [s for s in ins if s is not None]
-            for k in range(1, max((len(s) for s in known), default=0) + 1):
-                join([s[-k] for s in known if len(s) >= k])
-        elif node.op_type in _LABEL_LOSSES and len(ins) >= 2 and ins[0] and ins[1]:
-            scores, labels = ins[0], ins[1]
-            if len(scores) == len(labels) + 1:
-                for axis, dim in enumerate(labels):
-                    join([scores[axis if axis == 0 else axis + 1], dim])
-    groups: dict = {}
-    for value in inferred.graph.input:
-        if value.name not in user_inputs:
-            continue
-        for axis, dim in enumerate(shapes.get(value.name) or []):
-            if isinstance(dim, str):
-                groups.setdefault(root(dim), []).append((value.name, axis))
-    return [g for g in groups.values() if len(g) > 1]
-
-
-def _is_string_array(value) -> bool:
-    return isinstance(value, np.ndarray) and value.dtype.kind in "OUS"
-
-
-def _as_model(model, what: str) -> onnx.ModelProto:
-    if model is None:
-        raise ValueError(f"No {what} model was given.")
-    return load_model(os.fspath(model) if isinstance(model, os.PathLike) else model)
-
-
-#: Bytes 4 to 8 of a model in onnxruntime's ORT format (its flatbuffers file identifier).
-_ORT_FORMAT_ID = b"ORTM"
-
-
-def _is_ort_format(model) -> bool:
-    """Whether ``model`` (bytes or a path) is in onnxruntime's ORT format."""
-    if isinstance(model, (bytes, bytearray)):
-        return bytes(model[4:8]) == _ORT_FORMAT_ID
-    if isinstance(model, (str, os.PathLike)) and os.path.isfile(model):
-        with open(model, "rb") as f:
-            return f.read(8)[4:] == _ORT_FORMAT_ID
-    return False
-
-
-def _ort_elem_type(type_name: str) -> int:
-    """``TensorProto`` element type of an onnxruntime type string (``'tensor(float)'``)."""
-    if not (type_name.startswith("tensor(") and type_name.endswith(")")):
-        return 0
-    try:
-        return onnx.TensorProto.DataType.Value(type_name[len("tensor("):-1].upper())
-    except ValueError:
-        return 0
-
-
-def _value_info(arg) -> onnx.ValueInfoProto:
-    elem = _ort_elem_type(arg.type)
-    if not elem:
-        return onnx.ValueInfoProto(name=arg.name)
-    dims = [d if isinstance(d, (int, str)) else None for d in arg.shape]
-    return onnx.helper.make_tensor_value_info(arg.name, elem, dims)
-
-
-def _skeleton(session: ort.InferenceSession) -> onnx.ModelProto:
-    """The inputs, outputs and metadata of a session's model, as a ModelProto without nodes.
-
-    An ORT-format model cannot be read back as ONNX; what the session reads
-    of a model (its names, types, shapes and ``metadata_props``) the
-    session of that model tells.
-    """
-    model = onnx.ModelProto()
-    model.graph.input.extend(_value_info(i) for i in session.get_inputs())
-    model.graph.output.extend(_value_info(o) for o in session.get_outputs())
-    for key, value in session.get_modelmeta().custom_metadata_map.items():
-        model.metadata_props.add(key=key, value=value)
-    return model
 
 
 class TrainingSession:
@@ -407,9 +165,9 @@ class TrainingSession:
         self._session_options = session_options or make_session_options()
         self._state = state
         self._train_model, train_sess = self._load(train_model, "training")
-        self._train_layout = _read_layout(self._train_model, "training")
-        self._train_types = _input_types(self._train_model)
-        self._train_links = _linked_dims(self._train_model, self._train_layout.user_inputs)
+        self._train_layout = read_layout(self._train_model, "training")
+        self._train_types = input_types(self._train_model)
+        self._train_links = linked_dims(self._train_model, self._train_layout.user_inputs)
         # Inputs holding class indices of a cross-entropy loss, checked at each step.
         self._label_marks = class_label_marks(self._train_model)
         self._eval_model, eval_sess = (None, None) if eval_model is None else self._load(
@@ -417,9 +175,9 @@ class TrainingSession:
         # an ORT-format eval model has no graph to export an inference model from
         self._eval_is_ort = eval_sess is not None
         if self._eval_model is not None:
-            self._eval_layout = _read_layout(self._eval_model, "eval")
-            self._eval_types = _input_types(self._eval_model)
-            self._eval_links = _linked_dims(self._eval_model, self._eval_layout.user_inputs)
+            self._eval_layout = read_layout(self._eval_model, "eval")
+            self._eval_types = input_types(self._eval_model)
+            self._eval_links = linked_dims(self._eval_model, self._eval_layout.user_inputs)
             self._label_marks = {**self._label_marks, **class_label_marks(self._eval_model)}
         self._check_state()
         # Refused before the sessions are built (state._bind checks again at the end).
@@ -448,15 +206,15 @@ class TrainingSession:
 
     def _load(self, model, what: str) -> tuple:
         """``(ModelProto, None)``, or for an ORT-format model ``(its skeleton, its session)``."""
-        if model is not None and _is_ort_format(model):
+        if model is not None and is_ort_format(model):
             source = os.fspath(model) if isinstance(model, os.PathLike) else model
             try:
                 session = make_session(source, self._device, self._session_options)
             except Exception as exc:
                 raise ValueError(f"onnxruntime cannot load the ORT-format {what} model: "
                                  f"{exc}") from exc
-            return _skeleton(session), session
-        return _as_model(model, what), None
+            return skeleton(session), session
+        return as_model(model, what), None
 
     def _ortvalue(self, array: np.ndarray) -> ort.OrtValue:
         """A new OrtValue on the session's device holding a copy of ``array``."""
@@ -540,7 +298,7 @@ class TrainingSession:
                 "sequences, which the session runs unpacked to tensors bound in place, and an "
                 "ORT-format file has no ONNX graph to unpack. Pass optimizer_model.onnx (the "
                 "same update; the training and eval models may stay in the ORT format).")
-        layout = _read_optimizer_layout(model)
+        layout = read_optimizer_layout(model)
         trainable = self._train_layout.trainable
         if sorted(layout.params) != sorted(trainable):
             raise ValueError(
@@ -578,7 +336,7 @@ class TrainingSession:
         """``value`` as the optimizer model's input ``name`` (learning_rate, step) declares it."""
         return np.full(self._scalar_shape[name], value, dtype=dtype)
 
-    def _saved_optimizer_state(self, layout: _OptimizerLayout) -> tuple | None:
+    def _saved_optimizer_state(self, layout: OptimizerLayout) -> tuple | None:
         """The checkpoint's ``(states, step, learning_rate)``, checked against the model."""
         if self._saved_optimizer is None:
             return None
@@ -674,13 +432,13 @@ class TrainingSession:
         return binding
 
     @staticmethod
-    def _user_feeds(inputs, layout: _Layout, types: dict, what: str, links=()) -> dict:
+    def _user_feeds(inputs, layout: Layout, types: dict, what: str, links=()) -> dict:
         """The user inputs checked against the model: ``{name: ndarray or OrtValue}``.
 
         Checked here rather than by onnxruntime, whose errors name a node and
         not the inputs: the number of inputs, their declared shapes (inputs
         sharing a symbol, the batch ``N``, agree), the dimensions ``links``
-        (from :func:`_linked_dims`) ties, and their dtypes, OrtValues included.
+        (from :func:`linked_dims`) ties, and their dtypes, OrtValues included.
         """
         names = layout.user_inputs
         if len(inputs) != len(names):
@@ -698,13 +456,13 @@ class TrainingSession:
                 value = np.asarray(value, dtype=dtype)
             elif isinstance(value, np.ndarray) and dtype.kind == "O":
                 # a string input: numpy str, bytes or object arrays, as onnxruntime reads them
-                if not _is_string_array(value):
+                if not is_string_array(value):
                     raise TypeError(f"Input {name!r} of {what} is a string tensor, got an "
                                     f"array of {value.dtype}.")
             elif isinstance(value, np.ndarray) and value.dtype != dtype:
                 raise TypeError(f"Input {name!r} of {what} must be {dtype}, got {value.dtype}.")
             elif isinstance(value, ort.OrtValue) and dtype.kind != "O":
-                elem = _ort_elem_type(value.data_type())
+                elem = ort_elem_type(value.data_type())
                 if elem != onnx.helper.np_dtype_to_tensor_dtype(dtype):
                     raise TypeError(
                         f"Input {name!r} of {what} must be an OrtValue of {dtype}, got "
@@ -796,7 +554,7 @@ class TrainingSession:
         names = layout.user_outputs + self._input_grad_outputs()
         zeros = self._input_grad_zeros(feeds)
         with class_label_errors(self._label_marks, "train_step"):
-            if any(_is_string_array(value) for value in feeds.values()):
+            if any(is_string_array(value) for value in feeds.values()):
                 values = self._run_unbound(self._train_sess, self._train_io(),
                                            {**feeds, **zeros}, names, True)
             else:
@@ -882,7 +640,7 @@ class TrainingSession:
                                 self._eval_links)
         check_class_labels(self._label_marks, feeds, "eval_step")
         with class_label_errors(self._label_marks, "eval_step"):
-            if any(_is_string_array(value) for value in feeds.values()):
+            if any(is_string_array(value) for value in feeds.values()):
                 return self._run_unbound(self._eval_sess, self._eval_io(), feeds,
                                          layout.user_outputs, return_ortvalues)
             binding = self._binding("eval")
@@ -1296,7 +1054,6 @@ class TrainingSession:
         model = prune_model(self._eval_model, names,
                             {n: self.get_parameter(n) for n in self._param_types})
         save_model(model, inference_model_path, what="the inference model")
-
 
 
 def _exportable_values(model: onnx.ModelProto, user_inputs: list, last: int = 12) -> list:

@@ -1,0 +1,332 @@
+"""``optimizer_model.onnx``: an update rule written as onnxruntime-training's optimizer model
+(the sequence layout, ``doc/artifacts_format.md``), and unpacked to the tensor layout the
+training session runs.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from ..graph import (
+    DEFAULT_OPSET,
+    GraphBuilder,
+    finalize_model,
+)
+from ..graph.format import (
+    GRADIENT_SUFFIX,
+    GRADIENTS_SEQUENCE,
+    LEARNING_RATE,
+    OPTIMIZER_METADATA_KEY,
+    PARAMS_SEQUENCE,
+    STEP,
+    UPDATED_FLAG,
+    UPDATED_SUFFIX,
+)
+from .base import Optimizer
+
+#: Layouts of the optimizer model (see :func:`build_optimizer_model`).
+LAYOUTS = ("sequence", "tensors")
+
+
+def _check_params(optimizer, params) -> None:
+    if not isinstance(optimizer, Optimizer):
+        raise TypeError(f"Expected an SGD, Adam, AdamW or TorchAdamW instance (an "
+                        f"ortlearn.optim.Optimizer), got {type(optimizer).__name__}.")
+    if not params:
+        raise ValueError("build_optimizer_model needs at least one parameter.")
+
+
+def _check_clashes(names: Sequence[str]) -> None:
+    clashes = sorted({n for n in names if list(names).count(n) > 1})
+    if clashes:
+        raise ValueError(f"Parameter names clash with other optimizer inputs: {clashes}.")
+
+
+def _metadata(model: onnx.ModelProto, optimizer: Optimizer, names, layout: str) -> None:
+    meta = {"type": optimizer.type, "params": list(names), "states": list(optimizer.state_names),
+            "hyper": optimizer.hyper, "layout": layout}
+    if layout == "sequence":
+        meta["sequences"] = optimizer.state_sequences()
+    helper.set_model_props(model, {OPTIMIZER_METADATA_KEY: json.dumps(meta)})
+
+
+def _names(optimizer: Optimizer, names) -> tuple[dict, dict]:
+    """``{p: {state: 'p.state'}}`` and the updated name of every parameter and state."""
+    states = {p: {s: f"{p}.{s}" for s in optimizer.state_names} for p in names}
+    updated = {}
+    for p in names:
+        for name in (p, *states[p].values()):
+            updated[name] = f"{name}{UPDATED_SUFFIX}"
+    return states, updated
+
+
+def build_optimizer_model(optimizer: Optimizer, params: Mapping[str, tuple[int, Sequence]],
+                          layout: str = "sequence") -> onnx.ModelProto:
+    """Write ``optimizer_model.onnx``: one update of every parameter.
+
+    The default ``layout='sequence'`` follows onnxruntime-training's
+    optimizer model (``doc/artifacts_format.md``). Inputs: ``learning_rate``
+    (float32, shape [1]), ``step`` (int64, shape [1], 1 for the first
+    update), then tensor sequences holding one tensor per parameter, in the
+    order of ``params``: ``params``, ``gradients``, then the states,
+    ``first_order_moments`` and ``second_order_moments`` (see
+    :meth:`Optimizer.state_sequences`; SGD declares ``first_order_moments``
+    even without momentum, as onnxruntime-training's SGD model does).
+    Outputs: ``updated_flag`` (bool, shape [1], true), ``params.updated``,
+    then ``<state sequence>.updated``.
+
+    ``layout='tensors'`` is ortlearn's internal form (what
+    :class:`~ortlearn.training.TrainingSession` runs, see
+    :func:`unpack_optimizer_model`): inputs ``learning_rate`` and ``step``
+    (scalars), then per parameter ``p``: ``p``, ``p.gradient`` and
+    ``p.<state>``; outputs ``p.updated`` then ``p.<state>.updated``. Its
+    parameters may mix float and double; a sequence holds one element type.
+
+    ``metadata_props['ortlearn.optimizer']`` holds ``{"type", "params",
+    "states", "hyper", "layout"}`` (and ``"sequences"``, the sequence of each
+    state) as JSON.
+
+    Parameters
+    ----------
+    optimizer : Optimizer
+        The update rule (:class:`SGD`, :class:`Adam`, :class:`AdamW`,
+        :class:`TorchAdamW` or a subclass of :class:`Optimizer`).
+    params : dict
+        ``{name: (elem_type, shape)}`` in the order of the trainable
+        parameters; ``elem_type`` is ``TensorProto.FLOAT`` or ``DOUBLE``,
+        ``shape`` a list of ints, symbolic names or None (dynamic dims).
+    layout : {'sequence', 'tensors'}, default='sequence'
+        The form of the inputs and outputs.
+
+    Returns
+    -------
+    onnx.ModelProto
+        A checked model (ai.onnx opset ``DEFAULT_OPSET``).
+
+    Raises
+    ------
+    ValueError
+        If ``params`` is empty, two inputs would share a name, the layout is
+        unknown, or (sequence layout) the parameters do not share one
+        element type.
+    TypeError
+        If a parameter is not float or double, or ``optimizer`` is not an
+        :class:`Optimizer`.
+
+    Examples
+    --------
+    >>> from onnx import TensorProto
+    >>> from ortlearn.optim import AdamW
+    >>> model = build_optimizer_model(AdamW(), {"W": (TensorProto.FLOAT, [4, 3])})
+    >>> [i.name for i in model.graph.input]
+    ['learning_rate', 'step', 'params', 'gradients', 'first_order_moments', \
+'second_order_moments']
+    >>> [o.name for o in model.graph.output]
+    ['updated_flag', 'params.updated', 'first_order_moments.updated', \
+'second_order_moments.updated']
+    """
+    _check_params(optimizer, params)
+    if layout == "tensors":
+        return _tensor_model(optimizer, params)
+    if layout != "sequence":
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}.")
+    return _sequence_model(optimizer, params)
+
+
+def _tensor_model(optimizer: Optimizer, params) -> onnx.ModelProto:
+    names = list(params)
+    elem_types = [params[p][0] for p in names]
+    states, updated_names = _names(optimizer, names)
+    inputs = [helper.make_tensor_value_info(LEARNING_RATE, TensorProto.FLOAT, []),
+              helper.make_tensor_value_info(STEP, TensorProto.INT64, [])]
+    outputs = []
+    for p, (elem, shape) in params.items():
+        shape = list(shape)
+        for name in (p, f"{p}{GRADIENT_SUFFIX}", *states[p].values()):
+            inputs.append(helper.make_tensor_value_info(name, elem, shape))
+        for name in (p, *states[p].values()):
+            outputs.append(helper.make_tensor_value_info(updated_names[name], elem, shape))
+    input_names = [i.name for i in inputs]
+    _check_clashes(input_names)
+
+    builder = GraphBuilder(opset=DEFAULT_OPSET, used_names=input_names, prefix="optim_")
+    optimizer.build(builder, names, [f"{p}{GRADIENT_SUFFIX}" for p in names], states,
+                    LEARNING_RATE, STEP, elem_types=elem_types, updated_names=updated_names)
+    return _finish(builder, inputs, outputs, optimizer, names, "tensors")
+
+
+def _finish(builder, inputs, outputs, optimizer, names, layout,
+            value_info=()) -> onnx.ModelProto:
+    graph = helper.make_graph(builder.nodes, "optimizer", inputs, outputs,
+                              value_info=list(value_info))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", DEFAULT_OPSET)],
+                              producer_name="ortlearn")
+    _metadata(model, optimizer, names, layout)
+    return finalize_model(model)
+
+
+def _sequence_model(optimizer: Optimizer, params) -> onnx.ModelProto:
+    names = list(params)
+    elem_types = {params[p][0] for p in names}
+    if len(elem_types) > 1:
+        found = {p: TensorProto.DataType.Name(params[p][0]) for p in names}
+        raise ValueError(
+            "The optimizer model passes the parameters as one tensor sequence (onnxruntime-"
+            f"training's layout), which holds one element type; the parameters have {found}. "
+            "Give them one type (cast the model's initializers), or build the model with "
+            "layout='tensors'.")
+    elem = elem_types.pop()
+    states, updated_names = _names(optimizer, names)
+    sequences = optimizer.state_sequences()
+    declared = list(dict.fromkeys([*sequences.values(), *optimizer.declared_sequences]))
+    seq_inputs = [PARAMS_SEQUENCE, GRADIENTS_SEQUENCE, *declared]
+    inputs = [helper.make_tensor_value_info(LEARNING_RATE, TensorProto.FLOAT, [1]),
+              helper.make_tensor_value_info(STEP, TensorProto.INT64, [1])]
+    inputs += [helper.make_tensor_sequence_value_info(s, elem, None) for s in seq_inputs]
+    seq_outputs = [PARAMS_SEQUENCE, *sequences.values()]
+    outputs = [helper.make_tensor_value_info(UPDATED_FLAG, TensorProto.BOOL, [1])]
+    outputs += [helper.make_tensor_sequence_value_info(f"{s}{UPDATED_SUFFIX}", elem, None)
+                for s in seq_outputs]
+    # the tensors unpacked from the sequences keep the names of the tensor layout
+    tensor_names = [n for p in names for n in (p, f"{p}{GRADIENT_SUFFIX}", *states[p].values())]
+    reserved = [i.name for i in inputs] + [o.name for o in outputs]
+    _check_clashes(reserved + tensor_names + list(updated_names.values()))
+
+    builder = GraphBuilder(opset=DEFAULT_OPSET, used_names=reserved + tensor_names,
+                           prefix="optim_")
+    # [1] -> scalar: the per-step scalars keep the shape of each parameter
+    lr = builder.squeeze(LEARNING_RATE, [0])
+    step = builder.squeeze(STEP, [0])
+    for i, p in enumerate(names):
+        position = builder.const(np.int64(i), hint="position")
+        builder.op("SequenceAt", [PARAMS_SEQUENCE, position], outputs=[p])
+        builder.op("SequenceAt", [GRADIENTS_SEQUENCE, position], outputs=[f"{p}{GRADIENT_SUFFIX}"])
+        for s, name in states[p].items():
+            builder.op("SequenceAt", [sequences[s], position], outputs=[name])
+    optimizer.build(builder, names, [f"{p}{GRADIENT_SUFFIX}" for p in names], states,
+                    lr, step, elem_types=[elem] * len(names), updated_names=updated_names)
+    # the update is unconditional: the flag is always true, as the kernels' without
+    # their optional update_signal input
+    builder.op("Constant", [], outputs=[UPDATED_FLAG],
+               value=numpy_helper.from_array(np.array([True]), UPDATED_FLAG))
+    builder.op("SequenceConstruct", [updated_names[p] for p in names],
+               outputs=[f"{PARAMS_SEQUENCE}{UPDATED_SUFFIX}"])
+    for s, seq in sequences.items():
+        builder.op("SequenceConstruct", [updated_names[states[p][s]] for p in names],
+                   outputs=[f"{seq}{UPDATED_SUFFIX}"])
+    # the types and shapes of the tensors in the sequences, which unpacking reads back
+    value_info = []
+    for p in names:
+        own = (p, *states[p].values())
+        value_info += [helper.make_tensor_value_info(name, elem, list(params[p][1]))
+                       for name in (*own, f"{p}{GRADIENT_SUFFIX}",
+                                    *(updated_names[n] for n in own))]
+    return _finish(builder, inputs, outputs, optimizer, names, "sequence", value_info)
+
+
+def _constant_ints(graph: onnx.GraphProto) -> dict[str, int]:
+    """``{value name: int}`` for the integer scalars of Constant nodes and initializers."""
+    found = {}
+    tensors = [(t.name, t) for t in graph.initializer]
+    tensors += [(n.output[0], a.t) for n in graph.node if n.op_type == "Constant"
+                for a in n.attribute if a.name == "value"]
+    for name, tensor in tensors:
+        array = numpy_helper.to_array(tensor)
+        if array.size == 1 and np.issubdtype(array.dtype, np.integer):
+            found[name] = int(array.reshape(()))
+    return found
+
+
+def unpack_optimizer_model(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The tensor layout of a sequence-layout optimizer model: the same update, no sequences.
+
+    Each ``SequenceAt(<sequence input>, <constant i>)`` becomes a graph input
+    (the tensor it extracted), each ``SequenceConstruct`` feeding a graph
+    output is replaced by its tensors as outputs, ``updated_flag`` is dropped.
+    What remains is the update itself, which a
+    :class:`~ortlearn.training.TrainingSession` runs on tensors bound in
+    place on the device (``IOBinding`` has no sequence of device tensors:
+    a sequence would be copied through the host at every step). A model
+    already in the tensor layout is returned unchanged.
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        An optimizer model of :func:`build_optimizer_model`.
+
+    Returns
+    -------
+    onnx.ModelProto
+        A new model; ``learning_rate`` and ``step`` keep their shape [1].
+
+    Raises
+    ------
+    ValueError
+        If a sequence input is read other than by ``SequenceAt`` at a
+        constant position, or a sequence output is not built by
+        ``SequenceConstruct``.
+    """
+    graph = model.graph
+    seq_inputs = {i.name: i.type.sequence_type.elem_type.tensor_type.elem_type
+                  for i in graph.input if i.type.HasField("sequence_type")}
+    if not seq_inputs:
+        return model
+    positions = _constant_ints(graph)
+    infos = {v.name: v for v in graph.value_info}
+
+    def tensor(name, elem):
+        return infos.get(name) or helper.make_tensor_value_info(name, elem, None)
+
+    producers = {o: n for n in graph.node for o in n.output}
+    new_inputs = [i for i in graph.input if i.name not in seq_inputs]
+    new_outputs, dropped = [], set()
+    for node in graph.node:
+        used = [x for x in node.input if x in seq_inputs]
+        if not used:
+            continue
+        if node.op_type != "SequenceAt" or node.input[1] not in positions:
+            raise ValueError(
+                f"Cannot unpack the optimizer model: node {node.name!r} ({node.op_type}) "
+                f"reads the sequence {used[0]!r} other than by SequenceAt at a constant "
+                "position.")
+        new_inputs.append(tensor(node.output[0], seq_inputs[node.input[0]]))
+        dropped.add(id(node))
+    for out in graph.output:
+        if not out.type.HasField("sequence_type"):
+            if out.name != UPDATED_FLAG:
+                new_outputs.append(out)
+            continue
+        node = producers.get(out.name)
+        if node is None or node.op_type != "SequenceConstruct":
+            raise ValueError(f"Cannot unpack the optimizer model: its output {out.name!r} is "
+                             "not built by SequenceConstruct.")
+        elem = out.type.sequence_type.elem_type.tensor_type.elem_type
+        new_outputs += [tensor(x, elem) for x in node.input]
+        dropped.add(id(node))
+    kept = [n for n in graph.node if id(n) not in dropped]
+    kept = _prune(kept, [o.name for o in new_outputs])
+    boundary = {v.name for v in new_inputs + new_outputs}
+    new_graph = helper.make_graph(kept, graph.name, new_inputs, new_outputs,
+                                  initializer=list(graph.initializer),
+                                  value_info=[v for v in graph.value_info
+                                              if v.name not in boundary])
+    unpacked = helper.make_model(new_graph, opset_imports=list(model.opset_import),
+                                 producer_name=model.producer_name)
+    unpacked.ir_version = model.ir_version
+    unpacked.metadata_props.extend(model.metadata_props)
+    return unpacked
+
+
+def _prune(nodes, outputs: Sequence[str]) -> list:
+    """The nodes ``outputs`` depend on, in their order."""
+    needed, kept = set(outputs), []
+    for node in reversed(nodes):
+        if any(o in needed for o in node.output):
+            kept.append(node)
+            needed.update(node.input)
+    return kept[::-1]
