@@ -137,9 +137,9 @@ def test_enet_objective(ort_cls, sk_cls, dataset, params, weighted):
 
 def test_enet_backtracking_recovers_a_low_step_estimate(monkeypatch):
     """One power iteration underestimates L: the backtracking test raises it, same minimum."""
-    from ortlearn.estimators import _coordinate
+    from ortlearn.training import fista
 
-    monkeypatch.setattr(_coordinate, "_POWER_ITERATIONS", 1)
+    monkeypatch.setattr(fista, "POWER_ITERATIONS", 1)
     X, y = _data("wide")
     ort, sk = _fit_both(OrtLasso, Lasso, X, y, alpha=0.3, tol=1e-8, max_iter=100_000)
     weights = np.ones(len(y))

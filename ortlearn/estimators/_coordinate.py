@@ -31,15 +31,13 @@ import warnings
 from numbers import Integral, Real
 
 import numpy as np
-import scipy.linalg
 from sklearn.base import MultiOutputMixin, RegressorMixin, _fit_context
 from sklearn.utils._param_validation import Interval, StrOptions
 
 from ..exceptions import ConvergenceWarning
 from ..log import user_stacklevel
 from ..loss import elementwise_loss
-from ..training import loss_and_gradient
-from ..training.sparse import is_sparse
+from ..training import largest_eigenvalue, loss_and_gradient, minimize_fista
 from ._fullbatch import (
     COEF,
     LABEL,
@@ -51,42 +49,6 @@ from ._fullbatch import (
 )
 
 __all__ = ["OrtElasticNet", "OrtLasso"]
-
-#: Up to this many features the Gram matrix (``n p^2`` flops) is formed and its top
-#: eigenvalue computed exactly; above, a few power iterations (``2 n p`` flops each)
-#: estimate it from below and the iterations' backtracking raises it where needed.
-_DENSE_EIGEN_MAX_FEATURES = 64
-_POWER_ITERATIONS = 8
-
-
-def _largest_eigenvalue(X, sample_weight: np.ndarray,
-                        x_offset: np.ndarray | None = None) -> tuple[float, bool]:
-    """``(estimate, exact)`` of the largest eigenvalue of ``Xc^T diag(sample_weight) Xc``.
-
-    ``Xc = X - x_offset`` (a sparse ``X`` is centred implicitly, with
-    ``x_offset`` its weighted column means), else ``X``.
-    """
-    n_features = X.shape[1]
-    offset = np.zeros(n_features) if x_offset is None else x_offset
-    if n_features <= _DENSE_EIGEN_MAX_FEATURES:
-        weighted = X.multiply(sample_weight[:, None]) if is_sparse(X) else (
-            sample_weight[:, None] * X)
-        gram = np.asarray((X.T @ weighted).todense() if is_sparse(X) else X.T @ weighted)
-        # the weighted means: Xc^T W Xc = X^T W X - sum(w) m m^T
-        gram = gram - sample_weight.sum() * np.outer(offset, offset)
-        top = scipy.linalg.eigh(gram, eigvals_only=True,
-                                subset_by_index=[n_features - 1, n_features - 1])[0]
-        return float(top), True
-    vector = np.random.RandomState(0).standard_normal(n_features)
-    estimate = 0.0
-    for _ in range(_POWER_ITERATIONS):
-        vector /= np.linalg.norm(vector) or 1.0
-        weighted = sample_weight * (X @ vector - offset @ vector)
-        product = X.T @ weighted - offset * weighted.sum()
-        estimate = float(vector @ product)  # Rayleigh quotient: a lower bound
-        vector = product
-    return estimate, False
-
 
 def _duality_gap(coef, XtR, yy, Xty, alpha, beta, positive):
     """scikit-learn's duality gap of each target (``_cd_fast.gap_enet``), in its units.
@@ -299,88 +261,49 @@ class OrtElasticNet(MultiOutputMixin, RegressorMixin, BaseOrtFullBatch):
         return self
 
     def _fista(self, fun, coef, X, Y, sample_weight, l1, l2, x_offset=None, hook=None):
-        """FISTA with adaptive restart, one column per target, until every gap is small.
+        """:func:`~ortlearn.training.minimize_fista` on this objective, one column per target.
 
         Returns ``(coef, gap, n_iter, loss)``, the gap in scikit-learn's units
         (multiplied by ``n_samples``). ``hook({'coef': coef}) -> stop`` after
         each accepted iteration (scikit-learn's callbacks).
         """
-        n_samples, n_targets = X.shape[0], Y.shape[1]
+        n_samples = X.shape[0]
         weighted_Y = sample_weight[:, None] * Y
         yy = np.einsum("ik,ik->k", Y, weighted_Y)
         # Y is centred with the weights: Xc^T W Y = X^T W Y (x_offset drops out)
         Xty = np.asarray(X.T @ weighted_Y)
         tol = self.tol * yy
         max_iter = 1000 if self.max_iter is None else self.max_iter
-        top, exact = _largest_eigenvalue(X, sample_weight, x_offset)
-        # A zero Lipschitz constant (X constant, no L2): the smooth part is flat, any step.
-        lipschitz = top / n_samples + l2 or 1.0
-        eps = np.finfo(np.float64).eps
+        top, exact = largest_eigenvalue(X, sample_weight, x_offset)
+        positive = self.positive
 
         def prox(v, step):
             threshold = step * l1
-            if self.positive:
+            if positive:
                 return np.maximum(v - threshold, 0.0)
             return np.sign(v) * np.maximum(np.abs(v) - threshold, 0.0)
 
-        def evaluate(w):
+        def smooth(w):
             loss, grad = fun(w.ravel())
-            grad = grad.reshape(w.shape)
+            return loss, grad.reshape(w.shape)
+
+        def gap(w, grad):
             # grad = -X^T W R / n + l2 coef: scikit-learn's X^T R in its units.
             XtR = -n_samples * (grad - l2 * w)
-            gap = _duality_gap(w, XtR, yy, Xty, n_samples * l1, n_samples * l2, self.positive)
-            return loss, grad, gap
+            return _duality_gap(w, XtR, yy, Xty, n_samples * l1, n_samples * l2, positive)
 
-        loss, grad, gap = evaluate(coef)
-        n_iter = np.zeros(n_targets, dtype=np.int64)
-        active = ~(gap <= tol)
-        momentum_t = np.ones(n_targets)
-        point, point_grad = coef, grad  # the extrapolated point and its gradient
-        iteration, stopped = 0, False
-        while active.any() and iteration < max_iter:
-            iteration += 1
-            new = prox(point - point_grad / lipschitz, 1.0 / lipschitz)
-            new[:, ~active] = coef[:, ~active]  # converged targets stay where they stopped
-            loss, new_grad, new_gap = evaluate(new)
-            if not exact:
-                # Backtracking, exact for a quadratic: the curvature along the step is
-                # (g(new) - g(point)) . d / d . d; above the step's 1/L the descent lemma
-                # fails: the step is rejected and L raised (a rounding margin keeps tiny
-                # steps from being rejected for noise).
-                step = new - point
-                length2 = float(np.einsum("jk,jk->", step, step))
-                change = new_grad - point_grad
-                curvature = float(np.einsum("jk,jk->", change, step))
-                noise = 1e3 * eps * np.sqrt(length2) * (np.linalg.norm(new_grad)
-                                                        + np.linalg.norm(point_grad))
-                if curvature - lipschitz * length2 > 1e-6 * lipschitz * length2 + noise:
-                    lipschitz = max(2 * lipschitz, curvature / length2)
-                    point, point_grad, momentum_t = coef, grad, np.ones(n_targets)
-                    n_iter[active] = iteration
-                    continue
-            # Restart where the momentum points uphill (gradient scheme).
-            restart = np.einsum("jk,jk->k", point - new, new - coef) > 0
-            momentum_t = np.where(restart, 1.0, momentum_t)
-            next_t = (1 + np.sqrt(1 + 4 * momentum_t ** 2)) / 2
-            beta = (momentum_t - 1) / next_t
-            # The gradient is affine in coef: its value at the extrapolated point is the
-            # same combination of the gradients at the two iterates (no second call).
-            point = new + beta * (new - coef)
-            point_grad = new_grad + beta * (new_grad - grad)
-            coef, grad, momentum_t = new, new_grad, next_t
-            gap = np.where(active, new_gap, gap)
-            n_iter[active] = iteration
-            active &= ~(new_gap <= tol)
-            if hook is not None and hook({COEF: coef}):
-                stopped = True  # a callback asked to stop: no convergence warning
-                break
-        if active.any() and not stopped:
+        # A zero Lipschitz constant (X constant, no L2): the smooth part is flat, any step.
+        result = minimize_fista(
+            smooth, coef, prox, top / n_samples + l2 or 1.0, gap=gap, tol=tol,
+            max_iter=max_iter, exact_lipschitz=exact,
+            callback=None if hook is None else (lambda w: hook({COEF: w})))
+        if not result.converged.all() and not result.stopped:
             warnings.warn(
                 f"Objective did not converge. You might want to increase the number of "
-                f"iterations (max_iter={max_iter}). Duality gap: {gap.max() / n_samples:.3e}, "
-                f"tolerance: {tol.max() / n_samples:.3e}", ConvergenceWarning,
-                stacklevel=user_stacklevel())
-        return coef, gap, n_iter, loss
+                f"iterations (max_iter={max_iter}). Duality gap: "
+                f"{result.gap.max() / n_samples:.3e}, tolerance: {tol.max() / n_samples:.3e}",
+                ConvergenceWarning, stacklevel=user_stacklevel())
+        return result.x, result.gap, result.n_iter, result.loss
 
 
 @fill_shared_doc

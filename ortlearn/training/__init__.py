@@ -6,7 +6,8 @@
   estimators run); its graphs come from :mod:`~ortlearn.training.fused`.
 - :func:`minimize_lbfgs`: full-batch L-BFGS, scipy driving, onnxruntime
   evaluating the loss and its gradients (:func:`loss_and_gradient`, the
-  evaluator alone, for solvers driven on the host).
+  evaluator alone, for solvers driven on the host);
+  :func:`minimize_fista`: proximal gradient with restart (the L1 models).
 - :class:`TrainingSession`: runs the training, eval and optimizer models of
   ``ortlearn.artifacts.generate_artifacts`` (what ``ortlearn.api`` runs).
 - :class:`CheckpointState`: parameters, optimizer state and properties,
@@ -36,6 +37,7 @@ from .device import (
     resolve_num_threads,
 )
 from .engine import TrainingEngine
+from .fista import FistaResult, largest_eigenvalue, minimize_fista
 from .lbfgs import loss_and_gradient, minimize_lbfgs
 from .session import TrainingSession
 
@@ -43,6 +45,7 @@ __all__ = [
     "Batches",
     "CheckpointState",
     "Device",
+    "FistaResult",
     "TrainingEngine",
     "TrainingSession",
     "conform_state",
@@ -50,9 +53,11 @@ __all__ = [
     "default_session_options",
     "device_value",
     "host_copy",
+    "largest_eigenvalue",
     "loss_and_gradient",
     "make_session",
     "make_session_options",
+    "minimize_fista",
     "minimize_lbfgs",
     "parse_device",
     "resolve_num_threads",
