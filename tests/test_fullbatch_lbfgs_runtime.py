@@ -108,3 +108,21 @@ def test_the_data_gradient_reads_x_untransposed():
     # no Transpose of X is left: the gradient is D^T @ X
     assert not [n for n in grad.graph.node if n.op_type == "Transpose" and n.input[0] == "X"]
     assert [n for n in grad.graph.node if n.op_type == "MatMul" and n.input[1] == "X"]
+
+
+def test_minimize_lbfgs_raises_where_the_run_diverges():
+    """The solver's own divergence check: the error names the remedy given and carries
+    where the run ended (what an estimator keeps)."""
+    rs = np.random.RandomState(0)
+    X = rs.randn(20, 3)
+    Y = (X @ rs.randn(3) * 1e200).reshape(-1, 1)  # the squares overflow float64
+    model = linear_objective(
+        3, 1, lambda b, r, lab: elementwise_loss(b, "squared_error", r, lab, np.float64),
+        fit_intercept=True, data_scale=1.0, l2=0.0)
+    with pytest.raises(ortlearn.exceptions.ConvergenceError,
+                       match=r"L-BFGS diverged: the loss is (inf|nan) .* Use smaller data\.") as info:
+        lbfgs.minimize_lbfgs(model, ["coef", "intercept"], None, [X, Y, np.ones(20)],
+                             ["X", "y", "sample_weight"], remedy="Use smaller data.")
+    error = info.value
+    assert not np.isfinite(error.loss) and error.n_iter == 0
+    assert sorted(error.weights) == ["coef", "intercept"]

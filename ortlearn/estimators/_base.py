@@ -561,20 +561,23 @@ class BaseOrtEstimator(CallbackSupportMixin, BaseEstimator, ABC):
         weighted = sample_weight is not None
         model, trainable = self._loss_model(sum_in_float64=True, weighted=weighted)
         names = input_names(weighted)
-        weights, n_iter, loss = minimize_lbfgs(
-            model, trainable, None, _graph_inputs(names, X, y_enc, sample_weight), names,
-            device=str(device), max_iter=self.max_iter, tol=self._lbfgs_tol(),
-            verbose=int(self.verbose), loss_output=LOSS, max_fun=self._max_fun(),
-            deterministic=self.random_state is not None, **self._lbfgs_options())
+        try:
+            weights, n_iter, loss = minimize_lbfgs(
+                model, trainable, None, _graph_inputs(names, X, y_enc, sample_weight), names,
+                device=str(device), max_iter=self.max_iter, tol=self._lbfgs_tol(),
+                verbose=int(self.verbose), loss_output=LOSS, max_fun=self._max_fun(),
+                deterministic=self.random_state is not None,
+                remedy="The last finite weights are kept; scale the data or increase alpha.",
+                **self._lbfgs_options())
+        except ConvergenceError as error:
+            self.n_iter_ = error.n_iter
+            self.t_ += X.shape[0] * max(error.n_iter, 1)
+            # Keep the weights L-BFGS ended on where they are finite (the loss is not).
+            if all(np.isfinite(w).all() for w in error.weights.values()):
+                self._store_weights(error.weights)
+            raise
         self.n_iter_ = n_iter
         self.t_ += X.shape[0] * max(n_iter, 1)
-        if not (np.isfinite(loss) and all(np.isfinite(w).all() for w in weights.values())):
-            # Keep the starting weights when L-BFGS ends on non-finite ones.
-            if all(np.isfinite(w).all() for w in weights.values()):
-                self._store_weights(weights)
-            raise ConvergenceError(
-                f"L-BFGS diverged: the loss is {loss} (or a weight is not finite); the "
-                "last finite weights are kept. Scale the data or increase alpha.")
         self.train_losses_.append(loss)
         self.loss_ = loss
         self._store_weights(weights)

@@ -33,7 +33,6 @@ from sklearn.preprocessing import LabelEncoder
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from ..exceptions import ConvergenceError
 from ..graph import GraphBuilder, finalize_model
 from ..graph.model import DEFAULT_OPSET
 from ..training import minimize_lbfgs
@@ -313,10 +312,6 @@ class BaseOrtFullBatch(CallbackSupportMixin, BaseEstimator):
             device=str(self.device), verbose=int(getattr(self, "verbose", 0)),
             loss_output=LOSS, bounds=self._bounds(X.shape[1], model.graph.initializer[0].dims[1]),
             callback=self._iteration_hook(attributes), **self._lbfgs_options())
-        if not (np.isfinite(loss) and all(np.isfinite(w).all() for w in weights.values())):
-            raise ConvergenceError(
-                f"L-BFGS diverged: the loss is {loss} (or a weight is not finite). Scale the "
-                "data or increase the regularisation.")
         self.loss_ = float(loss)
         self.train_losses_ = [self.loss_]
         return weights, n_iter

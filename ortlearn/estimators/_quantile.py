@@ -28,7 +28,7 @@ from onnx import TensorProto, helper, numpy_helper
 from sklearn.base import RegressorMixin
 from sklearn.utils._param_validation import Interval, StrOptions
 
-from ..exceptions import ConvergenceError, ConvergenceWarning
+from ..exceptions import ConvergenceWarning
 from ..graph import GraphBuilder, finalize_model
 from ..graph.model import DEFAULT_OPSET
 from ..log import user_stacklevel
@@ -236,13 +236,12 @@ class OrtQuantileRegressor(RegressorMixin, BaseOrtFullBatch):
                     model, trainable, weights or None, [X, y.reshape(-1, 1), sample_weight],
                     ["X", LABEL, SAMPLE_WEIGHT], device=str(self.device), loss_output=LOSS,
                     max_iter=_STAGE_MAX_ITER, tol=0.0,
-                    bounds={POS: (0, None), NEG: (0, None)}, callback=hook and stop)
+                    bounds={POS: (0, None), NEG: (0, None)}, callback=hook and stop,
+                    remedy="Scale the data.")
             n_iter += iterations
             losses.append(float(loss))
             coef = (weights[POS] - weights[NEG])[:, 0]
             intercept = float(weights[INTERCEPT][0]) if self.fit_intercept else 0.0
-            if not (np.isfinite(coef).all() and np.isfinite(intercept)):
-                raise ConvergenceError("L-BFGS diverged: scale the data.")
             if any(stopped):
                 break
             coef, intercept = self._polish(X, y, sample_weight, coef, intercept, scale)

@@ -34,7 +34,6 @@ from sklearn.base import RegressorMixin
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.class_weight import compute_class_weight
 
-from ..exceptions import ConvergenceError
 from ..graph import GraphBuilder, finalize_model
 from ..graph.model import DEFAULT_OPSET
 from ..loss import elementwise_loss
@@ -205,7 +204,8 @@ class _BaseOrtLinearSVM(BaseOrtFullBatch):
         n_samples, n_features = X.shape
         n_outputs = Y.shape[1]
         options = {"max_iter": self.max_iter, "ftol": _FTOL, "maxls": 50,
-                   "device": str(self.device), "verbose": int(self.verbose)}
+                   "device": str(self.device), "verbose": int(self.verbose),
+                   "remedy": "Scale the data or decrease C."}
         if self.loss == self._dual_loss:
             epsilon = score_params.get("epsilon")
             model = _dual_objective(n_features, n_samples, 1, epsilon)
@@ -254,9 +254,6 @@ class _BaseOrtLinearSVM(BaseOrtFullBatch):
                 loss_output=LOSS, tol=self.tol,
                 callback=self._iteration_hook(lambda w: self._attributes(w[COEF])), **options)
             coef = weights[COEF]
-        if not (np.isfinite(loss) and np.isfinite(coef).all()):
-            raise ConvergenceError(f"L-BFGS diverged: the loss is {loss}. Scale the data or "
-                                   "decrease C.")
         self._weights = {COEF: coef}
         self.loss_ = float(loss)
         self.train_losses_ = [self.loss_]

@@ -33,7 +33,7 @@ import scipy.optimize
 from onnx import helper
 
 from ..autodiff import build_gradient
-from ..exceptions import ConvergenceWarning
+from ..exceptions import ConvergenceError, ConvergenceWarning
 from ..graph import class_label_marks, initializers_to_inputs, load_model
 from ..log import user_stacklevel, verbose_log
 from .checks import (
@@ -156,6 +156,9 @@ loss_output, session_options, deterministic
     ValueError
         Unknown weights or inputs, a missing loss output, a bad
         ``initial_weights``.
+    ConvergenceError
+        The run ended on a loss or weights that are not finite; the error's
+        ``weights``, ``n_iter`` and ``loss`` are where it ended.
     """
     model = load_model(loss_model)
     check_loss_output(model, loss_output)
@@ -413,7 +416,8 @@ def _products_as_inputs(model, name: str, trainable) -> tuple[list, np.dtype]:
 def minimize_lbfgs(loss_model, trainable, initial_weights, arrays, input_names=None,
                    device="cpu", max_iter=100, tol=1e-4, verbose=0, loss_output="loss",
                    max_fun=15000, session_options=None, deterministic=False, bounds=None,
-                   ftol=_FTOL, maxls=50, callback=None):
+                   ftol=_FTOL, maxls=50, callback=None,
+                   remedy="Scale the data or increase the regularisation."):
     """Minimise the graph's loss over the whole data set with scipy's L-BFGS-B.
 
     Same options as scikit-learn's ``LogisticRegression(solver='lbfgs')``
@@ -468,6 +472,8 @@ def minimize_lbfgs(loss_model, trainable, initial_weights, arrays, input_names=N
         iteration's weights (a dict as the returned one); True stops the
         run there (without a ``ConvergenceWarning``): scikit-learn's
         callbacks (``sklearn.callback``) of the estimators.
+    remedy : str, default='Scale the data or increase the regularisation.'
+        What the divergence error tells the user to do.
 
     Returns
     -------
@@ -494,6 +500,9 @@ def minimize_lbfgs(loss_model, trainable, initial_weights, arrays, input_names=N
     ValueError
         Unknown weights or inputs, a missing loss output, a bad
         ``initial_weights``.
+    ConvergenceError
+        The run ended on a loss or weights that are not finite; the error's
+        ``weights``, ``n_iter`` and ``loss`` are where it ended.
     """
     fun, x0 = loss_and_gradient(loss_model, trainable, initial_weights, arrays, input_names,
                                 device=device, loss_output=loss_output,
@@ -514,16 +523,29 @@ def minimize_lbfgs(loss_model, trainable, initial_weights, arrays, input_names=N
         if fun.best_x is None:
             raise
         warnings.warn("Training interrupted by user.", stacklevel=user_stacklevel())
-        return fun.unflatten(fun.best_x), progress.iteration, fun.best_loss
+        return _finite_or_raise(fun.unflatten(fun.best_x), progress.iteration, fun.best_loss,
+                                remedy)
     except StopIteration:  # scipy < 1.11 lets the callback's StopIteration through
         if progress.stopped is None:
             raise
     if progress.stopped is not None:  # a callback asked to stop: the weights of that iteration
-        return fun.unflatten(progress.stopped), progress.iteration, progress.loss
+        return _finite_or_raise(fun.unflatten(progress.stopped), progress.iteration,
+                                progress.loss, remedy)
     _warn_unless_converged(result, max_iter, max_fun)
     # scipy's own count of the iterations it ran (0 when the first line search
     # failed), capped at max_iter as scikit-learn's _check_optimize_result does.
-    return fun.unflatten(result.x), min(int(result.nit), max_iter), float(result.fun)
+    return _finite_or_raise(fun.unflatten(result.x), min(int(result.nit), max_iter),
+                            float(result.fun), remedy)
+
+
+def _finite_or_raise(weights: dict, n_iter: int, loss: float, remedy: str) -> tuple:
+    """``(weights, n_iter, loss)``, or the ConvergenceError of a run that diverged."""
+    if np.isfinite(loss) and all(np.isfinite(w).all() for w in weights.values()):
+        return weights, n_iter, loss
+    error = ConvergenceError(
+        f"L-BFGS diverged: the loss is {loss} (or a weight is not finite). {remedy}")
+    error.weights, error.n_iter, error.loss = weights, n_iter, loss
+    raise error
 
 
 def _flat_bounds(bounds: dict, weights: dict) -> list[tuple[float, float]]:
