@@ -119,8 +119,8 @@ def test_minimize_lbfgs_raises_where_the_run_diverges():
     model = linear_objective(
         3, 1, lambda b, r, lab: elementwise_loss(b, "squared_error", r, lab, np.float64),
         fit_intercept=True, data_scale=1.0, l2=0.0)
-    with pytest.raises(ortlearn.exceptions.ConvergenceError,
-                       match=r"L-BFGS diverged: the loss is (inf|nan) .* Use smaller data\.") as info:
+    diverged = r"L-BFGS diverged: the loss is (inf|nan) .* Use smaller data\."
+    with pytest.raises(ortlearn.exceptions.ConvergenceError, match=diverged) as info:
         lbfgs.minimize_lbfgs(model, ["coef", "intercept"], None, [X, Y, np.ones(20)],
                              ["X", "y", "sample_weight"], remedy="Use smaller data.")
     error = info.value
