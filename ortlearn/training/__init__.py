@@ -13,10 +13,11 @@
 - :class:`CheckpointState`: parameters, optimizer state and properties,
   saved as safetensors.
 - :class:`Batches`: the mini-batches of an epoch.
-- Devices (:func:`parse_device`, :func:`cuda_available`) and the session
-  options of the runtime (:func:`make_session_options`,
-  :func:`default_session_options`) and its thread policy
-  (:func:`resolve_num_threads`).
+- Devices (:func:`parse_device`, :func:`cuda_available`), the session
+  options of the runtime (:func:`make_session_options`) and its thread policy
+  (:func:`resolve_num_threads`); its performance policy, from the size of a
+  model and of its step (:mod:`~ortlearn.training.policy`:
+  :func:`default_session_options`).
 
 The engine and the session keep their device buffers in one implementation
 (``ortlearn/training/_buffers.py``); the argument checks they share are in
@@ -30,7 +31,6 @@ from .checks import conform_state
 from .device import (
     Device,
     cuda_available,
-    default_session_options,
     make_session,
     make_session_options,
     parse_device,
@@ -39,6 +39,7 @@ from .device import (
 from .engine import TrainingEngine
 from .fista import FistaResult, largest_eigenvalue, minimize_fista
 from .lbfgs import loss_and_gradient, minimize_lbfgs
+from .policy import default_session_options
 from .session import TrainingSession
 
 __all__ = [

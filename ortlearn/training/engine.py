@@ -44,14 +44,9 @@ from .checks import (
     conform_state,
     replace_initializers,
 )
-from .device import (
-    LARGE_MODEL_BYTES,
-    LOOP_MIN_STEP_MACS,
-    default_session_options,
-    make_session,
-    parse_device,
-)
+from .device import make_session, parse_device
 from .fused import FusedLayout, build_fused_epoch, build_fused_step
+from .policy import LARGE_MODEL_BYTES, LOOP_MIN_STEP_MACS, default_session_options
 
 __all__ = ["TrainingEngine"]
 
@@ -112,7 +107,7 @@ class TrainingEngine:
         ``ORTLEARN_NUM_THREADS`` threads or onnxruntime's default, with
         spinning workers unless ``ORTLEARN_ALLOW_SPINNING=0`` (spinning
         takes the cores of other processes: turn it off on a shared machine).
-        From ``device.LARGE_MODEL_BYTES`` of weights, without onnxruntime's
+        From ``policy.LARGE_MODEL_BYTES`` of weights, without onnxruntime's
         memory pattern.
     epoch_loop : bool or 'auto', default='auto'
         True runs a whole epoch as one onnxruntime call (an ONNX ``Loop``
