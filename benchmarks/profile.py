@@ -6,11 +6,10 @@ Usage::
                                  [--reps 5] [--out DIR] [--top 15]
 
 For each workload, ortlearn's estimator is fitted with onnxruntime's profiler on
-(``SessionOptions.enable_profiling``) on the training sessions its engine opens
-(:func:`ortlearn.training.engine.make_session` is wrapped for the duration of the
-fit, nothing else changes); the profile's node events (the body of the epoch's
-``Loop`` included) are summed per operator and per node, divided by the steps
-made, and sorted into:
+(``SessionOptions.enable_profiling``) on the sessions it opens (ortlearn's
+``ORTLEARN_PROFILE`` set for the duration of the fit, nothing else changes); the
+profile's node events (the body of the epoch's ``Loop`` included) are summed per
+operator and per node, divided by the steps made, and sorted into:
 
 * ``gemm``: ``Gemm``, ``MatMul``, ``FusedGemm``, ``FusedMatMul`` (the matrix
   products of the forward and backward passes);
@@ -41,6 +40,8 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import gc
+import glob
 import json
 import os
 import statistics
@@ -130,26 +131,23 @@ def _estimator(key: str, epochs: int, seed: int):
 
 @contextlib.contextmanager
 def profiled_sessions(prefix: str):
-    """Turn onnxruntime's profiler on for the training sessions engines open in the block;
-    yields the list of those sessions."""
-    from ortlearn.training import engine
-    from ortlearn.training.device import make_session_options
+    """onnxruntime's profiler on for the sessions ortlearn opens in the block
+    (``ORTLEARN_PROFILE``); yields a list that holds, after the block, the profiles of
+    those released by then (a session writes its profile when it is released)."""
+    from ortlearn.training.device import PROFILE_ENV
 
-    original, sessions = engine.make_session, []
-
-    def make_session(model, device="cpu", session_options=None):
-        options = session_options or make_session_options()
-        options.enable_profiling = True
-        options.profile_file_prefix = prefix
-        session = original(model, device, options)
-        sessions.append(session)
-        return session
-
-    engine.make_session = make_session
+    paths, before = [], os.environ.get(PROFILE_ENV)
+    os.environ[PROFILE_ENV] = prefix
     try:
-        yield sessions
+        yield paths
     finally:
-        engine.make_session = original
+        if before is None:
+            del os.environ[PROFILE_ENV]
+        else:
+            os.environ[PROFILE_ENV] = before
+        gc.collect()
+        paths.extend(p for p in sorted(glob.glob(f"{glob.escape(prefix)}_*.json"))
+                     if os.path.getsize(p))
 
 
 def _category(op: str, output_elements: int, n_weights: int) -> str:
@@ -222,9 +220,8 @@ def profile_workload(key: str, epochs: int, reps: int, threads: int, scale: floa
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         _estimator(key, 1, 0).fit(X, y)  # warm-up
-        with profiled_sessions(os.path.join(workdir, f"ort_{key}")) as sessions:
+        with profiled_sessions(os.path.join(workdir, f"ort_{key}")) as paths:
             _estimator(key, epochs, 0).fit(X, y)
-        paths = [s.end_profiling() for s in sessions]
         # the training session is the one that ran the epochs (the others: eval)
         n_weights = sum(a * b + b for a, b in zip(sizes[:-1], sizes[1:]))
         profiles = [read_profile(p, steps_per_epoch * epochs, n_weights) for p in paths]

@@ -301,16 +301,33 @@ def make_session_options(intra_op_num_threads: int | None = None, *,
 DISABLED_OPTIMIZERS = ("ConstantSharing",)
 
 
+#: Environment variable: a path prefix. Every session ortlearn opens while it is set
+#: runs with onnxruntime's profiler (``SessionOptions.enable_profiling``) and writes
+#: its profile to ``<prefix>_<date and time>.json`` when it is released
+#: (``python -m benchmarks.profile`` reads them).
+PROFILE_ENV = "ORTLEARN_PROFILE"
+
+
+def _profiled(options: ort.SessionOptions) -> ort.SessionOptions:
+    prefix = os.environ.get(PROFILE_ENV, "").strip()
+    if prefix:
+        options.enable_profiling = True
+        options.profile_file_prefix = prefix
+    return options
+
+
 def make_session(model, device="cpu", session_options: ort.SessionOptions | None = None
                  ) -> ort.InferenceSession:
     """Open an ``InferenceSession`` on ``device`` for a ModelProto, bytes or a path.
 
-    Without the optimizers of :data:`DISABLED_OPTIMIZERS`. A ModelProto
-    whose weights exceed :data:`ortlearn.fileio.EXTERNAL_DATA_THRESHOLD`
-    (protobuf cannot serialize 2 GB) is saved with external data to a
-    temporary directory and opened from there.
+    Without the optimizers of :data:`DISABLED_OPTIMIZERS`; with onnxruntime's
+    profiler where :data:`PROFILE_ENV` is set. A ModelProto whose weights
+    exceed :data:`ortlearn.fileio.EXTERNAL_DATA_THRESHOLD` (protobuf cannot
+    serialize 2 GB) is saved with external data to a temporary directory and
+    opened from there.
     """
     device = parse_device(device)
+    session_options = _profiled(session_options or make_session_options())
     if isinstance(model, onnx.ModelProto):
         if model_data_size(model) > fileio.EXTERNAL_DATA_THRESHOLD:
             return _session_from_file(model, device, session_options)
@@ -318,7 +335,7 @@ def make_session(model, device="cpu", session_options: ort.SessionOptions | None
     elif hasattr(model, "__fspath__"):
         model = str(model)
     return ort.InferenceSession(
-        model, sess_options=session_options or make_session_options(), providers=device.providers(),
+        model, sess_options=session_options, providers=device.providers(),
         disabled_optimizers=list(DISABLED_OPTIMIZERS))
 
 
@@ -330,7 +347,7 @@ def _session_from_file(model: onnx.ModelProto, device, session_options) -> ort.I
         path = os.path.join(tmp, "model.onnx")
         fileio.save_model(model, path)
         return ort.InferenceSession(
-            path, sess_options=session_options or make_session_options(),
-            providers=device.providers(), disabled_optimizers=list(DISABLED_OPTIMIZERS))
+            path, sess_options=session_options, providers=device.providers(),
+            disabled_optimizers=list(DISABLED_OPTIMIZERS))
 
 
