@@ -1,4 +1,4 @@
-"""W10-W16: the scikit-learn families of issue 23, ortlearn against its counterpart.
+"""W10-W16: scikit-learn estimator families, ortlearn against its counterpart.
 
 Each workload trains an ortlearn estimator and its scikit-learn counterpart with the
 same parameters on the same data, in the same run:

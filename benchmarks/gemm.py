@@ -1,4 +1,4 @@
-"""W20 (issue 24): a GEMM-bound MLP, and the float32 GEMM peak of the machine at its shapes.
+"""W20: a GEMM-bound MLP, and the float32 GEMM peak of the machine at its shapes.
 
 W20 trains an MLP regressor 200-512-512-1 (relu) by Adam, batch 512, on
 ``make_regression(200 000, 200)`` (``--scale`` shrinks the rows, not the

@@ -94,8 +94,8 @@ def measure(rows: int = 100_000, epochs: int = 2, warm: bool = True) -> dict:
     others, about 80 MB) and the measure is what a fit itself costs;
     ``warm=False`` measures the first fit of a fresh process.
 
-    The budget is the issue's: the process before the fit (libraries,
-    onnxruntime's fixed cost, the data) + 3 x the model and optimizer state;
+    The budget is the process before the fit (libraries, onnxruntime's fixed
+    cost, the data) + 3 x the model and optimizer state;
     ``overhead_bytes`` is what the fit added on top of ``rss_before_fit``.
     """
     out = subprocess.run([sys.executable, "-c", _CHILD, str(rows), str(epochs),

@@ -1,4 +1,4 @@
-"""Where an epoch of W2/W3/W20 goes in ortlearn: onnxruntime's profiler against JAX (issue 24).
+"""Where an epoch of W2/W3/W20 goes in ortlearn: onnxruntime's profiler against JAX.
 
 Usage::
 

@@ -22,12 +22,12 @@ Workloads (see :mod:`benchmarks.workloads` for what exactly is timed):
   torch eager and ``torch.compile``, milliseconds per step
   (:mod:`benchmarks.ortmodule`; ``--exporter`` is ORTModule's exporter,
   ``--compile-backend`` torch.compile's backend).
-* W10-W18, the scikit-learn families of issue 23 (:mod:`benchmarks.families`): W10
+* W10-W18, scikit-learn estimator families (:mod:`benchmarks.families`): W10
   multinomial logistic regression, W11 Poisson GLM, W12 Huber, W13 Ridge (whole L-BFGS
   fits, with the objective's relative gap to scikit-learn's and the time per evaluation),
   W14 linear SVM by SGD (per sample and mini-batch), W15 Poisson MLP and W16 multilabel
   MLP (Adam, s/epoch), W17 Lasso and W18 LinearSVC (whole fits).
-* W20 (issue 24; "W6" was taken, W19 is another branch's Dask scale-out): MLP
+* W20, a GEMM-bound MLP (W19, the Dask scale-out, runs in :mod:`benchmarks.scaleout`): MLP
   regressor 200-512-512-1 on make_regression(200k, 200), Adam, batch 512, 2 epochs:
   each contender's GFLOP/s
   (``6 * batch * sum(in * out)`` flops a step) against the float32 GEMM peak of the
@@ -61,7 +61,8 @@ every W6/W7 run, or of those listed (``--memory W6``; two fresh processes each).
 
 On a GPU (``--device cuda``), W2 and W3 also train ortlearn's MLP on the CPU in
 the same run (``ortlearn_adam_cpu``) and report the GPU's time per epoch over
-the CPU's (``device_to_cpu``, printed under the table). Issue 7's GPU target:
+the CPU's (``device_to_cpu``, printed under the table). The GPU target (W2 with batches
+of 1024 at least 10 times faster per epoch on a GPU than on the CPU) is measured by
 ``python -m benchmarks --workloads W2 --device cuda --batch 1024 --reps 5``.
 """
 

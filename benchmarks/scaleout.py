@@ -1,4 +1,4 @@
-"""W19: scale-out on Dask (issue 21), with the ``dask`` extra.
+"""W19: scale-out on Dask, with the ``dask`` extra.
 
 Three contenders, each on a fresh ``dask.distributed.LocalCluster`` of worker processes with
 one thread each on 127.0.0.1, started (and the workers' imports done) before the clock:

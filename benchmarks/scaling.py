@@ -1,4 +1,4 @@
-"""How an epoch's cost grows: ortlearn beside JAX and scikit-learn (issue 24).
+"""How an epoch's cost grows: ortlearn beside JAX and scikit-learn.
 
 Usage::
 

@@ -1,7 +1,7 @@
 """The workloads and their contenders (W6 and W7, torch networks: :mod:`benchmarks.networks`;
-W8 and W9, torch modules through ``ORTModule``: :mod:`benchmarks.ortmodule`; W10-W18, the
-scikit-learn families of issue 23: :mod:`benchmarks.families`; W19, scale-out on Dask:
-:mod:`benchmarks.scaleout`; W20, the GEMM-bound MLP of issue 24: :mod:`benchmarks.gemm`; JAX
+W8 and W9, torch modules through ``ORTModule``: :mod:`benchmarks.ortmodule`; W10-W18,
+scikit-learn estimator families: :mod:`benchmarks.families`; W19, scale-out on Dask:
+:mod:`benchmarks.scaleout`; W20, the GEMM-bound MLP: :mod:`benchmarks.gemm`; JAX
 contenders: :mod:`benchmarks.xla`).
 
 A :class:`Workload` holds the data and a list of :class:`Contender`; calling a
@@ -361,7 +361,7 @@ def _ortmodule(key: str):
     return build
 
 
-#: The scikit-learn families of issue 23 (:mod:`benchmarks.families`).
+#: The scikit-learn estimator families (:mod:`benchmarks.families`).
 _FAMILY_WORKLOADS = {
     "W10": "multinomial logistic regression (5 classes), L-BFGS to tol 1e-4: "
            "OrtLogisticRegression against LogisticRegression, whole fit.",

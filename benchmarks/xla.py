@@ -1,4 +1,4 @@
-"""JAX contenders (issue 24): an MLP trained by Adam, a whole epoch as one jitted ``lax.scan``.
+"""JAX contenders: an MLP trained by Adam, a whole epoch as one jitted ``lax.scan``.
 
 JAX (``jax``, ``optax``) is optional, as torch is: :func:`import_jax` returns None
 when either is missing and the contenders are then left out with a printed note.

@@ -1,4 +1,4 @@
-"""Issue 19: ortlearn.api, CheckpointState and onnxblock's checkpoint functions behave as
+"""ortlearn.api, CheckpointState and onnxblock's checkpoint functions behave as
 onnxruntime-training 1.19 does (nominal checkpoints, gradients, OrtValue calls, non-float
 inputs, error classes). Each expectation was checked against onnxruntime-training 1.19.2."""
 
@@ -87,7 +87,7 @@ def _torch_loss_and_grads(net, X, y):
     return loss.item(), {k: p.grad.numpy().copy() for k, p in params.items()}
 
 
-# ------------------------------------------------------------ item 1: nominal checkpoints
+# ------------------------------------------------------------ nominal checkpoints
 
 def test_nominal_checkpoint_has_names_and_shapes_and_refuses_every_use_of_values(art, net):
     state, module = _module(art, "nominal_checkpoint")
@@ -168,7 +168,7 @@ def test_a_nominal_state_is_never_saved_over_trained_values(art, tmp_path):
     np.testing.assert_array_equal(reloaded.parameters["fc1.weight"].data.ravel(), np.arange(12))
 
 
-# ------------------------------------------------------------------- item 4: Parameter.grad
+# ------------------------------------------------------------------- Parameter.grad
 
 def test_grad_is_none_then_zeros_then_the_accumulated_gradient(art, net):
     state = api.CheckpointState.load_checkpoint(art / "checkpoint")
@@ -194,7 +194,7 @@ def test_grad_is_none_then_zeros_then_the_accumulated_gradient(art, net):
                                atol=1e-6)
 
 
-# ------------------------------------------- item 5: onnxblock.save_checkpoint / load_...
+# ------------------------------------------- onnxblock.save_checkpoint / load_...
 
 class _Block(onnxblock.TrainingBlock):
     def __init__(self):
@@ -259,7 +259,7 @@ def test_load_checkpoint_to_model_puts_trained_values_into_the_inference_model(
         onnxblock.load_checkpoint_to_model(tmp_path / "trained", str(art / "eval_model.onnx"))
 
 
-# --------------------------------------------------- item 9: non-float graph inputs
+# --------------------------------------------------- non-float graph inputs
 
 def _mixed_inputs_model(with_string: bool):
     """out = Where(mask, x @ W + E[idx] (+ F[code(cat)]), 0): float, int64, bool, string."""
@@ -341,7 +341,7 @@ def test_module_with_int64_bool_and_string_inputs(with_string, tmp_path):
         module.train()(x, idx.astype(np.int32), *feeds[2:])
 
 
-# ------------------------------------------------------------ item 10: OrtValue in, out
+# ------------------------------------------------------------ OrtValue in, out
 
 def test_ortvalue_inputs_give_ortvalue_outputs(art):
     _, module = _module(art)
@@ -365,7 +365,7 @@ def test_ortvalue_inputs_give_ortvalue_outputs(art):
     assert all(isinstance(v, ort.OrtValue) for v in out)
 
 
-# ------------------------------------------------------ item 14: error classes, messages
+# ------------------------------------------------------ error classes, messages
 
 def test_errors_are_runtime_errors_where_onnxruntime_training_raises_them(art, tmp_path):
     state, module = _module(art)

@@ -1,10 +1,10 @@
-"""generate_artifacts as onnxruntime-training 1.19 has it (issue 19, items 2, 11 and 12).
+"""generate_artifacts as onnxruntime-training 1.19 has it.
 
-- item 2: ``requires_grad=None`` trains nothing; a model with no trainable parameter
+- ``requires_grad=None`` trains nothing; a model with no trainable parameter
   gives a valid training/eval pair (torch-exported, as onnxruntime-training's docs);
-- item 11: ``ort_format=True`` writes ``.ort`` files converted by onnxruntime itself,
+- ``ort_format=True`` writes ``.ort`` files converted by onnxruntime itself,
   which TrainingSession loads and trains with the numbers of the ``.onnx`` files;
-- item 12: ``custom_op_library``: custom operators in a frozen branch and after the
+- ``custom_op_library``: custom operators in a frozen branch and after the
   loss, a gradient through one with and without a registered rule (with
   onnxruntime-extensions' library when it is installed), the session options reaching
   every session; a model importing one domain at several versions.
@@ -49,7 +49,7 @@ def _mlp_np(x, p):
     return h @ p["2.weight"].T + p["2.bias"]
 
 
-# ------------------------------------------------------- item 2: what is trained by default
+# ------------------------------------------------------- what is trained by default
 def test_requires_grad_none_trains_nothing(tmp_path, rng):
     model, params = torch_mlp()
     artifacts.generate_artifacts(model, frozen_params=["2.bias"],
@@ -87,7 +87,7 @@ def test_a_model_without_parameters_is_a_valid_pair(tmp_path, rng):
     assert not (tmp_path / "other").exists()
 
 
-# -------------------------------------------------------------------- item 11: ORT format
+# -------------------------------------------------------------------- ORT format
 def _train(session, batches):
     out = []
     for x, t in batches:
@@ -146,7 +146,7 @@ def test_ort_format_bytes_and_a_damaged_file(tmp_path):
         TrainingSession(state, damaged)
 
 
-# ---------------------------------------------------------------- item 12: custom operators
+# ---------------------------------------------------------------- custom operators
 def _custom_model():
     """y = x @ W + relu(F), F frozen, ReLU written as the custom NegPos (second output);
     an extra output NegPos(y) after the loss."""
@@ -270,7 +270,7 @@ def test_gradient_through_a_custom_op_with_a_registered_rule(tmp_path, rng, exte
     np.testing.assert_allclose(session.get_gradient("F"), dy.sum(0) * (F > 0), rtol=1e-5)
 
 
-# ---------------------------------------------------- item 12: several versions of a domain
+# ---------------------------------------------------- several versions of a domain
 def test_a_domain_imported_at_several_versions_is_read_at_the_highest(tmp_path, rng):
     """ReduceMean with its axes as an input is opset 18's: listed after 13, onnxruntime
     would read 13 (it keeps a domain's last import) and refuse the node."""

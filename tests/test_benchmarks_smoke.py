@@ -257,7 +257,7 @@ def test_memory_of_a_fit(smoke):
     assert "memory: a W2 fit of 1000 rows" in (out / "results.md").read_text()
 
 
-# ---------------------------------------------------------------- issue 23's families
+# ---------------------------------------------------- the scikit-learn families, W10-W18
 FAMILIES = {"W10": "s/fit", "W11": "s/fit", "W12": "s/fit", "W13": "s/fit", "W14": "s/epoch",
             "W15": "s/epoch", "W16": "s/epoch", "W17": "s/fit", "W18": "s/fit"}
 

@@ -1,4 +1,4 @@
-"""Data-parallel training of one model on a Dask cluster (issue 21, item 4):
+"""Data-parallel training of one model on a Dask cluster:
 ``ortlearn.parallel.DataParallel`` and the model averaging under it."""
 
 import sys

@@ -1,4 +1,4 @@
-"""Out-of-core training and blockwise prediction on a Dask cluster (issue 21, item 3).
+"""Out-of-core training and blockwise prediction on a Dask cluster.
 
 ``partial_fit`` is one pass over the chunk it gets, so ``dask_ml.wrappers.Incremental``
 trains an ortlearn MLP block by block (blocks shuffled) over a dask array twice the size of a

@@ -1,4 +1,4 @@
-"""Searches over ortlearn estimators on a Dask cluster (issue 21, items 1 and 2).
+"""Searches over ortlearn estimators on a Dask cluster.
 
 GridSearchCV / RandomizedSearchCV on joblib's dask backend give the loky backend's numbers;
 dask-ml's IncrementalSearchCV and HyperbandSearchCV (deepcopy + partial_fit on the workers)

@@ -1,4 +1,4 @@
-"""The runtime of the full-batch fits (issue 23): graph forms and the gradient-session cache.
+"""The runtime of the full-batch fits: graph forms and the gradient-session cache.
 
 Speed itself is measured in ``benchmarks/`` (W10-W13, W17, W18); these tests
 check that the faster forms compute the same numbers and that the cache

@@ -1,4 +1,4 @@
-"""The cheaper forms of the fused step (performance round 2) give the same numbers."""
+"""The cheaper forms of the fused step give the same numbers."""
 
 import numpy as np
 import pytest

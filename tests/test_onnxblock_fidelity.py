@@ -1,11 +1,11 @@
-"""onnxblock as onnxruntime-training 1.19 has it (issue 19, items 6, 7 and 8).
+"""onnxblock as onnxruntime-training 1.19 has it.
 
-- item 6: the loss blocks' signatures and default input names (``labels`` for
+- the loss blocks' signatures and default input names (``labels`` for
   CrossEntropyLoss), their numbers against numpy;
-- item 7: every block ``onnxruntime.training.onnxblock.blocks`` exports, each
+- every block ``onnxruntime.training.onnxblock.blocks`` exports, each
   computing its numbers (SequenceConstruct, ReduceAllL2, InputLike, LabelEncoder,
   Linear's alpha/beta);
-- item 8: ``TrainingBlock.requires_grad`` on a graph input: the training model outputs
+- ``TrainingBlock.requires_grad`` on a graph input: the training model outputs
   ``<input>_grad.accumulation.out``, the gradient w.r.t. that input.
 """
 
@@ -55,7 +55,7 @@ def forward(make, model, *names):
     return block.to_model_proto()
 
 
-# ------------------------------------------------------------------ item 6: losses
+# ------------------------------------------------------------------ losses
 def test_loss_signatures_are_onnxruntime_trainings():
     def params(fn):
         return [(p.name, p.default) for p in inspect.signature(fn).parameters.values()
@@ -112,7 +112,7 @@ def test_losses_in_generate_artifacts_take_onnxruntime_trainings_input_names(tmp
                      "BCEWithLogitsLoss": ["x0", "target"], "L1Loss": ["x0", "target"]}
 
 
-# --------------------------------------------------------------- item 7: the blocks
+# --------------------------------------------------------------- the blocks
 def test_every_block_of_onnxruntime_training_exists():
     missing = [n for n in ORT_BLOCKS if not hasattr(onnxblock.blocks, n)]
     assert missing == []
@@ -214,7 +214,7 @@ def test_linear_alpha_beta_and_constant_keyword(rng):
     np.testing.assert_allclose(run_onnx(out, {"x0": x})[0], expected, rtol=1e-12)
 
 
-# ------------------------------------------------ item 8: requires_grad on a graph input
+# ------------------------------------------------ requires_grad on a graph input
 def _affine(dtype=np.float64):
     rng = np.random.default_rng(1)
     elem = np_dtype_to_onnx(dtype)

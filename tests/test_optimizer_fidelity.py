@@ -1,6 +1,6 @@
 """AdamW and SGD against a numpy transcription of onnxruntime-training 1.19's CPU kernels.
 
-The reference is what ``onnxruntime.training`` computes (issue 19, items 3 and 13):
+The reference is what ``onnxruntime.training`` computes:
 
 - ``onnxblock.optim.AdamW`` writes one com.microsoft ``AdamWOptimizer`` node with
   the attributes of :data:`ONNXBLOCK_ADAMW_ATTRIBUTES`; the kernel's own
@@ -270,7 +270,7 @@ def test_adamw_model_matches_kernel(rng, dtype, rtol, kwargs, attributes):
 
 
 def test_adamw_first_step_is_not_torchs():
-    """The issue's example: one step from zero moments, eps placement and decay order differ."""
+    """One step from zero moments, where eps placement and decay order differ from torch's."""
     w, g = [np.array([1.0])], [np.array([1e-6])]
     hf = AdamWKernel(np.float64, **ONNXBLOCK_ADAMW_ATTRIBUTES)
     torch_form = AdamWKernel(np.float64, **{**ONNXBLOCK_ADAMW_ATTRIBUTES, "adam_mode": 0})

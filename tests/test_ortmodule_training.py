@@ -1,4 +1,4 @@
-"""Acceptance of issue 18: training through ``ortlearn.torch.ORTModule`` follows plain torch.
+"""Training through ``ortlearn.torch.ORTModule`` follows plain torch.
 
 Each comparison starts two copies of one seeded module from the same weights (the
 reference is a ``copy.deepcopy`` taken before wrapping), feeds both the same batches

@@ -1,12 +1,12 @@
-"""Reliability of checkpoint files (issue 22, items 12 and 2).
+"""Reliability of checkpoint files: untrusted paths and optimizer states.
 
-Item 12: an untrusted path is read only if it is a regular file, and the
+An untrusted path is read only if it is a regular file, and the
 header length and declared tensor sizes are checked against the file's size
 before the body is read. A path that would hang or exhaust memory is tried in
 a subprocess with a timeout and a memory limit, so that a regression fails
 the test instead of hanging the suite.
 
-Item 2: the optimizer state of a checkpoint (learning rate, step, moments),
+The optimizer state of a checkpoint (learning rate, step, moments),
 from a file or from ``set_optimizer_state``, is refused when it is not a
 state a training could resume from.
 """
@@ -56,7 +56,7 @@ def _state():
     return CheckpointState.from_parameters({"w": np.ones((2, 1), np.float32)})
 
 
-# ------------------------------------------------------------- item 12: paths
+# ------------------------------------------------------------- paths
 
 def test_fifo_is_refused_without_blocking(tmp_path):
     fifo = tmp_path / "checkpoint"
@@ -98,7 +98,7 @@ def test_save_over_a_fifo_does_not_block(tmp_path):
     assert CheckpointState.load_checkpoint(fifo).parameters["w"].nominal
 
 
-# ------------------------------------------------- item 12: declared sizes
+# ------------------------------------------------- declared sizes
 
 def _sparse_file(path, header: dict, total: int) -> None:
     """A file of ``total`` bytes (sparse: costs no disk) starting with ``header``."""
@@ -169,7 +169,7 @@ def test_valid_checkpoints_still_load(tmp_path):
     assert safetensors.numpy.load_file(tmp_path / "c")["param/w"].shape == (2, 1)
 
 
-# ----------------------------------------------- item 2: optimizer state values
+# ----------------------------------------------- optimizer state values
 
 def _moments(value=0.5):
     return {"w": {"exp_avg": np.full((2, 1), value, np.float32)}}

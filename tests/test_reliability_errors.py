@@ -63,7 +63,7 @@ def test_session_allows_broadcast_of_one_row(tmp_path):
     session.close()
 
 
-# ------------------------------------------------------------------ item 14
+# --------------------------------- partial_fit on targets of another shape
 def _regression(n_outputs):
     rng = np.random.RandomState(0)
     X = rng.randn(20, 3)

@@ -1,4 +1,4 @@
-"""Reliability (issue 22): non-scalar losses and out-of-range class labels are refused."""
+"""Reliability: non-scalar losses and out-of-range class labels are refused."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def _linear(n_out: int, loss_shape=None):
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
-# ----------------------------------------------------------- item 6: non-scalar losses
+# ----------------------------------------------------------- non-scalar losses
 @pytest.mark.parametrize("loss_shape", [["N", 1], ["N"], [4, 1]])
 def test_gradient_optimizer_refuses_non_scalar_loss(loss_shape):
     rng = np.random.default_rng(0)
@@ -57,7 +57,7 @@ def test_generate_artifacts_refuses_non_scalar_first_output(tmp_path):
     assert not any(tmp_path.iterdir())
 
 
-# ------------------------------------------------ item 1: class labels out of range
+# ------------------------------------------------ class labels out of range
 def _logits_model(n_classes: int = 3):
     return _linear(n_classes)
 

@@ -1,4 +1,4 @@
-"""Issue 22, item 11: large models and checkpoints.
+"""Large models and checkpoints.
 
 - a model whose weights pass :data:`ortlearn.fileio.EXTERNAL_DATA_THRESHOLD`
   is written with ONNX external data (protobuf cannot serialize 2 GB), by

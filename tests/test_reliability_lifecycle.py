@@ -1,5 +1,5 @@
-"""Issue 22, items 5 and 15: closed sessions and modules, and artifacts that are
-written completely or not at all, with errors about what the user did."""
+"""Closed sessions and modules, and artifacts that are written completely or not at
+all, with errors about what the user did."""
 
 import gc
 import os
@@ -58,7 +58,7 @@ def _session(directory, state):
                            directory / "eval_model.onnx", directory / "optimizer_model.onnx")
 
 
-# --------------------------------------------------------------- item 5
+# ----------------------------------------------- closed sessions and modules
 
 def test_closed_training_session_refuses_every_method(linear_artifacts, tmp_path):
     state = _state(linear_artifacts)
@@ -186,7 +186,7 @@ def test_two_live_sessions_on_one_state_are_refused(linear_artifacts):
     _session(linear_artifacts, state).close()
 
 
-# -------------------------------------------------------------- item 15
+# ------------------------------------- artifacts written completely or not at all
 
 def _old_files(directory, names):
     directory.mkdir(exist_ok=True)

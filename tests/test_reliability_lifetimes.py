@@ -1,4 +1,4 @@
-"""Reliability (issue 22): one estimator fitted from several threads, what a fitted model keeps."""
+"""Reliability: one estimator fitted from several threads, what a fitted model keeps."""
 
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ def _equal_weights(a, b):
         np.testing.assert_array_equal(sa[name], sb[name], err_msg=name)
 
 
-# ------------------------------------------------ item 4: one estimator, several threads
+# ------------------------------------------------ one estimator, several threads
 def test_partial_fit_from_threads_equals_the_same_calls_in_a_row():
     """Every call applies one whole pass: N calls from 4 threads = N calls in a row."""
     X, y = _data()
@@ -145,7 +145,7 @@ def test_estimators_with_a_fit_lock_still_clone_pickle_and_copy():
     assert clone(est).get_params() == est.get_params()
 
 
-# ------------------------------------------- item 9: a fitted model keeps what predicting needs
+# ------------------------------------------- a fitted model keeps what predicting needs
 @pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
 def test_fit_releases_the_training_session_and_partial_fit_rebuilds_it():
     X, y = _data()

@@ -1,4 +1,4 @@
-"""Peak memory of a fit on wide inputs (issue 22, item 10).
+"""Peak memory of a fit on wide inputs.
 
 The peak resident memory is measured in a fresh process (onnxruntime
 allocates outside Python, tracemalloc cannot see it), as
@@ -50,7 +50,8 @@ print(json.dumps({"overhead": status("VmHWM") - before, "data": X.nbytes + y.nby
 #: weights (float32) + ALLOWANCE. Measured on 4 x 100 000 features (1 000 021
 #: weights, 4 MB; data 1.6 MB): 1 188 MB before the first fix (onnx's data
 #: propagation on the flat weights, ``ortlearn.graph.values.LONG_VECTOR``),
-#: 127 MB after it, 95 to 103 MB after the second round (127 MB in CI's fresh
+#: 127 MB after it, 95 to 103 MB once the engine's loss graph dropped the
+#: weights' values and a large model's session its arena (127 MB in CI's fresh
 #: environment), 43 MB now: a large model's step writes its weights and Adam's
 #: moments in place (one buffer each instead of a ping-pong pair), keeps a
 #: tensor per weight (no copies of the weights nor of the gradients), the L2

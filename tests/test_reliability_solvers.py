@@ -1,5 +1,5 @@
-"""Issue 22, items 3, 7 and 8: L-BFGS statuses, warm starts on a changed
-architecture, float64 data beyond a float32 model's range."""
+"""L-BFGS statuses, warm starts on a changed architecture, float64 data beyond a
+float32 model's range."""
 
 import re
 import warnings
@@ -49,7 +49,7 @@ def _caught(fit):
     return [w for w in caught if issubclass(w.category, ConvergenceWarning)]
 
 
-# ------------------------------------------------------------ item 3: L-BFGS
+# ------------------------------------------------------------ L-BFGS
 def test_lbfgs_abnormal_stop_warns_as_sklearn(data):
     """X * 1e30: the first line search fails (status 2) in sklearn and ortlearn alike."""
     X, y = data
@@ -99,7 +99,7 @@ def test_lbfgs_n_iter_is_the_iterations_run(linear_loss, capsys):
     assert np.isfinite(loss)
 
 
-# ----------------------------------------------- item 7: warm_start, changed shapes
+# ----------------------------------------------- warm_start, changed shapes
 def test_warm_start_changed_hidden_layer_sizes_raises(data):
     X, y = data
     ref = MLPRegressor(hidden_layer_sizes=(4,), warm_start=True, max_iter=3, solver="lbfgs")
@@ -207,7 +207,7 @@ def test_gradient_optimizer_warm_start_new_graph_or_weights_raises(linear_loss):
     assert est.get_state()["coef"].shape == (2, 1)
 
 
-# ---------------------------------------- item 8: float64 data, float32 model
+# ---------------------------------------- float64 data, float32 model
 def test_float32_model_predict_float64_beyond_range_raises(data):
     X, y = data
     est = OrtMLPRegressor(hidden_layer_sizes=(4,), max_iter=3, random_state=0)

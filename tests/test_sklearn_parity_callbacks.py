@@ -1,4 +1,4 @@
-"""Progress and logging as scikit-learn does them (issue 23, item 5).
+"""Progress and logging as scikit-learn does them.
 
 scikit-learn 1.9's callbacks (``sklearn.callback``) see one task per fit and
 one subtask per epoch; ``verbose`` writes scikit-learn's lines through the
@@ -230,7 +230,7 @@ def test_sparse_and_dense_fits_log_the_same(diabetes, capsys):
     assert outs[0] == outs[1] and np.char.count(outs[0], "Iteration") == 2
 
 
-# ------------------------------------------------- day-one details (item 6)
+# -------------------------------------------------------- day-one details
 
 REPO = __import__("pathlib").Path(__file__).resolve().parent.parent
 

@@ -1,4 +1,4 @@
-"""Callbacks and verbose logging of the full-batch estimators (issue 23, item 5).
+"""Callbacks and verbose logging of the full-batch estimators.
 
 scikit-learn 1.9's callbacks (``sklearn.callback``) see one task per fit and
 one subtask ``'iteration'`` per iteration of the solver (L-BFGS, FISTA);

@@ -1,4 +1,4 @@
-"""Sparse X (scipy.sparse CSR/CSC) in the full-batch estimators and solver='lbfgs' (issue 23).
+"""Sparse X (scipy.sparse CSR/CSC) in the full-batch estimators and solver='lbfgs'.
 
 The graph gets ``X @ W`` computed by scipy and ``W``'s gradient gets
 ``X^T @ d``: the fit reaches the dense fit's objective (1e-6 relative, in

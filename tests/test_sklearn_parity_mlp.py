@@ -1,4 +1,4 @@
-"""OrtMLPRegressor / OrtMLPClassifier as drop-ins for scikit-learn's MLPs (issue 23).
+"""OrtMLPRegressor / OrtMLPClassifier as drop-ins for scikit-learn's MLPs.
 
 Parameters (``loss``, every key of the counterpart's ``get_params``),
 ``MLPRegressor(loss='poisson')``, multilabel ``MLPClassifier`` and the fitted

@@ -1,4 +1,4 @@
-"""Sparse X (scipy.sparse CSR/CSC), as scikit-learn's estimators take it (issue 23, item 4).
+"""Sparse X (scipy.sparse CSR/CSC), as scikit-learn's estimators take it.
 
 A sparse X is densified one block of whole mini-batches at a time
 (``ortlearn/training/sparse.py``): the fit is the dense fit of the same

@@ -1,4 +1,4 @@
-"""Acceptance of issue 17 for the CNN family, against torch.
+"""The CNN family of the torch zoo, against torch.
 
 LeNet-style CNN (BatchNorm, Dropout, MaxPool) on the 8x8 digits, MobileNetV2 inverted
 residual (depthwise Conv, BatchNorm, ReLU6, HardSwish), ResNet basic block (skip

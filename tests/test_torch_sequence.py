@@ -1,4 +1,4 @@
-"""Acceptance of issue 17 for the sequence models of the zoo (tests/torch_models.py).
+"""The sequence models of the zoo (tests/torch_models.py), against torch.
 
 The transformer encoder layer (embedding with padding_idx, multi-head attention with a
 padding mask, LayerNorm, GELU, dropout, classification head) and the recurrent

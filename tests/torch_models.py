@@ -1,6 +1,6 @@
 """Small torch models, their ONNX exports for training, and gradients both ways.
 
-The zoo the torch acceptance tests share (issue 17): each builder returns a
+The zoo the torch acceptance tests share: each builder returns a
 seeded ``torch.nn.Module`` and example inputs; :func:`export` writes it to ONNX
 with the training recipe of ``doc/torch_models.rst`` for either exporter;
 :func:`torch_gradients` and :func:`ortlearn_gradients` compute the gradient of

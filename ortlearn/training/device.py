@@ -158,8 +158,9 @@ def single_thread_blas():
     For a host-side solver whose linear algebra is tiny (scipy's L-BFGS-B on
     a hundred weights): a threaded BLAS call wakes its workers for microseconds
     of work, and on a loaded machine each wake-up waits for a core
-    (``doc/benchmarks.rst`` "W4 after round 3"). The cached controller spares
-    the scan of the loaded libraries a fresh ``threadpool_limits`` makes.
+    (``doc/benchmarks.rst``, the section on W4's full-batch L-BFGS). The
+    cached controller spares the scan of the loaded libraries a fresh
+    ``threadpool_limits`` makes.
 
     Returns
     -------

@@ -1,4 +1,4 @@
-"""Issue 24's benchmark pieces at tiny sizes: the JAX and torch.compile contenders of W2/W3,
+"""Benchmark pieces at tiny sizes: the JAX and torch.compile contenders of W2/W3,
 the GEMM-bound W20 with its measured peak, the scaling script and the step profile.
 
 JAX is optional (CI does not install it): its parts are skipped without it, the rest runs.
