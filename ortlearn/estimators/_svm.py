@@ -39,6 +39,7 @@ from ..graph.model import DEFAULT_OPSET
 from ..loss import elementwise_loss
 from ..training import minimize_lbfgs
 from ..training.sparse import is_sparse
+from ..training.svm_dual import solve_svm_dual
 from ._fullbatch import (
     COEF,
     LABEL,
@@ -107,66 +108,6 @@ def _dual_objective(n_features, n_samples, n_outputs, epsilon=None):
     return finalize_model(model)
 
 
-#: Widths of the band of margins taken as "on the margin" by the polish.
-_POLISH_BANDS = (1e-1, 1e-2, 1e-3, 1e-4, 1e-5, 1e-6, 1e-7)
-#: At most this many polish rounds (each from the partition of the previous one's w~).
-_POLISH_ROUNDS = 20
-
-
-def _primal_value(X, Y, cost, coef, epsilon):
-    """liblinear's primal objective of each column (hinge or epsilon-insensitive)."""
-    raw = X @ coef
-    excess = (np.maximum(0.0, 1.0 - Y * raw) if epsilon is None
-              else np.maximum(0.0, np.abs(Y - raw) - epsilon))
-    return 0.5 * (coef ** 2).sum(axis=0) + (cost * excess).sum(axis=0)
-
-
-def _polish(X, Y, cost, coef, epsilon):
-    """The exact minimiser of the non-smooth primal where L-BFGS-B's dual identified it.
-
-    A first-order method reaches the dual's minimum slowly where it is
-    degenerate (more support vectors on the margin than features). Its
-    approximate ``w~`` tells which rows are on the margin (within a band),
-    beyond it (dual at its bound ``C_i``) or inside it (dual 0); with that
-    partition the optimality conditions are linear (OSQP's polish)::
-
-        w~ = w0 + A_F^T lam,   A_F w~ = t_F
-
-    with ``w0`` the rows at their bound, ``A_F`` the rows on the margin
-    (signed by their label for the hinge) and ``t_F`` their margin (1, or
-    ``y - sign(r) epsilon``). Solved for several band widths; a column keeps
-    the solution with the lowest primal objective, the L-BFGS-B one included.
-    """
-    best = coef.copy()
-    best_value = _primal_value(X, Y, cost, coef, epsilon)
-    for k in range(coef.shape[1]):
-        w, y, c = coef[:, k], Y[:, k], cost[:, k]
-        raw = X @ w
-        if epsilon is None:
-            A, gap, bound_sign = X * y[:, None], y * raw - 1.0, np.ones_like(y)
-            target, beyond = np.ones_like(y), None
-        else:
-            residual = y - raw
-            bound_sign = np.sign(residual)
-            A, gap = X, np.abs(residual) - epsilon
-            target = y - bound_sign * epsilon
-        for band in _POLISH_BANDS:
-            on = np.abs(gap) <= band
-            beyond = gap < -band if epsilon is None else gap > band
-            w0 = A[beyond].T @ (bound_sign[beyond] * c[beyond])
-            if on.any():
-                # The least-norm correction lies in the row space of A_F (= A_F^T lam):
-                # least squares on the (rows x features) system, not the rows x rows one.
-                A_on = A[on]
-                candidate = w0 + np.linalg.lstsq(A_on, target[on] - A_on @ w0, rcond=None)[0]
-            else:
-                candidate = w0
-            value = _primal_value(X, Y[:, [k]], cost[:, [k]], candidate[:, None], epsilon)[0]
-            if np.isfinite(value) and value < best_value[k]:
-                best[:, k], best_value[k] = candidate, value
-    return best
-
-
 class _BaseOrtLinearSVM(BaseOrtFullBatch):
     """The liblinear objectives on ``x~ = [x, intercept_scaling]`` (not for direct use)."""
 
@@ -208,44 +149,25 @@ class _BaseOrtLinearSVM(BaseOrtFullBatch):
                    "remedy": "Scale the data or decrease C."}
         if self.loss == self._dual_loss:
             epsilon = score_params.get("epsilon")
-            model = _dual_objective(n_features, n_samples, 1, epsilon)
             trainable = [DUAL] if epsilon is None else [DUAL, DUAL_NEG]
-            # One run per one-vs-rest problem, as liblinear: L-BFGS's curvature pairs of
-            # independent problems mixed in one run slow it down several times.
-            coef, n_iter, loss = np.zeros((n_features, n_outputs)), 0, 0.0
 
             def primal(weights, k):  # w~ of problem k from its dual variables
                 signed = (weights[DUAL][:, 0] * Y[:, k] if epsilon is None
                           else weights[DUAL][:, 0] - weights[DUAL_NEG][:, 0])
                 return X.T @ signed
 
-            def attributes(weights, k):  # the problems solved so far, k at this iteration
-                current = coef.copy()
+            hook = self._iteration_hook(self._attributes)
+
+            def callback(weights, k, solved):  # the problems solved so far, k at this iteration
+                current = solved.copy()
                 current[:, k] = primal(weights, k)
-                return self._attributes(current)
+                return hook(current)
 
-            hook, stopped = self._iteration_hook(lambda w: attributes(w, k)), []
-
-            def stop(weights):  # a callback asking to stop ends every problem there
-                stopped.append(hook(weights))
-                return stopped[-1]
-
-            for k in range(n_outputs):  # the hook's attributes read the current k
-                bounds = {name: (0.0, cost[:, [k]]) for name in trainable}
-                weights, iterations, value = minimize_lbfgs(
-                    model, trainable, None, [X, np.ascontiguousarray(Y[:, [k]])],
-                    ["X", LABEL], loss_output=LOSS, bounds=bounds,
-                    tol=self.tol * _DUAL_GTOL_FACTOR, callback=hook and stop, **options)
-                coef[:, k] = primal(weights, k)
-                n_iter, loss = max(n_iter, iterations), loss + value
-                if any(stopped):
-                    break
-            for _ in range(0 if any(stopped) else _POLISH_ROUNDS):  # each round's partition
-                # from the last's w~
-                polished = _polish(X, Y, cost, coef, epsilon)
-                if np.array_equal(polished, coef):
-                    break
-                coef = polished
+            coef, n_iter, loss, _ = solve_svm_dual(
+                _dual_objective(n_features, n_samples, 1, epsilon), trainable, X, Y, cost,
+                epsilon, primal=primal, tol=self.tol * _DUAL_GTOL_FACTOR,
+                callback=hook and callback,
+                label=LABEL, loss_output=LOSS, **options)
         else:
             model = _primal_objective(n_features, n_outputs, cost, self._smooth_loss,
                                       **score_params)

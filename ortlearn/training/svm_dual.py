@@ -1,0 +1,150 @@
+"""The solver of liblinear's dual problems (hinge and epsilon-insensitive losses).
+
+The dual of each one-vs-rest problem is a bounded quadratic program, smooth: scipy's L-BFGS-B
+minimises it with onnxruntime's gradient (:func:`~ortlearn.training.minimize_lbfgs`, box
+bounds ``0 <= a_i <= C_i``), one run per problem as liblinear (the curvature pairs of
+independent problems mixed in one run slow it down several times). A first-order method
+reaches the minimum of a degenerate dual slowly; the primal is then polished exactly
+(:func:`polish`): the approximate solution tells which rows are on the margin, and there the
+optimality conditions are linear.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .lbfgs import minimize_lbfgs
+
+__all__ = ["POLISH_BANDS", "POLISH_ROUNDS", "polish", "primal_value", "solve_svm_dual"]
+
+
+#: Widths of the band of margins taken as "on the margin" by the polish.
+POLISH_BANDS = (1e-1, 1e-2, 1e-3, 1e-4, 1e-5, 1e-6, 1e-7)
+
+
+#: At most this many polish rounds (each from the partition of the previous one's w~).
+POLISH_ROUNDS = 20
+
+
+def primal_value(X, Y, cost, coef, epsilon):
+    """liblinear's primal objective of each column (hinge or epsilon-insensitive)."""
+    raw = X @ coef
+    excess = (np.maximum(0.0, 1.0 - Y * raw) if epsilon is None
+              else np.maximum(0.0, np.abs(Y - raw) - epsilon))
+    return 0.5 * (coef ** 2).sum(axis=0) + (cost * excess).sum(axis=0)
+
+
+def polish(X, Y, cost, coef, epsilon):
+    """The exact minimiser of the non-smooth primal where L-BFGS-B's dual identified it.
+
+    A first-order method reaches the dual's minimum slowly where it is
+    degenerate (more support vectors on the margin than features). Its
+    approximate ``w~`` tells which rows are on the margin (within a band),
+    beyond it (dual at its bound ``C_i``) or inside it (dual 0); with that
+    partition the optimality conditions are linear (OSQP's polish)::
+
+        w~ = w0 + A_F^T lam,   A_F w~ = t_F
+
+    with ``w0`` the rows at their bound, ``A_F`` the rows on the margin
+    (signed by their label for the hinge) and ``t_F`` their margin (1, or
+    ``y - sign(r) epsilon``). Solved for several band widths; a column keeps
+    the solution with the lowest primal objective, the L-BFGS-B one included.
+    """
+    best = coef.copy()
+    best_value = primal_value(X, Y, cost, coef, epsilon)
+    for k in range(coef.shape[1]):
+        w, y, c = coef[:, k], Y[:, k], cost[:, k]
+        raw = X @ w
+        if epsilon is None:
+            A, gap, bound_sign = X * y[:, None], y * raw - 1.0, np.ones_like(y)
+            target, beyond = np.ones_like(y), None
+        else:
+            residual = y - raw
+            bound_sign = np.sign(residual)
+            A, gap = X, np.abs(residual) - epsilon
+            target = y - bound_sign * epsilon
+        for band in POLISH_BANDS:
+            on = np.abs(gap) <= band
+            beyond = gap < -band if epsilon is None else gap > band
+            w0 = A[beyond].T @ (bound_sign[beyond] * c[beyond])
+            if on.any():
+                # The least-norm correction lies in the row space of A_F (= A_F^T lam):
+                # least squares on the (rows x features) system, not the rows x rows one.
+                A_on = A[on]
+                candidate = w0 + np.linalg.lstsq(A_on, target[on] - A_on @ w0, rcond=None)[0]
+            else:
+                candidate = w0
+            value = primal_value(X, Y[:, [k]], cost[:, [k]], candidate[:, None], epsilon)[0]
+            if np.isfinite(value) and value < best_value[k]:
+                best[:, k], best_value[k] = candidate, value
+    return best
+
+
+def solve_svm_dual(model, trainable, X, Y, cost, epsilon=None, *, primal, tol, callback=None,
+                   label="y", loss_output="loss", **lbfgs_options):
+    """Each column of ``Y`` a problem: L-BFGS-B on its dual, then the exact polish.
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        The dual objective of one problem: inputs ``X`` and ``label`` (one
+        column), the dual variables ``trainable`` (each ``(n_samples, 1)``),
+        the output ``loss_output``.
+    trainable : list of str
+        The dual variables (``a``, or ``p`` and ``m`` for the regression).
+    X : numpy.ndarray of shape (n_samples, n_features)
+    Y : numpy.ndarray of shape (n_samples, n_problems)
+        Signs in {-1, 1} (hinge) or targets (``epsilon`` given).
+    cost : numpy.ndarray of shape (n_samples, n_problems)
+        The upper bound ``C_i`` of each dual variable.
+    epsilon : float, optional
+        The epsilon-insensitive loss's width; None for the hinge.
+    primal : callable
+        ``primal(weights, k) -> w~`` of problem ``k`` from its dual variables.
+    tol : float
+        L-BFGS-B's projected-gradient tolerance.
+    callback : callable, optional
+        ``callback(weights, k, coef) -> bool`` after each iteration of problem
+        ``k``, ``coef`` holding ``w~`` of the problems solved before it; True
+        ends every problem there, unpolished.
+    label, loss_output : str, default='y', 'loss'
+        The label input and the loss output of ``model``.
+    **lbfgs_options
+        More options of :func:`~ortlearn.training.minimize_lbfgs` (``max_iter``,
+        ``ftol``, ``maxls``, ``device``, ``verbose``, ``remedy``).
+
+    Returns
+    -------
+    coef : numpy.ndarray of shape (n_features, n_problems)
+        ``w~`` of each problem.
+    n_iter : int
+        The most iterations a problem ran.
+    loss : float
+        The sum of the dual minima.
+    stopped : bool
+        Whether ``callback`` asked to stop.
+    """
+    n_features, n_problems = X.shape[1], Y.shape[1]
+    coef, n_iter, loss, stopped = np.zeros((n_features, n_problems)), 0, 0.0, False
+    for k in range(n_problems):
+        bounds = {name: (0.0, cost[:, [k]]) for name in trainable}
+
+        def stop(weights, k=k):
+            nonlocal stopped
+            stopped = bool(callback(weights, k, coef))
+            return stopped
+
+        weights, iterations, value = minimize_lbfgs(
+            model, trainable, None, [X, np.ascontiguousarray(Y[:, [k]])], ["X", label],
+            loss_output=loss_output, bounds=bounds, tol=tol,
+            callback=None if callback is None else stop, **lbfgs_options)
+        coef[:, k] = primal(weights, k)
+        n_iter, loss = max(n_iter, iterations), loss + value
+        if stopped:
+            return coef, n_iter, loss, True
+    for _ in range(POLISH_ROUNDS):  # each round's partition from the last's w~
+        polished = polish(X, Y, cost, coef, epsilon)
+        if np.array_equal(polished, coef):
+            break
+        coef = polished
+    return coef, n_iter, loss, False
