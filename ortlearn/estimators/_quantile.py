@@ -32,7 +32,11 @@ from ..exceptions import ConvergenceWarning
 from ..graph import GraphBuilder, finalize_model
 from ..graph.model import DEFAULT_OPSET
 from ..log import user_stacklevel
-from ..training import minimize_lbfgs
+from ..training.quantile import (
+    QuantileProblem,
+    minimize_smoothed_pinball,
+    objective,
+)
 from ..training.sparse import is_sparse
 from ._fullbatch import (
     DATA_SCALE,
@@ -48,11 +52,6 @@ __all__ = ["OrtQuantileRegressor"]
 
 POS, NEG = "coef_positive", "coef_negative"
 _SOLVERS = {"highs-ds", "highs-ipm", "highs", "interior-point", "revised simplex"}
-#: Smoothing widths, relative to the mean absolute deviation of y.
-_WIDTHS = tuple(10.0 ** -k for k in range(1, 10))
-#: L-BFGS iterations per smoothing stage.
-_STAGE_MAX_ITER = 2000
-_POLISH_BANDS = tuple(10.0 ** -k for k in range(2, 12))
 
 
 def _pinball_objective(n_features, fit_intercept, quantile, alpha, width, data_scale,
@@ -101,11 +100,6 @@ def _pinball_objective(n_features, fit_intercept, quantile, alpha, width, data_s
         [helper.make_tensor_value_info(LOSS, TensorProto.DOUBLE, [])], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", DEFAULT_OPSET)])
     return finalize_model(model)
-
-
-def _dense(X):
-    """``X`` as an ndarray (a few rows of a sparse X, for a least-squares solve)."""
-    return X.toarray() if is_sparse(X) else X
 
 
 @fill_shared_doc
@@ -185,13 +179,6 @@ class OrtQuantileRegressor(RegressorMixin, BaseOrtFullBatch):
         self.solver_options = solver_options
         self.device = device
 
-    def _objective(self, X, y, sample_weight, coef, intercept):
-        """The exact (non-smooth) objective of scikit-learn."""
-        residual = y - X @ coef - intercept
-        pinball = np.maximum(self.quantile * residual, (self.quantile - 1) * residual)
-        return (sample_weight @ pinball / sample_weight.sum()
-                + self.alpha * np.abs(coef).sum())
-
     def _check_params(self):
         if self.solver == "interior-point":
             raise ValueError("Solver interior-point is not anymore available in SciPy >= "
@@ -201,128 +188,35 @@ class OrtQuantileRegressor(RegressorMixin, BaseOrtFullBatch):
                              "in OrtQuantileRegressor: it does not run linprog; leave it None.")
 
     def _fit_validated(self, X, y, sample_weight):
-        y = np.asarray(y, dtype=np.float64)
+        problem = QuantileProblem(X, np.asarray(y, dtype=np.float64), sample_weight,
+                                  float(self.quantile), float(self.alpha), self.fit_intercept)
         n_features = X.shape[1]
-        scale = float(np.mean(np.abs(y - np.median(y)))) or 1.0
         data_scale = 1.0 / sample_weight.sum()
-        trainable = [POS, NEG] + ([INTERCEPT] if self.fit_intercept else [])
-        coef, intercept = np.zeros(n_features), float(np.median(y)) if self.fit_intercept else 0.0
-        weights = {}
-        n_iter, losses = 0, []
+
+        def smoothed(width):
+            return _pinball_objective(n_features, self.fit_intercept, problem.quantile,
+                                      problem.alpha, width, data_scale, sparse=is_sparse(X))
 
         def attributes(weights):
             return {"coef_": (weights[POS] - weights[NEG])[:, 0].astype(self._dtype),
                     "intercept_": (float(weights[INTERCEPT][0]) if self.fit_intercept
                                    else 0.0)}
 
-        hook, stopped = self._iteration_hook(attributes), []
-
-        def stop(weights):  # a callback asking to stop ends the fit there, unpolished
-            stopped.append(hook(weights))
-            return stopped[-1]
-
-        for width in _WIDTHS:
-            if weights:  # warm start from the last stage's (polished) minimiser
-                weights = {POS: np.maximum(coef, 0)[:, None], NEG: np.maximum(-coef, 0)[:, None],
-                           **({INTERCEPT: np.array([intercept])} if self.fit_intercept else {})}
-            model = _pinball_objective(n_features, self.fit_intercept, float(self.quantile),
-                                       float(self.alpha), width * scale, data_scale,
-                                       sparse=is_sparse(X))
-            with warnings.catch_warnings():
-                # A stage stopping short (the smoothed kink gets sharp) is no failure: the
-                # next stage and the polish go on from it; the optimality check decides.
-                warnings.simplefilter("ignore", ConvergenceWarning)
-                weights, iterations, loss = minimize_lbfgs(
-                    model, trainable, weights or None, [X, y.reshape(-1, 1), sample_weight],
-                    ["X", LABEL, SAMPLE_WEIGHT], device=str(self.device), loss_output=LOSS,
-                    max_iter=_STAGE_MAX_ITER, tol=0.0,
-                    bounds={POS: (0, None), NEG: (0, None)}, callback=hook and stop,
-                    remedy="Scale the data.")
-            n_iter += iterations
-            losses.append(float(loss))
-            coef = (weights[POS] - weights[NEG])[:, 0]
-            intercept = float(weights[INTERCEPT][0]) if self.fit_intercept else 0.0
-            if any(stopped):
-                break
-            coef, intercept = self._polish(X, y, sample_weight, coef, intercept, scale)
-            if self._is_optimal(X, y, sample_weight, coef, intercept, scale):
-                break
+        result = minimize_smoothed_pinball(
+            problem, smoothed, names=(POS, NEG, INTERCEPT, LABEL, SAMPLE_WEIGHT, LOSS),
+            callback=self._iteration_hook(attributes), device=str(self.device),
+            remedy="Scale the data.")
+        coef, intercept = result.coef, result.intercept
         self._weights = {POS: np.maximum(coef, 0)[:, None], NEG: np.maximum(-coef, 0)[:, None]}
         if self.fit_intercept:
             self._weights[INTERCEPT] = np.array([intercept])
         self.coef_ = coef.astype(self._dtype)
         self.intercept_ = intercept
-        self.n_iter_ = n_iter
-        self.loss_ = float(self._objective(X, y, sample_weight, coef, intercept))
-        self.train_losses_ = losses
-        if not any(stopped) and not self._is_optimal(X, y, sample_weight, coef, intercept,
-                                                     scale):
+        self.n_iter_ = result.n_iter
+        self.loss_ = objective(problem, coef, intercept)
+        self.train_losses_ = result.stage_losses
+        if not result.stopped and not result.optimal:
             warnings.warn("The smoothing stages ended without a certified minimum of the "
                           "linear program: the objective may be above its minimum.",
                           ConvergenceWarning, stacklevel=user_stacklevel())
         return self
-
-    def _is_optimal(self, X, y, sample_weight, coef, intercept, scale) -> bool:
-        """Whether zero is in the subdifferential of the objective (to rounding).
-
-        The rows of zero residual ``Z`` have a pinball subgradient free in
-        ``[q - 1, q]``, the zero coefficients an L1 one free in ``[-1, 1]``:
-        the least-squares subgradients of ``Z`` that zero the gradient of the
-        intercept and of the non-zero coefficients must lie in their
-        intervals, and leave the zero coefficients' gradients within ``alpha``.
-        """
-        q, total = float(self.quantile), sample_weight.sum()
-        residual = y - X @ coef - intercept
-        zero = np.abs(residual) <= 1e-9 * scale
-        psi = np.where(residual > 0, q, q - 1.0)
-        fixed = X[~zero].T @ (sample_weight[~zero] * psi[~zero])  # (n_features,)
-        active = coef != 0
-        # (n_features, |Z|): few rows have a zero residual (a vertex: about n_features)
-        A = (_dense(X[zero]) * sample_weight[zero, None]).T
-        target = total * self.alpha * np.sign(coef) - fixed
-        rows, goal = [A[active]], [target[active]]
-        if self.fit_intercept:
-            rows.append(sample_weight[zero][None, :])
-            goal.append([-(sample_weight[~zero] @ psi[~zero])])
-        system, goal = np.vstack(rows), np.concatenate(goal)
-        if zero.any():
-            free = np.linalg.lstsq(system, goal, rcond=None)[0]
-        else:
-            free = np.zeros(0)
-        slack = 1e-8 * max(total * max(self.alpha, 1.0), 1.0) * (1 + abs(X).max())
-        if np.abs(system @ free - goal).max(initial=0.0) > slack:
-            return False
-        if (free < q - 1 - 1e-8).any() or (free > q + 1e-8).any():
-            return False
-        inactive_gradient = fixed[~active] + A[~active] @ free
-        return bool((np.abs(inactive_gradient) <= total * self.alpha + slack).all())
-
-    def _polish(self, X, y, sample_weight, coef, intercept, scale):
-        """The vertex of the linear program near the smoothed minimiser, if it is better.
-
-        For each band: the rows with ``|residual| <= band * scale`` and the
-        coefficients with ``|coef| > band * max|coef|``; least squares of
-        those rows on those coefficients (and the intercept) gives a
-        candidate; the lowest exact objective wins, the smoothed minimiser
-        included.
-        """
-        best = (coef, intercept)
-        best_value = self._objective(X, y, sample_weight, coef, intercept)
-        residual = y - X @ coef - intercept
-        largest = np.abs(coef).max() if coef.size else 0.0
-        for band in _POLISH_BANDS:
-            rows = np.abs(residual) <= band * scale
-            columns = np.abs(coef) > band * largest
-            if not rows.any():
-                continue
-            A = _dense(X[rows][:, columns])
-            if self.fit_intercept:
-                A = np.hstack([A, np.ones((A.shape[0], 1))])
-            solution = np.linalg.lstsq(A, y[rows], rcond=None)[0]
-            candidate = np.zeros_like(coef)
-            candidate[columns] = solution[:columns.sum()]
-            candidate_intercept = float(solution[-1]) if self.fit_intercept else 0.0
-            value = self._objective(X, y, sample_weight, candidate, candidate_intercept)
-            if np.isfinite(value) and value < best_value:
-                best, best_value = (candidate, candidate_intercept), value
-        return best

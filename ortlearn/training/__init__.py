@@ -7,7 +7,9 @@
 - :func:`minimize_lbfgs`: full-batch L-BFGS, scipy driving, onnxruntime
   evaluating the loss and its gradients (:func:`loss_and_gradient`, the
   evaluator alone, for solvers driven on the host);
-  :func:`minimize_fista`: proximal gradient with restart (the L1 models).
+  :func:`minimize_fista`: proximal gradient with restart (the L1 models);
+  :mod:`~ortlearn.training.svm_dual` (liblinear's duals) and
+  :mod:`~ortlearn.training.quantile` (the pinball linear program by smoothing).
 - :class:`TrainingSession`: runs the training, eval and optimizer models of
   ``ortlearn.artifacts.generate_artifacts`` (what ``ortlearn.api`` runs).
 - :class:`CheckpointState`: parameters, optimizer state and properties,
