@@ -14,7 +14,7 @@ from sklearn.preprocessing import StandardScaler
 
 import ortlearn
 import ortlearn.training.lbfgs as lbfgs
-from ortlearn.estimators._fullbatch import linear_objective
+from ortlearn.estimators._objective import linear_objective
 from ortlearn.exceptions import ConvergenceWarning
 from ortlearn.loss import elementwise_loss
 

@@ -178,7 +178,7 @@ def test_the_dual_losses_refuse_sparse_x_clearly():
 
 
 def test_lbfgs_refuses_a_sparse_input_it_cannot_multiply():
-    from ortlearn.estimators._fullbatch import linear_objective
+    from ortlearn.estimators._objective import linear_objective
     from ortlearn.training import minimize_lbfgs
 
     def row_loss(b, raw, label):  # reads X itself, not only through X @ coef

@@ -401,7 +401,7 @@ def test_log_loss_gradient_at_zero_score():
     import onnxruntime
 
     from ortlearn.autodiff import build_gradient
-    from ortlearn.estimators._fullbatch import linear_objective
+    from ortlearn.estimators._objective import linear_objective
     from ortlearn.loss import elementwise_loss
 
     X, y = _data("breast_cancer")

@@ -11,7 +11,7 @@ scikit-learn runs coordinate descent; here FISTA with adaptive restart
 (O'Donoghue & Candes, 2015): onnxruntime evaluates the smooth part (the
 squared error and the L2 term) and its gradient in one call per iteration
 (:func:`ortlearn.training.loss_and_gradient`, on the float64 graph of
-:func:`~ortlearn.estimators._fullbatch.linear_objective`), the host applies
+:func:`~ortlearn.estimators._objective.linear_objective`), the host applies
 the soft-thresholding prox of the L1 term, which gives exact zeros. The
 step is ``1 / L`` with ``L`` the largest eigenvalue of ``X^T W X / n`` plus
 the L2 factor: exact up to 64 features; above, estimated from below by a few
@@ -38,15 +38,8 @@ from ..exceptions import ConvergenceWarning
 from ..log import user_stacklevel
 from ..loss import elementwise_loss
 from ..training import largest_eigenvalue, loss_and_gradient, minimize_fista
-from ._fullbatch import (
-    COEF,
-    LABEL,
-    SAMPLE_WEIGHT,
-    BaseOrtFullBatch,
-    center_data,
-    fill_shared_doc,
-    linear_objective,
-)
+from ._fullbatch import BaseOrtFullBatch, center_data, fill_shared_doc
+from ._objective import COEF, LABEL, SAMPLE_WEIGHT, linear_objective
 
 __all__ = ["OrtElasticNet", "OrtLasso"]
 

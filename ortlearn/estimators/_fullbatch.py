@@ -38,16 +38,19 @@ from ..graph.model import DEFAULT_OPSET
 from ..training import minimize_lbfgs
 from ..training.sparse import is_sparse
 from ._base import CallbackSupportMixin
+from ._objective import (
+    COEF,
+    DATA_SCALE,
+    INTERCEPT,
+    L2,
+    LABEL,
+    LOSS,
+    SAMPLE_WEIGHT,
+)
 from ._validation import check_sample_weight
 
-__all__ = ["BaseOrtFullBatch", "FullBatchClassifierMixin", "center_data", "fill_shared_doc",
-           "linear_objective"]
+__all__ = ["BaseOrtFullBatch", "FullBatchClassifierMixin", "center_data", "fill_shared_doc"]
 
-COEF, INTERCEPT, LOSS = "coef", "intercept", "loss"
-LABEL, SAMPLE_WEIGHT = "y", "sample_weight"
-#: untrained initializers of the objective: minimize_lbfgs feeds them as data, so that
-#: the gradient session of a graph serves every data size and strength (its cache)
-DATA_SCALE, L2 = "data_scale", "l2_strength"
 
 # numpydoc fragments every full-batch estimator's docstring has: ``{device}`` in
 # Parameters, ``{fitted}`` at the end of Attributes (filled by fill_shared_doc).
@@ -84,92 +87,6 @@ def center_data(X, sample_weight):
         return x_mean, X, x_mean
     x_mean = np.average(X, axis=0, weights=sample_weight)
     return x_mean, X - x_mean, None
-
-
-def linear_objective(n_features: int, n_outputs: int, row_loss, *, fit_intercept: bool,
-                     data_scale: float, l2, int_label: bool = False,
-                     extra_weights: dict | None = None,
-                     x_offset: np.ndarray | None = None) -> onnx.ModelProto:
-    """The float64 objective graph of a linear model with a smooth loss.
-
-    Parameters
-    ----------
-    n_features, n_outputs : int
-        ``coef`` has shape ``(n_features, n_outputs)``, ``intercept``
-        ``(n_outputs,)``.
-    row_loss : callable
-        ``row_loss(builder, raw, label) -> name``: the loss of each row, of
-        shape ``(N, k)`` (summed over its columns); with one output (and
-        float labels) ``raw`` and ``label`` are vectors ``(N,)`` and so is
-        the row loss.
-    fit_intercept : bool
-        Give the graph an ``intercept`` initializer.
-    data_scale : float
-        Factor of the weighted sum of the row losses.
-    l2 : float or array of shape (n_outputs,)
-        Factor of the squared norm of each column of ``coef``.
-    int_label : bool, default=False
-        The label is int64 class indices ``(N,)`` (else float64 ``(N, n_outputs)``).
-    extra_weights : dict of str to ndarray, default=None
-        More float64 initializers (trained too) the row loss reads.
-    x_offset : ndarray of shape (n_features,), default=None
-        ``raw = (X - x_offset) @ coef``: the centred data of a sparse ``X``
-        that centring would densify.
-
-    Returns
-    -------
-    onnx.ModelProto
-        Inputs ``X``, ``y``, ``sample_weight``; output ``loss``; initializers
-        ``coef``, ``intercept`` (with ``fit_intercept``), ``extra_weights``,
-        and, not trained, ``data_scale`` and ``l2_strength`` (with an L2 term).
-    """
-    dtype = np.float64
-    b = GraphBuilder(used_names=["X", LABEL, SAMPLE_WEIGHT, COEF, INTERCEPT, LOSS, DATA_SCALE,
-                                 L2, *(extra_weights or {})], prefix="objective_")
-    # One output: the rows are vectors (N,) from the product on. onnxruntime 1.31
-    # broadcasts a (N, 1) tensor with a scalar or a (1,) one 15 to 30 times slower
-    # than a (N,) one (2 ms against 0.13 for 100 000 rows), and the objective and
-    # its gradient hold a dozen such operations.
-    flat = n_outputs == 1 and not int_label
-    raw = b.op("MatMul", ["X", COEF])
-    if flat:
-        raw = b.op("Reshape", [raw, b.ints([-1], hint="rows")])
-        label = b.op("Reshape", [LABEL, b.ints([-1], hint="rows")])
-    else:
-        label = LABEL
-    if x_offset is not None:
-        offset = b.const(np.asarray(x_offset, dtype).reshape(1, n_features), dtype)
-        centre = b.op("MatMul", [offset, COEF])  # (1, k)
-        raw = b.op("Sub", [raw, b.op("Reshape", [centre, b.ints([-1], hint="rows")])
-                           if flat else centre])
-    inits = [numpy_helper.from_array(np.zeros((n_features, n_outputs), dtype), COEF)]
-    if fit_intercept:
-        raw = b.op("Add", [raw, INTERCEPT])
-        inits.append(numpy_helper.from_array(np.zeros(n_outputs, dtype), INTERCEPT))
-    for name, value in (extra_weights or {}).items():
-        inits.append(numpy_helper.from_array(np.asarray(value, dtype), name))
-    rows = row_loss(b, raw, label)
-    # (N, k) row losses: the weights (N, 1) broadcast over the columns.
-    weight = SAMPLE_WEIGHT if flat else b.unsqueeze(SAMPLE_WEIGHT, [1])
-    data = b.reduce("ReduceSum", b.op("Mul", [rows, weight]), keepdims=0)
-    loss = b.op("Mul", [DATA_SCALE, data])
-    inits.append(numpy_helper.from_array(np.asarray(data_scale, dtype), DATA_SCALE))
-    l2 = np.broadcast_to(np.asarray(l2, dtype), (n_outputs,))
-    if np.any(l2):
-        squares = b.op("Mul", [COEF, COEF])
-        penalty = b.reduce("ReduceSum", b.op("Mul", [squares, L2]), keepdims=0)
-        loss = b.op("Add", [loss, penalty])
-        inits.append(numpy_helper.from_array(l2.copy(), L2))
-    b.op("Identity", [loss], outputs=[LOSS])
-    label = (helper.make_tensor_value_info(LABEL, TensorProto.INT64, ["N"]) if int_label
-             else helper.make_tensor_value_info(LABEL, TensorProto.DOUBLE, ["N", n_outputs]))
-    graph = helper.make_graph(
-        b.nodes, "objective",
-        [helper.make_tensor_value_info("X", TensorProto.DOUBLE, ["N", n_features]), label,
-         helper.make_tensor_value_info(SAMPLE_WEIGHT, TensorProto.DOUBLE, ["N"])],
-        [helper.make_tensor_value_info(LOSS, TensorProto.DOUBLE, [])], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", DEFAULT_OPSET)])
-    return finalize_model(model)
 
 
 class BaseOrtFullBatch(CallbackSupportMixin, BaseEstimator):

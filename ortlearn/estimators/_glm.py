@@ -24,7 +24,8 @@ from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted
 
 from ..loss import elementwise_loss
-from ._fullbatch import COEF, INTERCEPT, BaseOrtFullBatch, fill_shared_doc, linear_objective
+from ._fullbatch import BaseOrtFullBatch, fill_shared_doc
+from ._objective import COEF, INTERCEPT, linear_objective
 
 __all__ = ["OrtGammaRegressor", "OrtPoissonRegressor", "OrtTweedieRegressor"]
 

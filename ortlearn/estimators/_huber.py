@@ -22,7 +22,8 @@ import numpy as np
 from sklearn.base import RegressorMixin
 from sklearn.utils._param_validation import Interval
 
-from ._fullbatch import COEF, INTERCEPT, BaseOrtFullBatch, fill_shared_doc, linear_objective
+from ._fullbatch import BaseOrtFullBatch, fill_shared_doc
+from ._objective import COEF, INTERCEPT, linear_objective
 
 __all__ = ["OrtHuberRegressor"]
 

@@ -21,14 +21,8 @@ from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.class_weight import compute_class_weight
 
 from ..loss import elementwise_loss
-from ._fullbatch import (
-    COEF,
-    INTERCEPT,
-    BaseOrtFullBatch,
-    FullBatchClassifierMixin,
-    fill_shared_doc,
-    linear_objective,
-)
+from ._fullbatch import BaseOrtFullBatch, FullBatchClassifierMixin, fill_shared_doc
+from ._objective import COEF, INTERCEPT, linear_objective
 
 __all__ = ["OrtLogisticRegression"]
 

@@ -15,24 +15,45 @@ without weights then holds no column of ones and no reordered copy of it
 * :func:`sgd_objective`: ``SGDRegressor`` / ``SGDClassifier``,
   ``mean(sample_weight * loss) + alpha * R(coef)`` with
   ``R = (1 - l1_ratio) / 2 ||w||^2 + l1_ratio ||w||_1``.
+
+The full-batch models' objectives are float64 graphs written from their formula, with
+the weights as initializers (what :func:`ortlearn.training.minimize_lbfgs` trains):
+
+* :func:`linear_objective`: ``data_scale * sum(w * row_loss(X coef + b, y)) + l2 ||coef||^2``,
+  the GLMs, Ridge, Huber, logistic regression and the smooth part of the elastic net;
+* :func:`svm_primal_objective`, :func:`svm_dual_objective`: liblinear's primal (squared
+  losses) and dual (hinge, epsilon-insensitive) problems;
+* :func:`pinball_objective`: the smoothed pinball loss of quantile regression.
+
+Every graph's value names are this module's constants (``LOSS``, ``LABEL``, ``COEF``...).
 """
 
 from __future__ import annotations
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 from ..convert import RAW_PREDICTIONS
-from ..graph import GraphBuilder, finalize_model, load_model, needed_nodes
+from ..graph import DEFAULT_OPSET, GraphBuilder, finalize_model, load_model, needed_nodes
 from ..loss import elementwise_loss, penalty_terms
 
-__all__ = ["LOSS", "input_names", "label_dtype", "mlp_objective", "ova_sgd_objective",
-           "sgd_objective"]
+__all__ = ["LOSS", "input_names", "label_dtype", "linear_objective", "mlp_objective",
+           "ova_sgd_objective", "pinball_objective", "sgd_objective", "svm_dual_objective",
+           "svm_primal_objective"]
 
+# The names of the objective graphs' values.
 LOSS = "loss"
 LABEL = "y"
 SAMPLE_WEIGHT = "sample_weight"
+COEF, INTERCEPT = "coef", "intercept"
+#: untrained initializers of the full-batch objectives: minimize_lbfgs feeds them as data,
+#: so that the gradient session of a graph serves every data size and strength (its cache)
+DATA_SCALE, L2 = "data_scale", "l2_strength"
+#: liblinear's dual variables (the regression's in two halves) and the per-row costs
+COST, DUAL, DUAL_NEG = "cost", "dual", "dual_negative"
+#: quantile regression's coefficients, split in two non-negative halves
+POS, NEG = "coef_positive", "coef_negative"
 
 _PREDICTION = {"regressor": "variable", "classifier": "raw_scores"}
 # The score (a key of ortlearn.loss.SCORES) of a classifier; a regressor's is its `loss`.
@@ -421,3 +442,182 @@ def label_dtype(kind: str, dtype) -> np.dtype:
     """numpy dtype of the ``label`` input of an objective graph."""
     return np.dtype(np.int64) if kind == "multiclass" else np.dtype(dtype)
 
+
+def linear_objective(n_features: int, n_outputs: int, row_loss, *, fit_intercept: bool,
+                     data_scale: float, l2, int_label: bool = False,
+                     extra_weights: dict | None = None,
+                     x_offset: np.ndarray | None = None) -> onnx.ModelProto:
+    """The float64 objective graph of a linear model with a smooth loss.
+
+    Parameters
+    ----------
+    n_features, n_outputs : int
+        ``coef`` has shape ``(n_features, n_outputs)``, ``intercept``
+        ``(n_outputs,)``.
+    row_loss : callable
+        ``row_loss(builder, raw, label) -> name``: the loss of each row, of
+        shape ``(N, k)`` (summed over its columns); with one output (and
+        float labels) ``raw`` and ``label`` are vectors ``(N,)`` and so is
+        the row loss.
+    fit_intercept : bool
+        Give the graph an ``intercept`` initializer.
+    data_scale : float
+        Factor of the weighted sum of the row losses.
+    l2 : float or array of shape (n_outputs,)
+        Factor of the squared norm of each column of ``coef``.
+    int_label : bool, default=False
+        The label is int64 class indices ``(N,)`` (else float64 ``(N, n_outputs)``).
+    extra_weights : dict of str to ndarray, default=None
+        More float64 initializers (trained too) the row loss reads.
+    x_offset : ndarray of shape (n_features,), default=None
+        ``raw = (X - x_offset) @ coef``: the centred data of a sparse ``X``
+        that centring would densify.
+
+    Returns
+    -------
+    onnx.ModelProto
+        Inputs ``X``, ``y``, ``sample_weight``; output ``loss``; initializers
+        ``coef``, ``intercept`` (with ``fit_intercept``), ``extra_weights``,
+        and, not trained, ``data_scale`` and ``l2_strength`` (with an L2 term).
+    """
+    dtype = np.float64
+    b = GraphBuilder(used_names=["X", LABEL, SAMPLE_WEIGHT, COEF, INTERCEPT, LOSS, DATA_SCALE,
+                                 L2, *(extra_weights or {})], prefix="objective_")
+    # One output: the rows are vectors (N,) from the product on. onnxruntime 1.31
+    # broadcasts a (N, 1) tensor with a scalar or a (1,) one 15 to 30 times slower
+    # than a (N,) one (2 ms against 0.13 for 100 000 rows), and the objective and
+    # its gradient hold a dozen such operations.
+    flat = n_outputs == 1 and not int_label
+    raw = b.op("MatMul", ["X", COEF])
+    if flat:
+        raw = b.op("Reshape", [raw, b.ints([-1], hint="rows")])
+        label = b.op("Reshape", [LABEL, b.ints([-1], hint="rows")])
+    else:
+        label = LABEL
+    if x_offset is not None:
+        offset = b.const(np.asarray(x_offset, dtype).reshape(1, n_features), dtype)
+        centre = b.op("MatMul", [offset, COEF])  # (1, k)
+        raw = b.op("Sub", [raw, b.op("Reshape", [centre, b.ints([-1], hint="rows")])
+                           if flat else centre])
+    inits = [numpy_helper.from_array(np.zeros((n_features, n_outputs), dtype), COEF)]
+    if fit_intercept:
+        raw = b.op("Add", [raw, INTERCEPT])
+        inits.append(numpy_helper.from_array(np.zeros(n_outputs, dtype), INTERCEPT))
+    for name, value in (extra_weights or {}).items():
+        inits.append(numpy_helper.from_array(np.asarray(value, dtype), name))
+    rows = row_loss(b, raw, label)
+    # (N, k) row losses: the weights (N, 1) broadcast over the columns.
+    weight = SAMPLE_WEIGHT if flat else b.unsqueeze(SAMPLE_WEIGHT, [1])
+    data = b.reduce("ReduceSum", b.op("Mul", [rows, weight]), keepdims=0)
+    loss = b.op("Mul", [DATA_SCALE, data])
+    inits.append(numpy_helper.from_array(np.asarray(data_scale, dtype), DATA_SCALE))
+    l2 = np.broadcast_to(np.asarray(l2, dtype), (n_outputs,))
+    if np.any(l2):
+        squares = b.op("Mul", [COEF, COEF])
+        penalty = b.reduce("ReduceSum", b.op("Mul", [squares, L2]), keepdims=0)
+        loss = b.op("Add", [loss, penalty])
+        inits.append(numpy_helper.from_array(l2.copy(), L2))
+    b.op("Identity", [loss], outputs=[LOSS])
+    label = (helper.make_tensor_value_info(LABEL, TensorProto.INT64, ["N"]) if int_label
+             else helper.make_tensor_value_info(LABEL, TensorProto.DOUBLE, ["N", n_outputs]))
+    graph = helper.make_graph(
+        b.nodes, "objective",
+        [helper.make_tensor_value_info("X", TensorProto.DOUBLE, ["N", n_features]), label,
+         helper.make_tensor_value_info(SAMPLE_WEIGHT, TensorProto.DOUBLE, ["N"])],
+        [helper.make_tensor_value_info(LOSS, TensorProto.DOUBLE, [])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", DEFAULT_OPSET)])
+    return finalize_model(model)
+
+
+def svm_primal_objective(n_features, n_outputs, cost, score, **score_params):
+    """``1/2 ||w~||^2 + sum_ik cost_ik * loss(x~_i . w~_k, y_ik)`` (w~ holds the intercept).
+
+    ``cost`` (N, n_outputs) is an initializer the fit does not train.
+    """
+    def row_loss(b, raw, label):
+        return b.op("Mul", [elementwise_loss(b, score, raw, label, np.float64, **score_params),
+                            COST])
+
+    # one output: the row losses are vectors (N,) (linear_objective), the costs too
+    return linear_objective(n_features, n_outputs, row_loss, fit_intercept=False,
+                            data_scale=1.0, l2=0.5,
+                            extra_weights={COST: cost.ravel() if n_outputs == 1 else cost})
+
+
+def svm_dual_objective(n_features, n_samples, n_outputs, epsilon=None):
+    """liblinear's dual of the hinge (``epsilon=None``) or epsilon-insensitive loss.
+
+    Inputs ``X`` (N, n_features), ``y`` (N, n_outputs): signs in {-1, 1} (hinge)
+    or targets; trained ``dual`` (and ``dual_negative`` for the regression).
+    """
+    f64 = np.float64
+    b = GraphBuilder(used_names=["X", LABEL, DUAL, DUAL_NEG, LOSS], prefix="dual_")
+    inits = [numpy_helper.from_array(np.zeros((n_samples, n_outputs), f64), DUAL)]
+    if epsilon is None:
+        signed = b.op("Mul", [DUAL, LABEL])
+        linear = b.reduce("ReduceSum", DUAL, keepdims=0)
+    else:
+        inits.append(numpy_helper.from_array(np.zeros((n_samples, n_outputs), f64), DUAL_NEG))
+        signed = b.op("Sub", [DUAL, DUAL_NEG])
+        total = b.reduce("ReduceSum", b.op("Add", [DUAL, DUAL_NEG]), keepdims=0)
+        fit = b.reduce("ReduceSum", b.op("Mul", [signed, LABEL]), keepdims=0)
+        linear = b.op("Sub", [fit, b.op("Mul", [b.const(float(epsilon), f64), total])])
+    w = b.op("MatMul", [b.op("Transpose", ["X"], perm=[1, 0]), signed])
+    half = b.op("Mul", [b.const(0.5, f64), b.reduce("ReduceSum", b.op("Mul", [w, w]),
+                                                    keepdims=0)])
+    b.op("Sub", [half, linear], outputs=[LOSS])
+    graph = helper.make_graph(
+        b.nodes, "dual",
+        [helper.make_tensor_value_info("X", TensorProto.DOUBLE, ["N", n_features]),
+         helper.make_tensor_value_info(LABEL, TensorProto.DOUBLE, ["N", n_outputs])],
+        [helper.make_tensor_value_info(LOSS, TensorProto.DOUBLE, [])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", DEFAULT_OPSET)])
+    return finalize_model(model)
+
+
+def pinball_objective(n_features, fit_intercept, quantile, alpha, width, data_scale,
+                       sparse=False):
+    """Smoothed pinball on ``X @ (pos - neg) + intercept`` plus ``alpha sum(pos + neg)``.
+
+    ``sparse``: ``X @ pos - X @ neg``, the form a sparse ``X`` needs (it may
+    only multiply trained weights, :func:`ortlearn.training.minimize_lbfgs`).
+    """
+    f64 = np.float64
+    # the numbers are untrained initializers, fed as data by minimize_lbfgs: every
+    # smoothing stage reuses the first stage's gradient session
+    numbers = {"smoothing_width": width, "smoothing_factor": 0.5 / width, "quantile": quantile,
+               DATA_SCALE: data_scale, "l1_strength": alpha}
+    b = GraphBuilder(used_names=["X", LABEL, SAMPLE_WEIGHT, POS, NEG, INTERCEPT, LOSS,
+                                 *numbers], prefix="quantile_")
+    if sparse:
+        raw = b.op("Sub", [b.op("MatMul", ["X", POS]), b.op("MatMul", ["X", NEG])])
+    else:
+        raw = b.op("MatMul", ["X", b.op("Sub", [POS, NEG])])
+    # vectors (N,) from here: onnxruntime broadcasts (N, 1) with scalars slowly
+    # (linear_objective says how much)
+    raw = b.op("Reshape", [raw, b.ints([-1], hint="rows")])
+    inits = [numpy_helper.from_array(np.zeros((n_features, 1), f64), POS),
+             numpy_helper.from_array(np.zeros((n_features, 1), f64), NEG),
+             *(numpy_helper.from_array(np.asarray(v, f64), k) for k, v in numbers.items())]
+    if fit_intercept:
+        raw = b.op("Add", [raw, INTERCEPT])
+        inits.append(numpy_helper.from_array(np.zeros(1, f64), INTERCEPT))
+    residual = b.op("Sub", [b.op("Reshape", [LABEL, b.ints([-1], hint="rows")]), raw])
+    # q r + relu(-r), relu smoothed: m = min(relu(z), width), m^2 / (2 width) + relu(z) - m.
+    below = b.op("Relu", [b.op("Neg", [residual])])
+    m = b.op("Min", [below, "smoothing_width"])
+    smooth = b.op("Add", [b.op("Mul", [b.op("Mul", [m, m]), "smoothing_factor"]),
+                          b.op("Sub", [below, m])])
+    rows = b.op("Add", [b.op("Mul", ["quantile", residual]), smooth])
+    data = b.reduce("ReduceSum", b.op("Mul", [rows, SAMPLE_WEIGHT]), keepdims=0)
+    l1 = b.reduce("ReduceSum", b.op("Add", [POS, NEG]), keepdims=0)
+    b.op("Add", [b.op("Mul", [DATA_SCALE, data]), b.op("Mul", ["l1_strength", l1])],
+         outputs=[LOSS])
+    graph = helper.make_graph(
+        b.nodes, "quantile",
+        [helper.make_tensor_value_info("X", TensorProto.DOUBLE, ["N", n_features]),
+         helper.make_tensor_value_info(LABEL, TensorProto.DOUBLE, ["N", 1]),
+         helper.make_tensor_value_info(SAMPLE_WEIGHT, TensorProto.DOUBLE, ["N"])],
+        [helper.make_tensor_value_info(LOSS, TensorProto.DOUBLE, [])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", DEFAULT_OPSET)])
+    return finalize_model(model)

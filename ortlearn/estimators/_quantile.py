@@ -24,13 +24,10 @@ import warnings
 from numbers import Real
 
 import numpy as np
-from onnx import TensorProto, helper, numpy_helper
 from sklearn.base import RegressorMixin
 from sklearn.utils._param_validation import Interval, StrOptions
 
 from ..exceptions import ConvergenceWarning
-from ..graph import GraphBuilder, finalize_model
-from ..graph.model import DEFAULT_OPSET
 from ..log import user_stacklevel
 from ..training.quantile import (
     QuantileProblem,
@@ -38,68 +35,12 @@ from ..training.quantile import (
     objective,
 )
 from ..training.sparse import is_sparse
-from ._fullbatch import (
-    DATA_SCALE,
-    INTERCEPT,
-    LABEL,
-    LOSS,
-    SAMPLE_WEIGHT,
-    BaseOrtFullBatch,
-    fill_shared_doc,
-)
+from ._fullbatch import BaseOrtFullBatch, fill_shared_doc
+from ._objective import INTERCEPT, LABEL, LOSS, NEG, POS, SAMPLE_WEIGHT, pinball_objective
 
 __all__ = ["OrtQuantileRegressor"]
 
-POS, NEG = "coef_positive", "coef_negative"
 _SOLVERS = {"highs-ds", "highs-ipm", "highs", "interior-point", "revised simplex"}
-
-
-def _pinball_objective(n_features, fit_intercept, quantile, alpha, width, data_scale,
-                       sparse=False):
-    """Smoothed pinball on ``X @ (pos - neg) + intercept`` plus ``alpha sum(pos + neg)``.
-
-    ``sparse``: ``X @ pos - X @ neg``, the form a sparse ``X`` needs (it may
-    only multiply trained weights, :func:`ortlearn.training.minimize_lbfgs`).
-    """
-    f64 = np.float64
-    # the numbers are untrained initializers, fed as data by minimize_lbfgs: every
-    # smoothing stage reuses the first stage's gradient session
-    numbers = {"smoothing_width": width, "smoothing_factor": 0.5 / width, "quantile": quantile,
-               DATA_SCALE: data_scale, "l1_strength": alpha}
-    b = GraphBuilder(used_names=["X", LABEL, SAMPLE_WEIGHT, POS, NEG, INTERCEPT, LOSS,
-                                 *numbers], prefix="quantile_")
-    if sparse:
-        raw = b.op("Sub", [b.op("MatMul", ["X", POS]), b.op("MatMul", ["X", NEG])])
-    else:
-        raw = b.op("MatMul", ["X", b.op("Sub", [POS, NEG])])
-    # vectors (N,) from here: onnxruntime broadcasts (N, 1) with scalars slowly
-    # (linear_objective says how much)
-    raw = b.op("Reshape", [raw, b.ints([-1], hint="rows")])
-    inits = [numpy_helper.from_array(np.zeros((n_features, 1), f64), POS),
-             numpy_helper.from_array(np.zeros((n_features, 1), f64), NEG),
-             *(numpy_helper.from_array(np.asarray(v, f64), k) for k, v in numbers.items())]
-    if fit_intercept:
-        raw = b.op("Add", [raw, INTERCEPT])
-        inits.append(numpy_helper.from_array(np.zeros(1, f64), INTERCEPT))
-    residual = b.op("Sub", [b.op("Reshape", [LABEL, b.ints([-1], hint="rows")]), raw])
-    # q r + relu(-r), relu smoothed: m = min(relu(z), width), m^2 / (2 width) + relu(z) - m.
-    below = b.op("Relu", [b.op("Neg", [residual])])
-    m = b.op("Min", [below, "smoothing_width"])
-    smooth = b.op("Add", [b.op("Mul", [b.op("Mul", [m, m]), "smoothing_factor"]),
-                          b.op("Sub", [below, m])])
-    rows = b.op("Add", [b.op("Mul", ["quantile", residual]), smooth])
-    data = b.reduce("ReduceSum", b.op("Mul", [rows, SAMPLE_WEIGHT]), keepdims=0)
-    l1 = b.reduce("ReduceSum", b.op("Add", [POS, NEG]), keepdims=0)
-    b.op("Add", [b.op("Mul", [DATA_SCALE, data]), b.op("Mul", ["l1_strength", l1])],
-         outputs=[LOSS])
-    graph = helper.make_graph(
-        b.nodes, "quantile",
-        [helper.make_tensor_value_info("X", TensorProto.DOUBLE, ["N", n_features]),
-         helper.make_tensor_value_info(LABEL, TensorProto.DOUBLE, ["N", 1]),
-         helper.make_tensor_value_info(SAMPLE_WEIGHT, TensorProto.DOUBLE, ["N"])],
-        [helper.make_tensor_value_info(LOSS, TensorProto.DOUBLE, [])], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", DEFAULT_OPSET)])
-    return finalize_model(model)
 
 
 @fill_shared_doc
@@ -194,7 +135,7 @@ class OrtQuantileRegressor(RegressorMixin, BaseOrtFullBatch):
         data_scale = 1.0 / sample_weight.sum()
 
         def smoothed(width):
-            return _pinball_objective(n_features, self.fit_intercept, problem.quantile,
+            return pinball_objective(n_features, self.fit_intercept, problem.quantile,
                                       problem.alpha, width, data_scale, sparse=is_sparse(X))
 
         def attributes(weights):

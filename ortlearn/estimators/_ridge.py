@@ -19,7 +19,8 @@ from sklearn.base import MultiOutputMixin, RegressorMixin
 from sklearn.utils._param_validation import Interval, StrOptions
 
 from ..loss import elementwise_loss
-from ._fullbatch import COEF, BaseOrtFullBatch, center_data, fill_shared_doc, linear_objective
+from ._fullbatch import BaseOrtFullBatch, center_data, fill_shared_doc
+from ._objective import COEF, linear_objective
 
 __all__ = ["OrtRidge"]
 

@@ -29,83 +29,33 @@ from numbers import Integral, Real
 
 import numpy as np
 import scipy.sparse
-from onnx import TensorProto, helper, numpy_helper
 from sklearn.base import RegressorMixin
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.class_weight import compute_class_weight
 
-from ..graph import GraphBuilder, finalize_model
-from ..graph.model import DEFAULT_OPSET
-from ..loss import elementwise_loss
 from ..training import minimize_lbfgs
 from ..training.sparse import is_sparse
 from ..training.svm_dual import solve_svm_dual
-from ._fullbatch import (
+from ._fullbatch import BaseOrtFullBatch, FullBatchClassifierMixin, fill_shared_doc
+from ._objective import (
     COEF,
+    DUAL,
+    DUAL_NEG,
     LABEL,
     LOSS,
     SAMPLE_WEIGHT,
-    BaseOrtFullBatch,
-    FullBatchClassifierMixin,
-    fill_shared_doc,
-    linear_objective,
+    svm_dual_objective,
+    svm_primal_objective,
 )
 
 __all__ = ["OrtLinearSVC", "OrtLinearSVR"]
 
-COST, DUAL, DUAL_NEG = "cost", "dual", "dual_negative"
 #: L-BFGS-B's ftol: the counterparts' minimum to float64 precision.
 _FTOL = 64 * np.finfo(float).eps
 #: The dual's projected-gradient tolerance is ``tol`` times this: the primal
 #: objective at ``w~ = X~^T (a y)`` needs a more accurate dual than liblinear's
 #: coordinate descent stops at (its ``tol`` is on another quantity).
 _DUAL_GTOL_FACTOR = 1e-4
-
-
-def _primal_objective(n_features, n_outputs, cost, score, **score_params):
-    """``1/2 ||w~||^2 + sum_ik cost_ik * loss(x~_i . w~_k, y_ik)`` (w~ holds the intercept).
-
-    ``cost`` (N, n_outputs) is an initializer the fit does not train.
-    """
-    def row_loss(b, raw, label):
-        return b.op("Mul", [elementwise_loss(b, score, raw, label, np.float64, **score_params),
-                            COST])
-
-    # one output: the row losses are vectors (N,) (linear_objective), the costs too
-    return linear_objective(n_features, n_outputs, row_loss, fit_intercept=False,
-                            data_scale=1.0, l2=0.5,
-                            extra_weights={COST: cost.ravel() if n_outputs == 1 else cost})
-
-
-def _dual_objective(n_features, n_samples, n_outputs, epsilon=None):
-    """liblinear's dual of the hinge (``epsilon=None``) or epsilon-insensitive loss.
-
-    Inputs ``X`` (N, n_features), ``y`` (N, n_outputs): signs in {-1, 1} (hinge)
-    or targets; trained ``dual`` (and ``dual_negative`` for the regression).
-    """
-    f64 = np.float64
-    b = GraphBuilder(used_names=["X", LABEL, DUAL, DUAL_NEG, LOSS], prefix="dual_")
-    inits = [numpy_helper.from_array(np.zeros((n_samples, n_outputs), f64), DUAL)]
-    if epsilon is None:
-        signed = b.op("Mul", [DUAL, LABEL])
-        linear = b.reduce("ReduceSum", DUAL, keepdims=0)
-    else:
-        inits.append(numpy_helper.from_array(np.zeros((n_samples, n_outputs), f64), DUAL_NEG))
-        signed = b.op("Sub", [DUAL, DUAL_NEG])
-        total = b.reduce("ReduceSum", b.op("Add", [DUAL, DUAL_NEG]), keepdims=0)
-        fit = b.reduce("ReduceSum", b.op("Mul", [signed, LABEL]), keepdims=0)
-        linear = b.op("Sub", [fit, b.op("Mul", [b.const(float(epsilon), f64), total])])
-    w = b.op("MatMul", [b.op("Transpose", ["X"], perm=[1, 0]), signed])
-    half = b.op("Mul", [b.const(0.5, f64), b.reduce("ReduceSum", b.op("Mul", [w, w]),
-                                                    keepdims=0)])
-    b.op("Sub", [half, linear], outputs=[LOSS])
-    graph = helper.make_graph(
-        b.nodes, "dual",
-        [helper.make_tensor_value_info("X", TensorProto.DOUBLE, ["N", n_features]),
-         helper.make_tensor_value_info(LABEL, TensorProto.DOUBLE, ["N", n_outputs])],
-        [helper.make_tensor_value_info(LOSS, TensorProto.DOUBLE, [])], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", DEFAULT_OPSET)])
-    return finalize_model(model)
 
 
 class _BaseOrtLinearSVM(BaseOrtFullBatch):
@@ -164,12 +114,12 @@ class _BaseOrtLinearSVM(BaseOrtFullBatch):
                 return hook(current)
 
             coef, n_iter, loss, _ = solve_svm_dual(
-                _dual_objective(n_features, n_samples, 1, epsilon), trainable, X, Y, cost,
+                svm_dual_objective(n_features, n_samples, 1, epsilon), trainable, X, Y, cost,
                 epsilon, primal=primal, tol=self.tol * _DUAL_GTOL_FACTOR,
                 callback=hook and callback,
                 label=LABEL, loss_output=LOSS, **options)
         else:
-            model = _primal_objective(n_features, n_outputs, cost, self._smooth_loss,
+            model = svm_primal_objective(n_features, n_outputs, cost, self._smooth_loss,
                                       **score_params)
             weights, n_iter, loss = minimize_lbfgs(
                 model, [COEF], None, [X, Y, np.ones(n_samples)], ["X", LABEL, SAMPLE_WEIGHT],
