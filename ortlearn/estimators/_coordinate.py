@@ -38,7 +38,8 @@ from ..exceptions import ConvergenceWarning
 from ..log import user_stacklevel
 from ..loss import elementwise_loss
 from ..training import largest_eigenvalue, loss_and_gradient, minimize_fista
-from ._fullbatch import BaseOrtFullBatch, center_data, fill_shared_doc
+from ._docs import fill_doc
+from ._fullbatch import BaseOrtFullBatch, center_data
 from ._objective import COEF, LABEL, SAMPLE_WEIGHT, linear_objective
 
 __all__ = ["OrtElasticNet", "OrtLasso"]
@@ -68,7 +69,7 @@ def _duality_gap(coef, XtR, yy, Xty, alpha, beta, positive):
     return primal - dual
 
 
-@fill_shared_doc
+@fill_doc
 class OrtElasticNet(MultiOutputMixin, RegressorMixin, BaseOrtFullBatch):
     """Linear regression with L1 and L2 penalties, trained by a proximal gradient method.
 
@@ -299,7 +300,7 @@ class OrtElasticNet(MultiOutputMixin, RegressorMixin, BaseOrtFullBatch):
         return result.x, result.gap, result.n_iter, result.loss
 
 
-@fill_shared_doc
+@fill_doc
 class OrtLasso(OrtElasticNet):
     """Linear regression with an L1 penalty, trained by a proximal gradient method.
 

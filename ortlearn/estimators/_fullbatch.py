@@ -49,30 +49,7 @@ from ._objective import (
 )
 from ._validation import check_sample_weight
 
-__all__ = ["BaseOrtFullBatch", "FullBatchClassifierMixin", "center_data", "fill_shared_doc"]
-
-
-# numpydoc fragments every full-batch estimator's docstring has: ``{device}`` in
-# Parameters, ``{fitted}`` at the end of Attributes (filled by fill_shared_doc).
-_SHARED_DOC = {
-    "{device}": """device : str, default='cpu'
-        Where onnxruntime evaluates the objective and its gradient: ``'cpu'``,
-        ``'cuda'``, ``'cuda:N'``.""",
-    "{fitted}": """train_losses_ : list of float
-        ``[loss_]``.
-    n_features_in_ : int
-        Number of features seen during fit.
-    feature_names_in_ : ndarray of str
-        Names of the features seen during fit (when ``X`` has string column
-        names).""",
-}
-
-
-def fill_shared_doc(cls):
-    """Class decorator: put the shared docstring fragments into ``cls.__doc__``."""
-    for key, text in _SHARED_DOC.items():
-        cls.__doc__ = cls.__doc__.replace(key, text)
-    return cls
+__all__ = ["BaseOrtFullBatch", "FullBatchClassifierMixin", "center_data"]
 
 
 def center_data(X, sample_weight):

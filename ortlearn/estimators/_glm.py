@@ -24,7 +24,8 @@ from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted
 
 from ..loss import elementwise_loss
-from ._fullbatch import BaseOrtFullBatch, fill_shared_doc
+from ._docs import fill_doc
+from ._fullbatch import BaseOrtFullBatch
 from ._objective import COEF, INTERCEPT, linear_objective
 
 __all__ = ["OrtGammaRegressor", "OrtPoissonRegressor", "OrtTweedieRegressor"]
@@ -292,7 +293,7 @@ class OrtTweedieRegressor(_BaseOrtGLM):
     ----------
     power : float, default=0.0
         Tweedie power of the deviance.
-    link : {{'auto', 'identity', 'log'}}, default='auto'
+    link : {'auto', 'identity', 'log'}, default='auto'
         ``'auto'`` is ``'identity'`` for ``power <= 0`` and ``'log'``
         otherwise. The identity link is implemented for ``power=0`` (half
         the squared error); with another power it raises a ``ValueError``
@@ -350,6 +351,5 @@ class OrtTweedieRegressor(_BaseOrtGLM):
 
 
 for _cls in (OrtPoissonRegressor, OrtGammaRegressor, OrtTweedieRegressor):
-    _cls.__doc__ = _cls.__doc__.format(common=_GLM_COMMON_DOC, params=_GLM_PARAMS_DOC,
-                                        attributes=_GLM_ATTRIBUTES_DOC)
-    fill_shared_doc(_cls)
+    fill_doc(_cls, common=_GLM_COMMON_DOC, params=_GLM_PARAMS_DOC,
+             attributes=_GLM_ATTRIBUTES_DOC)

@@ -22,7 +22,8 @@ import numpy as np
 from sklearn.base import RegressorMixin
 from sklearn.utils._param_validation import Interval
 
-from ._fullbatch import BaseOrtFullBatch, fill_shared_doc
+from ._docs import fill_doc
+from ._fullbatch import BaseOrtFullBatch
 from ._objective import COEF, INTERCEPT, linear_objective
 
 __all__ = ["OrtHuberRegressor"]
@@ -32,7 +33,7 @@ SCALE = "scale"
 _SCIPY_FTOL, _SCIPY_MAXLS = 1e7 * np.finfo(float).eps, 20
 
 
-@fill_shared_doc
+@fill_doc
 class OrtHuberRegressor(RegressorMixin, BaseOrtFullBatch):
     """Huber regression (robust to outliers) trained with onnxruntime and L-BFGS.
 

@@ -11,6 +11,7 @@ from sklearn.utils.validation import check_is_fitted
 from ..optim import SGD, Adam, TorchAdamW
 from ..optim.schedules import Adaptive, Constant, InvScaling, Optimal
 from ._base import BaseOrtEstimator, OrtClassifierMixin, OrtRegressorMixin
+from ._docs import fill_doc
 from ._objective import sgd_objective
 
 __all__ = ["OrtLinearClassifier", "OrtLinearRegressor"]
@@ -415,4 +416,4 @@ default='optimal'
 
 
 for _cls in (OrtLinearRegressor, OrtLinearClassifier):
-    _cls.__doc__ = _cls.__doc__.replace("{common}", _COMMON_PARAMS_DOC.strip())
+    fill_doc(_cls, common=_COMMON_PARAMS_DOC.strip())

@@ -21,7 +21,8 @@ from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.class_weight import compute_class_weight
 
 from ..loss import elementwise_loss
-from ._fullbatch import BaseOrtFullBatch, FullBatchClassifierMixin, fill_shared_doc
+from ._docs import fill_doc
+from ._fullbatch import BaseOrtFullBatch, FullBatchClassifierMixin
 from ._objective import COEF, INTERCEPT, linear_objective
 
 __all__ = ["OrtLogisticRegression"]
@@ -29,7 +30,7 @@ __all__ = ["OrtLogisticRegression"]
 _SOLVERS = {"lbfgs", "liblinear", "newton-cg", "newton-cholesky", "sag", "saga"}
 
 
-@fill_shared_doc
+@fill_doc
 class OrtLogisticRegression(FullBatchClassifierMixin, BaseOrtFullBatch):
     """Logistic regression (binary and multinomial) trained with onnxruntime and L-BFGS.
 

@@ -35,7 +35,8 @@ from ..training.quantile import (
     objective,
 )
 from ..training.sparse import is_sparse
-from ._fullbatch import BaseOrtFullBatch, fill_shared_doc
+from ._docs import fill_doc
+from ._fullbatch import BaseOrtFullBatch
 from ._objective import INTERCEPT, LABEL, LOSS, NEG, POS, SAMPLE_WEIGHT, pinball_objective
 
 __all__ = ["OrtQuantileRegressor"]
@@ -43,7 +44,7 @@ __all__ = ["OrtQuantileRegressor"]
 _SOLVERS = {"highs-ds", "highs-ipm", "highs", "interior-point", "revised simplex"}
 
 
-@fill_shared_doc
+@fill_doc
 class OrtQuantileRegressor(RegressorMixin, BaseOrtFullBatch):
     """Linear quantile regression with an L1 penalty, trained with onnxruntime and L-BFGS-B.
 

@@ -19,7 +19,8 @@ from sklearn.base import MultiOutputMixin, RegressorMixin
 from sklearn.utils._param_validation import Interval, StrOptions
 
 from ..loss import elementwise_loss
-from ._fullbatch import BaseOrtFullBatch, center_data, fill_shared_doc
+from ._docs import fill_doc
+from ._fullbatch import BaseOrtFullBatch, center_data
 from ._objective import COEF, linear_objective
 
 __all__ = ["OrtRidge"]
@@ -29,7 +30,7 @@ _SOLVERS = {"auto", "svd", "cholesky", "lsqr", "sparse_cg", "sag", "saga", "lbfg
 _DEFAULT_MAX_ITER = 15000
 
 
-@fill_shared_doc
+@fill_doc
 class OrtRidge(MultiOutputMixin, RegressorMixin, BaseOrtFullBatch):
     """Ridge regression (one or several targets) trained with onnxruntime and L-BFGS.
 

@@ -25,6 +25,7 @@ from sklearn.utils.metaestimators import available_if
 
 from ..optim import PlainSGD
 from ._base import OrtClassifierMixin, OrtRegressorMixin
+from ._docs import fill_doc
 from ._linear import BaseOrtLinear
 from ._objective import ova_sgd_objective
 
@@ -483,4 +484,4 @@ class OrtSGDClassifier(OrtClassifierMixin, BaseOrtSGD):
 
 
 for _cls in (OrtSGDRegressor, OrtSGDClassifier):
-    _cls.__doc__ = _cls.__doc__.replace("{common}", _COMMON_DOC.strip())
+    fill_doc(_cls, common=_COMMON_DOC.strip())

@@ -36,7 +36,8 @@ from sklearn.utils.class_weight import compute_class_weight
 from ..training import minimize_lbfgs
 from ..training.sparse import is_sparse
 from ..training.svm_dual import solve_svm_dual
-from ._fullbatch import BaseOrtFullBatch, FullBatchClassifierMixin, fill_shared_doc
+from ._docs import fill_doc
+from ._fullbatch import BaseOrtFullBatch, FullBatchClassifierMixin
 from ._objective import (
     COEF,
     DUAL,
@@ -139,7 +140,7 @@ class _BaseOrtLinearSVM(BaseOrtFullBatch):
         return self._fitted(coef.T, 0.0)  # scikit-learn's intercept_ without fit_intercept
 
 
-@fill_shared_doc
+@fill_doc
 class OrtLinearSVC(FullBatchClassifierMixin, _BaseOrtLinearSVM):
     """Linear support vector classification (one-vs-rest) trained with onnxruntime and L-BFGS.
 
@@ -288,7 +289,7 @@ class OrtLinearSVC(FullBatchClassifierMixin, _BaseOrtLinearSVM):
         return [self._label_output(b, raw), ("raw_scores", elem, ["N", self.coef_.shape[0]])]
 
 
-@fill_shared_doc
+@fill_doc
 class OrtLinearSVR(RegressorMixin, _BaseOrtLinearSVM):
     """Linear support vector regression trained with onnxruntime and L-BFGS.
 
