@@ -31,9 +31,9 @@ def import_torch():
 
 
 def torch_device(torch, device: str) -> str:
-    """Run torch on the GPU only when ortlearn does and torch can."""
-    if device.startswith("cuda") and torch.cuda.is_available():
-        return device
+    """Run torch on the GPU only when ortlearn does and torch can (CUDA beside WebGPU)."""
+    if device.startswith(("cuda", "webgpu")) and torch.cuda.is_available():
+        return "cuda:" + device.partition(":")[2] if ":" in device else "cuda"
     return "cpu"
 
 

@@ -29,6 +29,7 @@ from benchmarks._harness import (
     ADAM_LR,
     Contender,
     Workload,
+    device_pair,
     mlp_adam_contenders,
     mse,
     rows,
@@ -152,7 +153,8 @@ def build_w20(opts):
                   "learning_rate": ADAM_LR, "alpha": 0.0, "steps_per_epoch": steps,
                   "gflop_per_step": step_flops(sizes, batch) / 1e9,
                   "gflop_per_epoch": epoch_flops / 1e9},
-                 sklearn_ref="sklearn_adam", torch_ref="torch_adam")
+                 sklearn_ref="sklearn_adam", torch_ref="torch_adam",
+                 device_pair=device_pair(opts, "ortlearn_adam"))
 
     def quality(predict):
         return {"train_mse": mse(predict(X), y)}

@@ -100,7 +100,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--workloads", default=",".join(BUILDERS),
                         help="comma-separated subset of %(default)s")
     parser.add_argument("--reps", type=int, default=3, help="timed repetitions (median)")
-    parser.add_argument("--device", default="cpu", help="ortlearn device: cpu, cuda, cuda:N")
+    parser.add_argument("--contenders", default=None,
+                        help="comma-separated contender names to run (default: all of each "
+                             "workload's); e.g. ortlearn_adam,ortlearn_adam_cpu")
+    parser.add_argument("--device", default="cpu",
+                        help="ortlearn device: cpu, cuda[:N], webgpu[:N]")
     parser.add_argument("--threads", type=int, default=2,
                         help="threads of OpenBLAS, torch and onnxruntime")
     parser.add_argument("--scale", type=float, default=1.0,
@@ -142,8 +146,8 @@ def parse_args(argv=None) -> argparse.Namespace:
             parser.error(f"--{name} must be >= {low}, got {value}")
     if not 0 < args.scale <= 1:
         parser.error(f"--scale must be in (0, 1], got {args.scale}")
-    if args.device != "cpu" and not args.device.startswith("cuda"):
-        parser.error(f"--device must be cpu, cuda or cuda:N, got {args.device!r}")
+    if args.device != "cpu" and not args.device.startswith(("cuda", "webgpu")):
+        parser.error(f"--device must be cpu, cuda[:N] or webgpu[:N], got {args.device!r}")
     return args
 
 
@@ -323,6 +327,9 @@ def run(args: argparse.Namespace) -> dict:
         workloads = {}
         for key in args.workloads:
             workload = BUILDERS[key](opts)
+            if args.contenders:
+                wanted = set(args.contenders.split(","))
+                workload.contenders = [c for c in workload.contenders if c.name in wanted]
             print(f"{key}: {workload.title} {workload.params}", flush=True)
             workloads[key] = measure(workload, args.reps, args.pause)
     if args.memory:

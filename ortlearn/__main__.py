@@ -195,6 +195,9 @@ def _info(out=None):
     for mod in (onnxruntime, onnx, skl2onnx, sklearn):
         print(f"{mod.__name__} {mod.__version__}", file=out)
     print(f"providers: {', '.join(onnxruntime.get_available_providers())}", file=out)
+    from ortlearn.training import webgpu
+
+    print(f"webgpu: {'a device' if webgpu.webgpu_available() else 'none'}", file=out)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -209,7 +212,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "on a make_regression of 200 000 rows, one line per epoch, then a table "
                     "of scores and times per epoch next to scikit-learn's solvers with the "
                     "same settings, and a PNG of the loss curves.")
-    demo.add_argument("--device", default="cpu", help="'cpu', 'cuda' or 'cuda:N' (default: cpu)")
+    demo.add_argument("--device", default="cpu",
+                      help="'cpu', 'cuda[:N]' or 'webgpu[:N]' (default: cpu)")
     demo.add_argument("--max-iter", type=int, default=10, help="epochs per model (default: 10)")
     demo.add_argument("--plot", default="ortlearn_demo.png",
                       help="PNG file for the loss curves (default: ortlearn_demo.png)")

@@ -8,6 +8,7 @@ from sklearn.linear_model import LinearRegression
 
 from ortlearn import onnxblock
 from ortlearn.training.device import cuda_available
+from ortlearn.training.webgpu import webgpu_available
 
 
 def run_onnx(model, feeds, outputs=None):
@@ -68,9 +69,13 @@ def linear_onnx():
 
 
 def pytest_collection_modifyitems(config, items):
-    if cuda_available():
-        return
-    skip = pytest.mark.skip(reason="onnxruntime has no CUDAExecutionProvider here")
+    skips = {}
+    if not cuda_available():
+        skips["gpu"] = pytest.mark.skip(reason="onnxruntime has no CUDAExecutionProvider here")
+    if not webgpu_available():
+        skips["webgpu"] = pytest.mark.skip(
+            reason="no WebGPU device here (the onnxruntime-ep-webgpu wheel and a GPU)")
     for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+        for marker, skip in skips.items():
+            if marker in item.keywords:
+                item.add_marker(skip)

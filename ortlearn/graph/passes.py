@@ -33,12 +33,14 @@ from .values import elem_type_of, shape_of, value_info_map
 
 __all__ = [
     "CHEAPER_NODES",
+    "GPU_NODES",
     "add_running_statistics_updates",
     "GraphView",
     "Pass",
     "column_sums_as_products",
     "common_factors",
     "expands_as_broadcasts",
+    "log_softmax_decomposed",
     "batch_norm_in_training_mode",
     "masks_as_products",
     "negations_folded",
@@ -47,6 +49,7 @@ __all__ = [
     "running_statistics",
     "training_batch_norms",
     "set_inference_mode",
+    "sums_as_adds",
     "unused_nodes_removed",
 ]
 
@@ -408,6 +411,78 @@ CHEAPER_NODES = (
     Pass("common_factors", common_factors),
     Pass("unused_nodes_removed", unused_nodes_removed),
     Pass("column_sums_as_products", column_sums_as_products),
+)
+
+
+def sums_as_adds(nodes: list, graph: GraphView) -> list:
+    """A variadic ``Sum`` as a chain of ``Add``, in the order of its inputs.
+
+    The backward pass sums the gradients reaching a value read several times
+    with one ``Sum``, which some GPU providers (WebGPU) lack: the step would
+    copy its inputs to the host and back. The same additions, in the same order.
+    """
+    out = []
+    for node in nodes:
+        if node.op_type != "Sum" or node.domain not in ("", "ai.onnx"):
+            out.append(node)
+            continue
+        name, total = node.output[0], node.input[0]
+        if len(node.input) == 1:
+            out.append(helper.make_node("Identity", [total], [name], name=name))
+            continue
+        for i, term in enumerate(node.input[1:], start=2):
+            partial = name if i == len(node.input) else f"{name}.partial{i}"
+            out.append(helper.make_node("Add", [total, term], [partial], name=partial))
+            total = partial
+    return out
+
+
+def log_softmax_decomposed(nodes: list, graph: GraphView) -> list:
+    """``LogSoftmax(x)`` as ``(x - max) - log(sum(exp(x - max)))`` along its axis.
+
+    For providers without a ``LogSoftmax`` kernel (WebGPU): the same
+    function, computed the way the kernels compute it, up to rounding.
+    Opset 13 and later (the axis is one dimension).
+    """
+    if graph.opset < 13:
+        return nodes
+    out = []
+    for node in nodes:
+        if node.op_type != "LogSoftmax" or node.domain not in ("", "ai.onnx"):
+            out.append(node)
+            continue
+        x, name, axis = node.input[0], node.output[0], attr(node, "axis", -1)
+        axes = name + ".axes"
+        out.append(helper.make_node("Constant", [], [axes], name=axes,
+                                    value=onnx.numpy_helper.from_array(
+                                        np.array([axis], dtype=np.int64))))
+        steps = [("ReduceMax", [x, axes], ".max", {"keepdims": 1}),
+                 ("Sub", [x, name + ".max"], ".shifted", {}),
+                 ("Exp", [name + ".shifted"], ".exp", {}),
+                 ("ReduceSum", [name + ".exp", axes], ".sum", {"keepdims": 1}),
+                 ("Log", [name + ".sum"], ".log_sum", {})]
+        if graph.opset < 18:  # ReduceMax takes its axes as an attribute before opset 18
+            steps[0] = ("ReduceMax", [x], ".max", {"keepdims": 1, "axes": [axis]})
+        for op, inputs, suffix, attributes in steps:
+            out.append(helper.make_node(op, inputs, [name + suffix], name=name + suffix,
+                                        **attributes))
+        out.append(helper.make_node("Sub", [name + ".shifted", name + ".log_sum"], [name],
+                                    name=name))
+    return out
+
+
+#: The rewrites of a training step on a GPU provider: no CPU-tuned rewrite (a column
+#: sum stays a ``ReduceSum``, whose row of ones would be shape arithmetic on the
+#: host), and the operators some providers lack (WebGPU's ``Sum``, ``LogSoftmax``)
+#: written with the ones they have.
+GPU_NODES = (
+    Pass("masks_as_products", masks_as_products),
+    Pass("expands_as_broadcasts", expands_as_broadcasts),
+    Pass("negations_folded", negations_folded),
+    Pass("common_factors", common_factors),
+    Pass("unused_nodes_removed", unused_nodes_removed),
+    Pass("sums_as_adds", sums_as_adds),
+    Pass("log_softmax_decomposed", log_softmax_decomposed),
 )
 
 

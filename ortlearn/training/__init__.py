@@ -15,7 +15,8 @@
 - :class:`CheckpointState`: parameters, optimizer state and properties,
   saved as safetensors.
 - :class:`Batches`: the mini-batches of an epoch.
-- Devices (:func:`parse_device`, :func:`cuda_available`), the session
+- Devices (:func:`parse_device`, :func:`cuda_available`; WebGPU's plugin
+  provider in :mod:`~ortlearn.training.webgpu`), the session
   options of the runtime (:func:`make_session_options`) and its thread policy
   (:func:`resolve_num_threads`); its performance policy, from the size of a
   model and of its step (:mod:`~ortlearn.training.policy`:

@@ -10,7 +10,9 @@ writes the spare one, then the halves swap (:class:`BufferPairs`); a value
 proven safe has one buffer, bound as both (``in_place``).
 :class:`StepBuffers` adds what the fused engine needs: one ``IOBinding``
 per parity bound once, inputs bound once, and small per-epoch inputs copied
-into buffers bound once.
+into buffers bound once. :class:`StepFeeds` feeds a host-fed step (one
+batch a call, its row numbers and scalars written into fixed device buffers)
+and replays the provider's recording of it (graph capture).
 
 On the CPU, onnxruntime reads and writes numpy arrays in place, so pairs
 created with ``shared=True`` hold numpy arrays: reading one back costs no
@@ -19,10 +21,16 @@ call into onnxruntime.
 
 from __future__ import annotations
 
+import math
+import warnings
+
 import numpy as np
 import onnxruntime as ort
 
-__all__ = ["BufferPairs", "StepBuffers", "device_value", "host_copy"]
+from ..graph import elem_type_of, onnx_to_np_dtype, shape_of
+
+__all__ = ["BufferPairs", "StepBuffers", "StepFeeds", "carried_types", "device_value",
+           "host_copy", "is_state", "layout_part", "state_values", "weight_values"]
 
 
 def device_value(array, device) -> ort.OrtValue:
@@ -230,3 +238,160 @@ class StepBuffers(BufferPairs):
         """The counters back to their initial values."""
         for name, zero in self.counters.items():
             self.live(name).update_inplace(zero)
+
+
+class StepFeeds:
+    """The per-batch inputs of a host-fed step, written before each run into fixed buffers.
+
+    A host-fed step (:func:`~ortlearn.training.fused.build_fused_step` with
+    ``host_fed=True``) reads the row numbers of its batch, the batch's size
+    and the optimizer's scalars of the step. Each is a device buffer bound
+    once, written in place before a run: one ``IOBinding`` per batch size and
+    parity of the carried buffers, each bound to the same data. With graph
+    capture, the provider records the run of the first batch size at its
+    first run (graph ids 0 and 1, one per parity) and replays it afterwards;
+    the other sizes (an epoch's last, smaller batch) run unrecorded.
+
+    Parameters
+    ----------
+    session : onnxruntime.InferenceSession
+    buffers : StepBuffers
+        The carried values.
+    layout : ortlearn.training.fused.FusedLayout
+        A host-fed step's layout.
+    dtypes : dict of str to numpy.dtype
+        The dtype of each per-step input.
+    capture : bool
+        Whether the session records its runs (``enableGraphCapture``).
+    """
+
+    _UNRECORDED = "-1"
+
+    def __init__(self, session: ort.InferenceSession, buffers: StepBuffers, layout, dtypes: dict,
+                 capture: bool):
+        self.session, self.buffers, self.layout = session, buffers, layout
+        self.dtypes = dtypes
+        self.capture = capture
+        self._data = {}
+        self._bound = {}  # (batch size, parity) -> (IOBinding, {input: OrtValue}, RunOptions)
+        self._recorded_size = None
+
+    def bind_data(self, values: dict) -> None:
+        """Bind the data (``{graph input: OrtValue}``) every run gathers its rows from."""
+        if all(self._data.get(k) is v for k, v in values.items()) and len(values) == len(
+                self._data):
+            return
+        self._release()
+        self._data = dict(values)
+
+    def _release(self) -> None:
+        # a recording replays the buffers it was made with: new data needs a new one
+        for (size, parity) in self._bound:
+            if self.capture and size == self._recorded_size:
+                self.session.release_captured_graph(parity)
+        self._bound.clear()
+        self._recorded_size = None
+
+    def _binding(self, size: int, parity: int):
+        key = (size, parity)
+        if key not in self._bound:
+            binding = self.session.io_binding()
+            pairs = self.buffers.pairs
+            for name, output in self.layout.carried.items():
+                binding.bind_ortvalue_input(name, pairs[name][parity])
+                binding.bind_ortvalue_output(output, pairs[name][1 - parity])
+            for name, value in self._data.items():
+                binding.bind_ortvalue_input(name, value)
+            batch, *scalars = self.layout.epoch_inputs
+            feeds = {batch: device_value(np.zeros(size, np.int64), self.buffers.device)}
+            feeds.update((name, device_value(np.zeros((), self.dtypes[name]),
+                                             self.buffers.device)) for name in scalars)
+            for name, value in feeds.items():
+                binding.bind_ortvalue_input(name, value)
+            if self.capture and self._recorded_size in (None, size):
+                self._recorded_size = size
+                graph_id = str(parity)
+            else:
+                graph_id = self._UNRECORDED
+            options = ort.RunOptions()
+            options.add_run_config_entry("gpu_graph_id", graph_id)
+            self._bound[key] = (binding, feeds, options)
+        return self._bound[key]
+
+    def run_epoch(self, order: np.ndarray, starts, sizes, step_values: dict) -> None:
+        """Run one step per batch: batch ``i`` is ``order[starts[i]:starts[i] + sizes[i]]``.
+
+        ``step_values`` holds, for each per-step input but the row numbers,
+        one value per batch.
+        """
+        for i, (start, size) in enumerate(zip(starts.tolist(), sizes.tolist())):
+            rows = order[start:start + size]
+            values = {name: np.asarray(v[i], self.dtypes[name]) for name, v in step_values.items()}
+            try:
+                self._step(rows, values)
+            except Exception as exc:
+                if not (self.capture and size == self._recorded_size):
+                    raise
+                # The provider could not record the step (a node it placed on the
+                # CPU): from now on it runs unrecorded. The run wrote only spare buffers.
+                warnings.warn(f"The WebGPU provider could not record the training step "
+                              f"({exc}); it runs without graph capture.", RuntimeWarning)
+                self.capture = False
+                self._bound.clear()
+                self._recorded_size = None
+                self._step(rows, values)
+            self.buffers.swap()
+
+    def _step(self, rows: np.ndarray, values: dict) -> None:
+        binding, feeds, options = self._binding(len(rows), self.buffers.parity)
+        feeds[self.layout.epoch_inputs[0]].update_inplace(rows)
+        for name, value in values.items():
+            feeds[name].update_inplace(value)
+        self.session.run_with_iobinding(binding, options)
+
+
+# ------------------------------------------------ a layout's values in buffers
+def layout_part(layout, copies: dict, buffers, carried: str, param: str) -> np.ndarray:
+    """The host value of ``param``'s part of the carried buffer ``carried``.
+
+    A view of one host copy per carried buffer (kept in ``copies``), so that
+    the weights of a flat buffer cost one copy, not one each.
+    """
+    if carried not in copies:
+        copies[carried] = buffers.host_copy(carried)
+    value = copies[carried]
+    if param in layout.offsets:
+        offset, shape = layout.offsets[param]
+        value = value[offset:offset + math.prod(shape)].reshape(shape)
+    return value
+
+
+def weight_values(layout, buffers: StepBuffers | None, copies: dict | None = None,
+                   only=None) -> dict:
+    """``{weight: host value}`` (those in ``only`` if given).
+
+    ``copies`` gives and receives ``{carried input: host copy}``; ``buffers``
+    may be None when it holds them all.
+    """
+    copies = {} if copies is None else copies
+    return {p: layout_part(layout, copies, buffers, c, p) for p, c in layout.weights.items()
+            if only is None or p in only}
+
+
+def state_values(layout, buffers: StepBuffers) -> dict:
+    """``{weight: {state: host value}}`` of the optimizer states."""
+    copies = {}
+    return {p: {s: layout_part(layout, copies, buffers, c, p) for s, c in d.items()}
+            for p, d in layout.states.items()}
+
+
+def is_state(layout, name: str) -> bool:
+    return any(name in d.values() for d in layout.states.values())
+
+
+def carried_types(model, carried) -> dict:
+    """``{carried input: (numpy dtype, shape)}`` from the graph's declarations."""
+    declared = {i.name: i for i in model.graph.input}
+    return {n: (onnx_to_np_dtype(elem_type_of(declared[n])), tuple(shape_of(declared[n])))
+            for n in carried}
+

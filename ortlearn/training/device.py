@@ -1,5 +1,5 @@
-"""Devices and the sessions on them: parse ``'cpu'`` / ``'cuda'`` / ``'cuda:N'``, pick
-providers, and the performance policy of the runtime (threads, spinning, session options,
+"""Devices and the sessions on them: parse ``'cpu'`` / ``'cuda[:N]'`` / ``'webgpu[:N]'``,
+pick providers, and the performance policy of the runtime (threads, spinning, session options,
 when an epoch is one call). The measurements behind each threshold are in
 ``doc/benchmarks.rst``."""
 
@@ -17,8 +17,9 @@ import onnxruntime as ort
 
 from .. import fileio
 from ..fileio import model_data_size
+from . import webgpu
 
-_DEVICE_RE = re.compile(r"^(cpu|cuda)(?::(\d+))?$")
+_DEVICE_RE = re.compile(r"^(cpu|cuda|webgpu)(?::(\d+))?$")
 
 
 @dataclass(frozen=True)
@@ -27,9 +28,9 @@ class Device:
 
     Attributes
     ----------
-    kind : {'cpu', 'cuda'}
+    kind : {'cpu', 'cuda', 'webgpu'}
     index : int
-        CUDA device id (0 for the CPU).
+        GPU number (0 for the CPU).
     """
 
     kind: str
@@ -41,13 +42,34 @@ class Device:
         return self.kind
 
     def providers(self) -> list:
-        """Execution providers (with options) for an ``InferenceSession``."""
+        """Execution providers (with options) for an ``InferenceSession``.
+
+        Empty for WebGPU, a plugin provider that :func:`make_session` adds to the
+        session options instead.
+        """
         if self.kind == "cpu":
             return ["CPUExecutionProvider"]
+        if self.kind == "webgpu":
+            return []
         return [("CUDAExecutionProvider", {"device_id": self.index}), "CPUExecutionProvider"]
 
+    def session_options(self, options: ort.SessionOptions,
+                        graph_capture: bool = False) -> ort.SessionOptions:
+        """``options`` for a session on this device (WebGPU: a copy holding the provider).
+
+        Raises
+        ------
+        ValueError
+            For ``graph_capture`` on a device other than WebGPU.
+        """
+        if self.kind == "webgpu":
+            return _webgpu_options(options, self.index, graph_capture)
+        if graph_capture:
+            raise ValueError(f"graph_capture is a WebGPU option; the device is {self}.")
+        return options
+
     def __str__(self) -> str:
-        return self.kind if self.kind == "cpu" else f"cuda:{self.index}"
+        return self.kind if self.kind == "cpu" else f"{self.kind}:{self.index}"
 
 
 def parse_device(device) -> Device:
@@ -56,16 +78,19 @@ def parse_device(device) -> Device:
     Raises
     ------
     ValueError
-        For a string that is not ``'cpu'``, ``'cuda'`` or ``'cuda:N'``, or when
-        CUDA is asked for and onnxruntime has no CUDA execution provider.
+        For a string that is not ``'cpu'``, ``'cuda'``, ``'cuda:N'``, ``'webgpu'``
+        or ``'webgpu:N'``, when CUDA is asked for and onnxruntime has no CUDA
+        execution provider, or WebGPU and the provider or a GPU is missing.
     """
     if isinstance(device, Device):
         return device
     if not isinstance(device, str):
-        raise TypeError(f"device must be a string such as 'cpu' or 'cuda:0', got {device!r}.")
+        raise TypeError(f"device must be a string such as 'cpu', 'cuda:0' or 'webgpu', "
+                        f"got {device!r}.")
     match = _DEVICE_RE.match(device.strip().lower())
     if match is None:
-        raise ValueError(f"Unknown device {device!r}: expected 'cpu', 'cuda' or 'cuda:N'.")
+        raise ValueError(f"Unknown device {device!r}: expected 'cpu', 'cuda', 'cuda:N', "
+                         "'webgpu' or 'webgpu:N'.")
     kind, index = match.group(1), int(match.group(2) or 0)
     if kind == "cuda" and "CUDAExecutionProvider" not in ort.get_available_providers():
         raise ValueError(
@@ -75,6 +100,8 @@ def parse_device(device) -> Device:
             "pip uninstall -y onnxruntime && pip install --force-reinstall --no-deps "
             "onnxruntime-gpu."
         )
+    if kind == "webgpu":
+        webgpu.ep_device()  # raises, naming what is missing
     return Device(kind, index)
 
 
@@ -317,8 +344,8 @@ def _profiled(options: ort.SessionOptions) -> ort.SessionOptions:
     return options
 
 
-def make_session(model, device="cpu", session_options: ort.SessionOptions | None = None
-                 ) -> ort.InferenceSession:
+def make_session(model, device="cpu", session_options: ort.SessionOptions | None = None,
+                 graph_capture: bool = False) -> ort.InferenceSession:
     """Open an ``InferenceSession`` on ``device`` for a ModelProto, bytes or a path.
 
     Without the optimizers of :data:`DISABLED_OPTIMIZERS`; with onnxruntime's
@@ -326,9 +353,15 @@ def make_session(model, device="cpu", session_options: ort.SessionOptions | None
     exceed :data:`ortlearn.fileio.EXTERNAL_DATA_THRESHOLD` (protobuf cannot
     serialize 2 GB) is saved with external data to a temporary directory and
     opened from there.
+
+    On WebGPU the provider is added to a copy of ``session_options``
+    (:meth:`Device.session_options`); ``graph_capture`` records the GPU commands of
+    the first run and replays them afterwards (every input and output then
+    bound to a fixed device buffer).
     """
     device = parse_device(device)
-    session_options = _profiled(session_options or make_session_options())
+    session_options = device.session_options(
+        _profiled(session_options or make_session_options()), graph_capture)
     if isinstance(model, onnx.ModelProto):
         if model_data_size(model) > fileio.EXTERNAL_DATA_THRESHOLD:
             return _session_from_file(model, device, session_options)
@@ -338,6 +371,41 @@ def make_session(model, device="cpu", session_options: ort.SessionOptions | None
     return ort.InferenceSession(
         model, sess_options=session_options, providers=device.providers(),
         disabled_optimizers=list(DISABLED_OPTIMIZERS))
+
+
+#: Session settings ortlearn sets through config entries, carried over by :func:`_webgpu_options`.
+_CONFIG_KEYS = ("session.intra_op.allow_spinning",)
+_OPTION_ATTRIBUTES = (
+    "graph_optimization_level", "log_severity_level", "log_verbosity_level",
+    "intra_op_num_threads", "inter_op_num_threads", "execution_mode", "execution_order",
+    "enable_cpu_mem_arena", "enable_mem_pattern", "enable_mem_reuse",
+    "use_deterministic_compute", "enable_profiling", "profile_file_prefix", "logid",
+    "optimized_model_filepath")
+
+
+def _webgpu_options(options: ort.SessionOptions, index: int,
+                    graph_capture: bool) -> ort.SessionOptions:
+    """A copy of ``options`` with the WebGPU provider on GPU ``index``.
+
+    A plugin provider is added to the options themselves, once: a copy lets one
+    set of options (an engine's) open several sessions, with or without graph
+    capture. The copy holds the options' attributes and ortlearn's own config
+    entries.
+    """
+    copy = ort.SessionOptions()
+    for name in _OPTION_ATTRIBUTES:
+        setattr(copy, name, getattr(options, name))
+    for key in _CONFIG_KEYS:
+        try:
+            copy.add_session_config_entry(key, options.get_session_config_entry(key))
+        except RuntimeError:  # not set
+            pass
+    if graph_capture:
+        # a captured graph replays fixed buffers: no arena pattern may move them
+        copy.enable_mem_pattern = False
+    copy.add_provider_for_devices([webgpu.ep_device()],
+                                  webgpu.provider_options(index, graph_capture))
+    return copy
 
 
 def _session_from_file(model: onnx.ModelProto, device, session_options) -> ort.InferenceSession:
@@ -350,5 +418,3 @@ def _session_from_file(model: onnx.ModelProto, device, session_options) -> ort.I
         return ort.InferenceSession(
             path, sess_options=session_options, providers=device.providers(),
             disabled_optimizers=list(DISABLED_OPTIMIZERS))
-
-

@@ -13,6 +13,7 @@ without a copy.
 from __future__ import annotations
 
 import math
+import warnings
 from typing import NamedTuple
 
 import numpy as np
@@ -31,9 +32,18 @@ from ..graph import (
     shape_of,
 )
 from ..graph.format import DEFAULT_LEARNING_RATE
-from ..graph.passes import set_inference_mode
+from ..graph.passes import CHEAPER_NODES, GPU_NODES, set_inference_mode
 from ..optim import Optimizer
-from ._buffers import StepBuffers
+from . import webgpu
+from ._buffers import (
+    StepBuffers,
+    StepFeeds,
+    carried_types,
+    is_state,
+    layout_part,
+    state_values,
+    weight_values,
+)
 from .checkpoint import CheckpointState
 from .checks import (
     check_class_labels,
@@ -45,7 +55,7 @@ from .checks import (
     replace_initializers,
 )
 from .device import make_session, parse_device
-from .fused import FusedLayout, build_fused_epoch, build_fused_step
+from .fused import ROWS, FusedLayout, build_fused_epoch, build_fused_step
 from .policy import LARGE_MODEL_BYTES, LOOP_MIN_STEP_MACS, default_session_options
 
 __all__ = ["TrainingEngine"]
@@ -122,6 +132,13 @@ class TrainingEngine:
         deterministic kernels. The CPU kernels are deterministic for a given
         number of threads already (the option only slows them down, with
         the same weights bit for bit), so the CPU ignores it.
+    host_fed : bool, default=None
+        Feed each step its batch from the host (one call per batch, the row
+        numbers and the optimizer's scalars written into fixed device
+        buffers, no float64 value; ``build_fused_step(host_fed=True)``).
+        None: on WebGPU only, whose provider would run the other step's
+        ``Slice`` bounds and float64 loss sum on the CPU; there the step is
+        recorded once and replayed (``ORTLEARN_WEBGPU_GRAPH_CAPTURE``).
 
     Attributes
     ----------
@@ -200,7 +217,7 @@ class TrainingEngine:
 
     def __init__(self, loss_model, trainable, optimizer, device="cpu", input_names=None,
                  loss_output="loss", initial_weights=None, session_options=None,
-                 epoch_loop="auto", batch_size=None, deterministic=False):
+                 epoch_loop="auto", batch_size=None, deterministic=False, host_fed=None):
         if not isinstance(optimizer, Optimizer):
             raise TypeError("optimizer must be an ortlearn.optim.SGD, Adam or AdamW instance, "
                             f"got {type(optimizer).__name__}.")
@@ -222,8 +239,15 @@ class TrainingEngine:
         self.optimizer = optimizer
         self.device = device
         self._device = parse_device(device)
+        self._host_fed = self._device.kind == "webgpu" if host_fed is None else bool(host_fed)
+        if self._host_fed and epoch_loop is True:
+            raise ValueError("A host-fed step runs one batch a call: epoch_loop=True is not "
+                             "possible with host_fed=True or on WebGPU.")
         inits = {i.name: i for i in model.graph.initializer}
         self._initial = {n: numpy_helper.to_array(inits[n]) for n in self.trainable}
+        if self._device.ort_device_type == "webgpu":
+            webgpu.check_float32({**self.input_dtypes,
+                                  **{n: v.dtype for n, v in self._initial.items()}})
         # The graphs built from the model need only the weights' names, shapes and
         # types: a copy of their values would stay alive for the whole training.
         self._model = model = _strip_weights(model, self.trainable)
@@ -254,17 +278,24 @@ class TrainingEngine:
                 # A large model on the CPU: a tensor per weight, written in place.
                 model, layout = build_fused_step(
                     self._model, self.trainable, self.input_names, self.optimizer,
-                    self.loss_output, self._epoch_ordered(), flat=not self._large())
-            session = make_session(model, self._device, self._session_options)
+                    self.loss_output, self._epoch_ordered(), flat=not self._large(),
+                    host_fed=self._host_fed, passes=GPU_NODES
+                    if self._device.ort_device_type == "webgpu" else CHEAPER_NODES)
+            session, capture = self._step_session(model)
             zeros = {name: np.zeros(shape, dtype) for name, (dtype, shape) in
-                     _carried_types(model, layout.carried).items()}
+                     carried_types(model, layout.carried).items()}
             counters = {name: zeros[name] for name in layout.carried
-                        if name not in layout.weights.values() and not _is_state(layout, name)}
+                        if name not in layout.weights.values() and not is_state(layout, name)}
             # One buffer, read and written by the step, for the values the graph
             # provably reads before it overwrites them (tested bit for bit on the CPU).
             in_place = layout.in_place if self._device.kind == "cpu" else ()
-            self._steps[loop] = _Step(session, layout, StepBuffers(
-                session, layout.carried, zeros, self._device, counters, in_place))
+            buffers = StepBuffers(session, layout.carried, zeros, self._device, counters,
+                                  in_place)
+            feeds = StepFeeds(session, buffers, layout, {
+                ROWS: zeros[layout.loss_sum].dtype,
+                **dict.fromkeys(layout.scalars.values(), layout.scalar_dtype)},
+                capture) if layout.host_fed else None
+            self._steps[loop] = _Step(session, layout, buffers, feeds)
         if current is None:
             self._current = loop
             self.set_state(self._initial)
@@ -272,14 +303,26 @@ class TrainingEngine:
             self._initial = {n: np.broadcast_to(np.zeros((), v.dtype), v.shape)
                              for n, v in self._initial.items()}
             return
-        weights = _weight_values(current.layout, current.buffers)
-        states = _state_values(current.layout, current.buffers)
+        weights = weight_values(current.layout, current.buffers)
+        states = state_values(current.layout, current.buffers)
         self._current = loop
         self._write_carried(weights, states)
+
+    def _step_session(self, model) -> tuple:
+        """The session of a step graph, and whether the provider records it (WebGPU)."""
+        if self._host_fed and webgpu.default_graph_capture():
+            try:
+                return make_session(model, self._device, self._session_options, True), True
+            except Exception as exc:  # a node the provider left to the CPU
+                warnings.warn(f"The training step runs without graph capture: {exc}",
+                              RuntimeWarning)
+        return make_session(model, self._device, self._session_options), False
 
     def _epoch_ordered(self) -> list[str]:
         """Data inputs of at most ``EPOCH_ORDERED_ROW_BYTES`` per row (labels, weights)."""
         names = []
+        if self._host_fed:
+            return names
         for name in self.input_names:
             shape = self.input_shapes[name]
             if shape is None or not all(isinstance(d, int) for d in shape[1:]):
@@ -291,7 +334,7 @@ class TrainingEngine:
 
     def _write_carried(self, weights: dict, states: dict | None = None) -> None:
         """Write ``{weight: value}`` and ``{weight: {state: value}}`` into the live buffers."""
-        _, layout, buffers = self._steps[self._current]
+        _, layout, buffers, _ = self._steps[self._current]
         items = [(layout.weights[p], p, v) for p, v in weights.items()]
         items += [(layout.states[p][s], p, v) for p, d in (states or {}).items()
                   for s, v in d.items()]
@@ -315,6 +358,10 @@ class TrainingEngine:
     def _choose_loop(self, batch_rows: int) -> bool:
         if self._epoch_loop != "auto":
             return self._epoch_loop
+        if self._host_fed:
+            # one batch a call (on WebGPU, a Loop would run on the CPU and copy every
+            # carried value to and from the GPU at each iteration)
+            return False
         if self._device.kind == "cpu":
             # A Loop holds its carried weights and moments once more (the body's
             # outputs); a step over that many weights outlasts the call saved.
@@ -475,11 +522,20 @@ class TrainingEngine:
         loop = self._choose_loop(n_rows // n_batches)
         if loop != self._current:
             self._open(loop)
-        session, layout, buffers = self._steps[loop]
+        session, layout, buffers, feeds = self._steps[loop]
         n_data = len(arrays[0])
         if order.min() < 0 or order.max() >= n_data:
             raise ValueError(f"Row indices must be in [0, {n_data}), got {order.min()} to "
                              f"{order.max()}.")
+        if feeds is not None:
+            feeds.bind_data({layout.data[name]: value for name, value in data.items()})
+            buffers.reset_counters()
+            step_values = {layout.scalars[name]: value for name, value in self._step_scalars(
+                n_batches, lr_for_step, layout.scalar_dtype).items()}
+            step_values[ROWS] = bounds["rows"]
+            feeds.run_epoch(order, bounds["starts"][:, 0], bounds["sizes"], step_values)
+            self.n_steps += n_batches
+            return self._epoch_end(float(buffers.host(layout.loss_sum)) / n_rows)
         buffers.bind_inputs({layout.data[name]: value for name, value in data.items()})
         epoch_data = {layout.epoch_inputs[0]: order}
         for name, entry in reordered.items():
@@ -515,7 +571,10 @@ class TrainingEngine:
                 run(bindings[buffers.parity], None)
                 buffers.swap()
                 self.n_steps += 1
-        loss = float(buffers.host(layout.loss_sum)) / n_rows
+        return self._epoch_end(float(buffers.host(layout.loss_sum)) / n_rows)
+
+    def _epoch_end(self, loss: float) -> float:
+        """``loss``, once it and the weights are checked finite (else :meth:`_diverged`)."""
         finite = self._weight_copies()
         if not (np.isfinite(loss) and all(np.isfinite(c).all() for c in finite[1].values())):
             self._diverged(loss, finite)
@@ -525,14 +584,14 @@ class TrainingEngine:
     def _weight_copies(self) -> tuple:
         """``(layout, {carried buffer: host copy})`` of the live weights, what a divergence
         restores: one copy per buffer, cut into weights only if needed."""
-        _, layout, buffers = self._steps[self._current]
+        _, layout, buffers, _ = self._steps[self._current]
         return layout, {c: buffers.host_copy(c) for c in set(layout.weights.values())}
 
     def _diverged(self, loss: float, reached: tuple) -> None:
         # Name what is not finite (the data were checked finite before training, so
         # the steps themselves overflowed): the loss, and which weights.
         layout_now, copies_now = reached
-        bad = sorted(name for name, value in _weight_values(layout_now, None, copies_now).items()
+        bad = sorted(name for name, value in weight_values(layout_now, None, copies_now).items()
                      if not np.isfinite(value).all())
         what = (f"the epoch loss is {loss}" if not np.isfinite(loss)
                 else f"the epoch loss is finite ({loss:.6g})")
@@ -540,7 +599,7 @@ class TrainingEngine:
                  else " and every weight is finite")
         layout, copies = self._last_finite
         # The optimizer state is as corrupted as the weights: start it again.
-        self.set_state(_weight_values(layout, None, copies))
+        self.set_state(weight_values(layout, None, copies))
         self._reset_optimizer()
         raise ConvergenceError(
             f"Training diverged: {what} after an epoch at learning rate {self._lr:.6g}. "
@@ -548,7 +607,7 @@ class TrainingEngine:
             "or scale the data.")
 
     def _reset_optimizer(self) -> None:
-        _, layout, buffers = self._steps[self._current]
+        _, layout, buffers, _ = self._steps[self._current]
         for name in {name for d in layout.states.values() for name in d.values()}:
             value = buffers.live(name)
             value.update_inplace(np.zeros(value.shape(), value.numpy().dtype))
@@ -573,8 +632,8 @@ class TrainingEngine:
                 self._session_options)
         session = self._eval_session
         binding = session.io_binding()
-        _, layout, buffers = self._steps[self._current]
-        views = _weight_values(layout, buffers, only=layout.offsets)
+        _, layout, buffers, _ = self._steps[self._current]
+        views = weight_values(layout, buffers, only=layout.offsets)
         for name, carried in layout.weights.items():
             if name in views:  # a view of the flat weights
                 binding.bind_cpu_input(name, np.ascontiguousarray(views[name]))
@@ -589,8 +648,8 @@ class TrainingEngine:
     # ----------------------------------------------------------------- state
     def get_state(self) -> dict:
         """Host copies of the weights, ``{name: numpy.ndarray}`` in trainable order."""
-        _, layout, buffers = self._steps[self._current]
-        values = _weight_values(layout, buffers)
+        _, layout, buffers, _ = self._steps[self._current]
+        values = weight_values(layout, buffers)
         return {n: np.array(values[n], copy=True) for n in self.trainable}
 
     def set_state(self, state: dict) -> None:
@@ -620,9 +679,9 @@ class TrainingEngine:
             ``{"states": {param: {state_name: ndarray}}, "step": int,
             "learning_rate": float}``.
         """
-        _, layout, buffers = self._steps[self._current]
+        _, layout, buffers, _ = self._steps[self._current]
         states = {p: {s: np.array(v, copy=True) for s, v in d.items()}
-                  for p, d in _state_values(layout, buffers).items()}
+                  for p, d in state_values(layout, buffers).items()}
         return {"states": states, "step": self.n_steps, "learning_rate": float(self._lr)}
 
     def take_state(self) -> tuple[dict, dict]:
@@ -639,16 +698,16 @@ class TrainingEngine:
             ``(weights, optimizer_state)``, as :meth:`get_state` and
             :meth:`optimizer_state` return them.
         """
-        _, layout, buffers = self._steps[self._current]
+        _, layout, buffers, _ = self._steps[self._current]
         copies = {}
         if buffers.shared:
             # The live halves themselves: nothing else refers to them once closed.
             carried = set(layout.weights.values())
             carried |= {c for d in layout.states.values() for c in d.values()}
             copies = {c: buffers.host(c) for c in carried}
-        values = _weight_values(layout, buffers, copies)
+        values = weight_values(layout, buffers, copies)
         weights = {n: values[n] for n in self.trainable}
-        states = {p: {s: _part(layout, copies, buffers, c, p) for s, c in d.items()}
+        states = {p: {s: layout_part(layout, copies, buffers, c, p) for s, c in d.items()}
                   for p, d in layout.states.items()}
         state = {"states": states, "step": self.n_steps, "learning_rate": float(self._lr)}
         self._steps.clear()
@@ -706,44 +765,7 @@ class _Step(NamedTuple):
     session: ort.InferenceSession
     layout: FusedLayout
     buffers: StepBuffers
-
-
-def _part(layout, copies: dict, buffers, carried: str, param: str) -> np.ndarray:
-    """The host value of ``param``'s part of the carried buffer ``carried``.
-
-    A view of one host copy per carried buffer (kept in ``copies``), so that
-    the weights of a flat buffer cost one copy, not one each.
-    """
-    if carried not in copies:
-        copies[carried] = buffers.host_copy(carried)
-    value = copies[carried]
-    if param in layout.offsets:
-        offset, shape = layout.offsets[param]
-        value = value[offset:offset + math.prod(shape)].reshape(shape)
-    return value
-
-
-def _weight_values(layout, buffers: StepBuffers | None, copies: dict | None = None,
-                   only=None) -> dict:
-    """``{weight: host value}`` (those in ``only`` if given).
-
-    ``copies`` gives and receives ``{carried input: host copy}``; ``buffers``
-    may be None when it holds them all.
-    """
-    copies = {} if copies is None else copies
-    return {p: _part(layout, copies, buffers, c, p) for p, c in layout.weights.items()
-            if only is None or p in only}
-
-
-def _state_values(layout, buffers: StepBuffers) -> dict:
-    """``{weight: {state: host value}}`` of the optimizer states."""
-    copies = {}
-    return {p: {s: _part(layout, copies, buffers, c, p) for s, c in d.items()}
-            for p, d in layout.states.items()}
-
-
-def _is_state(layout, name: str) -> bool:
-    return any(name in d.values() for d in layout.states.values())
+    feeds: StepFeeds | None = None
 
 
 def _strip_weights(model: onnx.ModelProto, trainable) -> onnx.ModelProto:
@@ -776,10 +798,3 @@ def _weights_to_inputs(model: onnx.ModelProto, trainable) -> None:
                        for i in weights)
     del graph.initializer[:]
     graph.initializer.extend(kept)
-
-
-def _carried_types(model: onnx.ModelProto, carried) -> dict:
-    """``{carried input: (numpy dtype, shape)}`` from the graph's declarations."""
-    declared = {i.name: i for i in model.graph.input}
-    return {n: (onnx_to_np_dtype(elem_type_of(declared[n])), tuple(shape_of(declared[n])))
-            for n in carried}

@@ -29,6 +29,14 @@ copied from the host per step. The inputs and outputs of the step graph
 
 The step runs ``k -> k + 1``: the engine feeds the outputs of one step as
 the inputs of the next (ping-pong buffers), so a step needs no host value.
+
+On a GPU whose provider computes neither float64 nor ``Slice`` bounds on the
+device (WebGPU), ``build_fused_step(host_fed=True)`` builds a step that the
+host feeds per batch instead: ``batch`` (the int64 row numbers of the batch),
+``rows`` and the optimizer's scalars of the step (0-d, in the weights'
+dtype), written into fixed device buffers before each run; no ``k``, and the
+loss sum in the loss's own dtype. Nothing in it needs the CPU, so the
+provider can record it once and replay it (graph capture).
 """
 
 from __future__ import annotations
@@ -42,7 +50,6 @@ from onnx import TensorProto, helper
 from ..autodiff import append_backward
 from ..graph import (
     GraphBuilder,
-    attr,
     elem_type_of,
     finalize_model,
     needed_nodes,
@@ -50,11 +57,14 @@ from ..graph import (
     opset_of,
     shape_of,
 )
-from ..graph.passes import GraphView, run_passes
+from ..graph.passes import CHEAPER_NODES, run_passes
+from .batch_shapes import batch_multiples, sizes_from_rows
 
 __all__ = ["FusedLayout", "build_fused_epoch", "build_fused_step", "in_place_safe"]
 
 ORDER, STARTS, ENDS, ROWS = "fused.order", "fused.starts", "fused.ends", "fused.rows"
+#: The row numbers of the batch, in a host-fed step.
+BATCH = "fused.batch"
 SCALAR = "fused.scalar."
 STEP_IN_EPOCH, LOSS_SUM = "fused.k", "fused.loss_sum"
 #: The batch number inside the epoch's Loop (the iteration count).
@@ -73,7 +83,8 @@ class FusedLayout:
         Data input of the loss graph -> graph input holding all its rows.
     epoch_inputs : tuple of str
         ``order``, ``starts``, ``ends``, ``rows`` then the values of
-        :attr:`scalars` (set once per epoch).
+        :attr:`scalars` (set once per epoch); in a host-fed step, ``batch``,
+        ``rows`` then the values of :attr:`scalars`, all set before each step.
     carried : dict of str to str
         Carried input -> the output holding its next value (weights,
         optimizer states, ``loss_sum`` and, in step mode, ``k``).
@@ -102,6 +113,8 @@ class FusedLayout:
         Carried weights and optimizer states whose next value may be written
         over them (:func:`in_place_safe`; step mode only): one buffer each
         instead of a ping-pong pair.
+    host_fed : bool
+        Whether the host feeds each step its batch (``build_fused_step(host_fed=True)``).
     """
 
     data: dict
@@ -115,6 +128,7 @@ class FusedLayout:
     scalars: dict = field(default_factory=dict)
     scalar_dtype: np.dtype = np.dtype(np.float64)
     in_place: tuple = ()
+    host_fed: bool = False
 
 
 def _state_name(param: str, state: str) -> str:
@@ -122,14 +136,17 @@ def _state_name(param: str, state: str) -> str:
 
 
 def _step_nodes(model: onnx.ModelProto, trainable, input_names, optimizer, loss_output: str,
-                in_loop: bool, epoch_ordered=(), flat: bool = True):
+                in_loop: bool, epoch_ordered=(), flat: bool = True, host_fed: bool = False):
     """Nodes of one step appended to ``model`` (a copy), with the carried output names.
 
     ``model``'s trainable initializers become inputs, its data inputs are
     replaced by ``Gather`` of the full data. The batch number ``k`` is the
-    Loop's iteration count ``in_loop``, else a carried value ``k -> k + 1``.
+    Loop's iteration count ``in_loop``, else a carried value ``k -> k + 1``;
+    ``host_fed`` steps have none (the host feeds the batch's values).
     Returns the graph inputs to add and ``{carried input: output}``.
     """
+    if host_fed and (in_loop or epoch_ordered):
+        raise ValueError("A host-fed step runs one batch a call, with no epoch-ordered input.")
     k = LOOP_ITERATION if in_loop else STEP_IN_EPOCH
     graph = model.graph
     inits = {i.name: i for i in graph.initializer}
@@ -144,10 +161,13 @@ def _step_nodes(model: onnx.ModelProto, trainable, input_names, optimizer, loss_
     scalar_inputs = {s: SCALAR + s for s in optimizer.scalar_names}
     for name in (ORDER, STARTS, ENDS, ROWS, *scalar_inputs.values(), LOSS_SUM, k):
         b.reserve(name)
-    # Batch k is order[starts[k]:ends[k]].
-    start = b.op("Gather", [STARTS, k])
-    end = b.op("Gather", [ENDS, k])
-    rows = b.op("Slice", [ORDER, start, end, b.ints([0])])
+    if host_fed:
+        rows = b.reserve(BATCH)
+    else:
+        # Batch k is order[starts[k]:ends[k]].
+        start = b.op("Gather", [STARTS, k])
+        end = b.op("Gather", [ENDS, k])
+        rows = b.op("Slice", [ORDER, start, end, b.ints([0])])
     inputs, data = [], {}
     for name in input_names:
         info = declared[name]
@@ -162,8 +182,11 @@ def _step_nodes(model: onnx.ModelProto, trainable, input_names, optimizer, loss_
             dims = ["n_rows"] + list(dims[1:]) if dims else None
             b.op("Gather", [data[name], rows], outputs=[name], axis=0)
         inputs.append(helper.make_tensor_value_info(data[name], elem_type_of(info), dims))
-    step_scalars = {s: b.op("Gather", [name, k]) for s, name in scalar_inputs.items()}
-    n_rows = b.op("Gather", [ROWS, k])
+    if host_fed:
+        step_scalars, n_rows = dict(scalar_inputs), ROWS
+    else:
+        step_scalars = {s: b.op("Gather", [name, k]) for s, name in scalar_inputs.items()}
+        n_rows = b.op("Gather", [ROWS, k])
     flat = _flat_offsets(params, optimizer) if flat else {}
     prologue, views = b.nodes, _flat_weight_views(b, flat)
     b.nodes = []
@@ -171,18 +194,25 @@ def _step_nodes(model: onnx.ModelProto, trainable, input_names, optimizer, loss_
     del graph.node[:]
     graph.node.extend(prologue + forward)
     scalar = helper.make_tensor_value_info
-    inputs += [scalar(ORDER, TensorProto.INT64, ["n_epoch_rows"]),
-               scalar(STARTS, TensorProto.INT64, ["n_batches", 1]),
-               scalar(ENDS, TensorProto.INT64, ["n_batches", 1]),
-               scalar(ROWS, TensorProto.DOUBLE, ["n_batches"])]
     elem_types = {p.data_type for p in params}
     scalar_elem = elem_types.pop() if len(elem_types) == 1 else TensorProto.DOUBLE
-    inputs += [scalar(name, scalar_elem, ["n_batches"]) for name in scalar_inputs.values()]
+    loss_info = next(o for o in graph.output if o.name == loss_output)
+    # the running sum: float64 unless the step must stay on a device without it
+    sum_elem = elem_type_of(loss_info) if host_fed else TensorProto.DOUBLE
+    if host_fed:
+        inputs += [scalar(BATCH, TensorProto.INT64, ["batch_rows"]), scalar(ROWS, sum_elem, [])]
+        inputs += [scalar(name, scalar_elem, []) for name in scalar_inputs.values()]
+    else:
+        inputs += [scalar(ORDER, TensorProto.INT64, ["n_epoch_rows"]),
+                   scalar(STARTS, TensorProto.INT64, ["n_batches", 1]),
+                   scalar(ENDS, TensorProto.INT64, ["n_batches", 1]),
+                   scalar(ROWS, TensorProto.DOUBLE, ["n_batches"])]
+        inputs += [scalar(name, scalar_elem, ["n_batches"]) for name in scalar_inputs.values()]
     weights = {p.name: FLAT if flat else p.name for p in params}
     states = {p.name: {s: _state_name(weights[p.name], s) for s in optimizer.state_names}
               for p in params}
-    carried_inputs = [scalar(LOSS_SUM, TensorProto.DOUBLE, [])]
-    if not in_loop:
+    carried_inputs = [scalar(LOSS_SUM, sum_elem, [])]
+    if not in_loop and not host_fed:
         carried_inputs.append(scalar(k, TensorProto.INT64, []))
     if flat:
         size = sum(int(np.prod(p.dims, dtype=np.int64)) for p in params)
@@ -199,7 +229,6 @@ def _step_nodes(model: onnx.ModelProto, trainable, input_names, optimizer, loss_
     if in_loop:
         graph.input.append(scalar(k, TensorProto.INT64, []))
 
-    loss_info = next(o for o in graph.output if o.name == loss_output)
     grads = append_backward(model, loss_output, list(trainable), builder=b)
     if flat:
         nodes = prologue + views + list(graph.node)[len(prologue):]
@@ -209,8 +238,8 @@ def _step_nodes(model: onnx.ModelProto, trainable, input_names, optimizer, loss_
         del graph.input[:]
         graph.input.extend(kept)
     batch_loss = loss_output
-    if elem_type_of(loss_info) != TensorProto.DOUBLE:
-        batch_loss = b.cast(batch_loss, TensorProto.DOUBLE)
+    if elem_type_of(loss_info) != sum_elem:
+        batch_loss = b.cast(batch_loss, sum_elem)
     if shape_of(loss_info) != []:
         batch_loss = b.reduce("ReduceSum", batch_loss, keepdims=0)
     carried = {LOSS_SUM: b.op("Add", [LOSS_SUM, b.op("Mul", [batch_loss, n_rows])],
@@ -222,7 +251,7 @@ def _step_nodes(model: onnx.ModelProto, trainable, input_names, optimizer, loss_
         # data only: it would compute the loss (a penalty reading a weight) last.
         # The flat layout's Concat of the gradients is such a join already.
         step_scalars = _after(b, [batch_loss, *(grads[n] for n in trainable)], step_scalars)
-    if not in_loop:
+    if not in_loop and not host_fed:
         b.op("Add", [k, b.const(1, dtype=np.int64)], outputs=[b.reserve(k + _NEXT)])
         carried[k] = k + _NEXT
     # Carried inputs that are new names are claimed; optimizer.build reserves
@@ -241,10 +270,12 @@ def _step_nodes(model: onnx.ModelProto, trainable, input_names, optimizer, loss_
                         scalars=step_scalars, scalar_elem_type=scalar_elem)
     b.add_to_graph(graph)
     carried.update(updated)
-    layout = FusedLayout(data, (ORDER, STARTS, ENDS, ROWS, *scalar_inputs.values()), carried,
+    step_inputs = (BATCH, ROWS) if host_fed else (ORDER, STARTS, ENDS, ROWS)
+    layout = FusedLayout(data, (*step_inputs, *scalar_inputs.values()), carried,
                          weights, states, LOSS_SUM, flat,
                          tuple(n for n in input_names if n in epoch_ordered), scalar_inputs,
-                         np.dtype(onnx.helper.tensor_dtype_to_np_dtype(scalar_elem)))
+                         np.dtype(onnx.helper.tensor_dtype_to_np_dtype(scalar_elem)),
+                         host_fed=host_fed)
     return inputs, carried_inputs, layout
 
 
@@ -313,7 +344,7 @@ def _flat_update(b: GraphBuilder, optimizer, params, grads, step_scalars: dict,
 
 
 def _step_model(loss_model, trainable, input_names, optimizer, loss_output: str,
-                in_loop: bool, epoch_ordered, flat: bool = True):
+                in_loop: bool, epoch_ordered, flat: bool = True, host_fed: bool = False):
     """A copy of ``loss_model`` holding the nodes of one step (:func:`_step_nodes`).
 
     Returns ``(model, data and epoch inputs, {carried input: its ValueInfo}, layout)``.
@@ -321,7 +352,8 @@ def _step_model(loss_model, trainable, input_names, optimizer, loss_output: str,
     model = onnx.ModelProto()
     model.CopyFrom(loss_model)
     inputs, carried_inputs, layout = _step_nodes(model, trainable, input_names, optimizer,
-                                                 loss_output, in_loop, epoch_ordered, flat)
+                                                 loss_output, in_loop, epoch_ordered, flat,
+                                                 host_fed)
     return model, inputs, {i.name: i for i in carried_inputs}, layout
 
 
@@ -336,7 +368,8 @@ def _value_infos(infos, names, suffix: str = "") -> list:
 
 
 def build_fused_step(loss_model: onnx.ModelProto, trainable, input_names, optimizer,
-                     loss_output: str = "loss", epoch_ordered=(), flat: bool = True
+                     loss_output: str = "loss", epoch_ordered=(), flat: bool = True,
+                     host_fed: bool = False, passes=CHEAPER_NODES
                      ) -> tuple[onnx.ModelProto, FusedLayout]:
     """The graph of one training step (one ORT call per mini-batch).
 
@@ -365,6 +398,13 @@ def build_fused_step(loss_model: onnx.ModelProto, trainable, input_names, optimi
         copy of the weights (the slices of a flat buffer) nor of the gradients
         (their ``Concat``), and every weight written in place
         (:attr:`FusedLayout.in_place`), for large models.
+    host_fed : bool, default=False
+        The host feeds each step its batch's row numbers, its size and the
+        optimizer's scalars (see the module's docstring): a step with no
+        float64 value, no batch counter and no ``Slice``, for a GPU whose
+        provider would run those on the CPU. Not with ``epoch_ordered``.
+    passes : sequence of ortlearn.graph.passes.Pass, default=CHEAPER_NODES
+        The rewrites of the step's nodes (``GPU_NODES`` for a GPU provider).
 
     Returns
     -------
@@ -374,13 +414,16 @@ def build_fused_step(loss_model: onnx.ModelProto, trainable, input_names, optimi
         Its input and output names.
     """
     model, _, infos, layout = _step_model(loss_model, trainable, input_names, optimizer,
-                                          loss_output, False, epoch_ordered, flat)
+                                          loss_output, False, epoch_ordered, flat, host_fed)
     graph = model.graph
     outputs = _value_infos(infos, layout.carried)
     for info, name in zip(outputs, layout.carried.values()):
         info.name = name
     kept = list(layout.carried.values())
-    nodes = run_passes(model, needed_nodes(graph.node, kept), kept)
+    nodes = needed_nodes(graph.node, kept)
+    if host_fed:
+        nodes = sizes_from_rows(model, nodes, layout, ROWS)
+    nodes = run_passes(model, nodes, kept, passes)
     del graph.node[:]
     graph.node.extend(nodes)
     del graph.output[:]
@@ -554,11 +597,6 @@ _DRAWS = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "Random
                     "Multinomial", "Bernoulli", "Dropout"})
 #: Suffix of a value computed once per epoch instead of once per step.
 _HOISTED = ".per_epoch"
-#: Two batch sizes (primes) the step's shapes are inferred with: a ``Size`` or
-#: ``Shape`` whose value scales with them is a multiple of the batch's rows.
-_PROBE_ROWS = (1009, 1013)
-
-
 def _uniform_body(model, nodes, layout, carried, b: GraphBuilder):
     """The step ``nodes`` for batches of one size, and the number of such leading batches.
 
@@ -572,8 +610,8 @@ def _uniform_body(model, nodes, layout, carried, b: GraphBuilder):
       ``(n_same, B)`` matrix (one ``Gather`` instead of two ``Gather`` of
       the bounds and a ``Slice``), and the epoch-ordered inputs likewise;
     * ``Size`` and ``Shape`` nodes whose value is a multiple of the batch
-      rows (:func:`_batch_multiples`) become values of the epoch, ``rows``
-      of the batch is ``rows[0]``;
+      rows (:func:`~ortlearn.training.batch_shapes.batch_multiples`) become
+      values of the epoch, ``rows`` of the batch is ``rows[0]``;
     * every node reading only values of the epoch and constants then runs
       once per epoch (:func:`_hoisted`): the same operation on the same
       values, so the same bits.
@@ -601,7 +639,7 @@ def _uniform_body(model, nodes, layout, carried, b: GraphBuilder):
                 b.op("Concat", [n_same_vec, size, tail], axis=0)])
         return by_batch[name]
 
-    multiples = _batch_multiples(model, nodes, layout)
+    multiples = batch_multiples(model, nodes, layout)
     rows_scalar = b.op("Squeeze", [size])
     replaced, out = {}, []
     producers = {o: n for n in nodes for o in n.output}
@@ -684,60 +722,3 @@ def _hoisted(nodes, varying, b: GraphBuilder) -> list:
     return [_renamed(node, moved) for node in kept]
 
 
-def _batch_multiples(model: onnx.ModelProto, nodes, layout: FusedLayout) -> dict:
-    """``{output: (coef, const)}`` of the ``Size`` and ``Shape`` nodes of a step that
-    depend on the batch only through its number of rows ``B``.
-
-    A ``Size`` is ``coef * B`` (``coef`` an int); a ``Shape`` is
-    ``coef * B + const`` (int vectors). Found by inferring the step's shapes
-    for two batch sizes (:data:`_PROBE_ROWS`); empty when the data inputs
-    have dims other than the rows that are not static.
-    """
-    wanted = [n for n in nodes if n.op_type in ("Size", "Shape")]
-    declared = {i.name: i for i in model.graph.input}
-    data = {name: declared[src] for name, src in layout.data.items()}
-    if not wanted or any(shape_of(i) is None or not all(isinstance(d, int)
-                                                         for d in shape_of(i)[1:])
-                         for i in data.values()):
-        return {}
-    probes = []
-    for rows in _PROBE_ROWS:
-        probe = onnx.ModelProto()
-        probe.CopyFrom(model)
-        graph = probe.graph
-        del graph.input[:]
-        graph.input.extend(
-            [helper.make_tensor_value_info(name, elem_type_of(info), [rows, *shape_of(info)[1:]])
-             for name, info in data.items()]
-            + [i for i in declared.values() if i.name not in set(layout.data.values())])
-        del graph.output[:]
-        del graph.value_info[:]
-        steps = [n for n in nodes if not set(n.output) & set(data)]
-        try:
-            probes.append(GraphView(probe, steps, []).shapes)
-        except (onnx.shape_inference.InferenceError, ValueError, KeyError, TypeError):
-            return {}
-    found = {}
-    for node in wanted:
-        dims = [shapes.get(node.input[0]) for shapes in probes]
-        if any(d is None or not all(isinstance(v, int) for v in d) for d in dims):
-            continue
-        if node.op_type == "Size":
-            dims = [[int(np.prod(d, dtype=np.int64))] for d in dims]
-        else:
-            end = attr(node, "end")
-            dims = [d[attr(node, "start", 0):end] for d in dims]
-        coef, const = [], []
-        for small, large in zip(*dims):
-            if small == large:
-                coef.append(0)
-                const.append(small)
-            elif small % _PROBE_ROWS[0] == 0 and large == small // _PROBE_ROWS[0] * _PROBE_ROWS[1]:
-                coef.append(small // _PROBE_ROWS[0])
-                const.append(0)
-            else:
-                break
-        else:
-            found[node.output[0]] = (coef[0], const[0]) if node.op_type == "Size" else (coef,
-                                                                                        const)
-    return found

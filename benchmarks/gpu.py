@@ -1,0 +1,229 @@
+"""The GPU check: on a GPU machine without a package registry, install the wheels carried
+there, run the WebGPU tests, and time WebGPU against the same machine's CPU.
+
+::
+
+    python benchmarks/gpu.py OUT [--wheels DIR] [--scale 0.25] [--reps 3] [--threads N]
+
+``OUT`` receives six files: ``environment.json`` (the GPU, onnxruntime,
+the WebGPU device), ``tests.log`` (``pytest tests/test_webgpu.py``),
+``placement.txt`` (the provider of every node of W2's and W3's steps),
+``bench.log`` (every benchmark's output), ``summary.json`` and ``summary.md``
+(per run: ortlearn's seconds per epoch on WebGPU and on the CPU, their ratio,
+and the other contenders), in well under ten minutes at the default scale.
+
+Prepare the wheels on a machine with a registry, for the GPU machine's
+Python (3.12 and x86-64 here) and beside what its image has (onnx,
+scikit-learn, scipy, torch, JAX)::
+
+    pip download --no-deps --only-binary=:all: --python-version 3.12 \\
+        --implementation cp --platform manylinux_2_28_x86_64 \\
+        --platform manylinux_2_17_x86_64 -d .whl \\
+        onnxruntime==1.32.0 onnxruntime-ep-webgpu==0.4.0 skl2onnx==1.20.0
+
+On Linux the provider needs a Vulkan loader (Debian's ``libvulkan1``) and the
+GPU driver's Vulkan driver (NVIDIA: ``nvidia_icd.json``); ``environment.json``
+says when onnxruntime lists no WebGPU device.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+#: (run name, workload, --batch, extra environment): what issue-sized GPU minutes measure.
+RUNS = [
+    ("W2 batch 256", "W2", 256, {}),
+    ("W2 batch 1024", "W2", 1024, {}),
+    ("W3", "W3", None, {}),
+    ("W3 without graph capture", "W3", None, {"ORTLEARN_WEBGPU_GRAPH_CAPTURE": "0"}),
+    ("W20", "W20", None, {}),
+]
+#: The contenders timed: ortlearn on both devices, and JAX and torch where the image has them.
+CONTENDERS = "ortlearn_adam,ortlearn_adam_cpu,jax_adam,torch_adam"
+
+
+def install(wheels: Path, target: Path) -> None:
+    """``pip install`` every wheel of ``wheels`` into ``target``, from those files alone."""
+    files = sorted(str(p) for p in wheels.glob("*.whl"))
+    if not files:
+        raise SystemExit(f"no wheel in {wheels}")
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps",
+                    "--no-compile", "--no-cache-dir", "--upgrade", "--target", str(target),
+                    *files], check=True)
+
+
+def environment() -> dict:
+    import onnxruntime as ort
+
+    from ortlearn.training import webgpu
+
+    info = {"python": sys.version.split()[0], "onnxruntime": ort.__version__}
+    try:
+        info["gpu"] = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True,
+                                     timeout=30).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        info["gpu"] = f"nvidia-smi: {exc}"
+    try:
+        device = webgpu.ep_device()
+        info["webgpu"] = {"vendor_id": device.device.vendor_id,
+                          "device_id": device.device.device_id,
+                          "metadata": dict(device.device.metadata),
+                          "provider": dict(device.ep_metadata)}
+    except ValueError as exc:
+        info["webgpu"] = str(exc)
+    return info
+
+
+#: A child process fits W2's and W3's MLPs for one epoch on the device with onnxruntime's
+#: verbose log on its standard error, where onnxruntime lists the node placements.
+_PLACEMENT = """
+import sys, warnings
+import numpy as np
+from sklearn.datasets import load_digits, make_regression
+from ortlearn import OrtMLPClassifier, OrtMLPRegressor
+from ortlearn.training import device, policy
+warnings.simplefilter("ignore")
+quiet = device.make_session_options
+def verbose(*args, **kwargs):
+    options = quiet(*args, **kwargs)
+    options.log_severity_level = 0
+    return options
+device.make_session_options = policy.make_session_options = verbose
+X, y = make_regression(4096, 100, random_state=0)
+print("W2's step: MLP regressor 100-100-1, batch 1024", file=sys.stderr, flush=True)
+OrtMLPRegressor((100,), batch_size=1024, max_iter=1, device=sys.argv[1]).fit(
+    X.astype(np.float32), y.astype(np.float32))
+X, y = load_digits(return_X_y=True)
+print("W3's step: MLP classifier 64-100-10, batch 64", file=sys.stderr, flush=True)
+OrtMLPClassifier((100,), batch_size=64, max_iter=1, device=sys.argv[1]).fit(
+    (X / 16.0).astype(np.float32), y)
+"""
+
+
+def placement(device: str, out: Path, timeout: float) -> None:
+    """``placement.txt``: which nodes of W2's and W3's steps onnxruntime put on which provider."""
+    try:
+        log = subprocess.run([sys.executable, "-c", _PLACEMENT, device], cwd=REPO,
+                             capture_output=True, text=True, timeout=timeout).stderr
+    except subprocess.TimeoutExpired as exc:
+        log = f"(stopped after {timeout:.0f} s)\n{exc.stderr or ''}"
+    keep = ("W2's step", "W3's step", "Node(s) placed", "VerifyEachNodeIsAssignedToAnEp]   ",
+            "graph capture", "Memcpy", "Error", "error")
+    lines = [line.split("] ", 1)[-1] if "VerifyEachNode" in line else line
+             for line in log.splitlines() if any(k in line for k in keep)]
+    (out / "placement.txt").write_text("\n".join(lines) + "\n")
+
+
+def _run(command: list, log, timeout: float, env: dict | None = None) -> int:
+    """Run ``command`` in the repository, its output appended to ``log``; its exit status."""
+    log.write(f"\n$ {' '.join(command)}\n")
+    log.flush()
+    try:
+        return subprocess.run(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+                              timeout=timeout, env={**os.environ, **(env or {})}).returncode
+    except subprocess.TimeoutExpired:
+        log.write(f"\n(stopped after {timeout:.0f} s)\n")
+        return 124
+
+
+def bench(args, out: Path) -> list:
+    """Each of :data:`RUNS`: the medians of ortlearn on WebGPU and on the CPU, and the rest."""
+    rows = []
+    with open(out / "bench.log", "a") as log, tempfile.TemporaryDirectory() as tmp:
+        for name, workload, batch, env in RUNS:
+            folder = Path(tmp) / name.replace(" ", "_")
+            command = [sys.executable, "-m", "benchmarks", "--workloads", workload,
+                       "--device", args.device, "--reps", str(args.reps), "--threads",
+                       str(args.threads), "--scale", str(args.scale), "--pause", "0.1",
+                       "--contenders", CONTENDERS, "--out", str(folder)]
+            if batch:
+                command += ["--batch", str(batch)]
+            started = time.perf_counter()
+            status = _run(command, log, args.timeout, env)
+            row = {"run": name, "status": status, "wall_s": round(time.perf_counter() - started)}
+            results = folder / "results.json"
+            if results.exists():
+                result = json.loads(results.read_text())["workloads"][workload]
+                row["params"] = result["params"]
+                row["seconds_per_epoch"] = {
+                    c: e.get("median", {}).get("time") for c, e in result["contenders"].items()}
+                row["errors"] = {c: e["error"] for c, e in result["contenders"].items()
+                                 if "error" in e}
+                row["device_over_cpu"] = result.get("device_to_cpu")
+            rows.append(row)
+            print(f"{name}: {row.get('seconds_per_epoch')} ({row['wall_s']} s)", flush=True)
+    return rows
+
+
+def markdown(env: dict, tests_status: int, rows: list, device: str) -> str:
+    lines = [f"GPU: {env.get('gpu')}; onnxruntime {env.get('onnxruntime')}; "
+             f"tests/test_webgpu.py exit status {tests_status}", "",
+             f"| run | ortlearn on {device} s/epoch | ortlearn on the CPU s/epoch | "
+             "CPU / device | JAX s/epoch | torch s/epoch |",
+             "|---|---:|---:|---:|---:|---:|"]
+
+    def cell(value):
+        return "-" if value is None else f"{value:.4g}"
+
+    for row in rows:
+        times = row.get("seconds_per_epoch", {})
+        gpu, cpu = times.get("ortlearn_adam"), times.get("ortlearn_adam_cpu")
+        speedup = cpu / gpu if gpu and cpu else None
+        lines.append(f"| {row['run']} | {cell(gpu)} | {cell(cpu)} | {cell(speedup)} | "
+                     f"{cell(times.get('jax_adam'))} | {cell(times.get('torch_adam'))} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python benchmarks/gpu.py", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("out", help="folder of the results")
+    parser.add_argument("--wheels", default=None, help="folder of wheels to install first")
+    parser.add_argument("--device", default="webgpu", help="ortlearn's GPU device")
+    parser.add_argument("--scale", type=float, default=0.25, help="fraction of the data sizes")
+    parser.add_argument("--reps", type=int, default=3, help="timed repetitions (median)")
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1,
+                        help="CPU threads of the CPU runs (default: every core)")
+    parser.add_argument("--timeout", type=float, default=120, help="seconds per benchmark run")
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.wheels:
+        # the installed packages shadow the image's, in a fresh process
+        target = Path(tempfile.mkdtemp(prefix="ortlearn-gpu-site-"))
+        install(Path(args.wheels), target)
+        path = os.pathsep.join([str(target), str(REPO), os.environ.get("PYTHONPATH", "")])
+        rest = [a for a in (argv if argv is not None else sys.argv[1:])]
+        i = rest.index("--wheels")
+        del rest[i:i + 2]
+        return subprocess.run([sys.executable, __file__, *rest],
+                              env={**os.environ, "PYTHONPATH": path}).returncode
+    sys.path.insert(0, str(REPO))
+    env = environment()
+    (out / "environment.json").write_text(json.dumps(env, indent=1))
+    print(json.dumps(env), flush=True)
+    with open(out / "tests.log", "w") as log:
+        tests = _run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                      "tests/test_webgpu.py"], log, args.timeout)
+    print(f"tests/test_webgpu.py: exit status {tests}", flush=True)
+    placement(args.device, out, args.timeout)
+    rows = bench(args, out)
+    (out / "summary.json").write_text(json.dumps({"environment": env, "tests": tests,
+                                                  "runs": rows}, indent=1))
+    table = markdown(env, tests, rows, args.device)
+    (out / "summary.md").write_text(table)
+    print(table, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,119 @@
+"""What of a training step depends on the rows of its batch, found from the step's shapes.
+
+:func:`batch_multiples` infers a step's shapes for two batch sizes and
+finds the ``Size`` and ``Shape`` values that scale with the rows; the
+epoch's ``Loop`` computes them once per epoch
+(:func:`~ortlearn.training.fused.build_fused_epoch`), and a host-fed step
+computes each ``Size`` from its ``rows`` input (:func:`sizes_from_rows`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from ..graph import attr, elem_type_of, onnx_to_np_dtype, shape_of
+from ..graph.passes import GraphView
+
+__all__ = ["PROBE_ROWS", "batch_multiples", "sizes_from_rows"]
+
+#: Two batch sizes (primes) the step's shapes are inferred with: a ``Size`` or
+#: ``Shape`` whose value scales with them is a multiple of the batch's rows.
+PROBE_ROWS = (1009, 1013)
+
+
+def batch_multiples(model: onnx.ModelProto, nodes, layout) -> dict:
+    """``{output: (coef, const)}`` of the ``Size`` and ``Shape`` nodes of a step that
+    depend on the batch only through its number of rows ``B``.
+
+    A ``Size`` is ``coef * B`` (``coef`` an int); a ``Shape`` is
+    ``coef * B + const`` (int vectors). Found by inferring the step's shapes
+    for two batch sizes (:data:`PROBE_ROWS`); empty when the data inputs
+    have dims other than the rows that are not static.
+    """
+    wanted = [n for n in nodes if n.op_type in ("Size", "Shape")]
+    declared = {i.name: i for i in model.graph.input}
+    data = {name: declared[src] for name, src in layout.data.items()}
+    if not wanted or any(shape_of(i) is None or not all(isinstance(d, int)
+                                                         for d in shape_of(i)[1:])
+                         for i in data.values()):
+        return {}
+    probes = []
+    for rows in PROBE_ROWS:
+        probe = onnx.ModelProto()
+        probe.CopyFrom(model)
+        graph = probe.graph
+        del graph.input[:]
+        graph.input.extend(
+            [helper.make_tensor_value_info(name, elem_type_of(info), [rows, *shape_of(info)[1:]])
+             for name, info in data.items()]
+            + [i for i in declared.values() if i.name not in set(layout.data.values())])
+        del graph.output[:]
+        del graph.value_info[:]
+        steps = [n for n in nodes if not set(n.output) & set(data)]
+        try:
+            probes.append(GraphView(probe, steps, []).shapes)
+        except (onnx.shape_inference.InferenceError, ValueError, KeyError, TypeError):
+            return {}
+    found = {}
+    for node in wanted:
+        dims = [shapes.get(node.input[0]) for shapes in probes]
+        if any(d is None or not all(isinstance(v, int) for v in d) for d in dims):
+            continue
+        if node.op_type == "Size":
+            dims = [[int(np.prod(d, dtype=np.int64))] for d in dims]
+        else:
+            end = attr(node, "end")
+            dims = [d[attr(node, "start", 0):end] for d in dims]
+        coef, const = [], []
+        for small, large in zip(*dims):
+            if small == large:
+                coef.append(0)
+                const.append(small)
+            elif small % PROBE_ROWS[0] == 0 and large == small // PROBE_ROWS[0] * PROBE_ROWS[1]:
+                coef.append(small // PROBE_ROWS[0])
+                const.append(0)
+            else:
+                break
+        else:
+            found[node.output[0]] = (coef[0], const[0]) if node.op_type == "Size" else (coef,
+                                                                                        const)
+    return found
+
+
+def sizes_from_rows(model, nodes, layout, rows_input: str) -> list:
+    """``nodes`` of a host-fed step, each ``Size`` that is ``coef * rows`` computed from
+    the input ``rows_input`` (the batch's rows), each the same for every batch a
+    constant (:func:`batch_multiples`).
+
+    ``Size`` is a CPU operator on GPU providers: its value would be copied to
+    the device at each step (a wait for the GPU, and no graph capture). The
+    rows are a float of the loss's dtype, exact up to 2**24 rows in float32.
+    """
+    multiples = batch_multiples(model, nodes, layout)
+    out = []
+    for node in nodes:
+        if node.op_type != "Size" or node.output[0] not in multiples:
+            out.append(node)
+            continue
+        name = node.output[0]
+        coef, const = multiples[name]
+        if coef == 0:  # the same size for every batch
+            out.append(helper.make_node("Constant", [], [name], name=name,
+                                        value=onnx.numpy_helper.from_array(
+                                            np.array(const, dtype=np.int64))))
+            continue
+        rows = rows_input
+        if coef != 1:
+            factor = name + ".coef"
+            dtype = next(onnx_to_np_dtype(elem_type_of(i)) for i in model.graph.input
+                         if i.name == rows_input)
+            out.append(helper.make_node("Constant", [], [factor], name=factor,
+                                        value=onnx.numpy_helper.from_array(
+                                            np.array(coef, dtype=dtype))))
+            rows = name + ".rows"
+            out.append(helper.make_node("Mul", [rows_input, factor], [rows], name=rows))
+        out.append(helper.make_node("Cast", [rows], [name], to=TensorProto.INT64, name=name))
+    return out
+

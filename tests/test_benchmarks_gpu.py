@@ -1,0 +1,39 @@
+"""The GPU check script on the CPU: what a GPU machine will run, minus the GPU.
+
+``benchmarks/gpu.py`` installs carried wheels, runs ``tests/test_webgpu.py``,
+lists the node placements of W2's and W3's steps and times ortlearn on the
+device against the same machine's CPU. With ``--device cpu`` every part of it
+runs here; one small run of W3 stands for its list of runs.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks import gpu  # noqa: E402
+
+
+def test_the_gpu_check_runs_and_writes_its_six_files(tmp_path, monkeypatch):
+    monkeypatch.setattr(gpu, "RUNS", [("W3", "W3", None, {})])
+    assert gpu.main([str(tmp_path), "--device", "cpu", "--scale", "0.01", "--reps", "1",
+                     "--threads", "1", "--timeout", "300"]) == 0
+    files = {p.name for p in tmp_path.iterdir()}
+    assert files == {"environment.json", "tests.log", "placement.txt", "bench.log",
+                     "summary.json", "summary.md"}
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["tests"] == 0, (tmp_path / "tests.log").read_text()[-2000:]
+    (run,) = summary["runs"]
+    assert run["status"] == 0 and run["errors"] == {}
+    assert run["seconds_per_epoch"]["ortlearn_adam"] > 0
+    placement = (tmp_path / "placement.txt").read_text()
+    assert "W2's step" in placement and "W3's step" in placement
+    assert "| W3 |" in (tmp_path / "summary.md").read_text()
+    assert "onnxruntime" in json.loads((tmp_path / "environment.json").read_text())
+
+
+def test_install_refuses_an_empty_folder(tmp_path):
+    with pytest.raises(SystemExit, match="no wheel"):
+        gpu.install(tmp_path, tmp_path / "site")

@@ -1,0 +1,237 @@
+"""Training on WebGPU: the host-fed step, its engine path, the device's errors.
+
+WebGPU's provider computes no float64 and runs ``Slice`` bounds on the
+CPU, so on it the engine runs a *host-fed* step: one call per batch, the
+batch's row numbers and the optimizer's scalars written into fixed device
+buffers, the loss sum in the loss's dtype, the step recorded once and
+replayed (graph capture). :class:`HostMemoryWebGPU` takes that path with
+onnxruntime's CPU provider, so it runs on every machine, bit for bit against
+the CPU's own path: the same kernels compute the same operations on the same
+values (the weights, the gradients and the update); only the running loss
+sum is in float32 for a float32 loss. The tests marked ``webgpu`` need a GPU
+and the ``onnxruntime-ep-webgpu`` wheel (``benchmarks/gpu.py`` runs them on one).
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+import pytest
+from sklearn.datasets import load_digits
+from test_engine_gpu_paths import (
+    TRAINABLE,
+    HostMemoryCuda,
+    N,
+    _assert_same_training,
+    _problem,
+    _train,
+)
+
+from ortlearn import OrtMLPClassifier, OrtMLPRegressor
+from ortlearn.estimators import _base
+from ortlearn.optim import SGD, Adam, AdamW
+from ortlearn.training import Batches, TrainingEngine, webgpu
+from ortlearn.training import engine as _engine
+from ortlearn.training.device import make_session, make_session_options, parse_device
+from ortlearn.training.fused import BATCH, ROWS, build_fused_step
+
+
+@dataclass(frozen=True)
+class HostMemoryWebGPU(HostMemoryCuda):
+    """A device the engine treats as WebGPU, whose tensors onnxruntime keeps on the CPU."""
+
+    kind: str = "webgpu"
+
+    def session_options(self, options, graph_capture=False):
+        return options  # no plugin provider to add, no recording on the CPU
+
+
+def _engine_on(device, loss_model, optimizer, **kwargs):
+    # one thread for both devices: the same kernels split the same way
+    return TrainingEngine(loss_model, TRAINABLE, optimizer, device=device,
+                          session_options=make_session_options(1),
+                          initial_weights={"coef": np.full((3, 1), 0.3)}, **kwargs)
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("optimizer", [SGD, lambda: SGD(momentum=0.9), Adam, AdamW])
+def test_host_fed_step_trains_as_the_cpu_bit_for_bit(optimizer, dtype, weighted):
+    loss_model, arrays = _problem(dtype, weighted)
+    engine = _engine_on(HostMemoryWebGPU(), loss_model, optimizer())
+    reference = _engine_on("cpu", loss_model, optimizer())
+    assert engine._steps[False].layout.host_fed and engine._steps[False].feeds is not None
+    losses = [_train(e, arrays) for e in (engine, reference)]
+    _assert_same_training(engine, reference)
+    # the loss sum of a float32 loss is a float32 sum of at most N // 8 + 1 terms
+    rtol = 0 if dtype == np.float64 else (N // 8 + 1) * 2.0 ** -24
+    np.testing.assert_allclose(losses[0], losses[1], rtol=rtol)
+    assert np.isfinite(losses[0]).all() and losses[0][2] < losses[0][0]
+
+
+def test_host_fed_step_needs_no_cpu_kernel():
+    """No float64 value, no computed Slice bounds (the provider reads them on the host), no
+    batch counter, no control flow: every node of the step can stay on the GPU."""
+    loss_model, _ = _problem(np.float32, weighted=True)
+    model, layout = build_fused_step(loss_model, TRAINABLE, ["X", "label", "weight"], Adam(),
+                                     host_fed=True)
+    assert layout.host_fed and layout.epoch_inputs[:2] == (BATCH, ROWS)
+    types = {i.name: i.type.tensor_type.elem_type for i in model.graph.input}
+    assert types[BATCH] == onnx.TensorProto.INT64
+    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True).graph
+    values = list(inferred.input) + list(inferred.value_info) + list(inferred.output)
+    assert not [v.name for v in values if v.type.tensor_type.elem_type == onnx.TensorProto.DOUBLE]
+    assert not {n.op_type for n in model.graph.node} & {"Loop", "If", "Scan"}
+    # a Slice's bounds are read on the host: only constant ones (the flat weights' views)
+    constants = {i.name for i in model.graph.initializer}
+    constants |= {n.output[0] for n in model.graph.node if n.op_type == "Constant"}
+    slices = [n for n in model.graph.node if n.op_type == "Slice"]
+    assert slices and all(set(n.input[1:]) <= constants for n in slices)
+    with pytest.raises(ValueError, match="epoch-ordered"):
+        build_fused_step(loss_model, TRAINABLE, ["X", "label", "weight"], Adam(),
+                         epoch_ordered=["label"], host_fed=True)
+
+
+@pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
+@pytest.mark.parametrize("cls", [OrtMLPRegressor, OrtMLPClassifier])
+def test_mlp_fits_through_the_host_fed_step(cls, monkeypatch):
+    """An estimator's fit on the host-fed path: the weights of the CPU's bit for bit, and a
+    step without ``Size`` (a CPU operator on GPU providers: its value comes from ``rows``)."""
+    X, y = load_digits(return_X_y=True)
+    X = (X / 16.0).astype(np.float32)
+    if cls is OrtMLPRegressor:
+        y = X[:, :8].sum(axis=1)
+    params = {"hidden_layer_sizes": (16,), "max_iter": 3, "random_state": 0, "tol": 0.0,
+              "batch_size": 100}
+    reference = cls(**params).fit(X, y)
+    engines, steps = [], []
+    make_engine, build = _base.TrainingEngine, _engine.build_fused_step
+
+    def on_host_memory_webgpu(*args, device, **kwargs):
+        engines.append(make_engine(*args, device=HostMemoryWebGPU(), **kwargs))
+        return engines[-1]
+
+    def kept(*args, **kwargs):
+        model, layout = build(*args, **kwargs)
+        steps.append(model)
+        return model, layout
+
+    monkeypatch.setattr(_base, "TrainingEngine", on_host_memory_webgpu)
+    monkeypatch.setattr(_engine, "build_fused_step", kept)
+    fit = cls(**params).fit(X, y)
+    assert engines and all(e._host_fed for e in engines)
+    for ours, theirs in zip(fit.coefs_ + fit.intercepts_,
+                            reference.coefs_ + reference.intercepts_):
+        np.testing.assert_array_equal(ours, theirs)
+    # float32 loss sums of 18 batches
+    np.testing.assert_allclose(fit.loss_curve_, reference.loss_curve_, rtol=18 * 2.0 ** -24)
+    assert steps and not any(n.op_type in ("Size", "Loop") for m in steps for n in m.graph.node)
+
+
+def _recording(engine, monkeypatch, refuse: bool):
+    """The engine's feeds as on WebGPU with graph capture; its runs' graph ids, recorded."""
+    feeds = engine._steps[False].feeds
+    feeds.capture, ids = True, []
+    run = feeds.session.run_with_iobinding
+
+    def run_with_iobinding(binding, options):
+        ids.append(options.get_run_config_entry("gpu_graph_id"))
+        if refuse and ids[-1] != "-1":
+            raise RuntimeError("cannot record")
+        run(binding, options)
+
+    monkeypatch.setattr(feeds.session, "run_with_iobinding", run_with_iobinding)
+    return feeds, ids
+
+
+def test_recorded_steps_alternate_two_graphs_and_new_data_releases_them(monkeypatch):
+    """Batches of the first size run as graphs 0 and 1 (the parities of the carried
+    buffers), others unrecorded; new data releases the recordings, which replay old buffers."""
+    loss_model, arrays = _problem(np.float32)
+    engine = _engine_on(HostMemoryWebGPU(), loss_model, Adam())
+    feeds, ids = _recording(engine, monkeypatch, refuse=False)
+    released = []
+    monkeypatch.setattr(feeds.session, "release_captured_graph", released.append)
+    engine.train_epoch(arrays, Batches.for_epoch(N, 8))  # 5 batches of 8, one of 5
+    assert ids == ["0", "1", "0", "1", "0", "-1"]
+    engine.train_epoch([a.copy() for a in arrays], Batches.for_epoch(N, 8))
+    assert sorted(released) == [0, 1]
+
+
+def test_a_step_the_provider_cannot_record_runs_unrecorded(monkeypatch):
+    loss_model, arrays = _problem(np.float32)
+    engine = _engine_on(HostMemoryWebGPU(), loss_model, Adam())
+    reference = _engine_on("cpu", loss_model, Adam())
+    feeds, ids = _recording(engine, monkeypatch, refuse=True)
+    with pytest.warns(RuntimeWarning, match="without graph capture"):
+        _train(engine, arrays)
+    _train(reference, arrays)
+    assert not feeds.capture and ids[0] == "0" and set(ids[1:]) == {"-1"}
+    _assert_same_training(engine, reference)
+
+
+def test_float64_is_refused_on_webgpu():
+    with pytest.raises(ValueError, match=r"float32 models.*\['X'\].*astype"):
+        webgpu.check_float32({"coef": np.dtype(np.float32), "X": np.dtype(np.float64)})
+
+
+def test_host_fed_refuses_an_epoch_loop():
+    loss_model, _ = _problem(np.float32)
+    with pytest.raises(ValueError, match="epoch_loop=True"):
+        _engine_on("cpu", loss_model, Adam(), host_fed=True, epoch_loop=True)
+
+
+def test_the_device_says_what_is_missing():
+    if webgpu.webgpu_available():
+        pytest.skip("this machine has a WebGPU device")
+    with pytest.raises(ValueError, match=r"ortlearn\[webgpu\]|no WebGPU device"):
+        parse_device("webgpu:0")
+    with pytest.raises(ValueError, match="webgpu"):
+        parse_device("vulkan")
+    with pytest.raises(ValueError, match="graph_capture is a WebGPU option"):
+        make_session(_problem(np.float32)[0], "cpu", graph_capture=True)
+
+
+def test_provider_options_and_graph_capture_switch(monkeypatch):
+    assert webgpu.provider_options() == {"deviceId": "0", "enableInt64": "1"}
+    assert webgpu.default_graph_capture()
+    monkeypatch.setenv(webgpu.GRAPH_CAPTURE_ENV, "0")
+    assert not webgpu.default_graph_capture()
+    monkeypatch.setenv(webgpu.GRAPH_CAPTURE_ENV, "yes")
+    with pytest.raises(ValueError, match="must be 0 or 1"):
+        webgpu.default_graph_capture()
+
+
+# ----------------------------------------------------------- on a real GPU
+@pytest.mark.webgpu
+@pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
+@pytest.mark.parametrize("capture", ["1", "0"])
+@pytest.mark.parametrize("cls", [OrtMLPRegressor, OrtMLPClassifier])
+def test_webgpu_fit_matches_the_cpu(cls, capture, monkeypatch):
+    """The same fit on the GPU and the CPU: float32 kernels of another order of summation,
+    so the weights agree to float32 rounding, amplified by a few epochs of Adam."""
+    monkeypatch.setenv(webgpu.GRAPH_CAPTURE_ENV, capture)
+    X, y = load_digits(return_X_y=True)
+    X = (X / 16.0).astype(np.float32)
+    if cls is OrtMLPRegressor:
+        y = X[:, :8].sum(axis=1)
+    params = {"hidden_layer_sizes": (64,), "max_iter": 5, "random_state": 0, "tol": 0.0,
+              "batch_size": 100}  # 17 full batches and one of 97
+    fits = [cls(device=d, **params).fit(X, y) for d in ("webgpu", "cpu")]
+    np.testing.assert_allclose(fits[0].loss_curve_, fits[1].loss_curve_, rtol=1e-4)
+    for a, b in zip(fits[0].coefs_, fits[1].coefs_):
+        np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-4)
+    np.testing.assert_allclose(fits[0].predict(X[:50]).astype(float),
+                               fits[1].predict(X[:50]).astype(float), rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.webgpu
+def test_webgpu_engine_keeps_its_buffers_on_the_gpu():
+    loss_model, arrays = _problem(np.float32)
+    engine = _engine_on("webgpu", loss_model, Adam())
+    engine.set_learning_rate(0.02)
+    engine.train_epoch(arrays, Batches.for_epoch(N, 8))
+    step = engine._steps[False]
+    assert step.session.get_providers()[0] == webgpu.EP_NAME
+    assert {v.device_name() for v in step.buffers.pairs[step.layout.loss_sum]} == {"webgpu"}
+    assert step.feeds.capture  # the provider recorded the step: no node needed the CPU
