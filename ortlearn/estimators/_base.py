@@ -58,6 +58,7 @@ from ..training import (
     parse_device,
 )
 from ..training.engine import DEFAULT_BATCH_ROWS
+from ..training.loop import run_epochs
 from ..training.sparse import dense_blocks, is_sparse, sparse_epoch
 from ._objective import LOSS, SAMPLE_WEIGHT, input_names, label_dtype
 from ._session_cache import _SessionCache, serialized
@@ -622,37 +623,40 @@ class BaseOrtEstimator(CallbackSupportMixin, BaseEstimator, ABC):
         batches = Batches(order, batch_size)  # views of order: they follow its shuffles
         self.n_iter_ = 0
         self._best_state = None
-        max_iter = 1 if incremental else self.max_iter
         start = time.perf_counter()
         context = getattr(self, "_callback_fit_ctx", None)
-        try:
-            for _ in range(max_iter):
-                self._callbacks_epoch(context, X, y, engine, end=False)
-                if self.shuffle:
-                    # In place: the rows and draws of sklearn's order[permutation(n)], no copy.
-                    self._random_state.shuffle(order)
-                loss = self._run_epoch(engine, train, batches)
-                self.n_iter_ += 1
-                self.t_ += n_samples
-                self.train_losses_.append(loss)
-                self.loss_ = loss
-                self._update_no_improvement(engine, loss, validation)
-                self._log_epoch(time.perf_counter() - start)
-                if self._callbacks_epoch(context, X, y, engine, end=True):
-                    break
-                if self._plateau() and self._schedule.on_plateau():
-                    if self.verbose:
-                        verbose_log(self._stop_message())
-                    break
-                if self._plateau():
-                    self._no_improvement_count = 0
-                if not incremental and self.n_iter_ == self.max_iter:
-                    self._warn_max_iter()
-        except ConvergenceError:
+
+        def train_epoch(number: int) -> float:
+            self._callbacks_epoch(context, X, y, engine, end=False)
+            if self.shuffle:
+                # In place: the rows and draws of sklearn's order[permutation(n)], no copy.
+                self._random_state.shuffle(order)
+            return self._run_epoch(engine, train, batches)
+
+        def after_epoch(number: int, loss: float) -> bool:
+            self.n_iter_ += 1
+            self.t_ += n_samples
+            self.loss_ = loss
+            self._update_no_improvement(engine, loss, validation)
+            self._log_epoch(time.perf_counter() - start)
+            if self._callbacks_epoch(context, X, y, engine, end=True):
+                return True
+            if self._plateau() and self._schedule.on_plateau():
+                if self.verbose:
+                    verbose_log(self._stop_message())
+                return True
+            if self._plateau():
+                self._no_improvement_count = 0
+            if not incremental and self.n_iter_ == self.max_iter:
+                self._warn_max_iter()
+            return False
+
+        def on_diverged(error: ConvergenceError, number: int) -> None:
             self._finish_epochs(engine, last=not incremental)
-            raise
-        except KeyboardInterrupt:
-            warnings.warn("Training interrupted by user.", stacklevel=user_stacklevel())
+            raise error
+
+        run_epochs(1 if incremental else self.max_iter, train_epoch, self.train_losses_,
+                   after_epoch=after_epoch, on_diverged=on_diverged)
         self._finish_epochs(engine, last=not incremental)
 
     def _run_epoch(self, engine, train, batches) -> float:

@@ -25,6 +25,7 @@ from ..graph import (
 from ..log import user_stacklevel, verbose_log
 from ..optim import SGD, Adam, Optimizer, TorchAdamW
 from ..training import Batches, TrainingEngine, parse_device
+from ..training.loop import run_epochs
 from ._session_cache import _SessionCache, serialized
 from ._validation import as_real, check_finite, check_sample_weight
 
@@ -379,29 +380,30 @@ class OrtGradientOptimizer(BaseEstimator):
     def _run_epochs(self, engine, arrays, val):
         period = self._validation_period()
         n = arrays[0].shape[0]
-        try:
-            for _ in range(self.max_iter):
-                epoch = self.n_iter_ + 1
-                engine.set_learning_rate(self._learning_rate_at(epoch))
-                batches = Batches.for_epoch(n, self.batch_size, self._rng if self.shuffle else None)
-                loss = engine.train_epoch(arrays, batches)
-                self.train_losses_.append(loss)
-                self.n_iter_ = epoch
-                if val is not None and period and epoch % period == 0:
-                    self.validation_losses_.append(engine.eval_loss(val))
-                if self.verbose:
-                    verbose_log(f"[OrtGradientOptimizer] epoch {epoch}: loss={loss:.6g}")
-        except ConvergenceError as error:
-            self._store(engine)
+
+        def train_epoch(number: int) -> float:
+            epoch = self.n_iter_ + 1
+            engine.set_learning_rate(self._learning_rate_at(epoch))
+            batches = Batches.for_epoch(n, self.batch_size, self._rng if self.shuffle else None)
+            return engine.train_epoch(arrays, batches)
+
+        def after_epoch(number: int, loss: float) -> bool:
+            self.n_iter_ += 1
+            if val is not None and period and self.n_iter_ % period == 0:
+                self.validation_losses_.append(engine.eval_loss(val))
+            if self.verbose:
+                verbose_log(f"[OrtGradientOptimizer] epoch {self.n_iter_}: loss={loss:.6g}")
+            return False
+
+        def on_diverged(error: ConvergenceError, number: int) -> None:
             message = f"{error} (epoch {self.n_iter_ + 1})"
             if self.exc:
+                self._store(engine)
                 raise ConvergenceError(message) from error
             warnings.warn(message, ConvergenceWarning, stacklevel=user_stacklevel())
-            return self
-        except KeyboardInterrupt:
-            # As scikit-learn's MLP: keep the weights reached so far.
-            warnings.warn(f"Training interrupted by user after {self.n_iter_} epochs; the "
-                          "weights reached so far are kept.", stacklevel=user_stacklevel())
+
+        run_epochs(self.max_iter, train_epoch, self.train_losses_, after_epoch=after_epoch,
+                   on_diverged=on_diverged)
         self._store(engine)
         return self
 

@@ -35,11 +35,11 @@ from sklearn.utils.validation import check_is_fitted
 
 from ....autodiff import build_gradient
 from ....estimators.gradient_optimizer import OrtGradientOptimizer as _NativeOptimizer
-from ....exceptions import ConvergenceError as _NativeConvergenceError
 from ....log import verbose_log
 from ....optim import SGD
 from ....training import TrainingEngine
 from ....training.fused import build_fused_step
+from ....training.loop import run_epochs
 from ..utils.onnx_helper import replace_initializers_into_onnx
 from .excs import ConvergenceError, EvaluationError
 from .sgd_learning_rate import BaseLearningRate
@@ -258,21 +258,17 @@ class OrtGradientOptimizer(_NativeOptimizer):
         period = self._validation_period()
         n = arrays[0].shape[0]
         rows = n if n <= self.batch_size else self.batch_size
-        for it in range(self.max_iter):
+
+        def train_epoch(number: int) -> float:
             engine.set_learning_rate(lr / self.batch_size)
             batches = _onnxcustom_batches(n, self.batch_size, self._rng)
-            try:
-                loss = engine.train_epoch(arrays, batches) / rows
-            except _NativeConvergenceError as error:
-                self._store(engine)
-                raise ConvergenceError(
-                    f"Loss is nan or infinite, learning_rate={lr!r}, the gradient descent has "
-                    f"failed (past losses={self.train_losses_[-5:]!r}). The weights of the last "
-                    f"finite epoch are kept.") from error
-            lr = schedule.update_learning_rate(it).value
-            self.train_losses_.append(loss)
-            self.n_iter_ = it + 1
-            if val is not None and period and (it + 1) % period == 0:
+            return engine.train_epoch(arrays, batches) / rows
+
+        def after_epoch(number: int, loss: float) -> bool:
+            nonlocal lr
+            lr = schedule.update_learning_rate(number - 1).value
+            self.n_iter_ = number
+            if val is not None and period and number % period == 0:
                 val_loss = engine.eval_loss(val) / val[0].shape[0]
                 if not np.isfinite(val_loss):
                     self._store(engine)
@@ -280,8 +276,20 @@ class OrtGradientOptimizer(_NativeOptimizer):
                                           "has failed.")
                 self.validation_losses_.append(val_loss)
             if self.verbose:
-                verbose_log(f"[OrtGradientOptimizer] epoch {it + 1}: loss={loss:.6g} "
+                verbose_log(f"[OrtGradientOptimizer] epoch {number}: loss={loss:.6g} "
                             f"lr={lr:.6g}")
+            return False
+
+        def on_diverged(error, number: int) -> None:
+            self._store(engine)
+            raise ConvergenceError(
+                f"Loss is nan or infinite, learning_rate={lr!r}, the gradient descent has "
+                f"failed (past losses={self.train_losses_[-5:]!r}). The weights of the last "
+                f"finite epoch are kept.") from error
+
+        # onnxcustom lets Ctrl-C through
+        run_epochs(self.max_iter, train_epoch, self.train_losses_, after_epoch=after_epoch,
+                   on_diverged=on_diverged, interruptible=False)
         self._store(engine)
         return self
 
