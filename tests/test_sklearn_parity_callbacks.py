@@ -74,7 +74,7 @@ def test_one_subtask_per_epoch_with_the_epochs_weights(digits):
     # the fitted_estimator of the last epoch is the fitted model
     assert scores[-1] == est.score(X, y)
     assert not hasattr(est, "_callback_fit_ctx")  # torn down
-    assert not hasattr(est, "_epoch_context") and not hasattr(est, "_callback_metadata")
+    assert not hasattr(est, "_callback_task")  # no reference to the fit's data
 
 
 def test_a_callback_can_stop_the_fit(diabetes):

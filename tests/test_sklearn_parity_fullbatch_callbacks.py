@@ -95,7 +95,7 @@ def test_one_subtask_per_iteration_with_its_weights(make, kind, last_is_fitted):
         np.testing.assert_array_equal(rec.predictions[-1], est.predict(Xd))
     # each iteration's model is that iteration's: the predictions change on the way
     assert not np.array_equal(rec.predictions[0], rec.predictions[-1])
-    assert not hasattr(est, "_callback_fit_ctx") and not hasattr(est, "_callback_data")
+    assert not hasattr(est, "_callback_fit_ctx") and not hasattr(est, "_callback_task")
 
 
 @pytest.mark.parametrize("make, kind, last_is_fitted", CASES,

@@ -60,6 +60,7 @@ from ..training import (
 from ..training.engine import DEFAULT_BATCH_ROWS
 from ..training.loop import run_epochs
 from ..training.sparse import dense_blocks, is_sparse, sparse_epoch
+from ._callbacks import current_task, fit_task
 from ._objective import LOSS, SAMPLE_WEIGHT, input_names, label_dtype
 from ._session_cache import _SessionCache, serialized
 from ._validation import check_in_range, check_sample_weight
@@ -355,17 +356,10 @@ class BaseOrtEstimator(CallbackSupportMixin, BaseEstimator, ABC):
             # fit (warm start included) starts a new optimizer and schedule, as sklearn does.
             runtime.engine, self._optimizer_state = None, None
             self._schedule = self._make_schedule()
-        callbacks = self._callbacks_begin(X, y, sample_weight, incremental)
-        try:
+        # a fit is a task of scikit-learn's callbacks, each epoch a subtask (_fit_epochs)
+        n_epochs = 0 if self.solver == "lbfgs" else 1 if incremental else self.max_iter
+        with fit_task(self, X, y, sample_weight, n_epochs):
             self._fit_solver(X, y, y_enc, sample_weight, incremental, device)
-        except BaseException:
-            self._forget_callback_state()
-            raise
-        if callbacks is not None:
-            callbacks.call_on_fit_task_end(estimator=self, X=X, y=y,
-                                           metadata=self._callback_metadata,
-                                           reconstruction_attributes={})
-            self._forget_callback_state()
         return self
 
     def _fit_solver(self, X, y, y_enc, sample_weight, incremental: bool, device) -> None:
@@ -390,50 +384,12 @@ class BaseOrtEstimator(CallbackSupportMixin, BaseEstimator, ABC):
                     # for the calls that follow.
                     runtime.engine = None
 
-    def _forget_callback_state(self) -> None:
-        """A fitted estimator keeps no callback context nor the sample weights it was given."""
-        for name in ("_epoch_context", "_callback_metadata"):
-            self.__dict__.pop(name, None)
-
-    # ------------------------------------------------------------- callbacks
-    def _callbacks_begin(self, X, y, sample_weight, incremental: bool):
-        """The root context of scikit-learn's callbacks (``sklearn.callback``), or None.
-
-        A fit is one task with a subtask per epoch (``_fit_epochs``); an
-        L-BFGS fit is a task without subtasks. The callbacks' ``teardown``
-        runs in scikit-learn's ``_fit_context`` wrapper of ``fit`` and
-        ``partial_fit``.
-        """
-        if not hasattr(self, "_init_callback_context"):  # scikit-learn < 1.9
-            return None
-        n_epochs = 0 if self.solver == "lbfgs" else 1 if incremental else self.max_iter
-        context = self._init_callback_context(max_subtasks=n_epochs)
-        self._callback_metadata = (None if sample_weight is None
-                                   else {"sample_weight": sample_weight})
-        context.call_on_fit_task_begin(estimator=self, X=X, y=y,
-                                       metadata=self._callback_metadata)
-        return context
-
-    def _callbacks_epoch(self, context, X, y, engine, end: bool) -> bool:
-        """Begin (``end=False``) or end an epoch's subtask; True: a callback asks to stop."""
-        if context is None:
-            return False
-        if not end:
-            self._epoch_context = context.subcontext(task_name="epoch")
-            self._epoch_context.call_on_fit_task_begin(
-                estimator=self, X=X, y=y, metadata=self._callback_metadata)
-            return False
-
-        def fitted():
-            # What a callback's fitted_estimator predicts with: the epoch's weights in a
-            # copy of the counterpart, and its own onnxruntime sessions.
-            estimator = copy.deepcopy(self.estimator_)
-            set_weights(estimator, engine.get_state())
-            return {"estimator_": estimator, "_runtime": _SessionCache()}
-
-        return self._epoch_context.call_on_fit_task_end(
-            estimator=self, X=X, y=y, metadata=self._callback_metadata,
-            reconstruction_attributes=fitted)
+    def _fitted_now(self, engine) -> dict:
+        """What a callback's ``fitted_estimator`` predicts with: the epoch's weights in a
+        copy of the counterpart, and its own onnxruntime sessions."""
+        estimator = copy.deepcopy(self.estimator_)
+        set_weights(estimator, engine.get_state())
+        return {"estimator_": estimator, "_runtime": _SessionCache()}
 
     def _check_n_outputs(self, y, incremental: bool = True) -> None:
         """Refuse a partial_fit or warm-start target with another number of outputs."""
@@ -624,10 +580,11 @@ class BaseOrtEstimator(CallbackSupportMixin, BaseEstimator, ABC):
         self.n_iter_ = 0
         self._best_state = None
         start = time.perf_counter()
-        context = getattr(self, "_callback_fit_ctx", None)
+        task = current_task(self)
 
         def train_epoch(number: int) -> float:
-            self._callbacks_epoch(context, X, y, engine, end=False)
+            if task is not None:
+                task.begin_subtask("epoch")
             if self.shuffle:
                 # In place: the rows and draws of sklearn's order[permutation(n)], no copy.
                 self._random_state.shuffle(order)
@@ -639,7 +596,7 @@ class BaseOrtEstimator(CallbackSupportMixin, BaseEstimator, ABC):
             self.loss_ = loss
             self._update_no_improvement(engine, loss, validation)
             self._log_epoch(time.perf_counter() - start)
-            if self._callbacks_epoch(context, X, y, engine, end=True):
+            if task is not None and task.end_subtask(lambda: self._fitted_now(engine)):
                 return True
             if self._plateau() and self._schedule.on_plateau():
                 if self.verbose:

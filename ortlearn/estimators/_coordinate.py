@@ -38,6 +38,7 @@ from ..exceptions import ConvergenceWarning
 from ..log import user_stacklevel
 from ..loss import elementwise_loss
 from ..training import largest_eigenvalue, loss_and_gradient, minimize_fista
+from ._callbacks import fit_task, iteration_hook
 from ._docs import fill_doc
 from ._fullbatch import BaseOrtFullBatch, center_data
 from ._objective import COEF, LABEL, SAMPLE_WEIGHT, linear_objective
@@ -196,7 +197,7 @@ class OrtElasticNet(MultiOutputMixin, RegressorMixin, BaseOrtFullBatch):
         if np.isscalar(sample_weight):
             sample_weight = None
         X, y, sample_weight = self._prepare_fit(X, y, sample_weight)
-        with self._fit_task(X, y, sample_weight):
+        with fit_task(self, X, y, sample_weight):
             return self._fit_validated(X, y, sample_weight)
 
     def _fit_validated(self, X, y, sample_weight):
@@ -240,7 +241,7 @@ class OrtElasticNet(MultiOutputMixin, RegressorMixin, BaseOrtFullBatch):
 
         coef, gap, n_iter, loss = self._fista(fun, x0.reshape(n_features, n_targets), X, Y,
                                               sample_weight, l1, l2, x_offset,
-                                              self._iteration_hook(attributes))
+                                              iteration_hook(self, attributes))
         self._weights = {COEF: coef}
         self.loss_ = float(loss)
         self.train_losses_ = [self.loss_]

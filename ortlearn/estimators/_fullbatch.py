@@ -23,8 +23,6 @@ the graph.
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
@@ -38,6 +36,7 @@ from ..graph.model import DEFAULT_OPSET
 from ..training import minimize_lbfgs
 from ..training.sparse import is_sparse
 from ._base import CallbackSupportMixin
+from ._callbacks import fit_task, iteration_hook
 from ._objective import (
     COEF,
     DATA_SCALE,
@@ -105,52 +104,8 @@ class BaseOrtFullBatch(CallbackSupportMixin, BaseEstimator):
         """
         self._check_params()
         X, y, sample_weight = self._prepare_fit(X, y, sample_weight)
-        with self._fit_task(X, y, sample_weight):
+        with fit_task(self, X, y, sample_weight):
             return self._fit_validated(X, y, sample_weight)
-
-    @contextmanager
-    def _fit_task(self, X, y, sample_weight, max_subtasks=None):
-        """The fit's task of scikit-learn's callbacks around the solver (a no-op before 1.9).
-
-        ``max_subtasks``: the most iterations (None: not known in advance).
-        """
-        if not hasattr(self, "_init_callback_context"):  # scikit-learn < 1.9
-            yield
-            return
-        metadata = None if sample_weight is None else {"sample_weight": sample_weight}
-        context = self._init_callback_context(max_subtasks=max_subtasks)
-        self._callback_data = (X, y, metadata)
-        try:
-            context.call_on_fit_task_begin(estimator=self, X=X, y=y, metadata=metadata)
-            yield
-            context.call_on_fit_task_end(estimator=self, X=X, y=y, metadata=metadata,
-                                         reconstruction_attributes={})
-        finally:
-            # a fitted model keeps no reference to its training data (the callbacks'
-            # teardown is scikit-learn's _fit_context)
-            self.__dict__.pop("_callback_data", None)
-
-    def _iteration_hook(self, attributes):
-        """``hook(weights) -> stop`` ending an iteration's subtask, or None without callbacks.
-
-        ``attributes(weights)``: the fitted attributes (``coef_``, ...) of
-        those weights, for the callbacks' ``fitted_estimator``.
-        """
-        context = getattr(self, "_callback_fit_ctx", None)
-        data = getattr(self, "_callback_data", None)
-        if context is None or data is None or not getattr(self, "_skl_callbacks", None):
-            return None
-        X, y, metadata = data
-
-        def hook(weights) -> bool:
-            # scipy reports an iteration when it ends: its subtask begins and ends there
-            iteration = context.subcontext(task_name="iteration")
-            iteration.call_on_fit_task_begin(estimator=self, X=X, y=y, metadata=metadata)
-            return bool(iteration.call_on_fit_task_end(
-                estimator=self, X=X, y=y, metadata=metadata,
-                reconstruction_attributes=lambda: attributes(weights)))
-
-        return hook
 
     def _check_params(self) -> None:
         """Raise a ``ValueError`` for a parameter value ortlearn cannot honour."""
@@ -205,7 +160,7 @@ class BaseOrtFullBatch(CallbackSupportMixin, BaseEstimator):
             model, trainable, initial, [X, y_enc, sample_weight], ["X", LABEL, SAMPLE_WEIGHT],
             device=str(self.device), verbose=int(getattr(self, "verbose", 0)),
             loss_output=LOSS, bounds=self._bounds(X.shape[1], model.graph.initializer[0].dims[1]),
-            callback=self._iteration_hook(attributes), **self._lbfgs_options())
+            callback=iteration_hook(self, attributes), **self._lbfgs_options())
         self.loss_ = float(loss)
         self.train_losses_ = [self.loss_]
         return weights, n_iter

@@ -35,6 +35,7 @@ from ..training.quantile import (
     objective,
 )
 from ..training.sparse import is_sparse
+from ._callbacks import iteration_hook
 from ._docs import fill_doc
 from ._fullbatch import BaseOrtFullBatch
 from ._objective import INTERCEPT, LABEL, LOSS, NEG, POS, SAMPLE_WEIGHT, pinball_objective
@@ -146,7 +147,7 @@ class OrtQuantileRegressor(RegressorMixin, BaseOrtFullBatch):
 
         result = minimize_smoothed_pinball(
             problem, smoothed, names=(POS, NEG, INTERCEPT, LABEL, SAMPLE_WEIGHT, LOSS),
-            callback=self._iteration_hook(attributes), device=str(self.device),
+            callback=iteration_hook(self, attributes), device=str(self.device),
             remedy="Scale the data.")
         coef, intercept = result.coef, result.intercept
         self._weights = {POS: np.maximum(coef, 0)[:, None], NEG: np.maximum(-coef, 0)[:, None]}

@@ -36,6 +36,7 @@ from sklearn.utils.class_weight import compute_class_weight
 from ..training import minimize_lbfgs
 from ..training.sparse import is_sparse
 from ..training.svm_dual import solve_svm_dual
+from ._callbacks import iteration_hook
 from ._docs import fill_doc
 from ._fullbatch import BaseOrtFullBatch, FullBatchClassifierMixin
 from ._objective import (
@@ -107,7 +108,7 @@ class _BaseOrtLinearSVM(BaseOrtFullBatch):
                           else weights[DUAL][:, 0] - weights[DUAL_NEG][:, 0])
                 return X.T @ signed
 
-            hook = self._iteration_hook(self._attributes)
+            hook = iteration_hook(self, self._attributes)
 
             def callback(weights, k, solved):  # the problems solved so far, k at this iteration
                 current = solved.copy()
@@ -125,7 +126,7 @@ class _BaseOrtLinearSVM(BaseOrtFullBatch):
             weights, n_iter, loss = minimize_lbfgs(
                 model, [COEF], None, [X, Y, np.ones(n_samples)], ["X", LABEL, SAMPLE_WEIGHT],
                 loss_output=LOSS, tol=self.tol,
-                callback=self._iteration_hook(lambda w: self._attributes(w[COEF])), **options)
+                callback=iteration_hook(self, lambda w: self._attributes(w[COEF])), **options)
             coef = weights[COEF]
         self._weights = {COEF: coef}
         self.loss_ = float(loss)
