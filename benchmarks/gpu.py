@@ -6,7 +6,7 @@ there, run the WebGPU tests, and time WebGPU against the same machine's CPU.
     python benchmarks/gpu.py OUT [--wheels DIR] [--scale 0.25] [--reps 3] [--threads N]
 
 ``OUT`` receives six files: ``environment.json`` (the GPU, onnxruntime,
-the WebGPU device), ``tests.log`` (``pytest tests/test_webgpu.py``),
+the WebGPU device), ``tests.log`` (``pytest tests/training/test_webgpu.py``),
 ``placement.txt`` (the provider of every node of W2's and W3's steps),
 ``bench.log`` (every benchmark's output), ``summary.json`` and ``summary.md``
 (per run: ortlearn's seconds per epoch on WebGPU and on the CPU, their ratio,
@@ -166,7 +166,7 @@ def bench(args, out: Path) -> list:
 
 def markdown(env: dict, tests_status: int, rows: list, device: str) -> str:
     lines = [f"GPU: {env.get('gpu')}; onnxruntime {env.get('onnxruntime')}; "
-             f"tests/test_webgpu.py exit status {tests_status}", "",
+             f"tests/training/test_webgpu.py exit status {tests_status}", "",
              f"| run | ortlearn on {device} s/epoch | ortlearn on the CPU s/epoch | "
              "CPU / device | JAX s/epoch | torch s/epoch |",
              "|---|---:|---:|---:|---:|---:|"]
@@ -213,8 +213,8 @@ def main(argv=None) -> int:
     print(json.dumps(env), flush=True)
     with open(out / "tests.log", "w") as log:
         tests = _run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                      "tests/test_webgpu.py"], log, args.timeout)
-    print(f"tests/test_webgpu.py: exit status {tests}", flush=True)
+                      "tests/training/test_webgpu.py"], log, args.timeout)
+    print(f"tests/training/test_webgpu.py: exit status {tests}", flush=True)
     placement(args.device, out, args.timeout)
     rows = bench(args, out)
     (out / "summary.json").write_text(json.dumps({"environment": env, "tests": tests,

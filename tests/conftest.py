@@ -1,10 +1,12 @@
-"""Shared fixtures: seeded random generators and a one-call ONNX runner."""
+"""Shared fixtures: seeded random generators, a one-call ONNX runner, one BLAS thread; the
+skips of the tests that need a GPU."""
 
 import numpy as np
 import onnxruntime as ort
 import pytest
 from skl2onnx import to_onnx
 from sklearn.linear_model import LinearRegression
+from threadpoolctl import threadpool_limits
 
 from ortlearn import onnxblock
 from ortlearn.training.device import cuda_available
@@ -79,3 +81,14 @@ def pytest_collection_modifyitems(config, items):
         for marker, skip in skips.items():
             if marker in item.keywords:
                 item.add_marker(skip)
+
+
+@pytest.fixture
+def one_blas_thread():
+    """One BLAS/OpenMP thread for scipy's L-BFGS-B and scikit-learn's solvers.
+
+    On 2 shared, busy cores their thread pools spin against each other: a fit of
+    digits takes 0.3 s with one thread and 1 to 10 s with two (both libraries).
+    """
+    with threadpool_limits(1):
+        yield

@@ -9,7 +9,7 @@ only one to change.
 
 Checked on scikit-learn 1.9.1 (the version the test suite runs on): the MLP
 steps below are those of ``BaseMultilayerPerceptron._fit`` in that version, and
-``tests/test_convert.py`` checks that the weights drawn here equal those
+``tests/convert/test_convert.py`` checks that the weights drawn here equal those
 ``MLPRegressor``/``MLPClassifier.fit`` starts from (one epoch with a learning
 rate of 1e-300).
 

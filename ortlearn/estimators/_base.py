@@ -519,7 +519,7 @@ class BaseOrtEstimator(CallbackSupportMixin, BaseEstimator, ABC):
         model, trainable = self._loss_model(sum_in_float64=True, weighted=weighted)
         names = input_names(weighted)
         try:
-            weights, n_iter, loss = minimize_lbfgs(
+            result = minimize_lbfgs(
                 model, trainable, None, _graph_inputs(names, X, y_enc, sample_weight), names,
                 device=str(device), max_iter=self.max_iter, tol=self._lbfgs_tol(),
                 verbose=int(self.verbose), loss_output=LOSS, max_fun=self._max_fun(),
@@ -533,11 +533,11 @@ class BaseOrtEstimator(CallbackSupportMixin, BaseEstimator, ABC):
             if all(np.isfinite(w).all() for w in error.weights.values()):
                 self._store_weights(error.weights)
             raise
-        self.n_iter_ = n_iter
-        self.t_ += X.shape[0] * max(n_iter, 1)
-        self.train_losses_.append(loss)
-        self.loss_ = loss
-        self._store_weights(weights)
+        self.n_iter_ = result.n_iter
+        self.t_ += X.shape[0] * max(result.n_iter, 1)
+        self.train_losses_.append(result.loss)
+        self.loss_ = result.loss
+        self._store_weights(result.weights)
 
     def _lbfgs_tol(self) -> float:
         return self.tol if self.tol is not None else 0.0

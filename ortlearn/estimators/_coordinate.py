@@ -38,6 +38,7 @@ from ..exceptions import ConvergenceWarning
 from ..log import user_stacklevel
 from ..loss import elementwise_loss
 from ..training import largest_eigenvalue, loss_and_gradient, minimize_fista
+from ..training.result import CALLBACK
 from ._callbacks import fit_task, iteration_hook
 from ._docs import fill_doc
 from ._fullbatch import BaseOrtFullBatch, center_data
@@ -292,13 +293,14 @@ class OrtElasticNet(MultiOutputMixin, RegressorMixin, BaseOrtFullBatch):
             smooth, coef, prox, top / n_samples + l2 or 1.0, gap=gap, tol=tol,
             max_iter=max_iter, exact_lipschitz=exact,
             callback=None if hook is None else (lambda w: hook({COEF: w})))
-        if not result.converged.all() and not result.stopped:
+        if not result.converged.all() and result.status != CALLBACK:
             warnings.warn(
                 f"Objective did not converge. You might want to increase the number of "
                 f"iterations (max_iter={max_iter}). Duality gap: "
-                f"{result.gap.max() / n_samples:.3e}, tolerance: {tol.max() / n_samples:.3e}",
+                f"{result.info['gap'].max() / n_samples:.3e}, tolerance: "
+                f"{tol.max() / n_samples:.3e}",
                 ConvergenceWarning, stacklevel=user_stacklevel())
-        return result.x, result.gap, result.n_iter, result.loss
+        return result.weights, result.info["gap"], result.n_iter, result.loss
 
 
 @fill_doc

@@ -156,14 +156,14 @@ class BaseOrtFullBatch(CallbackSupportMixin, BaseEstimator):
     def _minimize(self, model, X, y_enc, sample_weight, initial: dict, attributes=None):
         """L-BFGS on ``model``; ``attributes(weights)``: the fitted attributes, for callbacks."""
         trainable = [i.name for i in model.graph.initializer if i.name not in (DATA_SCALE, L2)]
-        weights, n_iter, loss = minimize_lbfgs(
+        result = minimize_lbfgs(
             model, trainable, initial, [X, y_enc, sample_weight], ["X", LABEL, SAMPLE_WEIGHT],
             device=str(self.device), verbose=int(getattr(self, "verbose", 0)),
             loss_output=LOSS, bounds=self._bounds(X.shape[1], model.graph.initializer[0].dims[1]),
             callback=iteration_hook(self, attributes), **self._lbfgs_options())
-        self.loss_ = float(loss)
+        self.loss_ = float(result.loss)
         self.train_losses_ = [self.loss_]
-        return weights, n_iter
+        return result.weights, result.n_iter
 
     def _prepare_fit(self, X, y, sample_weight):
         """X and y validated, X as float64 for the graph, weights (ones by default)."""

@@ -34,6 +34,7 @@ from ..training.quantile import (
     minimize_smoothed_pinball,
     objective,
 )
+from ..training.result import MAX_ITER
 from ..training.sparse import is_sparse
 from ._callbacks import iteration_hook
 from ._docs import fill_doc
@@ -149,7 +150,7 @@ class OrtQuantileRegressor(RegressorMixin, BaseOrtFullBatch):
             problem, smoothed, names=(POS, NEG, INTERCEPT, LABEL, SAMPLE_WEIGHT, LOSS),
             callback=iteration_hook(self, attributes), device=str(self.device),
             remedy="Scale the data.")
-        coef, intercept = result.coef, result.intercept
+        coef, intercept = result.weights["coef"], result.weights["intercept"]
         self._weights = {POS: np.maximum(coef, 0)[:, None], NEG: np.maximum(-coef, 0)[:, None]}
         if self.fit_intercept:
             self._weights[INTERCEPT] = np.array([intercept])
@@ -157,8 +158,8 @@ class OrtQuantileRegressor(RegressorMixin, BaseOrtFullBatch):
         self.intercept_ = intercept
         self.n_iter_ = result.n_iter
         self.loss_ = objective(problem, coef, intercept)
-        self.train_losses_ = result.stage_losses
-        if not result.stopped and not result.optimal:
+        self.train_losses_ = result.info["stage_losses"]
+        if result.status == MAX_ITER:
             warnings.warn("The smoothing stages ended without a certified minimum of the "
                           "linear program: the objective may be above its minimum.",
                           ConvergenceWarning, stacklevel=user_stacklevel())

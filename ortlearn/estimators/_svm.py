@@ -115,23 +115,24 @@ class _BaseOrtLinearSVM(BaseOrtFullBatch):
                 current[:, k] = primal(weights, k)
                 return hook(current)
 
-            coef, n_iter, loss, _ = solve_svm_dual(
+            result = solve_svm_dual(
                 svm_dual_objective(n_features, n_samples, 1, epsilon), trainable, X, Y, cost,
                 epsilon, primal=primal, tol=self.tol * _DUAL_GTOL_FACTOR,
                 callback=hook and callback,
                 label=LABEL, loss_output=LOSS, **options)
+            coef = result.weights
         else:
             model = svm_primal_objective(n_features, n_outputs, cost, self._smooth_loss,
                                       **score_params)
-            weights, n_iter, loss = minimize_lbfgs(
+            result = minimize_lbfgs(
                 model, [COEF], None, [X, Y, np.ones(n_samples)], ["X", LABEL, SAMPLE_WEIGHT],
                 loss_output=LOSS, tol=self.tol,
                 callback=iteration_hook(self, lambda w: self._attributes(w[COEF])), **options)
-            coef = weights[COEF]
+            coef = result.weights[COEF]
         self._weights = {COEF: coef}
-        self.loss_ = float(loss)
+        self.loss_ = float(result.loss)
         self.train_losses_ = [self.loss_]
-        self.n_iter_ = int(n_iter)
+        self.n_iter_ = int(result.n_iter)
         self.__dict__.update(self._attributes(coef))
 
     def _attributes(self, coef):

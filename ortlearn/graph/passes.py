@@ -7,7 +7,7 @@ their names and shapes), and returns the rewritten nodes. A pass leaves the
 values of the graph's outputs unchanged: bit for bit, or up to rounding
 where its docstring says so. :data:`CHEAPER_NODES` is the ordered list the
 training step runs (:func:`run_passes`); each pass is tested alone in
-``tests/test_passes.py``.
+``tests/graph/test_passes.py``.
 
 Each node costs onnxruntime about a microsecond whatever its size, and some
 operators are much slower than an equivalent pair: the figures behind each

@@ -9,7 +9,8 @@
   evaluator alone, for solvers driven on the host);
   :func:`minimize_fista`: proximal gradient with restart (the L1 models);
   :mod:`~ortlearn.training.svm_dual` (liblinear's duals) and
-  :mod:`~ortlearn.training.quantile` (the pinball linear program by smoothing).
+  :mod:`~ortlearn.training.quantile` (the pinball linear program by smoothing);
+  every solver returns a :class:`SolverResult`.
 - :class:`TrainingSession`: runs the training, eval and optimizer models of
   ``ortlearn.artifacts.generate_artifacts`` (what ``ortlearn.api`` runs).
 - :class:`CheckpointState`: parameters, optimizer state and properties,
@@ -40,16 +41,17 @@ from .device import (
     resolve_num_threads,
 )
 from .engine import TrainingEngine
-from .fista import FistaResult, largest_eigenvalue, minimize_fista
+from .fista import largest_eigenvalue, minimize_fista
 from .lbfgs import loss_and_gradient, minimize_lbfgs
 from .policy import default_session_options
+from .result import SolverResult
 from .session import TrainingSession
 
 __all__ = [
     "Batches",
     "CheckpointState",
     "Device",
-    "FistaResult",
+    "SolverResult",
     "TrainingEngine",
     "TrainingSession",
     "conform_state",

@@ -325,7 +325,7 @@ def make_session_options(intra_op_num_threads: int | None = None, *,
 #: (ones) with its running variance, its bias (zeros) with its running mean;
 #: a training-mode BatchNormalization kernel then writes the running
 #: statistics into the shared buffer and the scale drifts from run to run
-#: (``tests/test_torch_export.py`` shows it on a plain session).
+#: (``tests/torch/test_torch_export.py`` shows it on a plain session).
 DISABLED_OPTIMIZERS = ("ConstantSharing",)
 
 

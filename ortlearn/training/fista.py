@@ -17,14 +17,14 @@ descent lemma rejects.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 import scipy.linalg
 
+from .result import CALLBACK, CONVERGED, MAX_ITER, SolverResult
 from .sparse import is_sparse
 
-__all__ = ["FistaResult", "largest_eigenvalue", "minimize_fista"]
+__all__ = ["largest_eigenvalue", "minimize_fista"]
 
 #: Up to this many features the Gram matrix (``n p^2`` flops) is formed and its top
 #: eigenvalue computed exactly; above, a few power iterations (``2 n p`` flops each)
@@ -70,37 +70,9 @@ def largest_eigenvalue(X, sample_weight: np.ndarray,
     return estimate, False
 
 
-@dataclass
-class FistaResult:
-    """What :func:`minimize_fista` reached.
-
-    Attributes
-    ----------
-    x : numpy.ndarray of shape (n, k)
-        The last accepted iterate, one column per problem.
-    gap : numpy.ndarray of shape (k,)
-        The stopping measure of each column at ``x``.
-    n_iter : numpy.ndarray of int64, shape (k,)
-        Iterations each column ran.
-    loss : float
-        The smooth part's value at the last evaluation.
-    converged : numpy.ndarray of bool, shape (k,)
-        Columns whose gap fell to their tolerance.
-    stopped : bool
-        True if ``callback`` asked to stop.
-    """
-
-    x: np.ndarray
-    gap: np.ndarray
-    n_iter: np.ndarray
-    loss: float
-    converged: np.ndarray
-    stopped: bool
-
-
 def minimize_fista(fun: Callable, x0: np.ndarray, prox: Callable, lipschitz: float, *,
                    gap: Callable, tol: np.ndarray, max_iter: int, exact_lipschitz: bool = True,
-                   callback: Callable | None = None) -> FistaResult:
+                   callback: Callable | None = None) -> SolverResult:
     """Minimise ``f(x) + g(x)`` column by column, ``f`` smooth with an affine gradient.
 
     Parameters
@@ -129,7 +101,12 @@ def minimize_fista(fun: Callable, x0: np.ndarray, prox: Callable, lipschitz: flo
 
     Returns
     -------
-    FistaResult
+    SolverResult
+        ``weights``: the last accepted iterate ``(n, k)``; ``n_iter`` and
+        ``converged``: per column (its gap fell to its ``tol``); ``loss``: the
+        smooth part's value at the last evaluation; ``status``: ``'converged'``
+        (every column), ``'max_iter'`` or ``'callback'``; ``info['gap']``: each
+        column's stopping measure at ``weights``.
 
     Examples
     --------
@@ -142,7 +119,7 @@ def minimize_fista(fun: Callable, x0: np.ndarray, prox: Callable, lipschitz: flo
     >>> gap = lambda x, grad: np.abs(x - prox(x - grad, 1.0)).max(axis=0)
     >>> result = minimize_fista(fun, np.zeros((3, 1)), prox, 1.0, gap=gap,
     ...                         tol=np.array([1e-12]), max_iter=100)
-    >>> result.x.ravel().tolist(), bool(result.converged[0])
+    >>> result.weights.ravel().tolist(), bool(result.converged[0])
     ([2.0, 0.0, -1.0], True)
     """
     eps = np.finfo(np.float64).eps
@@ -196,4 +173,5 @@ def minimize_fista(fun: Callable, x0: np.ndarray, prox: Callable, lipschitz: flo
         if callback is not None and callback(coef):
             stopped = True
             break
-    return FistaResult(coef, current_gap, n_iter, float(loss), ~active, stopped)
+    status = CALLBACK if stopped else MAX_ITER if active.any() else CONVERGED
+    return SolverResult(coef, n_iter, float(loss), ~active, status, {"gap": current_gap})

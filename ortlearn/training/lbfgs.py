@@ -44,6 +44,7 @@ from .checks import (
     conform_state,
 )
 from .device import make_session, make_session_options, parse_device, single_thread_blas
+from .result import CALLBACK, CONVERGED, INTERRUPTED, MAX_ITER, SolverResult
 from .sparse import is_sparse
 
 __all__ = ["loss_and_gradient", "minimize_lbfgs"]
@@ -477,12 +478,11 @@ def minimize_lbfgs(loss_model, trainable, initial_weights, arrays, input_names=N
 
     Returns
     -------
-    weights : dict of str to numpy.ndarray
-        The optimised weights, in the graph's dtype.
-    n_iter : int
-        Iterations scipy made (0 when it stopped before the first one).
-    loss : float
-        The loss at the returned weights.
+    SolverResult
+        ``weights``: the optimised weights by name, in the graph's dtype;
+        ``n_iter``: the iterations scipy made (0 when it stopped before the
+        first one); ``loss``: the loss at those weights; ``converged`` and
+        ``status``: scipy's success, or ``'callback'``, ``'interrupted'``.
 
     Warns
     -----
@@ -523,25 +523,30 @@ def minimize_lbfgs(loss_model, trainable, initial_weights, arrays, input_names=N
         if fun.best_x is None:
             raise
         warnings.warn("Training interrupted by user.", stacklevel=user_stacklevel())
-        return _finite_or_raise(fun.unflatten(fun.best_x), progress.iteration, fun.best_loss,
-                                remedy)
+        return _finite_or_raise(SolverResult(fun.unflatten(fun.best_x), progress.iteration,
+                                             fun.best_loss, False, INTERRUPTED), remedy)
     except StopIteration:  # scipy < 1.11 lets the callback's StopIteration through
         if progress.stopped is None:
             raise
     if progress.stopped is not None:  # a callback asked to stop: the weights of that iteration
-        return _finite_or_raise(fun.unflatten(progress.stopped), progress.iteration,
-                                progress.loss, remedy)
+        return _finite_or_raise(SolverResult(fun.unflatten(progress.stopped),
+                                             progress.iteration, progress.loss, False,
+                                             CALLBACK), remedy)
     _warn_unless_converged(result, max_iter, max_fun)
     # scipy's own count of the iterations it ran (0 when the first line search
     # failed), capped at max_iter as scikit-learn's _check_optimize_result does.
-    return _finite_or_raise(fun.unflatten(result.x), min(int(result.nit), max_iter),
-                            float(result.fun), remedy)
+    status = CONVERGED if result.success else MAX_ITER if result.status == 1 else _message(
+        result)
+    return _finite_or_raise(SolverResult(fun.unflatten(result.x),
+                                         min(int(result.nit), max_iter), float(result.fun),
+                                         bool(result.success), status), remedy)
 
 
-def _finite_or_raise(weights: dict, n_iter: int, loss: float, remedy: str) -> tuple:
-    """``(weights, n_iter, loss)``, or the ConvergenceError of a run that diverged."""
+def _finite_or_raise(result: SolverResult, remedy: str) -> SolverResult:
+    """``result``, or the ConvergenceError of a run that diverged."""
+    weights, n_iter, loss = result.weights, result.n_iter, result.loss
     if np.isfinite(loss) and all(np.isfinite(w).all() for w in weights.values()):
-        return weights, n_iter, loss
+        return result
     error = ConvergenceError(
         f"L-BFGS diverged: the loss is {loss} (or a weight is not finite). {remedy}")
     error.weights, error.n_iter, error.loss = weights, n_iter, loss
@@ -564,6 +569,14 @@ def _flat_bounds(bounds: dict, weights: dict) -> list[tuple[float, float]]:
     return list(zip(np.concatenate(lows), np.concatenate(highs)))
 
 
+def _message(result) -> str:
+    """scipy's message of how the run ended."""
+    message = result.message
+    if isinstance(message, bytes):  # old scipy versions return bytes
+        message = message.decode("latin1")
+    return message.strip()
+
+
 def _warn_unless_converged(result, max_iter: int, max_fun: int) -> None:
     """ConvergenceWarning for every status but 0 (success), as scikit-learn warns.
 
@@ -573,9 +586,7 @@ def _warn_unless_converged(result, max_iter: int, max_fun: int) -> None:
     """
     if result.status == 0:
         return
-    message = result.message
-    if isinstance(message, bytes):  # old scipy versions return bytes
-        message = message.decode("latin1")
+    message = _message(result)
     if result.status == 1:
         remedy = (f"the budget of max_iter={max_iter} iterations / max_fun={max_fun} "
                   "evaluations ran out: increase max_iter (or max_fun) or scale the data.")
@@ -583,7 +594,7 @@ def _warn_unless_converged(result, max_iter: int, max_fun: int) -> None:
         remedy = ("the optimisation stopped abnormally: scale the data (e.g. with "
                   "sklearn.preprocessing.StandardScaler) or increase the regularisation.")
     warnings.warn(f"L-BFGS failed to converge after {int(result.nit)} iteration(s) "
-                  f"(status={result.status}, scipy: {message.strip()!r}): {remedy}",
+                  f"(status={result.status}, scipy: {message!r}): {remedy}",
                   ConvergenceWarning, stacklevel=user_stacklevel())
 
 

@@ -24,9 +24,10 @@ import numpy as np
 
 from ..exceptions import ConvergenceWarning
 from .lbfgs import minimize_lbfgs
+from .result import CALLBACK, CONVERGED, MAX_ITER, SolverResult
 from .sparse import is_sparse
 
-__all__ = ["QuantileProblem", "QuantileResult", "is_optimal", "minimize_smoothed_pinball",
+__all__ = ["QuantileProblem", "is_optimal", "minimize_smoothed_pinball",
            "objective", "polish_vertex"]
 
 #: Smoothing widths, relative to the mean absolute deviation of y.
@@ -140,23 +141,9 @@ def polish_vertex(problem: QuantileProblem, coef, intercept) -> tuple[np.ndarray
     return best
 
 
-@dataclass
-class QuantileResult:
-    """What :func:`minimize_smoothed_pinball` reached: ``coef``, ``intercept``, the
-    L-BFGS iterations of all stages, each stage's smoothed loss, whether the
-    minimum is certified (:func:`is_optimal`) and whether a callback stopped it."""
-
-    coef: np.ndarray
-    intercept: float
-    n_iter: int
-    stage_losses: list
-    optimal: bool
-    stopped: bool
-
-
 def minimize_smoothed_pinball(problem: QuantileProblem, smoothed_objective: Callable, *,
                               names: tuple, callback: Callable | None = None,
-                              **lbfgs_options) -> QuantileResult:
+                              **lbfgs_options) -> SolverResult:
     """Smoothing stages of decreasing width, each polished, until a certified minimum.
 
     Parameters
@@ -177,7 +164,13 @@ def minimize_smoothed_pinball(problem: QuantileProblem, smoothed_objective: Call
 
     Returns
     -------
-    QuantileResult
+    SolverResult
+        ``weights``: ``{'coef': (n_features,), 'intercept': float}``;
+        ``n_iter``: the L-BFGS iterations of all stages; ``loss``: the last
+        stage's smoothed loss; ``converged``: the minimum is certified
+        (:func:`is_optimal`); ``status``: ``'converged'``, ``'callback'``, or
+        ``'max_iter'`` when the last stage ended uncertified;
+        ``info['stage_losses']``: each stage's smoothed loss.
     """
     pos, neg, intercept_name, label, weight, loss_output = names
     X, y = problem.X, problem.y
@@ -201,14 +194,15 @@ def minimize_smoothed_pinball(problem: QuantileProblem, smoothed_objective: Call
             # A stage stopping short (the smoothed kink gets sharp) is no failure: the
             # next stage and the polish go on from it; the optimality check decides.
             warnings.simplefilter("ignore", ConvergenceWarning)
-            weights, iterations, loss = minimize_lbfgs(
+            result = minimize_lbfgs(
                 smoothed_objective(width * problem.scale), trainable, weights or None,
                 [X, y.reshape(-1, 1), problem.sample_weight], ["X", label, weight],
                 loss_output=loss_output, max_iter=STAGE_MAX_ITER, tol=0.0,
                 bounds={pos: (0, None), neg: (0, None)},
                 callback=None if callback is None else stop, **lbfgs_options)
-        n_iter += iterations
-        losses.append(float(loss))
+        weights = result.weights
+        n_iter += result.n_iter
+        losses.append(float(result.loss))
         coef = (weights[pos] - weights[neg])[:, 0]
         intercept = float(weights[intercept_name][0]) if problem.fit_intercept else 0.0
         if stopped:
@@ -217,4 +211,6 @@ def minimize_smoothed_pinball(problem: QuantileProblem, smoothed_objective: Call
         optimal = is_optimal(problem, coef, intercept)
         if optimal:
             break
-    return QuantileResult(coef, intercept, n_iter, losses, optimal, stopped)
+    status = CALLBACK if stopped else CONVERGED if optimal else MAX_ITER
+    return SolverResult({"coef": coef, "intercept": intercept}, n_iter, losses[-1], optimal,
+                        status, {"stage_losses": losses})

@@ -9,7 +9,7 @@ training rows is a whole number of mini-batches in the order of the
 epoch: each step sees the rows, in the order, of the dense fit of the same
 data, and computes the same numbers.
 
-Measured (``tests/test_sklearn_parity_sparse.py``): an ``OrtLinearRegressor``
+Measured (``tests/parity/test_sklearn_parity_sparse.py``): an ``OrtLinearRegressor``
 on that matrix, batches of 1 000 rows, fits an epoch with a peak of about
 0.6 GB above the process's baseline (the 200 MB block, onnxruntime's copy
 of the batch it gathers, the CSR).

@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from .lbfgs import minimize_lbfgs
+from .result import CALLBACK, CONVERGED, MAX_ITER, SolverResult
 
 __all__ = ["POLISH_BANDS", "POLISH_ROUNDS", "polish", "primal_value", "solve_svm_dual"]
 
@@ -115,17 +116,16 @@ def solve_svm_dual(model, trainable, X, Y, cost, epsilon=None, *, primal, tol, c
 
     Returns
     -------
-    coef : numpy.ndarray of shape (n_features, n_problems)
-        ``w~`` of each problem.
-    n_iter : int
-        The most iterations a problem ran.
-    loss : float
-        The sum of the dual minima.
-    stopped : bool
-        Whether ``callback`` asked to stop.
+    SolverResult
+        ``weights``: ``w~`` of each problem, ``(n_features, n_problems)``;
+        ``n_iter``: the most iterations a problem ran; ``loss``: the sum of
+        the dual minima; ``converged``: every problem's L-BFGS-B converged;
+        ``status``: ``'callback'`` when ``callback`` asked to stop, else
+        ``'converged'`` or ``'max_iter'``.
     """
     n_features, n_problems = X.shape[1], Y.shape[1]
     coef, n_iter, loss, stopped = np.zeros((n_features, n_problems)), 0, 0.0, False
+    converged = True
     for k in range(n_problems):
         bounds = {name: (0.0, cost[:, [k]]) for name in trainable}
 
@@ -134,17 +134,18 @@ def solve_svm_dual(model, trainable, X, Y, cost, epsilon=None, *, primal, tol, c
             stopped = bool(callback(weights, k, coef))
             return stopped
 
-        weights, iterations, value = minimize_lbfgs(
+        result = minimize_lbfgs(
             model, trainable, None, [X, np.ascontiguousarray(Y[:, [k]])], ["X", label],
             loss_output=loss_output, bounds=bounds, tol=tol,
             callback=None if callback is None else stop, **lbfgs_options)
-        coef[:, k] = primal(weights, k)
-        n_iter, loss = max(n_iter, iterations), loss + value
+        coef[:, k] = primal(result.weights, k)
+        n_iter, loss = max(n_iter, result.n_iter), loss + result.loss
+        converged &= bool(result.converged)
         if stopped:
-            return coef, n_iter, loss, True
+            return SolverResult(coef, n_iter, loss, False, CALLBACK)
     for _ in range(POLISH_ROUNDS):  # each round's partition from the last's w~
         polished = polish(X, Y, cost, coef, epsilon)
         if np.array_equal(polished, coef):
             break
         coef = polished
-    return coef, n_iter, loss, False
+    return SolverResult(coef, n_iter, loss, converged, CONVERGED if converged else MAX_ITER)

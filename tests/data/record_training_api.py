@@ -3,7 +3,7 @@
 
 ``python tests/data/record_training_api.py ort tests/data/onnxruntime_training_1_19_2.npz``,
 run with onnxruntime-training-cpu 1.19.2 and onnx 1.16.2 (its artifacts need IR <= 9), wrote
-the recording ``tests/test_optimizer_fidelity.py`` compares ortlearn with;
+the recording ``tests/fidelity/test_optimizer_fidelity.py`` compares ortlearn with;
 ``... ortlearn out.npz`` runs the same script through ortlearn.
 """
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 # benchmarks/ is not an installed package: import it from the checkout
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks import xla
 from benchmarks.run import main
 

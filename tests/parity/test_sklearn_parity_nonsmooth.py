@@ -21,7 +21,6 @@ from sklearn.preprocessing import StandardScaler
 from sklearn.svm import LinearSVC, LinearSVR
 from sklearn.utils.class_weight import compute_class_weight
 from sklearn.utils.estimator_checks import parametrize_with_checks
-from threadpoolctl import threadpool_limits
 
 from ortlearn.estimators import (
     OrtElasticNet,
@@ -41,10 +40,8 @@ PAIRS = [
 RTOL = 1e-6
 
 
-@pytest.fixture(autouse=True)
-def _one_blas_thread():
-    with threadpool_limits(1):
-        yield
+# scipy's and scikit-learn's solvers on one BLAS thread (conftest.py)
+pytestmark = pytest.mark.usefixtures("one_blas_thread")
 
 
 _CACHE = {}

@@ -324,7 +324,7 @@ def test_bad_sample_weight_and_targets(regression, three_classes):
         with pytest.raises(ValueError, match=match):
             reg.fit(X, y, sample_weight=sw)
     X, y = three_classes
-    # multilabel indicator matrices are accepted (tests/test_sklearn_parity_mlp.py),
+    # multilabel indicator matrices are accepted (tests/parity/test_sklearn_parity_mlp.py),
     # multiclass-multioutput targets are not
     with pytest.raises(ValueError, match="not multi-output targets"):
         OrtMLPClassifier(max_iter=1).fit(X, np.c_[y, y])

@@ -433,7 +433,7 @@ def test_same_numbers_as_a_recording_of_onnxruntime_training(tmp_path):
     import sys
     from pathlib import Path
 
-    data = Path(__file__).parent / "data"
+    data = Path(__file__).parents[1] / "data"
     out = tmp_path / "ortlearn.npz"
     subprocess.run([sys.executable, str(data / "record_training_api.py"), "ortlearn", str(out)],
                    check=True, capture_output=True)

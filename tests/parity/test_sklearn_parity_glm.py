@@ -26,7 +26,6 @@ from sklearn.model_selection import train_test_split
 from sklearn.preprocessing import StandardScaler
 from sklearn.utils.class_weight import compute_class_weight
 from sklearn.utils.estimator_checks import parametrize_with_checks
-from threadpoolctl import threadpool_limits
 
 from ortlearn.estimators import (
     OrtGammaRegressor,
@@ -48,15 +47,8 @@ PAIRS = [
 RTOL = 1e-6
 
 
-@pytest.fixture(autouse=True)
-def _one_blas_thread():
-    """One BLAS/OpenMP thread for scipy's L-BFGS-B and scikit-learn's losses.
-
-    On 2 shared, busy cores their thread pools spin against each other: a fit of
-    digits takes 0.3 s with one thread and 1 to 10 s with two (both libraries).
-    """
-    with threadpool_limits(1):
-        yield
+# scipy's and scikit-learn's solvers on one BLAS thread (conftest.py)
+pytestmark = pytest.mark.usefixtures("one_blas_thread")
 
 
 # ----------------------------------------------------------------- data

@@ -125,7 +125,7 @@ def test_sgd_matches_numpy(art, name):
 def _adamw_reference(params, grad_fn, lr, hyper, n_steps):
     """numpy AdamW as onnxruntime-training's kernel (adam_mode=1) updates: bias correction
     in the step size, eps added to sqrt(v), decay after the update
-    (tests/test_optimizer_fidelity.py transcribes the kernel in full)."""
+    (tests/fidelity/test_optimizer_fidelity.py transcribes the kernel in full)."""
     (beta1, beta2), eps, wd = hyper["betas"], hyper["eps"], hyper["weight_decay"]
     p = {k: v.astype(np.float64) for k, v in params.items()}
     m = {k: np.zeros_like(v) for k, v in p.items()}

@@ -359,7 +359,7 @@ MEMORY_CHILD = STATUS_SOURCE + textwrap.dedent('''
 
 def _peak(mode, path, count, size):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+        [os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
          os.environ.get("PYTHONPATH", "")]))
     out = subprocess.run([sys.executable, "-c", MEMORY_CHILD, mode, str(path), str(count),
                           str(size)], capture_output=True, text=True, env=env, timeout=120)

@@ -232,7 +232,7 @@ def test_sparse_and_dense_fits_log_the_same(diabetes, capsys):
 
 # -------------------------------------------------------- day-one details
 
-REPO = __import__("pathlib").Path(__file__).resolve().parent.parent
+REPO = __import__("pathlib").Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("cls", [ortlearn.OrtMLPRegressor, ortlearn.OrtLinearRegressor,

@@ -24,7 +24,7 @@ import safetensors.numpy
 from ortlearn import CheckpointState
 from ortlearn.training.checkpoint import _OptimizerSnapshot
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # Loads argv[1] with a 1 GiB address-space limit and prints the outcome.
 _LOADER = textwrap.dedent("""

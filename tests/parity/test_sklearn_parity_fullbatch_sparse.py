@@ -22,7 +22,7 @@ import ortlearn
 from ortlearn.exceptions import ConvergenceWarning
 
 RTOL = 1e-6
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _data(n=400, p=60, density=0.08, seed=0):

@@ -193,10 +193,11 @@ def test_lbfgs_reaches_logistic_regression_objective(dtype):
     loss = add_loss_output(onx, "log", label_name="y", output_index="raw_scores",
                            penalty={"coef": 1 / (2 * C * n)})
     start = {"coef": np.zeros((5, 1)), "intercept": np.zeros(1)}
-    weights, n_iter, value = minimize_lbfgs(
+    result = minimize_lbfgs(
         loss, ["coef", "intercept"], start, [X.astype(dtype), y.astype(dtype).reshape(-1, 1)],
         max_iter=1000, tol=1e-10 if dtype == np.float64 else 1e-6)
-    assert 0 < n_iter < 1000
+    weights, value = result.weights, result.loss
+    assert 0 < result.n_iter < 1000 and result.converged and result.status == "converged"
 
     def objective(coef, intercept):
         z = X @ np.ravel(coef).astype(np.float64) + float(np.ravel(intercept)[0])

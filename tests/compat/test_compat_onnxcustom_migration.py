@@ -34,7 +34,7 @@ def _sed_command() -> list[str]:
 
 
 def test_guide_and_package_give_the_same_command():
-    guide = (Path(__file__).resolve().parents[1] / "doc" / "migration_onnxcustom.rst")
+    guide = (Path(__file__).resolve().parents[2] / "doc" / "migration_onnxcustom.rst")
     assert re.search(r"sed -i '([^']*)' script\.py", guide.read_text()).group(1) == \
         _sed_command()[2]
 

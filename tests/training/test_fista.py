@@ -41,9 +41,9 @@ def test_orthogonal_design_is_soft_thresholded_least_squares(rng):
     norms2 = (X ** 2).sum(axis=0)[:, None]
     least_squares = X.T @ B / norms2
     expected = np.sign(least_squares) * np.maximum(np.abs(least_squares) - l1 / norms2, 0)
-    np.testing.assert_allclose(result.x, expected, atol=1e-12)
-    assert result.converged.all() and not result.stopped
-    assert (result.x == 0).any()  # the prox gives exact zeros
+    np.testing.assert_allclose(result.weights, expected, atol=1e-12)
+    assert result.converged.all() and result.status != "callback"
+    assert (result.weights == 0).any()  # the prox gives exact zeros
 
 
 def test_columns_stop_on_their_own(rng):
@@ -53,7 +53,7 @@ def test_columns_stop_on_their_own(rng):
     result = minimize_fista(fun, np.zeros((6, 2)), prox, 36.0, gap=gap,
                             tol=np.full(2, 1e-12), max_iter=10_000)
     assert result.n_iter[0] == 0 < result.n_iter[1]  # zero is optimal for the first
-    assert np.all(result.x[:, 0] == 0)
+    assert np.all(result.weights[:, 0] == 0)
 
 
 def test_backtracking_raises_a_low_estimate_to_the_same_minimum(rng):
@@ -65,7 +65,7 @@ def test_backtracking_raises_a_low_estimate_to_the_same_minimum(rng):
     exact = minimize_fista(fun, np.zeros((8, 1)), prox, top, **kwargs)
     low = minimize_fista(fun, np.zeros((8, 1)), prox, top / 50, exact_lipschitz=False, **kwargs)
     assert low.converged.all()
-    np.testing.assert_allclose(low.x, exact.x, atol=1e-10)
+    np.testing.assert_allclose(low.weights, exact.weights, atol=1e-10)
 
 
 def test_callback_stops_and_max_iter_counts(rng):
@@ -75,11 +75,11 @@ def test_callback_stops_and_max_iter_counts(rng):
     result = minimize_fista(fun, np.zeros((8, 1)), prox, 1e3, gap=gap, tol=np.array([0.0]),
                             max_iter=50, callback=lambda x: seen.append(x.copy()) or
                             len(seen) == 3)
-    assert result.stopped and len(seen) == 3 and result.n_iter[0] == 3
-    np.testing.assert_array_equal(result.x, seen[-1])
+    assert result.status == "callback" and len(seen) == 3 and result.n_iter[0] == 3
+    np.testing.assert_array_equal(result.weights, seen[-1])
     result = minimize_fista(fun, np.zeros((8, 1)), prox, 1e3, gap=gap, tol=np.array([0.0]),
                             max_iter=5)
-    assert result.n_iter[0] == 5 and not result.converged[0] and not result.stopped
+    assert result.n_iter[0] == 5 and not result.converged[0] and result.status != "callback"
 
 
 def test_power_iterations_bound_the_eigenvalue_from_below(rng):

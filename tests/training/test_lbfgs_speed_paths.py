@@ -93,17 +93,17 @@ def test_vector_objective_takes_the_iterations_of_the_column_one(binary):
                                  ["coef", "intercept"], None, arrays, ["X", "y"],
                                  max_iter=200, tol=1e-4)
             for flat in (False, True)}
-    assert runs[True][1] == runs[False][1] > 3
-    assert runs[True][2] == runs[False][2]
+    assert runs[True].n_iter == runs[False].n_iter > 3
+    assert runs[True].loss == runs[False].loss
     for name in ("coef", "intercept"):
-        np.testing.assert_array_equal(runs[True][0][name], runs[False][0][name])
+        np.testing.assert_array_equal(runs[True].weights[name], runs[False].weights[name])
     # LogisticRegression's objective (mean log-loss + ||w||^2 / (2 C n)) within its tol
     ref = LogisticRegression(C=1.0, tol=1e-4).fit(X, y)
     w = ref.coef_.ravel()
     z = X.astype(np.float64) @ w + ref.intercept_[0]
     expected = np.mean(np.logaddexp(0, z) - y * z) + 0.5 / len(X) * w @ w
-    np.testing.assert_allclose(runs[True][2], expected, rtol=1e-6)
-    assert abs(runs[True][1] - ref.n_iter_[0]) <= 3
+    np.testing.assert_allclose(runs[True].loss, expected, rtol=1e-6)
+    assert abs(runs[True].n_iter - ref.n_iter_[0]) <= 3
 
 
 def test_regressor_vector_objective_gives_the_numbers_of_the_column_one():
@@ -116,8 +116,8 @@ def test_regressor_vector_objective_gives_the_numbers_of_the_column_one():
                                  ["coef", "intercept"], None, arrays, ["X", "y"],
                                  max_iter=100, tol=1e-6)
             for flat in (False, True)}
-    assert runs[True][1] == runs[False][1] and runs[True][2] == runs[False][2]
-    np.testing.assert_array_equal(runs[True][0]["coef"], runs[False][0]["coef"])
+    assert runs[True].n_iter == runs[False].n_iter and runs[True].loss == runs[False].loss
+    np.testing.assert_array_equal(runs[True].weights["coef"], runs[False].weights["coef"])
 
 
 def _blas_threads():
@@ -167,9 +167,10 @@ def test_data_read_transposed_gives_the_numbers_of_the_plain_products(binary, mo
     np.testing.assert_allclose(loss_fast, loss_plain, rtol=1e-7)
     np.testing.assert_allclose(grad_fast, grad_plain, rtol=1e-5, atol=1e-7)
     # a product of another summation order: the objective within LogisticRegression's tol
-    assert abs(runs[True][1] - runs[False][1]) <= 1
-    np.testing.assert_allclose(runs[True][2], runs[False][2], rtol=1e-7)
-    np.testing.assert_allclose(runs[True][0]["coef"], runs[False][0]["coef"], atol=1e-4)
+    assert abs(runs[True].n_iter - runs[False].n_iter) <= 1
+    np.testing.assert_allclose(runs[True].loss, runs[False].loss, rtol=1e-7)
+    np.testing.assert_allclose(runs[True].weights["coef"], runs[False].weights["coef"],
+                               atol=1e-4)
 
 
 def test_data_read_transposed_leaves_wider_weights_and_other_readers_alone():

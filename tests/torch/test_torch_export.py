@@ -162,7 +162,7 @@ def test_zoo_exports_dynamo(name):
 
     Not the recurrent model: torch 2.13 specialises the sequence length of every dynamo
     export of nn.LSTM after the first in a process (torch.compiler.reset() does not
-    help), and tests/test_torch_sequence.py needs its export with a symbolic length; it
+    help), and tests/torch/test_torch_sequence.py needs its export with a symbolic length; it
     checks that export's forward and gradients against torch.
     """
     _check_zoo_export(name, "dynamo", True)

@@ -1,6 +1,6 @@
 """The GPU check script on the CPU: what a GPU machine will run, minus the GPU.
 
-``benchmarks/gpu.py`` installs carried wheels, runs ``tests/test_webgpu.py``,
+``benchmarks/gpu.py`` installs carried wheels, runs ``tests/training/test_webgpu.py``,
 lists the node placements of W2's and W3's steps and times ortlearn on the
 device against the same machine's CPU. With ``--device cpu`` every part of it
 runs here; one small run of W3 stands for its list of runs.
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks import gpu  # noqa: E402
 
 

@@ -21,7 +21,7 @@ import ortlearn
 import ortlearn.training.sparse as sparse_module
 from ortlearn.training.sparse import DenseRows
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _sparse_digits():
@@ -109,7 +109,7 @@ def test_sparse_many_blocks_weights_and_early_stopping(monkeypatch):
 
 def test_sparse_lbfgs_fits_as_dense():
     # L-BFGS multiplies the sparse X itself (training/lbfgs.py; more in
-    # tests/test_sklearn_parity_fullbatch_sparse.py)
+    # tests/parity/test_sklearn_parity_fullbatch_sparse.py)
     X, y = _sparse_regression()
     dense = ortlearn.OrtLinearRegressor(solver="lbfgs").fit(X, y)
     sparse = ortlearn.OrtLinearRegressor(solver="lbfgs").fit(sp.csr_matrix(X), y)

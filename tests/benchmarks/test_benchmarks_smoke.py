@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 # benchmarks/ is not an installed package: import it from the checkout
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks.run import main, parse_args
 
 HAS_TORCH = importlib.util.find_spec("torch") is not None
