@@ -16,6 +16,9 @@ def test_demo_matches_scikit_learn(tmp_path, capsys):
         "linear regressor (SGD), make_regression 200k"]
     assert rows[1]["n_train"] == 150_000  # large enough that the time per epoch shows
     assert all(r["ortlearn_epoch_s"] > 0 and r["sklearn_epoch_s"] > 0 for r in rows)
+    # the first fit of the process and the same fit again, warm: both reported
+    assert all(r["ortlearn_first_fit_s"] > 0 and r["sklearn_first_fit_s"] > 0 for r in rows)
+    assert "first fit s (ort/skl)" in out and "second, identical fit" in out
     assert "s/epoch" in out
     # one line per epoch, then the table
     # scikit-learn's verbose lines: the MLP's, then SGD's
