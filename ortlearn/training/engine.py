@@ -13,26 +13,24 @@ without a copy.
 from __future__ import annotations
 
 import math
+import os
 import warnings
 from typing import NamedTuple
 
 import numpy as np
-import onnx
 import onnxruntime as ort
 from onnx import numpy_helper
 
 from ..exceptions import ConvergenceError
-from ..fileio import EXTERNAL_DATA_THRESHOLD
 from ..graph import (
     class_label_marks,
     elem_type_of,
     load_model,
     onnx_to_np_dtype,
-    prune_model,
     shape_of,
 )
 from ..graph.format import DEFAULT_LEARNING_RATE
-from ..graph.passes import CHEAPER_NODES, GPU_NODES, set_inference_mode
+from ..graph.passes import CHEAPER_NODES, GPU_NODES
 from ..optim import Optimizer
 from . import webgpu
 from ._buffers import (
@@ -44,6 +42,7 @@ from ._buffers import (
     state_values,
     weight_values,
 )
+from .cache import COMPILED_MAX_WEIGHT_BYTES, COMPILED_STEPS, model_digest
 from .checkpoint import CheckpointState
 from .checks import (
     check_class_labels,
@@ -54,8 +53,15 @@ from .checks import (
     conform_state,
     replace_initializers,
 )
-from .device import make_session, parse_device
-from .fused import ROWS, FusedLayout, build_fused_epoch, build_fused_step
+from .device import PROFILE_ENV, make_session, parse_device
+from .fused import (
+    ROWS,
+    FusedLayout,
+    build_fused_epoch,
+    build_fused_step,
+    eval_graph,
+    strip_weights,
+)
 from .policy import LARGE_MODEL_BYTES, LOOP_MIN_STEP_MACS, default_session_options
 
 __all__ = ["TrainingEngine"]
@@ -74,14 +80,6 @@ EPOCH_ORDERED_ROW_BYTES = 16
 SCALAR_BLOCK_STEPS = 512
 #: Rows per batch assumed when the engine is not told (scikit-learn's 'auto').
 DEFAULT_BATCH_ROWS = 200
-
-
-def _eval_model(model: onnx.ModelProto, trainable: list[str], loss_output: str) -> onnx.ModelProto:
-    """The loss graph with the weights as inputs, in inference mode, pruned to the loss."""
-    model = load_model(model)
-    _weights_to_inputs(model, trainable)
-    set_inference_mode(model)
-    return prune_model(model, [loss_output])
 
 
 class TrainingEngine:
@@ -250,11 +248,13 @@ class TrainingEngine:
                                   **{n: v.dtype for n, v in self._initial.items()}})
         # The graphs built from the model need only the weights' names, shapes and
         # types: a copy of their values would stay alive for the whole training.
-        self._model = model = _strip_weights(model, self.trainable)
+        self._model = model = strip_weights(model, self.trainable)
+        self._own_options = session_options is not None
+        self._weight_bytes = sum(w.nbytes for w in self._initial.values())
         self._session_options = session_options or default_session_options(
             self._device, (batch_size or DEFAULT_BATCH_ROWS) * sum(
                 w.size for w in self._initial.values()), deterministic,
-            sum(w.nbytes for w in self._initial.values()))
+            self._weight_bytes)
         self._epoch_loop = epoch_loop
         self._steps = {}  # epoch_loop -> (session, layout, ping-pong buffers)
         self._eval_session = None
@@ -270,18 +270,7 @@ class TrainingEngine:
         """Build (once) the step or epoch graph; move the live values to it."""
         current = self._steps.get(self._current) if hasattr(self, "_current") else None
         if loop not in self._steps:
-            if loop:
-                model, layout = build_fused_epoch(
-                    self._model, self.trainable, self.input_names, self.optimizer,
-                    self.loss_output, self._epoch_ordered())
-            else:
-                # A large model on the CPU: a tensor per weight, written in place.
-                model, layout = build_fused_step(
-                    self._model, self.trainable, self.input_names, self.optimizer,
-                    self.loss_output, self._epoch_ordered(), flat=not self._large(),
-                    host_fed=self._host_fed, passes=GPU_NODES
-                    if self._device.ort_device_type == "webgpu" else CHEAPER_NODES)
-            session, capture = self._step_session(model)
+            model, layout, session, capture = self._compiled(loop)
             zeros = {name: np.zeros(shape, dtype) for name, (dtype, shape) in
                      carried_types(model, layout.carried).items()}
             counters = {name: zeros[name] for name in layout.carried
@@ -307,6 +296,47 @@ class TrainingEngine:
         states = state_values(current.layout, current.buffers)
         self._current = loop
         self._write_carried(weights, states)
+
+    def _compiled(self, loop: bool) -> tuple:
+        """``(graph, layout, session, recorded)`` of the epoch (``loop``) or step graph.
+
+        Another fit's (:data:`~ortlearn.training.cache.COMPILED_STEPS`) when it
+        compiled the same: the same loss graph less its weights' values, the
+        same optimizer, device and session settings.
+        """
+        key = self._compiled_key(loop)
+        cached = None if key is None else COMPILED_STEPS.get(key)
+        if cached is not None:
+            return cached
+        if loop:
+            model, layout = build_fused_epoch(
+                self._model, self.trainable, self.input_names, self.optimizer,
+                self.loss_output, self._epoch_ordered())
+        else:
+            # A large model on the CPU: a tensor per weight, written in place.
+            model, layout = build_fused_step(
+                self._model, self.trainable, self.input_names, self.optimizer,
+                self.loss_output, self._epoch_ordered(), flat=not self._large(),
+                host_fed=self._host_fed, passes=GPU_NODES
+                if self._device.ort_device_type == "webgpu" else CHEAPER_NODES)
+        session, capture = self._step_session(model)
+        # a recording replays one fit's buffers: its session is that fit's alone
+        if key is not None and not capture:
+            COMPILED_STEPS.put(key, (model, layout, session, capture))
+        return model, layout, session, capture
+
+    def _compiled_key(self, loop: bool) -> tuple | None:
+        """Everything the graph and the session depend on; None: not to be shared (a
+        large model, the caller's own session options, a profiled session)."""
+        options = self._session_options
+        if (self._own_options or os.environ.get(PROFILE_ENV, "").strip()
+                or self._weight_bytes > COMPILED_MAX_WEIGHT_BYTES):
+            return None
+        return (model_digest(self._model), tuple(self.trainable), tuple(self.input_names),
+                self.loss_output, self.optimizer.type, repr(sorted(self.optimizer.hyper.items())),
+                loop, self._large(), self._host_fed, str(self._device), options.enable_mem_pattern,
+                options.intra_op_num_threads, options.use_deterministic_compute,
+                options.get_session_config_entry("session.intra_op.allow_spinning"))
 
     def _step_session(self, model) -> tuple:
         """The session of a step graph, and whether the provider records it (WebGPU)."""
@@ -353,7 +383,7 @@ class TrainingEngine:
     def _large(self) -> bool:
         """Whether the model has ``LARGE_MODEL_BYTES`` of weights and runs on the CPU."""
         return (self._device.kind == "cpu"
-                and sum(w.nbytes for w in self._initial.values()) >= LARGE_MODEL_BYTES)
+                and self._weight_bytes >= LARGE_MODEL_BYTES)
 
     def _choose_loop(self, batch_rows: int) -> bool:
         if self._epoch_loop != "auto":
@@ -628,7 +658,7 @@ class TrainingEngine:
                            "the evaluated data")
         if self._eval_session is None:
             self._eval_session = make_session(
-                _eval_model(self._model, self.trainable, self.loss_output), self._device,
+                eval_graph(self._model, self.trainable, self.loss_output), self._device,
                 self._session_options)
         session = self._eval_session
         binding = session.io_binding()
@@ -768,33 +798,3 @@ class _Step(NamedTuple):
     feeds: StepFeeds | None = None
 
 
-def _strip_weights(model: onnx.ModelProto, trainable) -> onnx.ModelProto:
-    """``model`` without the values of the initializers ``trainable`` (names, shapes and
-    types kept), parsed anew.
-
-    ``model`` is stripped in place, which frees nothing: protobuf (upb) keeps the
-    bytes of a replaced field in the message's arena until the message goes. The
-    copy parsed from the stripped bytes has an arena of its own, without them
-    (a model of more than ``EXTERNAL_DATA_THRESHOLD`` bytes, which protobuf may
-    not serialize, is returned as it is).
-    """
-    wanted = set(trainable)
-    for init in model.graph.initializer:
-        if init.name in wanted:
-            stub = onnx.TensorProto(name=init.name, data_type=init.data_type, dims=init.dims)
-            init.CopyFrom(stub)
-    if model.ByteSize() > EXTERNAL_DATA_THRESHOLD:
-        return model
-    return onnx.ModelProto.FromString(model.SerializeToString())
-
-
-def _weights_to_inputs(model: onnx.ModelProto, trainable) -> None:
-    """The (stripped) initializers ``trainable`` as graph inputs, in place."""
-    wanted = set(trainable)
-    graph = model.graph
-    weights = [i for i in graph.initializer if i.name in wanted]
-    kept = [i for i in graph.initializer if i.name not in wanted]
-    graph.input.extend(onnx.helper.make_tensor_value_info(i.name, i.data_type, list(i.dims))
-                       for i in weights)
-    del graph.initializer[:]
-    graph.initializer.extend(kept)

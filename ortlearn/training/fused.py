@@ -48,19 +48,23 @@ import onnx
 from onnx import TensorProto, helper
 
 from ..autodiff import append_backward
+from ..fileio import EXTERNAL_DATA_THRESHOLD
 from ..graph import (
     GraphBuilder,
     elem_type_of,
     finalize_model,
+    load_model,
     needed_nodes,
     node_reads,
     opset_of,
+    prune_model,
     shape_of,
 )
-from ..graph.passes import CHEAPER_NODES, run_passes
+from ..graph.passes import CHEAPER_NODES, run_passes, set_inference_mode
 from .batch_shapes import batch_multiples, sizes_from_rows
 
-__all__ = ["FusedLayout", "build_fused_epoch", "build_fused_step", "in_place_safe"]
+__all__ = ["FusedLayout", "build_fused_epoch", "build_fused_step", "eval_graph", "in_place_safe",
+           "strip_weights"]
 
 ORDER, STARTS, ENDS, ROWS = "fused.order", "fused.starts", "fused.ends", "fused.rows"
 #: The row numbers of the batch, in a host-fed step.
@@ -721,4 +725,44 @@ def _hoisted(nodes, varying, b: GraphBuilder) -> list:
         b.nodes.append(hoisted)
     return [_renamed(node, moved) for node in kept]
 
+
+# ------------------------------------------------------- the engine's other graphs
+def strip_weights(model: onnx.ModelProto, trainable) -> onnx.ModelProto:
+    """``model`` without the values of the initializers ``trainable`` (names, shapes and
+    types kept), parsed anew.
+
+    ``model`` is stripped in place, which frees nothing: protobuf (upb) keeps the
+    bytes of a replaced field in the message's arena until the message goes. The
+    copy parsed from the stripped bytes has an arena of its own, without them
+    (a model of more than ``EXTERNAL_DATA_THRESHOLD`` bytes, which protobuf may
+    not serialize, is returned as it is).
+    """
+    wanted = set(trainable)
+    for init in model.graph.initializer:
+        if init.name in wanted:
+            stub = onnx.TensorProto(name=init.name, data_type=init.data_type, dims=init.dims)
+            init.CopyFrom(stub)
+    if model.ByteSize() > EXTERNAL_DATA_THRESHOLD:
+        return model
+    return onnx.ModelProto.FromString(model.SerializeToString())
+
+
+def eval_graph(model: onnx.ModelProto, trainable: list[str], loss_output: str) -> onnx.ModelProto:
+    """The loss graph with the weights as inputs, in inference mode, pruned to the loss."""
+    model = load_model(model)
+    _weights_to_inputs(model, trainable)
+    set_inference_mode(model)
+    return prune_model(model, [loss_output])
+
+
+def _weights_to_inputs(model: onnx.ModelProto, trainable) -> None:
+    """The (stripped) initializers ``trainable`` as graph inputs, in place."""
+    wanted = set(trainable)
+    graph = model.graph
+    weights = [i for i in graph.initializer if i.name in wanted]
+    kept = [i for i in graph.initializer if i.name not in wanted]
+    graph.input.extend(onnx.helper.make_tensor_value_info(i.name, i.data_type, list(i.dims))
+                       for i in weights)
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
 

@@ -21,10 +21,7 @@ reuses it.
 
 from __future__ import annotations
 
-import hashlib
-import threading
 import warnings
-from collections import OrderedDict
 
 import numpy as np
 import onnx
@@ -36,6 +33,7 @@ from ..autodiff import build_gradient
 from ..exceptions import ConvergenceError, ConvergenceWarning
 from ..graph import class_label_marks, initializers_to_inputs, load_model
 from ..log import user_stacklevel, verbose_log
+from .cache import LRUCache, model_digest
 from .checks import (
     check_class_labels,
     check_input_names,
@@ -61,8 +59,7 @@ _FTOL = 64 * np.finfo(float).eps
 #: holds onnxruntime's arena, sized by the data's intermediates.
 _CACHE_SIZE = 8
 _CACHE_MAX_DATA_BYTES = 16 * 2**20
-_SESSIONS: OrderedDict = OrderedDict()
-_SESSIONS_LOCK = threading.Lock()
+_SESSIONS = LRUCache(_CACHE_SIZE)
 
 
 class _LossAndGradient:
@@ -197,12 +194,9 @@ loss_output, session_options, deterministic
                      if np.ndim(a) == 2 and a.nbytes <= _TRANSPOSED_COPY_MAX_BYTES)
     key = None
     if session_options is None and data_bytes <= _CACHE_MAX_DATA_BYTES:
-        key = (hashlib.sha256(model.SerializeToString()).hexdigest(), tuple(wrt),
+        key = (model_digest(model), tuple(wrt),
                loss_output, str(parse_device(device)), bool(deterministic), copyable)
-    with _SESSIONS_LOCK:
-        cached = _SESSIONS.get(key)
-        if cached is not None:
-            _SESSIONS.move_to_end(key)
+    cached = None if key is None else _SESSIONS.get(key)
     if cached is None:
         grad_model = build_gradient(model, wrt=wrt, loss_output=loss_output)
         transposed = _data_read_transposed(
@@ -212,10 +206,7 @@ loss_output, session_options, deterministic
             session_options = make_session_options(deterministic=True)
         cached = make_session(grad_model, parse_device(device), session_options), transposed
         if key is not None:
-            with _SESSIONS_LOCK:
-                _SESSIONS[key] = cached
-                while len(_SESSIONS) > _CACHE_SIZE:
-                    _SESSIONS.popitem(last=False)
+            _SESSIONS.put(key, cached)
     session, transposed = cached
     for i, name in enumerate(input_names):
         if name in transposed:

@@ -30,7 +30,7 @@ def counted(monkeypatch):
         return original(*args, **kwargs)
 
     monkeypatch.setattr(lbfgs, "build_gradient", counting)
-    monkeypatch.setattr(lbfgs, "_SESSIONS", type(lbfgs._SESSIONS)())
+    monkeypatch.setattr(lbfgs, "_SESSIONS", type(lbfgs._SESSIONS)(lbfgs._CACHE_SIZE))
     return calls
 
 
