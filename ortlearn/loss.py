@@ -487,7 +487,8 @@ def _normalize_penalty(penalty) -> dict[str, dict[str, float]]:
                 f"Unknown penalty key(s) {unknown} for {name!r}; expected 'l1' and/or 'l2'."
             )
         normalized[name] = {
-            key: _check_coefficient(spec.get(key, 0.0), f"Penalty {key} on {name!r}")
+            key: spec[key] if isinstance(spec.get(key), str)
+            else _check_coefficient(spec.get(key, 0.0), f"Penalty {key} on {name!r}")
             for key in _PENALTY_KEYS
         }
     return normalized
@@ -501,7 +502,9 @@ def penalty_terms(builder: GraphBuilder, penalty, dtypes: dict[str, int],
     ----------
     builder : GraphBuilder
     penalty : dict or None
-        ``{name: l2}`` or ``{name: {'l1': a, 'l2': b}}``.
+        ``{name: l2}`` or ``{name: {'l1': a, 'l2': b}}``; a coefficient may be
+        the name of a scalar value of the weight's dtype holding it (a
+        hyper-parameter the graph reads, :data:`~ortlearn.graph.format.HYPER_PREFIX`).
     dtypes : dict
         ONNX element type of every weight that may be penalised.
     dtype : numpy dtype, default=np.float32
@@ -561,9 +564,11 @@ def penalty_terms(builder: GraphBuilder, penalty, dtypes: dict[str, int],
     return _add_all(builder, terms) if terms else None
 
 
-def _scaled_sum(builder: GraphBuilder, x: str, coef: float, dtype, op: str = "ReduceSum") -> str:
+def _scaled_sum(builder: GraphBuilder, x: str, coef: float | str, dtype,
+                op: str = "ReduceSum") -> str:
     total = builder.reduce(op, x, keepdims=0)
-    return builder.op("Mul", [builder.const(coef, dtype), total])
+    factor = coef if isinstance(coef, str) else builder.const(coef, dtype)
+    return builder.op("Mul", [factor, total])
 
 
 def _add_all(builder: GraphBuilder, names: list[str]) -> str:

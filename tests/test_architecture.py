@@ -185,6 +185,8 @@ def test_circles_are_found():
 #: Modules above MAX_LINES, each with the one idea it holds.
 LARGE_MODULES = {
     "training/session.py": "the TrainingSession class: the three artifacts run on bound state",
+    "training/engine.py": "the TrainingEngine class: one fused training problem on bound "
+                          "device buffers",
     "training/checkpoint.py": "the checkpoint state: parameters, properties, optimizer state, "
                               "and their file format (the safetensors codec: _safetensors.py)",
     "estimators/_base.py": "the mini-batch estimators' base class and its fit loop",

@@ -36,6 +36,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from ..convert import RAW_PREDICTIONS
 from ..graph import DEFAULT_OPSET, GraphBuilder, finalize_model, load_model, needed_nodes
+from ..graph.format import HYPER_PREFIX
 from ..loss import elementwise_loss, penalty_terms
 
 __all__ = ["LOSS", "input_names", "label_dtype", "linear_objective", "mlp_objective",
@@ -54,6 +55,9 @@ DATA_SCALE, L2 = "data_scale", "l2_strength"
 COST, DUAL, DUAL_NEG = "cost", "dual", "dual_negative"
 #: quantile regression's coefficients, split in two non-negative halves
 POS, NEG = "coef_positive", "coef_negative"
+#: the L2 penalty's strength of the mini-batch objectives, a hyper-parameter input of
+#: the training engine: the fits of a search over alpha share one compiled step
+HYPER_L2, HYPER_L1 = HYPER_PREFIX + "l2", HYPER_PREFIX + "l1"
 
 _PREDICTION = {"regressor": "variable", "classifier": "raw_scores"}
 # The score (a key of ortlearn.loss.SCORES) of a classifier; a regressor's is its `loss`.
@@ -186,6 +190,22 @@ def _weights_dtypes(model) -> dict[str, int]:
     return {init.name: init.data_type for init in model.graph.initializer}
 
 
+def _penalties(model, b: GraphBuilder, weights: list, strengths: dict, dtype) -> str | None:
+    """The penalty terms of ``weights`` (``{'l1': a, 'l2': b}``, the same for each), None if
+    zero. Each non-zero strength is a hyper-parameter initializer of the weights' dtype
+    (``hyper.l1``, ``hyper.l2``), which the training engine feeds as an input."""
+    dtypes = _weights_dtypes(model)
+    wdtype = onnx.helper.tensor_dtype_to_np_dtype(dtypes[weights[0]])
+    names = {"l1": HYPER_L1, "l2": HYPER_L2}
+    spec = {}
+    for key, value in strengths.items():
+        if value:
+            model.graph.initializer.append(
+                numpy_helper.from_array(np.array(value, dtype=wdtype), names[key]))
+            spec[key] = names[key]
+    return penalty_terms(b, dict.fromkeys(weights, spec), dtypes, dtype) if spec else None
+
+
 def mlp_objective(model, kind: str, alpha: float, sum_in_float64: bool = False,
                   weighted: bool = True, loss: str = "squared_error") -> onnx.ModelProto:
     """The per-batch objective of scikit-learn's MLPs.
@@ -254,8 +274,7 @@ def mlp_objective(model, kind: str, alpha: float, sum_in_float64: bool = False,
     data, count = _mean_and_count(b, values[0], values[1] if weighted else None, loss_elem)
     loss = data
     coefs = [name for name in _weights_dtypes(model) if name.startswith("coefficient")]
-    penalty = penalty_terms(b, {name: 0.5 * alpha for name in coefs},
-                            _weights_dtypes(model), dtype) if alpha else None
+    penalty = _penalties(model, b, coefs, {"l2": 0.5 * alpha}, dtype)
     if penalty is not None:
         loss = b.op("Add", [data, b.op("Div", [penalty, count])])
     b.op("Identity", [loss], outputs=[LOSS])
@@ -334,9 +353,8 @@ def sgd_objective(model, kind: str, loss: str = "squared_error", penalty: str | 
     data = b.reduce("ReduceMean", rows, keepdims=0)
     ratio = {"l2": 0.0, "l1": 1.0, "elasticnet": l1_ratio, None: 0.0}[penalty]
     strength = 0.0 if penalty is None else alpha
-    terms = penalty_terms(
-        b, {"coef": {"l1": strength * ratio, "l2": strength * (1 - ratio) / 2}},
-        _weights_dtypes(model), dtype) if strength else None
+    terms = _penalties(model, b, ["coef"],
+                       {"l1": strength * ratio, "l2": strength * (1 - ratio) / 2}, dtype)
     b.op("Identity", [data if terms is None else b.op("Add", [data, terms])], outputs=[LOSS])
     return _finish(model, b, LOSS, _label_input(kind, n_outputs, elem), weighted, loss_elem)
 
@@ -431,8 +449,7 @@ def ova_sgd_objective(model, kind: str, loss: str, alpha_l2: float = 0.0,
         rows = b.op("Mul", [rows, SAMPLE_WEIGHT])
     (rows,), dtype, loss_elem = _widen(b, [rows], elem, sum_in_float64)
     data = b.reduce("ReduceMean", rows, keepdims=0)
-    terms = penalty_terms(b, {"coef": {"l2": alpha_l2 / 2}}, _weights_dtypes(model),
-                          dtype) if alpha_l2 else None
+    terms = _penalties(model, b, ["coef"], {"l2": alpha_l2 / 2}, dtype)
     b.op("Identity", [data if terms is None else b.op("Add", [data, terms])], outputs=[LOSS])
     info = _label_input("multiclass" if kind == "multiclass" else "regressor", n_outputs, elem)
     return _finish(model, b, LOSS, info, weighted, loss_elem)

@@ -51,3 +51,7 @@ INPUT_GRADIENTS_KEY = "input_gradients"
 #: ``nn.Embedding(padding_idx=...)``. Set it with
 #: :func:`ortlearn.autodiff.mark_padding_idx`.
 PADDING_IDX_KEY = "ortlearn.padding_idx"
+#: Prefix of the initializers that hold a hyper-parameter of a loss graph (a
+#: penalty's strength): the training engine feeds them as inputs, so that fits
+#: differing only in them share one compiled step (``training/cache.py``).
+HYPER_PREFIX = "hyper."

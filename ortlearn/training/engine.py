@@ -37,6 +37,7 @@ from ._buffers import (
     StepBuffers,
     StepFeeds,
     carried_types,
+    device_value,
     is_state,
     layout_part,
     state_values,
@@ -60,6 +61,7 @@ from .fused import (
     build_fused_epoch,
     build_fused_step,
     eval_graph,
+    hyper_inputs,
     strip_weights,
 )
 from .policy import LARGE_MODEL_BYTES, LOOP_MIN_STEP_MACS, default_session_options
@@ -243,6 +245,9 @@ class TrainingEngine:
                              "possible with host_fed=True or on WebGPU.")
         inits = {i.name: i for i in model.graph.initializer}
         self._initial = {n: numpy_helper.to_array(inits[n]) for n in self.trainable}
+        # inputs bound once: fits differing only in them share one compiled step
+        self._hyper = {name: device_value(value, self._device)
+                       for name, value in hyper_inputs(model).items()}
         if self._device.ort_device_type == "webgpu":
             webgpu.check_float32({**self.input_dtypes,
                                   **{n: v.dtype for n, v in self._initial.items()}})
@@ -280,6 +285,7 @@ class TrainingEngine:
             in_place = layout.in_place if self._device.kind == "cpu" else ()
             buffers = StepBuffers(session, layout.carried, zeros, self._device, counters,
                                   in_place)
+            buffers.bind_inputs(self._hyper)
             feeds = StepFeeds(session, buffers, layout, {
                 ROWS: zeros[layout.loss_sum].dtype,
                 **dict.fromkeys(layout.scalars.values(), layout.scalar_dtype)},
@@ -558,7 +564,8 @@ class TrainingEngine:
             raise ValueError(f"Row indices must be in [0, {n_data}), got {order.min()} to "
                              f"{order.max()}.")
         if feeds is not None:
-            feeds.bind_data({layout.data[name]: value for name, value in data.items()})
+            feeds.bind_data({**{layout.data[name]: value for name, value in data.items()},
+                             **self._hyper})
             buffers.reset_counters()
             step_values = {layout.scalars[name]: value for name, value in self._step_scalars(
                 n_batches, lr_for_step, layout.scalar_dtype).items()}
@@ -671,6 +678,8 @@ class TrainingEngine:
                 binding.bind_ortvalue_input(name, buffers.live(carried))
         for name, array in zip(self.input_names, arrays):
             binding.bind_cpu_input(name, np.ascontiguousarray(array))
+        for name, value in self._hyper.items():
+            binding.bind_ortvalue_input(name, value)
         binding.bind_output(self.loss_output, "cpu")
         session.run_with_iobinding(binding)
         return float(np.asarray(binding.copy_outputs_to_cpu()[0]).ravel()[0])

@@ -53,6 +53,7 @@ from ..graph import (
     GraphBuilder,
     elem_type_of,
     finalize_model,
+    initializers_to_inputs,
     load_model,
     needed_nodes,
     node_reads,
@@ -60,11 +61,12 @@ from ..graph import (
     prune_model,
     shape_of,
 )
+from ..graph.format import HYPER_PREFIX
 from ..graph.passes import CHEAPER_NODES, run_passes, set_inference_mode
 from .batch_shapes import batch_multiples, sizes_from_rows
 
-__all__ = ["FusedLayout", "build_fused_epoch", "build_fused_step", "eval_graph", "in_place_safe",
-           "strip_weights"]
+__all__ = ["FusedLayout", "build_fused_epoch", "build_fused_step", "eval_graph", "hyper_inputs",
+           "in_place_safe", "strip_weights"]
 
 ORDER, STARTS, ENDS, ROWS = "fused.order", "fused.starts", "fused.ends", "fused.rows"
 #: The row numbers of the batch, in a host-fed step.
@@ -161,6 +163,8 @@ def _step_nodes(model: onnx.ModelProto, trainable, input_names, optimizer, loss_
     graph.initializer.extend(kept)
     del graph.input[:]
 
+    # inputs other than the data (hyper-parameters) stay inputs of the step
+    inputs = [i for i in declared.values() if i.name not in input_names]
     b = GraphBuilder.for_model(model, prefix="fused_")
     scalar_inputs = {s: SCALAR + s for s in optimizer.scalar_names}
     for name in (ORDER, STARTS, ENDS, ROWS, *scalar_inputs.values(), LOSS_SUM, k):
@@ -172,7 +176,7 @@ def _step_nodes(model: onnx.ModelProto, trainable, input_names, optimizer, loss_
         start = b.op("Gather", [STARTS, k])
         end = b.op("Gather", [ENDS, k])
         rows = b.op("Slice", [ORDER, start, end, b.ints([0])])
-    inputs, data = [], {}
+    data = {}
     for name in input_names:
         info = declared[name]
         dims = shape_of(info)
@@ -766,3 +770,12 @@ def _weights_to_inputs(model: onnx.ModelProto, trainable) -> None:
     del graph.initializer[:]
     graph.initializer.extend(kept)
 
+
+def hyper_inputs(model: onnx.ModelProto) -> dict:
+    """The hyper-parameters of ``model`` (initializers named ``hyper.*``) made inputs, in place.
+
+    Returns ``{name: value}``: what the engine binds, so that graphs differing
+    only in them are one compiled step.
+    """
+    names = [i.name for i in model.graph.initializer if i.name.startswith(HYPER_PREFIX)]
+    return initializers_to_inputs(model, names) if names else {}

@@ -57,13 +57,29 @@ def test_a_fit_of_the_same_structure_starts_from_the_cache_and_trains_the_same(b
     _same(warm, cold)
 
 
-@pytest.mark.parametrize("change", [{"alpha": 0.5}, {"hidden_layer_sizes": (9,)},
+@pytest.mark.parametrize("change", [{"alpha": 0.0}, {"hidden_layer_sizes": (9,)},
                                     {"solver": "sgd"}, {"beta_1": 0.8}])
 def test_a_parameter_that_changes_the_graph_or_the_optimizer_misses(change, builds):
     X, y = _data(1)
     _fit(X, y)
     _fit(X, y, **change)
     assert len(builds) == 2 and len(cache.COMPILED_STEPS) == 2
+
+
+def test_the_grid_points_of_a_penalty_share_one_step(builds):
+    """alpha is an input of the step (``hyper.l2``): a search over it compiles once, and
+    each point trains as a fit that compiled its own."""
+    X, y = _data(1)
+    cold = {}
+    for alpha in (1e-4, 0.1, 3.0):
+        cache.COMPILED_STEPS.clear()
+        cold[alpha] = _fit(X, y, alpha=alpha)
+    builds.clear()
+    cache.COMPILED_STEPS.clear()
+    for alpha in (1e-4, 0.1, 3.0):
+        _same(_fit(X, y, alpha=alpha), cold[alpha])
+    assert len(builds) == 1 and len(cache.COMPILED_STEPS) == 1
+    assert cold[3.0].coefs_[0].std() < cold[1e-4].coefs_[0].std()  # the penalty acts
 
 
 def test_concurrent_fits_share_the_session_safely(builds):
