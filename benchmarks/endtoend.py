@@ -1,0 +1,252 @@
+"""What a scikit-learn user waits for: whole fits, searches and the first fit of a process.
+
+::
+
+    python -m benchmarks.endtoend [--reps 5] [--pairs ridge,lasso] [--no-cold] [--out DIR]
+
+Three tables, each ortlearn against its scikit-learn counterpart in the same
+process, interleaved, medians of ``--reps`` repetitions after a warm-up fit,
+BLAS and onnxruntime on one thread for both (``threadpoolctl`` and
+``ORTLEARN_NUM_THREADS``):
+
+* **fits**: one estimator with its default parameters (unless the row says
+  otherwise) on a scikit-learn data set: the whole ``fit``, conversion, graph
+  building and session creation included; the ratio ortlearn / scikit-learn
+  (the target is at most 1.0) and each side's test score;
+* **searches**: ``GridSearchCV`` over a family's usual parameter, 5 folds,
+  ``n_jobs=1``: the whole search, the same ``best_params_``;
+* **cold start** (``--no-cold`` skips it): ``import ortlearn`` and the first
+  fit in a fresh process against the same fit warm, the extra seconds
+  (the target is at most 0.2 s).
+
+It writes ``endtoend.json`` and ``endtoend.png`` (the ratios) to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Pair:
+    """An ortlearn estimator and its counterpart, on a data set: ``make() -> (ours, theirs)``."""
+
+    key: str
+    title: str
+    make: object
+    data: str
+    search: dict | None = None  # the grid of the search table, when it has a row
+
+
+def _data(name: str):
+    """(X_train, X_test, y_train, y_test) of a scikit-learn data set, standardized."""
+    from sklearn import datasets
+    from sklearn.model_selection import train_test_split
+    from sklearn.preprocessing import StandardScaler
+
+    loader = {"diabetes": datasets.load_diabetes, "breast_cancer": datasets.load_breast_cancer,
+              "digits": datasets.load_digits, "wine": datasets.load_wine,
+              "iris": datasets.load_iris}[name]
+    X, y = loader(return_X_y=True)
+    X_train, X_test, y_train, y_test = train_test_split(X, y, test_size=0.25, random_state=0)
+    scaler = StandardScaler().fit(X_train)
+    return scaler.transform(X_train), scaler.transform(X_test), y_train, y_test
+
+
+def _pairs() -> list[Pair]:
+    from sklearn import linear_model, neural_network, svm
+
+    import ortlearn.estimators as ort
+
+    return [
+        Pair("sgd_regressor", "OrtSGDRegressor() / SGDRegressor()",
+             lambda: (ort.OrtSGDRegressor(), linear_model.SGDRegressor()), "diabetes"),
+        Pair("sgd_classifier", "OrtSGDClassifier() / SGDClassifier()",
+             lambda: (ort.OrtSGDClassifier(), linear_model.SGDClassifier()), "breast_cancer"),
+        Pair("ridge", "OrtRidge() / Ridge()", lambda: (ort.OrtRidge(), linear_model.Ridge()),
+             "diabetes", {"alpha": [0.01, 0.1, 1.0, 10.0, 100.0]}),
+        Pair("lasso", "OrtLasso(alpha=0.1) / Lasso(alpha=0.1)",
+             lambda: (ort.OrtLasso(alpha=0.1), linear_model.Lasso(alpha=0.1)), "diabetes",
+             {"alpha": [0.01, 0.1, 1.0, 10.0]}),
+        Pair("linear_svc", "OrtLinearSVC() / LinearSVC()",
+             lambda: (ort.OrtLinearSVC(), svm.LinearSVC()), "breast_cancer"),
+        Pair("logistic", "OrtLogisticRegression() / LogisticRegression()",
+             lambda: (ort.OrtLogisticRegression(), linear_model.LogisticRegression()),
+             "breast_cancer", {"C": [0.01, 0.1, 1.0, 10.0, 100.0]}),
+        Pair("mlp_classifier", "OrtMLPClassifier((32,), max_iter=50) / MLPClassifier(...)",
+             lambda: (ort.OrtMLPClassifier((32,), max_iter=50, random_state=0),
+                      neural_network.MLPClassifier((32,), max_iter=50, random_state=0)),
+             "breast_cancer", {"alpha": [1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0]}),
+    ]
+
+
+def _interleaved(runs: dict, reps: int) -> dict:
+    """``{name: (times, result)}``: the runs alternate, one repetition each in turn."""
+    out = {name: ([], run()) for name, run in runs.items()}  # warm-up
+    for _ in range(reps):
+        for name, run in runs.items():
+            start = time.perf_counter()
+            result = run()
+            out[name][0].append(time.perf_counter() - start)
+            out[name] = (out[name][0], result)
+    return out
+
+
+def fit_table(pairs, reps: int) -> list[dict]:
+    from sklearn.base import clone
+
+    rows = []
+    for pair in pairs:
+        X_train, X_test, y_train, y_test = _data(pair.data)
+        ours, theirs = pair.make()
+        runs = {side: (lambda e=est: clone(e).fit(X_train, y_train))
+                for side, est in (("ortlearn", ours), ("sklearn", theirs))}
+        timed = _interleaved(runs, reps)
+        medians = {side: statistics.median(times) for side, (times, _) in timed.items()}
+        rows.append({"pair": pair.key, "title": pair.title, "data": pair.data,
+                     "ortlearn_s": medians["ortlearn"], "sklearn_s": medians["sklearn"],
+                     "ratio": medians["ortlearn"] / medians["sklearn"],
+                     "ortlearn_score": float(timed["ortlearn"][1].score(X_test, y_test)),
+                     "sklearn_score": float(timed["sklearn"][1].score(X_test, y_test))})
+        print(_row(rows[-1]), flush=True)
+    return rows
+
+
+def search_table(pairs, reps: int) -> list[dict]:
+    from sklearn.model_selection import GridSearchCV
+
+    rows = []
+    for pair in pairs:
+        if not pair.search:
+            continue
+        X_train, _, y_train, _ = _data(pair.data)
+        ours, theirs = pair.make()
+        runs = {side: (lambda e=est: GridSearchCV(e, pair.search, cv=5).fit(X_train, y_train))
+                for side, est in (("ortlearn", ours), ("sklearn", theirs))}
+        timed = _interleaved(runs, reps)
+        medians = {side: statistics.median(times) for side, (times, _) in timed.items()}
+        best = {side: result.best_params_ for side, (_, result) in timed.items()}
+        rows.append({"pair": pair.key, "title": f"GridSearchCV({pair.title}, {pair.search})",
+                     "data": pair.data, "ortlearn_s": medians["ortlearn"],
+                     "sklearn_s": medians["sklearn"],
+                     "ratio": medians["ortlearn"] / medians["sklearn"],
+                     "same_best_params": best["ortlearn"] == best["sklearn"],
+                     "best_params": {k: repr(v) for k, v in best.items()}})
+        print(_row(rows[-1]), flush=True)
+    return rows
+
+
+#: The first fit of a fresh process, then the same fit again, timed inside the child.
+_COLD = """
+import time
+start = time.perf_counter()
+import warnings
+warnings.simplefilter("ignore")
+from benchmarks.endtoend import _data, _pairs
+pair = {p.key: p for p in _pairs()}[KEY]
+X, _, y, _ = _data(pair.data)
+pair.make()[0].fit(X, y)
+first = time.perf_counter() - start
+start = time.perf_counter()
+pair.make()[0].fit(X, y)
+print(first, time.perf_counter() - start)
+"""
+
+
+def cold_table(pairs) -> list[dict]:
+    rows = []
+    root = Path(__file__).resolve().parent.parent
+    for pair in pairs:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root),
+                                                            os.environ.get("PYTHONPATH", "")])}
+        out = subprocess.run([sys.executable, "-c", _COLD.replace("KEY", repr(pair.key))],
+                             capture_output=True, text=True, env=env, check=True, cwd=root)
+        first, warm = map(float, out.stdout.split()[-2:])
+        rows.append({"pair": pair.key, "title": pair.title, "first_s": first, "warm_s": warm,
+                     "extra_s": first - warm})
+        print(f"{pair.title:60s} first {first:.3f} s  warm {warm:.3f} s  "
+              f"extra {first - warm:.3f} s", flush=True)
+    return rows
+
+
+def _row(row: dict) -> str:
+    return (f"{row['title'][:70]:70s} ortlearn {row['ortlearn_s'] * 1e3:9.1f} ms  "
+            f"sklearn {row['sklearn_s'] * 1e3:9.1f} ms  ratio {row['ratio']:7.2f}")
+
+
+def _plot(result: dict, path: Path) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    rows = result["fits"] + result["searches"]
+    fig, ax = plt.subplots(figsize=(8, 0.4 * len(rows) + 1.5))
+    ax.barh([r["title"][:60] for r in rows], [r["ratio"] for r in rows], color="tab:blue")
+    ax.axvline(1.0, color="tab:red", linestyle="--", label="scikit-learn (target: at most 1)")
+    ax.set_xscale("log")
+    ax.set_xlabel("ortlearn time / scikit-learn time (whole fit or search, log scale)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.endtoend", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--reps", type=int, default=5, help="timed repetitions (median)")
+    parser.add_argument("--pairs", default=None,
+                        help="comma-separated subset of: " + ",".join(p.key for p in _pairs()))
+    parser.add_argument("--no-cold", action="store_true", help="skip the cold-start table")
+    parser.add_argument("--out", default="benchmark_results", help="folder of the results")
+    args = parser.parse_args(argv)
+    pairs = _pairs()
+    if args.pairs:
+        wanted = args.pairs.split(",")
+        unknown = sorted(set(wanted) - {p.key for p in pairs})
+        if unknown:
+            parser.error(f"unknown pairs {unknown}")
+        pairs = [p for p in pairs if p.key in wanted]
+    from threadpoolctl import threadpool_limits
+
+    import ortlearn  # noqa: F401  imported before the limits apply to its libraries
+    from ortlearn.training.device import NUM_THREADS_ENV
+
+    threads = os.environ.get(NUM_THREADS_ENV)
+    os.environ[NUM_THREADS_ENV] = threads or "1"  # the child of the cold table inherits it
+    try:
+        with warnings.catch_warnings(), threadpool_limits(1):
+            warnings.simplefilter("ignore")
+            result = {"reps": args.reps, "fits": fit_table(pairs, args.reps),
+                      "searches": search_table(pairs, args.reps),
+                      "cold": [] if args.no_cold else cold_table(pairs)}
+    finally:
+        if threads is None:
+            del os.environ[NUM_THREADS_ENV]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "endtoend.json").write_text(json.dumps(result, indent=1))
+    if _plot(result, out / "endtoend.png"):
+        print(f"chart: {out / 'endtoend.png'}")
+    worst = max((r["ratio"] for r in result["fits"] + result["searches"]), default=np.nan)
+    print(f"largest ratio ortlearn / scikit-learn: {worst:.2f} (target: at most 1.0)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
