@@ -10,6 +10,7 @@ regressors, a named batch dimension).
 from __future__ import annotations
 
 import copy
+import hashlib
 
 import numpy as np
 import onnx
@@ -28,6 +29,7 @@ from ..graph import (
     np_dtype_to_onnx,
     rename_value,
 )
+from ..graph.cache import LRUCache
 from .lowering import _ML_DOMAIN, lower_ml_operators
 from .weights import _LINEAR, _MLP, _final_estimator, get_weights, set_weights
 
@@ -107,6 +109,70 @@ def to_train_onnx(estimator, X, dtype=None, target_opset: int = DEFAULT_OPSET) -
         raise ValueError(
             f"target_opset must be between {MIN_OPSET} and {DEFAULT_OPSET}, got {target_opset}."
         )
+    key = _structure_key(estimator, weights, dtype, X.shape[1], target_opset)
+    cached = None if key is None else _CONVERTED.get(key)
+    if cached is None:
+        cached = _convert(estimator, weights, X, dtype, target_opset)
+        if key is not None:
+            _CONVERTED.put(key, cached)
+    model = onnx.ModelProto()
+    model.CopyFrom(cached)
+    # every initializer is a weight (the others are Constant nodes): this fit's values
+    for init in model.graph.initializer:
+        init.CopyFrom(numpy_helper.from_array(np.asarray(weights[init.name], dtype=dtype),
+                                              init.name))
+    return model
+
+
+#: The last graphs ``to_train_onnx`` converted, by structure: a fit of the same
+#: estimator on other rows (a fold of a search, a clone, a refit) gets a copy
+#: with its own weights instead of a new skl2onnx conversion.
+_CONVERTED = LRUCache(16)
+#: Larger models are converted anew: their conversion is small beside their
+#: training, and a kept copy would hold their weights.
+_CONVERTED_MAX_WEIGHT_BYTES = 1 << 20
+
+
+def _structure_key(estimator, weights: dict, dtype, n_features: int, target_opset: int):
+    """What the converted graph depends on besides the weights' values; None: not cached.
+
+    A Pipeline is not: its steps' fitted values (a scaler's) are constants of
+    the graph; nor a model of more than ``_CONVERTED_MAX_WEIGHT_BYTES`` of
+    weights. An estimator's graph depends on its class, its parameters, the
+    shapes of its weights and the fitted attributes that choose the outputs
+    (the classes, the output activation, multilabel or not).
+    """
+    if isinstance(estimator, Pipeline) or sum(
+            np.asarray(w).nbytes for w in weights.values()) > _CONVERTED_MAX_WEIGHT_BYTES:
+        return None
+    fitted = [_fingerprint(getattr(estimator, name, None)) for name in _STRUCTURAL_ATTRIBUTES]
+    return (type(estimator).__module__, type(estimator).__qualname__,
+            _fingerprint(estimator.get_params(deep=False)),
+            tuple((name, np.shape(w), np.asarray(w).dtype.str) for name, w in weights.items()),
+            tuple(fitted), _is_multilabel(estimator), np.dtype(dtype).str, n_features,
+            target_opset)
+
+
+#: Fitted attributes (besides the weights) the converted graph depends on.
+_STRUCTURAL_ATTRIBUTES = ("classes_", "out_activation_", "n_outputs_", "n_layers_")
+
+
+def _fingerprint(value):
+    """A hashable, exact stand-in for ``value`` (arrays by their bytes)."""
+    if isinstance(value, np.ndarray):
+        return ("array", value.dtype.str, value.shape,
+                hashlib.sha256(np.ascontiguousarray(value).tobytes()).hexdigest()
+                if value.dtype != object else repr(value.tolist()))
+    if isinstance(value, dict):
+        return tuple(sorted((k, _fingerprint(v)) for k, v in value.items()))
+    if isinstance(value, (list, tuple)):
+        return tuple(_fingerprint(v) for v in value)
+    return repr(value)
+
+
+def _convert(estimator, weights: dict, X, dtype, target_opset: int) -> onnx.ModelProto:
+    """The graph of :func:`to_train_onnx`, converted by skl2onnx and made trainable; its
+    initializers still hold the probe's values (the caller writes the weights)."""
     n_features = X.shape[1]
     narrow = not isinstance(estimator, Pipeline) and n_features > NARROW_ABOVE
     probe = _with_distinct_weights(estimator, weights, narrow)
@@ -115,9 +181,6 @@ def to_train_onnx(estimator, X, dtype=None, target_opset: int = DEFAULT_OPSET) -
     _freeze_initializers(model, list(weights))
     if narrow:
         model.graph.input[0].type.tensor_type.shape.dim[1].dim_value = n_features
-    for init in model.graph.initializer:
-        init.CopyFrom(numpy_helper.from_array(np.asarray(weights[init.name], dtype=dtype),
-                                              init.name))
     final = _final_estimator(estimator)
     n_scores = weights[[name for name in weights if name.startswith("coef")][-1]].shape[1]
     if is_classifier(final):

@@ -29,6 +29,7 @@ from ..graph import (
     onnx_to_np_dtype,
     shape_of,
 )
+from ..graph.cache import model_digest
 from ..graph.format import DEFAULT_LEARNING_RATE
 from ..graph.passes import CHEAPER_NODES, GPU_NODES
 from ..optim import Optimizer
@@ -43,7 +44,7 @@ from ._buffers import (
     state_values,
     weight_values,
 )
-from .cache import COMPILED_MAX_WEIGHT_BYTES, COMPILED_STEPS, model_digest
+from .cache import COMPILED_MAX_WEIGHT_BYTES, COMPILED_STEPS
 from .checkpoint import CheckpointState
 from .checks import (
     check_class_labels,

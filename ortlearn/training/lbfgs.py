@@ -32,8 +32,8 @@ from onnx import helper
 from ..autodiff import build_gradient
 from ..exceptions import ConvergenceError, ConvergenceWarning
 from ..graph import class_label_marks, initializers_to_inputs, load_model
+from ..graph.cache import LRUCache, model_digest
 from ..log import user_stacklevel, verbose_log
-from .cache import LRUCache, model_digest
 from .checks import (
     check_class_labels,
     check_input_names,

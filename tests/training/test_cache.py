@@ -10,6 +10,7 @@ import pytest
 from sklearn.datasets import make_regression
 
 from ortlearn import OrtMLPRegressor
+from ortlearn.graph.cache import LRUCache
 from ortlearn.training import cache
 from ortlearn.training import engine as _engine
 
@@ -19,7 +20,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceW
 @pytest.fixture(autouse=True)
 def builds(monkeypatch):
     """An empty cache, and the count of the epoch graphs built."""
-    monkeypatch.setattr(cache, "COMPILED_STEPS", cache.LRUCache(cache.COMPILED_STEPS.size))
+    monkeypatch.setattr(cache, "COMPILED_STEPS", LRUCache(cache.COMPILED_STEPS.size))
     monkeypatch.setattr(_engine, "COMPILED_STEPS", cache.COMPILED_STEPS)
     built, build = [], _engine.build_fused_epoch
 
