@@ -19,6 +19,7 @@ bits.
 from __future__ import annotations
 
 import os
+import threading
 
 import onnxruntime as ort
 
@@ -38,6 +39,7 @@ _INSTALL = ("pip install 'ortlearn[webgpu]' (the onnxruntime-ep-webgpu wheel, wi
 GRAPH_CAPTURE_ENV = "ORTLEARN_WEBGPU_GRAPH_CAPTURE"
 
 _registered: list = []  # the library path once registered in this process
+_LOCK = threading.Lock()
 
 
 def register() -> None:
@@ -49,8 +51,12 @@ def register() -> None:
         If the ``onnxruntime-ep-webgpu`` wheel is not installed, or this
         onnxruntime cannot load plugin execution providers.
     """
-    if _registered:
-        return
+    with _LOCK:  # fits on several threads may ask for the device at once
+        if not _registered:
+            _register()
+
+
+def _register() -> None:
     try:
         import onnxruntime_ep_webgpu
     except ImportError:
