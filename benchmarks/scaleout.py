@@ -131,7 +131,8 @@ def _target(X):
     return np.tanh(X[:, :8] @ _W) + 0.1 * np.sin(1000 * X[:, 8])
 
 
-def _start_rss_sampler(dask_worker):
+def start_rss_sampler(dask_worker):
+    """Sample this Dask worker's resident memory every 5 ms into its peak (``client.run``)."""
     import psutil
 
     state = dask_worker._bench_rss = {"peak": 0, "stop": False}
@@ -145,7 +146,8 @@ def _start_rss_sampler(dask_worker):
     threading.Thread(target=sample, daemon=True).start()
 
 
-def _stop_rss_sampler(dask_worker):
+def stop_rss_sampler(dask_worker) -> int:
+    """Stop the sampler of :func:`start_rss_sampler`; the peak resident bytes it saw."""
     dask_worker._bench_rss["stop"] = True
     return dask_worker._bench_rss["peak"]
 
@@ -167,11 +169,11 @@ def _outofcore_contender(times_limit: float) -> Contender:
                             shuffle_blocks=True, random_state=seed)
         with _Cluster(2, 2, memory_limit=MEMORY_LIMIT) as client:
             pids = client.run(os.getpid)
-            client.run(_start_rss_sampler)
+            client.run(start_rss_sampler)
             start = time.perf_counter()
             model.fit(X, y)
             elapsed = time.perf_counter() - start
-            peak = max(client.run(_stop_rss_sampler).values())
+            peak = max(client.run(stop_rss_sampler).values())
             restarted = client.run(os.getpid) != pids
         rng = np.random.default_rng(10_000 + seed)
         X_test = (rng.random((20_000, N_FEATURES)) - 0.5) * 3.4

@@ -11,6 +11,7 @@ import warnings
 
 import numpy as np
 import pytest
+from counterparts import assert_reaches, check_counterpart_parameters, fit_both
 from numpy.testing import assert_allclose, assert_array_equal
 from sklearn.datasets import load_breast_cancer, load_diabetes, load_digits, make_regression
 from sklearn.exceptions import ConvergenceWarning
@@ -44,7 +45,6 @@ PAIRS = [
     (OrtTweedieRegressor, TweedieRegressor),
     (OrtHuberRegressor, HuberRegressor),
 ]
-RTOL = 1e-6
 
 
 # scipy's and scikit-learn's solvers on one BLAS thread (conftest.py)
@@ -121,26 +121,10 @@ def _huber_objective(est, X, y, epsilon, alpha, sample_weight):
             + alpha * est.coef_ @ est.coef_)
 
 
-def _assert_reaches(ours, theirs):
-    """Our objective is at most the counterpart's, 1e-6 relative."""
-    assert (ours - theirs) / abs(theirs) <= RTOL, (ours, theirs)
-
-
-def _fit_both(ort_cls, sk_cls, X, y, sample_weight=None, **params):
-    sk = sk_cls(**params).fit(X, y, sample_weight=sample_weight)
-    ort = ort_cls(**params).fit(X, y, sample_weight=sample_weight)
-    return ort, sk
-
-
 # ------------------------------------------------------------ parameters
 @pytest.mark.parametrize("ort_cls, sk_cls", PAIRS, ids=[p[0].__name__ for p in PAIRS])
 def test_counterpart_parameters(ort_cls, sk_cls):
-    params = sk_cls().get_params()
-    ort = ort_cls(**params)
-    ours = ort.get_params()
-    assert set(ours) - set(params) == {"device"}
-    assert {k: ours[k] for k in params} == params
-    ort_cls().set_params(**params)  # unchanged values pass
+    check_counterpart_parameters(ort_cls, sk_cls)
 
 
 # ---------------------------------------------------- logistic regression
@@ -163,11 +147,11 @@ def _class_weights(class_weight, classes, y, sample_weight):
 def test_logistic_objective(dataset, params, weighted):
     X, y = _data(dataset)
     sw = np.random.RandomState(0).uniform(0.5, 2.0, len(y)) if weighted else None
-    ort, sk = _fit_both(OrtLogisticRegression, LogisticRegression, X, y, sw, **params)
+    ort, sk = fit_both(OrtLogisticRegression, LogisticRegression, X, y, sw, **params)
     weights = np.ones(len(y)) if sw is None else sw
     weights = weights * _class_weights(params.get("class_weight"), sk.classes_, y, weights)
     C = params.get("C", 1.0)
-    _assert_reaches(_logistic_objective(ort, X, y, C, weights),
+    assert_reaches(_logistic_objective(ort, X, y, C, weights),
                     _logistic_objective(sk, X, y, C, weights))
     assert ort.coef_.shape == sk.coef_.shape and ort.intercept_.shape == sk.intercept_.shape
     assert ort.n_iter_.shape == sk.n_iter_.shape == (1,)
@@ -195,7 +179,7 @@ def test_logistic_no_penalty_is_infinite_C():
     ort = OrtLogisticRegression(C=np.inf).fit(X, y)
     sk = LogisticRegression(C=np.inf).fit(X, y)
     ones = np.ones(len(y))
-    _assert_reaches(_logistic_objective(ort, X, y, np.inf, ones),
+    assert_reaches(_logistic_objective(ort, X, y, np.inf, ones),
                     _logistic_objective(sk, X, y, np.inf, ones))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
@@ -238,10 +222,10 @@ def test_ridge_objective(dataset, params, weighted, two_targets):
     if two_targets:
         y = np.column_stack([y, 2 * y + 1])
     sw = np.random.RandomState(0).uniform(0.5, 2.0, len(y)) if weighted else None
-    ort, sk = _fit_both(OrtRidge, Ridge, X, y, sw, **params)
+    ort, sk = fit_both(OrtRidge, Ridge, X, y, sw, **params)
     weights = np.ones(len(y)) if sw is None else sw
     alpha = params.get("alpha", 1.0)
-    _assert_reaches(_ridge_objective(ort, X, y, alpha, weights),
+    assert_reaches(_ridge_objective(ort, X, y, alpha, weights),
                     _ridge_objective(sk, X, y, alpha, weights))
     assert np.shape(ort.coef_) == np.shape(sk.coef_)
     assert np.shape(ort.intercept_) == np.shape(sk.intercept_)
@@ -281,10 +265,10 @@ def test_glm_objective(ort_cls, sk_cls, family, power, link, dataset, params, we
     with warnings.catch_warnings():
         # power 3 on diabetes needs more than 100 iterations in both
         warnings.simplefilter("ignore", ConvergenceWarning)
-        ort, sk = _fit_both(ort_cls, sk_cls, X, y, sw, **family, **params)
+        ort, sk = fit_both(ort_cls, sk_cls, X, y, sw, **family, **params)
     weights = np.ones(len(y)) if sw is None else sw
     alpha = params.get("alpha", 1.0)
-    _assert_reaches(_glm_objective(ort, X, y, power, link, alpha, weights),
+    assert_reaches(_glm_objective(ort, X, y, power, link, alpha, weights),
                     _glm_objective(sk, X, y, power, link, alpha, weights))
     assert ort.coef_.shape == sk.coef_.shape and np.ndim(ort.intercept_) == 0
     assert isinstance(ort.n_iter_, int)
@@ -328,10 +312,10 @@ def test_glm_warm_start_continues():
 def test_huber_objective(dataset, params, weighted):
     X, y = _data(dataset)
     sw = np.random.RandomState(0).uniform(0.5, 2.0, len(y)) if weighted else None
-    ort, sk = _fit_both(OrtHuberRegressor, HuberRegressor, X, y, sw, **params)
+    ort, sk = fit_both(OrtHuberRegressor, HuberRegressor, X, y, sw, **params)
     weights = np.ones(len(y)) if sw is None else sw
     epsilon, alpha = params.get("epsilon", 1.35), params.get("alpha", 1e-4)
-    _assert_reaches(_huber_objective(ort, X, y, epsilon, alpha, weights),
+    assert_reaches(_huber_objective(ort, X, y, epsilon, alpha, weights),
                     _huber_objective(sk, X, y, epsilon, alpha, weights))
     assert ort.scale_ == pytest.approx(sk.scale_, rel=1e-5)
     assert_array_equal(ort.outliers_, sk.outliers_)

@@ -13,6 +13,7 @@ import warnings
 
 import numpy as np
 import pytest
+from counterparts import RTOL, assert_reaches, check_counterpart_parameters, fit_both
 from numpy.testing import assert_array_equal
 from sklearn.datasets import load_breast_cancer, load_diabetes, load_iris, make_regression
 from sklearn.exceptions import ConvergenceWarning
@@ -37,7 +38,6 @@ PAIRS = [
     (OrtLinearSVR, LinearSVR),
     (OrtQuantileRegressor, QuantileRegressor),
 ]
-RTOL = 1e-6
 
 
 # scipy's and scikit-learn's solvers on one BLAS thread (conftest.py)
@@ -69,27 +69,10 @@ def _data(name):
     return _CACHE[name]
 
 
-def _assert_reaches(ours, theirs):
-    """Our objective is at most the counterpart's, 1e-6 relative."""
-    assert (ours - theirs) / abs(theirs) <= RTOL, (ours, theirs)
-
-
-def _fit_both(ort_cls, sk_cls, X, y, sample_weight=None, **params):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ConvergenceWarning)
-        sk = sk_cls(**params).fit(X, y, sample_weight=sample_weight)
-        ort = ort_cls(**params).fit(X, y, sample_weight=sample_weight)
-    return ort, sk
-
-
 # ------------------------------------------------------------ parameters
 @pytest.mark.parametrize("ort_cls, sk_cls", PAIRS, ids=[p[0].__name__ for p in PAIRS])
 def test_counterpart_parameters(ort_cls, sk_cls):
-    params = sk_cls().get_params()
-    ours = ort_cls(**params).get_params()
-    assert set(ours) - set(params) == {"device"}
-    assert {k: ours[k] for k in params} == params
-    ort_cls().set_params(**params)
+    check_counterpart_parameters(ort_cls, sk_cls)
 
 
 # ------------------------------------------------------------ elastic net
@@ -115,12 +98,12 @@ def test_enet_objective(ort_cls, sk_cls, dataset, params, weighted):
     X, y = _data(dataset)
     sw = np.random.RandomState(0).uniform(0.5, 2.0, len(y)) if weighted else None
     params = {"max_iter": 100_000, **params}
-    ort, sk = _fit_both(ort_cls, sk_cls, X, y, sw, **params)
+    ort, sk = fit_both(ort_cls, sk_cls, X, y, sw, **params)
     l1_ratio = 1.0 if sk_cls is Lasso else 0.5
     weights = np.ones(len(y)) if sw is None else sw
     ours = _enet_objective(ort, X, y, params["alpha"], l1_ratio, weights)
     theirs = _enet_objective(sk, X, y, params["alpha"], l1_ratio, weights)
-    _assert_reaches(ours, theirs)
+    assert_reaches(ours, theirs)
     assert ort.coef_.shape == sk.coef_.shape
     assert np.shape(ort.intercept_) == np.shape(sk.intercept_)
     assert np.shape(ort.dual_gap_) == np.shape(sk.dual_gap_)
@@ -138,9 +121,9 @@ def test_enet_backtracking_recovers_a_low_step_estimate(monkeypatch):
 
     monkeypatch.setattr(fista, "POWER_ITERATIONS", 1)
     X, y = _data("wide")
-    ort, sk = _fit_both(OrtLasso, Lasso, X, y, alpha=0.3, tol=1e-8, max_iter=100_000)
+    ort, sk = fit_both(OrtLasso, Lasso, X, y, alpha=0.3, tol=1e-8, max_iter=100_000)
     weights = np.ones(len(y))
-    _assert_reaches(_enet_objective(ort, X, y, 0.3, 1.0, weights),
+    assert_reaches(_enet_objective(ort, X, y, 0.3, 1.0, weights),
                     _enet_objective(sk, X, y, 0.3, 1.0, weights))
 
 
@@ -197,11 +180,11 @@ def _svr_objective(est, X, y, C, loss, epsilon, scaling, sample_weight):
 def test_svc_objective(dataset, params, weighted):
     X, y = _data(dataset)
     sw = np.random.RandomState(0).uniform(0.5, 2.0, len(y)) if weighted else None
-    ort, sk = _fit_both(OrtLinearSVC, LinearSVC, X, y, sw, **params)
+    ort, sk = fit_both(OrtLinearSVC, LinearSVC, X, y, sw, **params)
     weights = np.ones(len(y)) if sw is None else sw
     args = (X, y, params.get("C", 1.0), params.get("loss", "squared_hinge"),
             params.get("class_weight"), params.get("intercept_scaling", 1.0), weights)
-    _assert_reaches(_svc_objective(ort, *args), _svc_objective(sk, *args))
+    assert_reaches(_svc_objective(ort, *args), _svc_objective(sk, *args))
     assert ort.coef_.shape == sk.coef_.shape
     assert np.shape(ort.intercept_) == np.shape(sk.intercept_)
     assert isinstance(ort.n_iter_, int)
@@ -232,11 +215,11 @@ def test_svc_hinge_reaches_the_converged_minimum(dataset):
 def test_svr_objective(params, weighted):
     X, y = _data("diabetes_scaled")
     sw = np.random.RandomState(0).uniform(0.5, 2.0, len(y)) if weighted else None
-    ort, sk = _fit_both(OrtLinearSVR, LinearSVR, X, y, sw, **params)
+    ort, sk = fit_both(OrtLinearSVR, LinearSVR, X, y, sw, **params)
     weights = np.ones(len(y)) if sw is None else sw
     args = (X, y, params.get("C", 1.0), params.get("loss", "epsilon_insensitive"),
             params.get("epsilon", 0.0), params.get("intercept_scaling", 1.0), weights)
-    _assert_reaches(_svr_objective(ort, *args), _svr_objective(sk, *args))
+    assert_reaches(_svr_objective(ort, *args), _svr_objective(sk, *args))
     assert ort.coef_.shape == sk.coef_.shape
     assert np.shape(ort.intercept_) == np.shape(sk.intercept_)
 
@@ -260,10 +243,10 @@ def test_quantile_objective(dataset, params, weighted):
     else:
         X, y = _data(dataset)
     sw = np.random.RandomState(0).uniform(0.5, 2.0, len(y)) if weighted else None
-    ort, sk = _fit_both(OrtQuantileRegressor, QuantileRegressor, X, y, sw, **params)
+    ort, sk = fit_both(OrtQuantileRegressor, QuantileRegressor, X, y, sw, **params)
     weights = np.ones(len(y)) if sw is None else sw
     args = (X, y, params.get("quantile", 0.5), params["alpha"], weights)
-    _assert_reaches(_quantile_objective(ort, *args), _quantile_objective(sk, *args))
+    assert_reaches(_quantile_objective(ort, *args), _quantile_objective(sk, *args))
     assert ort.coef_.shape == sk.coef_.shape
     assert np.shape(ort.intercept_) == np.shape(sk.intercept_)
     assert ort.loss_ == pytest.approx(_quantile_objective(ort, *args), rel=1e-12)

@@ -7,26 +7,17 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
+from families import CLASSES
 from sklearn.base import clone
 
 from ortlearn import (
     OrtGradientOptimizer,
-    OrtLinearClassifier,
-    OrtLinearRegressor,
-    OrtMLPClassifier,
-    OrtMLPRegressor,
     add_loss_output,
 )
 from ortlearn.estimators import _session_cache as _runtime
 
 pytestmark = pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
 
-CLASSES = {
-    "mlp_regressor": OrtMLPRegressor,
-    "mlp_classifier": OrtMLPClassifier,
-    "linear_regressor": OrtLinearRegressor,
-    "linear_classifier": OrtLinearClassifier,
-}
 
 
 def _make(name, solver="sgd", **kwargs):

@@ -5,6 +5,7 @@ import warnings
 
 import numpy as np
 import pytest
+from families import CLASSES
 from skl2onnx import to_onnx
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import LinearRegression
@@ -12,10 +13,6 @@ from sklearn.linear_model import LinearRegression
 from ortlearn import (
     CheckpointState,
     OrtGradientOptimizer,
-    OrtLinearClassifier,
-    OrtLinearRegressor,
-    OrtMLPClassifier,
-    OrtMLPRegressor,
     TrainingSession,
     add_loss_output,
 )
@@ -26,12 +23,6 @@ from ortlearn.training import Batches, TrainingEngine
 
 pytestmark = pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
 
-CLASSES = {
-    "mlp_regressor": OrtMLPRegressor,
-    "mlp_classifier": OrtMLPClassifier,
-    "linear_regressor": OrtLinearRegressor,
-    "linear_classifier": OrtLinearClassifier,
-}
 
 
 def _make(name, solver, lr=None, **kwargs):

@@ -7,8 +7,6 @@ equal to ``predict`` bit for bit, with one inference session built per worker pr
 """
 
 import os
-import threading
-import time
 
 import numpy as np
 import pytest
@@ -19,6 +17,7 @@ pytest.importorskip("dask_ml")
 import dask.array as da  # noqa: E402
 from dask_helpers import local_client  # noqa: E402
 
+from benchmarks.scaleout import start_rss_sampler, stop_rss_sampler  # noqa: E402
 from ortlearn import OrtMLPClassifier, OrtMLPRegressor  # noqa: E402
 from ortlearn.estimators import session_cache_info  # noqa: E402
 
@@ -106,25 +105,6 @@ def test_partial_fit_is_one_pass_over_the_chunk(est):
 
 
 # ------------------------------------------------------------------ out of core: train
-def _start_rss_sampler(dask_worker):
-    import psutil
-
-    state = dask_worker._ortlearn_rss = {"peak": 0, "stop": False}
-    process = psutil.Process()
-
-    def sample():
-        while not state["stop"]:
-            state["peak"] = max(state["peak"], process.memory_info().rss)
-            time.sleep(0.005)
-
-    threading.Thread(target=sample, daemon=True).start()
-
-
-def _stop_rss_sampler(dask_worker):
-    dask_worker._ortlearn_rss["stop"] = True
-    return dask_worker._ortlearn_rss["peak"]
-
-
 def test_incremental_trains_over_twice_a_workers_memory(client):
     from dask_ml.wrappers import Incremental
 
@@ -132,9 +112,9 @@ def test_incremental_trains_over_twice_a_workers_memory(client):
     dX, dy = _dask_data(n_blocks)
     assert dX.nbytes > 2 * MEMORY_LIMIT
     pids = client.run(os.getpid)
-    client.run(_start_rss_sampler)
+    client.run(start_rss_sampler)
     model = Incremental(_mlp(), shuffle_blocks=True, random_state=0).fit(dX, dy)
-    peaks = client.run(_stop_rss_sampler)
+    peaks = client.run(stop_rss_sampler)
     # no worker died (the nanny restarts one past 95 % of its limit), none went past it
     assert client.run(os.getpid) == pids
     assert max(peaks.values()) < MEMORY_LIMIT, peaks
