@@ -124,9 +124,10 @@ class BaseOrtEstimator(CallbackSupportMixin, BaseEstimator, ABC):
         graph (X, encoded y, and the sample weights when the graph reads
         them), ``batches`` the row indices of each mini-batch, already
         shuffled for this epoch. Sets the learning rate (from
-        ``_learning_rates()``), runs the batches and returns the epoch's
-        training loss. A :class:`~ortlearn.exceptions.ConvergenceError`
-        stops the fit with the last finite weights kept.
+        ``_learning_rates(batches.sizes, engine.n_steps + 1)``), runs the
+        batches and returns the epoch's training loss. A
+        :class:`~ortlearn.exceptions.ConvergenceError` stops the fit with the
+        last finite weights kept.
     ``_update_no_improvement(engine, loss, validation)``
         After each epoch, once ``train_losses_``, ``loss_``, ``n_iter_`` and
         ``t_`` are updated. ``validation`` is None, or ``(X_val, y_val,
@@ -215,16 +216,23 @@ class BaseOrtEstimator(CallbackSupportMixin, BaseEstimator, ABC):
         """The learning-rate schedule (``ortlearn.optim.schedules``)."""
 
     @abstractmethod
-    def _learning_rates(self):
-        """``(rate for the next epoch or None, per-step callable or None)``."""
+    def _learning_rates(self, sizes, first_step: int):
+        """``(rate for the next epoch or None, per-step callable or None)``.
+
+        For an epoch of updates of ``sizes`` rows each, the first of which is
+        the optimizer's step ``first_step`` (1-based, counted over the fit).
+        """
 
     #: Rows per mini-batch of ``batch_size='auto'`` (at most n_samples).
     _auto_batch_size = DEFAULT_BATCH_ROWS
 
-    def _batch_size(self, n_samples: int) -> int:
+    #: Rows of an update of the engine last built (``_batch_size`` of its data).
+    _update_rows = 1
+
+    def _batch_size(self, n_samples: int, warn: bool = True) -> int:
         if self.batch_size == "auto":
             return min(self._auto_batch_size, n_samples)
-        if self.batch_size > n_samples:
+        if self.batch_size > n_samples and warn:
             warnings.warn(f"Got batch_size={self.batch_size} larger than the {n_samples} "
                           "samples; it is clipped.", stacklevel=user_stacklevel())
         return int(np.clip(self.batch_size, 1, n_samples))
@@ -479,6 +487,7 @@ class BaseOrtEstimator(CallbackSupportMixin, BaseEstimator, ABC):
             self.random_state)
         self._runtime = _SessionCache()
         self._optimizer_state = None
+        self._update_rows = self._batch_size(X.shape[0], warn=False)
         self.train_losses_ = []
         self.loss_curve_ = self.train_losses_
         self.validation_losses_ = [] if self.early_stopping else None
@@ -505,10 +514,10 @@ class BaseOrtEstimator(CallbackSupportMixin, BaseEstimator, ABC):
     def _build_engine(self, X, device, weighted: bool) -> TrainingEngine:
         """Loss graph → training session, from the weights of ``estimator_``."""
         model, trainable = self._loss_model(weighted=weighted)
+        self._update_rows = self._batch_size(X.shape[0], warn=False)
         engine = TrainingEngine(model, trainable, self._optimizer(), device=str(device),
                                 input_names=input_names(weighted), loss_output=LOSS,
-                                batch_size=min(X.shape[0], self._auto_batch_size
-                                               if self.batch_size == "auto" else self.batch_size),
+                                batch_size=self._update_rows,
                                 deterministic=self.random_state is not None)
         if self._optimizer_state is not None:
             engine.load_optimizer_state(self._optimizer_state)
@@ -618,7 +627,7 @@ class BaseOrtEstimator(CallbackSupportMixin, BaseEstimator, ABC):
 
     def _run_epoch(self, engine, train, batches) -> float:
         """One pass over ``batches``; returns the epoch's training loss."""
-        lr_epoch, lr_for_step = self._learning_rates()
+        lr_epoch, lr_for_step = self._learning_rates(batches.sizes, engine.n_steps + 1)
         if lr_epoch is not None:
             engine.set_learning_rate(lr_epoch)
         if is_sparse(train[0]):

@@ -8,11 +8,16 @@ The objective of :class:`sklearn.linear_model.ElasticNet` (``Lasso`` is
     + alpha * l1_ratio * ||coef||_1 + alpha * (1 - l1_ratio) / 2 * ||coef||^2
 
 scikit-learn runs coordinate descent; here FISTA with adaptive restart
-(O'Donoghue & Candes, 2015): onnxruntime evaluates the smooth part (the
-squared error and the L2 term) and its gradient in one call per iteration
+(O'Donoghue & Candes, 2015) on the smooth part (the squared error and the L2
+term), the host applying the soft-thresholding prox of the L1 term, which
+gives exact zeros. The smooth part and its gradient are read from the data's
+products ``X^T W X``, ``X^T W y`` and ``y^T W y`` when ``X`` is dense with
+fewer features than rows (onnxruntime forms them in one pass,
+:func:`~ortlearn.training.normal_equations.weighted_products`; an iteration
+then costs ``p^2`` flops, scikit-learn's ``precompute`` idea); otherwise
+onnxruntime evaluates them in one call per iteration
 (:func:`ortlearn.training.loss_and_gradient`, on the float64 graph of
-:func:`~ortlearn.estimators._objective.linear_objective`), the host applies
-the soft-thresholding prox of the L1 term, which gives exact zeros. The
+:func:`~ortlearn.estimators._objective.linear_objective`). The
 step is ``1 / L`` with ``L`` the largest eigenvalue of ``X^T W X / n`` plus
 the L2 factor: exact up to 64 features; above, estimated from below by a few
 power iterations and raised by a backtracking test (exact for a quadratic:
@@ -37,8 +42,15 @@ from sklearn.utils._param_validation import Interval, StrOptions
 from ..exceptions import ConvergenceWarning
 from ..log import user_stacklevel
 from ..loss import elementwise_loss
-from ..training import largest_eigenvalue, loss_and_gradient, minimize_fista
+from ..training import (
+    gram_largest_eigenvalue,
+    largest_eigenvalue,
+    loss_and_gradient,
+    minimize_fista,
+)
+from ..training.normal_equations import GRAM_MAX_FEATURES, weighted_products
 from ..training.result import CALLBACK
+from ..training.sparse import is_sparse
 from ._callbacks import fit_task, iteration_hook
 from ._docs import fill_doc
 from ._fullbatch import BaseOrtFullBatch, center_data
@@ -217,19 +229,15 @@ class OrtElasticNet(MultiOutputMixin, RegressorMixin, BaseOrtFullBatch):
         alpha = float(self.alpha)
         l1, l2 = alpha * l1_ratio, alpha * (1 - l1_ratio)
 
-        def row_loss(b, raw, label):
-            return elementwise_loss(b, "squared_error", raw, label, np.float64)
-
-        # The smooth part: 1/(2n) sum_i w_i r_i^2 + l2/2 ||coef||^2.
-        model = linear_objective(n_features, n_targets, row_loss, fit_intercept=False,
-                                 data_scale=0.5 / n_samples, l2=0.5 * l2, x_offset=x_offset)
-        initial = {}
+        coef = np.zeros((n_features, n_targets))
         if self.warm_start and hasattr(self, "coef_"):
             previous = np.atleast_2d(np.asarray(self.coef_, np.float64))
             if previous.shape == (n_targets, n_features):
-                initial[COEF] = np.ascontiguousarray(previous.T)
-        fun, x0 = loss_and_gradient(model, [COEF], initial, [X, Y, sample_weight],
-                                    ["X", LABEL, SAMPLE_WEIGHT], device=str(self.device))
+                coef = np.ascontiguousarray(previous.T)
+        if self._on_gram(X):
+            smooth, products = self._gram_objective(X, Y, sample_weight, l2)
+        else:
+            smooth, products = self._graph_objective(X, Y, sample_weight, l2, x_offset, coef)
 
         def attributes(weights):
             coef = weights[COEF]
@@ -240,8 +248,7 @@ class OrtElasticNet(MultiOutputMixin, RegressorMixin, BaseOrtFullBatch):
             return {"coef_": np.ascontiguousarray(coef.T).astype(self._dtype),
                     "intercept_": intercept.astype(self._dtype)}
 
-        coef, gap, n_iter, loss = self._fista(fun, x0.reshape(n_features, n_targets), X, Y,
-                                              sample_weight, l1, l2, x_offset,
+        coef, gap, n_iter, loss = self._fista(smooth, coef, n_samples, products, l1, l2,
                                               iteration_hook(self, attributes))
         self._weights = {COEF: coef}
         self.loss_ = float(loss)
@@ -256,21 +263,64 @@ class OrtElasticNet(MultiOutputMixin, RegressorMixin, BaseOrtFullBatch):
             self.n_iter_ = [int(i) for i in n_iter]
         return self
 
-    def _fista(self, fun, coef, X, Y, sample_weight, l1, l2, x_offset=None, hook=None):
-        """:func:`~ortlearn.training.minimize_fista` on this objective, one column per target.
+    def _on_gram(self, X) -> bool:
+        """Whether the iterations run on the Gram matrix: a dense ``X`` with fewer
+        features than rows (an iteration then costs ``p^2`` flops instead of ``2 n p``),
+        of at most ``GRAM_MAX_FEATURES``."""
+        n_samples, n_features = X.shape
+        return not is_sparse(X) and n_features <= min(n_samples, GRAM_MAX_FEATURES)
 
-        Returns ``(coef, gap, n_iter, loss)``, the gap in scikit-learn's units
-        (multiplied by ``n_samples``). ``hook({'coef': coef}) -> stop`` after
-        each accepted iteration (scikit-learn's callbacks).
-        """
+    def _gram_objective(self, X, Y, sample_weight, l2):
+        """The smooth part from ``X^T W X``, ``X^T W Y`` and ``y^T W y`` (onnxruntime forms
+        them in one pass; ``X`` and ``Y`` are centred), and those products."""
         n_samples = X.shape[0]
+        gram, Xty, yy = weighted_products(X, Y, sample_weight, device=str(self.device))
+
+        def smooth(w):
+            # 1/(2n) ||y - X w||_W^2 + l2/2 ||w||^2 and its gradient, in p^2 flops
+            gw = gram @ w
+            data = yy.sum() - 2 * np.sum(w * Xty) + np.sum(w * gw)
+            loss = 0.5 * data / n_samples + 0.5 * l2 * np.sum(w * w)
+            return loss, (gw - Xty) / n_samples + l2 * w
+
+        return smooth, (yy, Xty, *gram_largest_eigenvalue(gram))
+
+    def _graph_objective(self, X, Y, sample_weight, l2, x_offset, coef):
+        """The smooth part evaluated by onnxruntime on the data (sparse or wide ``X``),
+        and the products the duality gap and the step read."""
+        n_samples, n_features = X.shape
+
+        def row_loss(b, raw, label):
+            return elementwise_loss(b, "squared_error", raw, label, np.float64)
+
+        # The smooth part: 1/(2n) sum_i w_i r_i^2 + l2/2 ||coef||^2.
+        model = linear_objective(n_features, Y.shape[1], row_loss, fit_intercept=False,
+                                 data_scale=0.5 / n_samples, l2=0.5 * l2, x_offset=x_offset)
+        fun, _ = loss_and_gradient(model, [COEF], {COEF: coef}, [X, Y, sample_weight],
+                                   ["X", LABEL, SAMPLE_WEIGHT], device=str(self.device))
+
+        def smooth(w):
+            loss, grad = fun(w.ravel())
+            return loss, grad.reshape(w.shape)
+
         weighted_Y = sample_weight[:, None] * Y
         yy = np.einsum("ik,ik->k", Y, weighted_Y)
         # Y is centred with the weights: Xc^T W Y = X^T W Y (x_offset drops out)
         Xty = np.asarray(X.T @ weighted_Y)
+        return smooth, (yy, Xty, *largest_eigenvalue(X, sample_weight, x_offset))
+
+    def _fista(self, smooth, coef, n_samples, products, l1, l2, hook=None):
+        """:func:`~ortlearn.training.minimize_fista` on this objective, one column per target.
+
+        ``smooth(coef) -> (loss, gradient)`` is the smooth part; ``products`` are
+        ``(y^T W y, X^T W y, L, exact)``, ``L`` the top eigenvalue of ``X^T W X``.
+        Returns ``(coef, gap, n_iter, loss)``, the gap in scikit-learn's units
+        (multiplied by ``n_samples``). ``hook({'coef': coef}) -> stop`` after
+        each accepted iteration (scikit-learn's callbacks).
+        """
+        yy, Xty, top, exact = products
         tol = self.tol * yy
         max_iter = 1000 if self.max_iter is None else self.max_iter
-        top, exact = largest_eigenvalue(X, sample_weight, x_offset)
         positive = self.positive
 
         def prox(v, step):
@@ -278,10 +328,6 @@ class OrtElasticNet(MultiOutputMixin, RegressorMixin, BaseOrtFullBatch):
             if positive:
                 return np.maximum(v - threshold, 0.0)
             return np.sign(v) * np.maximum(np.abs(v) - threshold, 0.0)
-
-        def smooth(w):
-            loss, grad = fun(w.ravel())
-            return loss, grad.reshape(w.shape)
 
         def gap(w, grad):
             # grad = -X^T W R / n + l2 coef: scikit-learn's X^T R in its units.

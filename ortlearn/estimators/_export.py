@@ -34,7 +34,8 @@ def _initialized_copy(estimator, X, y):
 
 def _fresh_optimizer_state(est, weights: dict) -> dict:
     """The optimizer state ``fit`` starts from: zeros, no step, the first learning rate."""
-    lr_epoch, lr_for_step = est._learning_rates()
+    # the rate of fit's first update, of the rows a batch of the estimator holds
+    lr_epoch, lr_for_step = est._learning_rates([est._update_rows], 1)
     lr = lr_epoch if lr_epoch is not None else lr_for_step(1)
     optimizer = est._optimizer()
     return {"states": {p: optimizer.init_state(w) for p, w in weights.items()}, "step": 0,

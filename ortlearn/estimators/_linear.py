@@ -95,7 +95,7 @@ class BaseOrtLinear(BaseOrtEstimator):
             return InvScaling(self.eta0, self.power_t)
         return Adaptive(self.eta0)
 
-    def _learning_rates(self):
+    def _learning_rates(self, sizes, first_step):
         if self.solver == "sgd":
             # The schedule counts optimizer steps (mini-batches), 1-based.
             return None, self._schedule.learning_rate

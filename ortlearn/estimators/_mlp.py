@@ -109,7 +109,7 @@ class BaseOrtMLP(BaseOrtEstimator):
             return InvScaling(self.learning_rate_init, self.power_t)
         return Adaptive(self.learning_rate_init)
 
-    def _learning_rates(self):
+    def _learning_rates(self, sizes, first_step):
         # sklearn's MLP changes the rate between epochs: invscaling uses the
         # number of samples seen so far.
         return self._schedule.learning_rate(self.t_ + 1), None

@@ -1,4 +1,4 @@
-"""Ridge regression trained with ortlearn's L-BFGS: ``OrtRidge``.
+"""Ridge regression trained with onnxruntime: ``OrtRidge``.
 
 The objective of :class:`sklearn.linear_model.Ridge`, with sample weights
 ``w`` (ones by default), one column ``k`` per target::
@@ -7,7 +7,11 @@ The objective of :class:`sklearn.linear_model.Ridge`, with sample weights
 
 (half of scikit-learn's, the same minimiser). As scikit-learn does, X and y
 are centred with their weighted means when ``fit_intercept`` (the intercept
-is then ``y_mean - x_mean . coef``), which keeps L-BFGS well conditioned.
+is then ``y_mean - x_mean . coef``). Dense data with at most
+:data:`~ortlearn.training.normal_equations.GRAM_MAX_FEATURES` features are
+solved as scikit-learn's default does, by the normal equations (onnxruntime
+forms ``X^T W X`` and ``X^T W Y``, scipy's Cholesky solves); sparse data,
+``positive=True`` and wider data by L-BFGS on the objective's graph.
 """
 
 from __future__ import annotations
@@ -19,6 +23,9 @@ from sklearn.base import MultiOutputMixin, RegressorMixin
 from sklearn.utils._param_validation import Interval, StrOptions
 
 from ..loss import elementwise_loss
+from ..training.normal_equations import GRAM_MAX_FEATURES, solve_normal_equations
+from ..training.sparse import is_sparse
+from ._callbacks import iteration_hook
 from ._docs import fill_doc
 from ._fullbatch import BaseOrtFullBatch, center_data
 from ._objective import COEF, linear_objective
@@ -26,20 +33,23 @@ from ._objective import COEF, linear_objective
 __all__ = ["OrtRidge"]
 
 _SOLVERS = {"auto", "svd", "cholesky", "lsqr", "sparse_cg", "sag", "saga", "lbfgs"}
+_OWN_SOLVERS = ("auto", "cholesky", "lbfgs")
 #: L-BFGS iterations when max_iter is None (scipy's default maxiter, as Ridge's lbfgs).
 _DEFAULT_MAX_ITER = 15000
 
 
 @fill_doc
 class OrtRidge(MultiOutputMixin, RegressorMixin, BaseOrtFullBatch):
-    """Ridge regression (one or several targets) trained with onnxruntime and L-BFGS.
+    """Ridge regression (one or several targets) trained with onnxruntime.
 
     Minimises the objective of :class:`sklearn.linear_model.Ridge`::
 
         ||y - X coef - intercept||^2_w + alpha * ||coef||^2
 
-    (halved: the same minimiser) with scipy's L-BFGS-B on an onnxruntime
-    loss and gradient, all targets at once.
+    (halved: the same minimiser) by its normal equations (``'cholesky'``:
+    onnxruntime forms ``X^T W X`` and ``X^T W y``, scipy solves) or with
+    scipy's L-BFGS-B on an onnxruntime loss and gradient (``'lbfgs'``), all
+    targets at once.
 
     Parameters
     ----------
@@ -51,17 +61,21 @@ class OrtRidge(MultiOutputMixin, RegressorMixin, BaseOrtFullBatch):
         X is never modified (accepted, as there).
     max_iter : int or None, default=None
         Maximum number of L-BFGS iterations; None: 15000 (scipy's default,
-        as ``Ridge(solver='lbfgs')``).
+        as ``Ridge(solver='lbfgs')``). Unused by ``'cholesky'``.
     tol : float, default=1e-4
         ``gtol`` of L-BFGS-B on the halved objective: stop when the largest
         projected gradient component is below it. (``Ridge(solver='lbfgs')``
         gives ``tol`` to scipy as both ``gtol`` and ``ftol``; ortlearn keeps
         ``ftol=64 eps`` as scikit-learn's other L-BFGS paths, to reach the
         exact minimum the default ``'auto'`` (Cholesky) solver finds.)
-    solver : {'auto', 'lbfgs'}, default='auto'
-        Both train with ortlearn's L-BFGS. scikit-learn's direct and
-        stochastic solvers (``'svd'``, ``'cholesky'``, ``'lsqr'``,
-        ``'sparse_cg'``, ``'sag'``, ``'saga'``) raise a ``ValueError``.
+    solver : {'auto', 'cholesky', 'lbfgs'}, default='auto'
+        ``'cholesky'``: the normal equations, as scikit-learn's (a singular
+        system, without penalty, gets the minimum-norm least-squares
+        solution); dense ``X`` only. ``'lbfgs'``: ortlearn's L-BFGS.
+        ``'auto'``: ``'cholesky'`` for a dense ``X`` of at most 2048
+        features without ``positive``, ``'lbfgs'`` otherwise. scikit-learn's
+        other solvers (``'svd'``, ``'lsqr'``, ``'sparse_cg'``, ``'sag'``,
+        ``'saga'``) raise a ``ValueError``.
     positive : bool, default=False
         Constrain the coefficients to be >= 0 (L-BFGS-B bounds, as
         ``Ridge(positive=True)``).
@@ -75,7 +89,8 @@ class OrtRidge(MultiOutputMixin, RegressorMixin, BaseOrtFullBatch):
     intercept_ : float or ndarray of shape (n_targets,)
     n_iter_ : ndarray of shape (n_targets,)
         L-BFGS iterations (the targets are fitted together: one count,
-        repeated). ``Ridge`` gives None for its L-BFGS solver.
+        repeated); 1 for ``'cholesky'`` (one pass over the data; ``Ridge``
+        gives None for its direct solvers).
     loss_ : float
         Halved objective at the returned weights (on the centred data).
     {fitted}
@@ -129,10 +144,24 @@ class OrtRidge(MultiOutputMixin, RegressorMixin, BaseOrtFullBatch):
         return {COEF: (0.0, None)} if self.positive else None
 
     def _check_params(self):
-        if self.solver not in ("auto", "lbfgs"):
+        if self.solver not in _OWN_SOLVERS:
             raise ValueError(
-                f"solver={self.solver!r} is not available in OrtRidge: ortlearn trains it "
-                "with L-BFGS; use solver='auto' or 'lbfgs' (same minimiser).")
+                f"solver={self.solver!r} is not available in OrtRidge: ortlearn solves it "
+                "by the normal equations or L-BFGS; use solver='auto', 'cholesky' or "
+                "'lbfgs' (same minimiser).")
+        if self.solver == "cholesky" and self.positive:
+            raise ValueError("positive=True needs bound constraints: use solver='auto' or "
+                             "'lbfgs' (as Ridge, whose only solver for it is 'lbfgs').")
+
+    def _direct(self, X) -> bool:
+        """Whether the normal equations solve this fit (``solver`` and the data)."""
+        if self.solver == "cholesky":
+            if is_sparse(X):
+                raise ValueError("solver='cholesky' forms X^T X from a dense X: use "
+                                 "solver='auto' or 'lbfgs' for sparse data.")
+            return True
+        return (self.solver == "auto" and not self.positive and not is_sparse(X)
+                and X.shape[1] <= GRAM_MAX_FEATURES)
 
     def _fit_validated(self, X, y, sample_weight):
         y = np.asarray(y, dtype=np.float64)
@@ -150,13 +179,6 @@ class OrtRidge(MultiOutputMixin, RegressorMixin, BaseOrtFullBatch):
             y_mean = np.average(Y, axis=0, weights=sample_weight)
             Y = Y - y_mean
 
-        def row_loss(b, raw, label):
-            return elementwise_loss(b, "squared_error", raw, label, np.float64)
-
-        model = linear_objective(n_features, n_outputs, row_loss, fit_intercept=False,
-                                 data_scale=0.5, l2=0.5 * np.broadcast_to(alpha, (n_outputs,)),
-                                 x_offset=x_offset)
-
         def attributes(weights):
             coef = weights[COEF].T  # (n_targets, n_features)
             intercept = y_mean - x_mean @ coef.T if self.fit_intercept else np.zeros(n_outputs)
@@ -166,9 +188,26 @@ class OrtRidge(MultiOutputMixin, RegressorMixin, BaseOrtFullBatch):
             return {"coef_": coef.astype(self._dtype),
                     "intercept_": intercept.astype(self._dtype)}
 
-        weights, n_iter = self._minimize(model, X, np.ascontiguousarray(Y), sample_weight, {},
-                                         attributes)
+        if self._direct(X):
+            result = solve_normal_equations(X, Y, sample_weight, alpha, device=str(self.device))
+            weights = result.weights
+            self.n_iter_ = np.full(n_outputs, result.n_iter, dtype=np.int32)
+            hook = iteration_hook(self, attributes)
+            if hook is not None:  # the one pass is the fit's one iteration
+                hook(weights)
+            self.loss_ = result.loss
+            self.train_losses_ = [self.loss_]
+        else:
+            def row_loss(b, raw, label):
+                return elementwise_loss(b, "squared_error", raw, label, np.float64)
+
+            model = linear_objective(n_features, n_outputs, row_loss, fit_intercept=False,
+                                     data_scale=0.5,
+                                     l2=0.5 * np.broadcast_to(alpha, (n_outputs,)),
+                                     x_offset=x_offset)
+            weights, n_iter = self._minimize(model, X, np.ascontiguousarray(Y), sample_weight,
+                                             {}, attributes)
+            self.n_iter_ = np.full(n_outputs, n_iter, dtype=np.int32)
         self._weights = weights
         self.__dict__.update(attributes(weights))
-        self.n_iter_ = np.full(n_outputs, n_iter, dtype=np.int32)
         return self

@@ -3,17 +3,25 @@
 Same parameters, defaults and objective as ``SGDRegressor`` / ``SGDClassifier``
 (every loss, one-vs-all for more than two classes, ``class_weight``,
 ``average``, L1 and elastic-net penalties by truncated gradient), plus
-``batch_size`` and ``device``. With ``batch_size=1`` (the default) and
-``shuffle=False`` a fit makes scikit-learn's per-sample updates: the
-objective's gradient (loss and L2 part, :func:`ova_sgd_objective`) and
-:class:`~ortlearn.optim.PlainSGD` (the step, the average and the cumulative
-L1 penalty) give its coefficients to rounding. Larger batches average the
-gradients of their rows (one update per batch, the schedules counting
-updates), the path that is fast on a GPU.
+``batch_size`` and ``device``. With ``batch_size=1`` and ``shuffle=False`` a
+fit makes scikit-learn's per-sample updates: the objective's gradient (loss
+and L2 part, :func:`ova_sgd_objective`) and :class:`~ortlearn.optim.PlainSGD`
+(the step, the average and the cumulative L1 penalty) give its coefficients
+to rounding.
+
+The default, ``batch_size='auto'``, updates the weights once per 32 rows:
+one onnxruntime step costs tens of microseconds whatever its rows, where
+scikit-learn's Cython loop spends well under one per sample, so one row per
+step is tens of times slower. Each update steps its rows as the per-sample
+loop would (:func:`~ortlearn.optim.per_sample_rates`: the mean gradient at
+``n`` times the rate of the first row's sample count), so the schedules,
+``t_``, ``average`` and the cumulative L1 penalty keep counting samples and
+a fit follows scikit-learn's path, taken 32 rows at a time.
 """
 
 from __future__ import annotations
 
+import math
 from numbers import Integral, Real
 
 import numpy as np
@@ -23,7 +31,7 @@ from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.class_weight import compute_class_weight
 from sklearn.utils.metaestimators import available_if
 
-from ..optim import PlainSGD
+from ..optim import PlainSGD, per_sample_rates
 from ._base import OrtClassifierMixin, OrtRegressorMixin
 from ._docs import fill_doc
 from ._linear import BaseOrtLinear
@@ -73,9 +81,19 @@ class BaseOrtSGD(BaseOrtLinear):
             raise ValueError("l1_ratio must be set when penalty is 'elasticnet'")
         return super()._l1_ratio()
 
+    #: rows per update of ``batch_size='auto'``: per-sample rates (per_sample_rates)
+    #: keep scikit-learn's path and scores; larger batches score worse on classifiers
+    _auto_batch_size = 32
+
     def _average_start(self) -> int:
-        """The first averaged update (scikit-learn's ``average``; True is 1, False 0)."""
-        return int(self.average)
+        """The first averaged update: the one that learns sample ``average`` (True is 1,
+        False 0: none)."""
+        return math.ceil(int(self.average) / self._update_rows)
+
+    def _learning_rates(self, sizes, first_step):
+        # scikit-learn's schedules count samples: t_ is 1 + the samples learned so far
+        rates = per_sample_rates(self._schedule, sizes, int(self.t_))
+        return None, lambda step: rates[step - first_step]
 
     def _optimizer(self):
         ratio = self._l1_ratio() if self.penalty is not None else 0.0
@@ -166,7 +184,7 @@ _COMMON_DOC = """
         Shuffling and validation split (draws that differ from
         scikit-learn's: the same seed gives other orders).
     learning_rate : {'constant', 'optimal', 'invscaling', 'adaptive'}
-        As scikit-learn's, ``t`` counting the updates; ``'pa1'`` and
+        As scikit-learn's, ``t`` counting the samples; ``'pa1'`` and
         ``'pa2'`` raise a ValueError at fit.
     eta0 : float, default=0.01
     early_stopping : bool, default=False
@@ -177,13 +195,17 @@ _COMMON_DOC = """
     warm_start : bool, default=False
     average : bool or int, default=False
         Averaged SGD: ``coef_`` and ``intercept_`` are the averages of the
-        weights after every update from the ``average``-th on (True: 1);
+        weights after every update from the one that learns sample
+        ``average`` on (True: 1);
         an optimizer state of :class:`~ortlearn.optim.PlainSGD`, updated in
         the training graph.
-    batch_size : int or 'auto', default=1
-        ortlearn's addition. Rows per update: 1 is scikit-learn's
-        per-sample SGD; a larger batch averages the gradients of its rows
-        (``'auto'``: 200), which is what runs fast on a GPU.
+    batch_size : int or 'auto', default='auto'
+        ortlearn's addition. Rows per update (``'auto'``: 32). 1 is
+        scikit-learn's per-sample SGD, to rounding. An update of ``n`` rows
+        descends their mean gradient at ``n`` times the rate of its first
+        row's sample count: the per-sample path, with each row's gradient
+        taken at the weights of the update's start (see the module's
+        docstring).
     device : str, default='cpu'
         ortlearn's addition: ``'cpu'``, ``'cuda'`` or ``'cuda:N'``."""
 
@@ -213,8 +235,8 @@ class OrtSGDRegressor(OrtRegressorMixin, BaseOrtSGD):
     n_iter_ : int
         Epochs run.
     t_ : float
-        ``1 +`` the number of updates times the batch size (scikit-learn's
-        count of samples learned, plus one).
+        ``1 +`` the number of samples learned (scikit-learn's count), what
+        the schedules read.
     estimator_ : SGDRegressor
         A scikit-learn model holding the trained weights.
     train_losses_, loss_curve_ : list of float
@@ -248,8 +270,8 @@ class OrtSGDRegressor(OrtRegressorMixin, BaseOrtSGD):
                  fit_intercept=True, max_iter=1000, tol=1e-3, shuffle=True, verbose=0,
                  epsilon=0.1, random_state=None, learning_rate="invscaling", eta0=0.01,
                  power_t=0.25, early_stopping=False, validation_fraction=0.1,
-                 n_iter_no_change=5, warm_start=False, average=False, batch_size=1,
-                 device="cpu"):
+                 n_iter_no_change=5, warm_start=False, average=False,
+                 batch_size="auto", device="cpu"):
         self.loss = loss
         self.penalty = penalty
         self.alpha = alpha
@@ -353,7 +375,7 @@ class OrtSGDClassifier(OrtClassifierMixin, BaseOrtSGD):
                  epsilon=0.1, n_jobs=None, random_state=None, learning_rate="optimal",
                  eta0=0.01, power_t=0.5, early_stopping=False, validation_fraction=0.1,
                  n_iter_no_change=5, class_weight=None, warm_start=False, average=False,
-                 batch_size=1, device="cpu"):
+                 batch_size="auto", device="cpu"):
         self.loss = loss
         self.penalty = penalty
         self.alpha = alpha

@@ -16,7 +16,7 @@
 from .base import Optimizer, clip_grad_norm
 from .model_file import build_optimizer_model, unpack_optimizer_model
 from .rules import SGD, Adam, AdamW, PlainSGD, TorchAdamW
-from .schedules import Adaptive, Constant, InvScaling, LinearLR, Optimal
+from .schedules import Adaptive, Constant, InvScaling, LinearLR, Optimal, per_sample_rates
 
 __all__ = [
     "SGD",
@@ -32,5 +32,6 @@ __all__ = [
     "TorchAdamW",
     "build_optimizer_model",
     "clip_grad_norm",
+    "per_sample_rates",
     "unpack_optimizer_model",
 ]

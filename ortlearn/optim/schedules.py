@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-__all__ = ["Adaptive", "Constant", "InvScaling", "LinearLR", "Optimal"]
+__all__ = ["Adaptive", "Constant", "InvScaling", "LinearLR", "Optimal", "per_sample_rates"]
 
 
 def _check_positive(name, value, strict=True):
@@ -29,6 +29,45 @@ def _check_positive(name, value, strict=True):
 def _check_step(step, first=1):
     if step < first:
         raise ValueError(f"step must be >= {first}, got {step!r}.")
+
+
+def per_sample_rates(schedule, sizes, first_sample: int) -> list[float]:
+    """Rates of updates of ``sizes`` rows each, for a schedule that counts samples.
+
+    scikit-learn's SGD steps each sample with the rate of its own count
+    ``t``. An update of ``n`` rows that descends their *mean* gradient with
+    ``n`` times the rate of its first row gives each row the step the
+    per-sample loop would (taken from the weights at the start of the
+    update rather than after the previous row): the mini-batch path follows
+    the per-sample one instead of taking ``n`` times fewer steps. One row
+    per update is the per-sample loop itself.
+
+    Parameters
+    ----------
+    schedule : object
+        A schedule whose ``learning_rate(t)`` counts samples
+        (:class:`InvScaling`, :class:`Optimal`; :class:`Constant` and
+        :class:`Adaptive` ignore ``t``).
+    sizes : sequence of int
+        Rows of each update, in order.
+    first_sample : int
+        The 1-based count ``t`` of the first row of the first update.
+
+    Returns
+    -------
+    list of float
+        The rate of each update.
+
+    Examples
+    --------
+    >>> per_sample_rates(InvScaling(0.1, power_t=0.5), [4, 4, 2], first_sample=1)
+    [0.4, 0.17888543819998318, 0.06666666666666667]
+    """
+    rates, t = [], int(first_sample)
+    for n in sizes:
+        rates.append(int(n) * schedule.learning_rate(t))
+        t += int(n)
+    return rates
 
 
 class _Schedule:

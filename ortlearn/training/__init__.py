@@ -41,7 +41,7 @@ from .device import (
     resolve_num_threads,
 )
 from .engine import TrainingEngine
-from .fista import largest_eigenvalue, minimize_fista
+from .fista import gram_largest_eigenvalue, largest_eigenvalue, minimize_fista
 from .lbfgs import loss_and_gradient, minimize_lbfgs
 from .policy import default_session_options
 from .result import SolverResult
@@ -59,6 +59,7 @@ __all__ = [
     "default_session_options",
     "device_value",
     "host_copy",
+    "gram_largest_eigenvalue",
     "largest_eigenvalue",
     "loss_and_gradient",
     "make_session",

@@ -24,7 +24,7 @@ import scipy.linalg
 from .result import CALLBACK, CONVERGED, MAX_ITER, SolverResult
 from .sparse import is_sparse
 
-__all__ = ["largest_eigenvalue", "minimize_fista"]
+__all__ = ["gram_largest_eigenvalue", "largest_eigenvalue", "minimize_fista"]
 
 #: Up to this many features the Gram matrix (``n p^2`` flops) is formed and its top
 #: eigenvalue computed exactly; above, a few power iterations (``2 n p`` flops each)
@@ -55,7 +55,32 @@ def largest_eigenvalue(X, sample_weight: np.ndarray,
             sample_weight[:, None] * X)
         gram = np.asarray((X.T @ weighted).todense() if is_sparse(X) else X.T @ weighted)
         # the weighted means: Xc^T W Xc = X^T W X - sum(w) m m^T
-        gram = gram - sample_weight.sum() * np.outer(offset, offset)
+        return gram_largest_eigenvalue(gram - sample_weight.sum() * np.outer(offset, offset))
+    vector = np.random.RandomState(0).standard_normal(n_features)
+    estimate = 0.0
+    for _ in range(POWER_ITERATIONS):
+        vector /= np.linalg.norm(vector) or 1.0
+        weighted = sample_weight * (X @ vector - offset @ vector)
+        product = X.T @ weighted - offset * weighted.sum()
+        estimate = float(vector @ product)  # Rayleigh quotient: a lower bound
+        vector = product
+    return estimate, False
+
+
+def gram_largest_eigenvalue(gram: np.ndarray) -> tuple[float, bool]:
+    """``(estimate, exact)`` of the largest eigenvalue of a formed Gram matrix.
+
+    Exact up to :data:`DENSE_EIGEN_MAX_FEATURES` features; above, a lower
+    bound from a few power iterations (``p^2`` flops each, where the exact
+    eigenvalue would cost ``p^3``).
+
+    Examples
+    --------
+    >>> gram_largest_eigenvalue(np.array([[1.0, 0.0], [0.0, 4.0]]))
+    (4.0, True)
+    """
+    n_features = len(gram)
+    if n_features <= DENSE_EIGEN_MAX_FEATURES:
         top = scipy.linalg.eigh(gram, eigvals_only=True,
                                 subset_by_index=[n_features - 1, n_features - 1])[0]
         return float(top), True
@@ -63,8 +88,7 @@ def largest_eigenvalue(X, sample_weight: np.ndarray,
     estimate = 0.0
     for _ in range(POWER_ITERATIONS):
         vector /= np.linalg.norm(vector) or 1.0
-        weighted = sample_weight * (X @ vector - offset @ vector)
-        product = X.T @ weighted - offset * weighted.sum()
+        product = gram @ vector
         estimate = float(vector @ product)  # Rayleigh quotient: a lower bound
         vector = product
     return estimate, False

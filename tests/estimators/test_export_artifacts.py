@@ -103,7 +103,8 @@ def _continue_and_compare(est, X, y, directory, epochs=2, fit_kwargs=None, sampl
 
     def lr_of_step():
         steps[0] += 1
-        lr_epoch, lr_for_step = est._learning_rates()
+        # (MLPs and OrtLinear*: the rate does not depend on the batches' rows)
+        lr_epoch, lr_for_step = est._learning_rates([1], steps[0])
         return lr_epoch if lr_epoch is not None else lr_for_step(steps[0])
 
     for _ in range(epochs):
@@ -234,7 +235,8 @@ def test_unfitted_estimator_exports_the_initial_weights(tmp_path, estimator):
 
     def lr_of_step():
         steps[0] += 1
-        lr_epoch, lr_for_step = est._learning_rates()
+        # (MLPs and OrtLinear*: the rate does not depend on the batches' rows)
+        lr_epoch, lr_for_step = est._learning_rates([1], steps[0])
         return lr_epoch if lr_epoch is not None else lr_for_step(steps[0])
 
     loss = _epoch(module, optimizer, _encoded(est, X, y), np.arange(N), lr_of_step)

@@ -57,7 +57,7 @@ class Recorder:
 
 CASES = [  # (estimator, data, whether the last iteration's weights are the fitted ones)
     (lambda: ortlearn.OrtLogisticRegression(C=0.1), "clf", True),
-    (lambda: ortlearn.OrtRidge(alpha=1.0), "reg", True),
+    (lambda: ortlearn.OrtRidge(alpha=1.0, solver="lbfgs"), "reg", True),
     (lambda: ortlearn.OrtPoissonRegressor(alpha=0.1), "counts", True),
     (lambda: ortlearn.OrtHuberRegressor(), "reg", True),
     (lambda: ortlearn.OrtLasso(alpha=0.01), "reg", True),
@@ -96,6 +96,14 @@ def test_one_subtask_per_iteration_with_its_weights(make, kind, last_is_fitted):
     # each iteration's model is that iteration's: the predictions change on the way
     assert not np.array_equal(rec.predictions[0], rec.predictions[-1])
     assert not hasattr(est, "_callback_fit_ctx") and not hasattr(est, "_callback_task")
+
+
+def test_the_normal_equations_are_one_iteration():
+    rec = Recorder()
+    est = ortlearn.OrtRidge(alpha=1.0).set_callbacks(rec).fit(XR, YR)
+    assert rec.events == [("setup", "fit"), ("begin", "fit"), ("begin", "iteration"),
+                          ("end", "iteration"), ("end", "fit"), ("teardown", "fit")]
+    np.testing.assert_array_equal(rec.predictions[0], est.predict(XR))
 
 
 @pytest.mark.parametrize("make, kind, last_is_fitted", CASES,

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from counterparts import assert_reaches, check_counterpart_parameters, fit_both
 from numpy.testing import assert_allclose, assert_array_equal
+from scipy import sparse
 from sklearn.datasets import load_breast_cancer, load_diabetes, load_digits, make_regression
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import (
@@ -240,7 +241,45 @@ def test_ridge_refuses_other_solvers():
     X, y = _data("diabetes")
     with pytest.raises(ValueError, match="solver='svd'"):
         OrtRidge(solver="svd").fit(X, y)
+    with pytest.raises(ValueError, match="positive=True"):
+        OrtRidge(solver="cholesky", positive=True).fit(X, y)
+    with pytest.raises(ValueError, match="sparse"):
+        OrtRidge(solver="cholesky").fit(sparse.csr_matrix(X), y)
     assert OrtRidge(solver="lbfgs").fit(X, y).n_iter_.shape == (1,)
+    assert OrtRidge().fit(X, y).n_iter_.tolist() == [1]  # the normal equations: one pass
+
+
+@pytest.mark.parametrize("solver", ["cholesky", "lbfgs"])
+def test_ridge_solvers_give_sklearns_coefficients(solver):
+    """Both solvers reach Ridge's coefficients: the direct one to rounding."""
+    X, y = _data("diabetes")
+    sw = np.random.RandomState(0).uniform(0.5, 2.0, len(y))
+    Y = np.column_stack([y, 2 * y + 1])
+    alpha = np.array([0.1, 3.0])
+    sk = Ridge(alpha=alpha).fit(X, Y, sample_weight=sw)
+    ort = OrtRidge(alpha=alpha, solver=solver).fit(X, Y, sample_weight=sw)
+    rtol = 1e-10 if solver == "cholesky" else 1e-4
+    assert_allclose(ort.coef_, sk.coef_, rtol=rtol, atol=rtol * np.abs(sk.coef_).max())
+    assert_allclose(ort.intercept_, sk.intercept_, rtol=rtol, atol=rtol * np.abs(y).max())
+    # the objective's value at the solution, from the products (halved, centred data)
+    Xc = X - np.average(X, axis=0, weights=sw)
+    Yc = Y - np.average(Y, axis=0, weights=sw)
+    coef = ort.coef_.T
+    expected = 0.5 * (sw @ np.square(Yc - Xc @ coef).sum(axis=1)
+                      + alpha @ np.square(coef).sum(axis=0))
+    assert ort.loss_ == pytest.approx(expected, rel=1e-8)
+
+
+def test_ridge_normal_equations_without_penalty_on_collinear_columns():
+    """A singular system: the minimum-norm least-squares solution (Ridge's Cholesky and
+    SVD both return coefficients of about 1e16 here)."""
+    X, y = _data("diabetes")
+    X = np.column_stack([X, X[:, :2]])  # two columns repeated
+    Xc, yc = X - X.mean(axis=0), y - y.mean()
+    expected = np.linalg.lstsq(Xc, yc, rcond=None)[0]
+    ort = OrtRidge(alpha=0.0, solver="cholesky").fit(X, y)
+    assert_allclose(ort.coef_, expected, rtol=0, atol=1e-6 * np.abs(expected).max())
+    assert_allclose(ort.predict(X) - y.mean(), Xc @ expected, atol=1e-6 * np.abs(y).max())
 
 
 # --------------------------------------------------------------------- GLMs

@@ -65,6 +65,9 @@ def _data(name):
         elif name == "wide":  # more features than the exact eigenvalue takes: backtracking
             X, y = make_regression(n_samples=200, n_features=150, n_informative=10,
                                    noise=5.0, random_state=1)
+        elif name == "wider":  # more features than rows: onnxruntime evaluates each step
+            X, y = make_regression(n_samples=100, n_features=150, n_informative=10,
+                                   noise=5.0, random_state=1)
         _CACHE[name] = (X, y)
     return _CACHE[name]
 
@@ -93,6 +96,7 @@ def _enet_objective(est, X, y, alpha, l1_ratio, sample_weight):
     ("diabetes", {"alpha": 0.01, "fit_intercept": False, "tol": 1e-8}, False),
     ("regression", {"alpha": 0.5, "tol": 1e-8}, True),
     ("wide", {"alpha": 0.3, "tol": 1e-8}, False),
+    ("wider", {"alpha": 0.3, "tol": 1e-8}, True),
 ])
 def test_enet_objective(ort_cls, sk_cls, dataset, params, weighted):
     X, y = _data(dataset)

@@ -40,10 +40,11 @@ def digits():
     return StandardScaler().fit_transform(X), y
 
 
-def _both(sk_cls, ort_cls, X, y, **params):
+def _both(sk_cls, ort_cls, X, y, batch_size="auto", **params):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
-        return sk_cls(**params).fit(X, y), ort_cls(**params).fit(X, y)
+        return (sk_cls(**params).fit(X, y),
+                ort_cls(batch_size=batch_size, **params).fit(X, y))
 
 
 def _assert_same_model(ref, ours):
@@ -76,7 +77,7 @@ _FIXED = {"shuffle": False, "max_iter": 3, "tol": None}
 ], ids=str)
 def test_regressor_reproduces_per_sample_updates(diabetes, params):
     X, y = diabetes
-    ref, ours = _both(SGDRegressor, OrtSGDRegressor, X, y, **{**_FIXED, **params})
+    ref, ours = _both(SGDRegressor, OrtSGDRegressor, X, y, batch_size=1, **{**_FIXED, **params})
     _assert_same_model(ref, ours)
 
 
@@ -99,7 +100,8 @@ def test_regressor_reproduces_per_sample_updates(diabetes, params):
 ], ids=str)
 def test_binary_classifier_reproduces_per_sample_updates(cancer, params):
     X, y = cancer
-    ref, ours = _both(SGDClassifier, OrtSGDClassifier, X, y, **{**_FIXED, **params})
+    ref, ours = _both(SGDClassifier, OrtSGDClassifier, X, y, batch_size=1,
+                      **{**_FIXED, **params})
     _assert_same_model(ref, ours)
     np.testing.assert_allclose(ours.decision_function(X), ref.decision_function(X),
                                atol=1e-6 * max(1.0, np.abs(ref.decision_function(X)).max()))
@@ -110,7 +112,7 @@ def test_sample_weight_and_tol_stop_as_sklearn(cancer):
     w = np.random.RandomState(0).uniform(0.5, 2, len(y))
     params = {"shuffle": False, "loss": "log_loss", "alpha": 0.01}
     ref = SGDClassifier(**params).fit(X, y, sample_weight=w)
-    ours = OrtSGDClassifier(**params).fit(X, y, sample_weight=w)
+    ours = OrtSGDClassifier(batch_size=1, **params).fit(X, y, sample_weight=w)
     np.testing.assert_allclose(ours.coef_, ref.coef_, atol=1e-6 * np.abs(ref.coef_).max())
     # the stopping objective weighs the losses (scikit-learn's does not): close, not equal
     assert abs(ours.n_iter_ - ref.n_iter_) <= 2 or ours.n_iter_ == ref.n_iter_
@@ -118,9 +120,10 @@ def test_sample_weight_and_tol_stop_as_sklearn(cancer):
 
 def test_l1_gives_exact_zeros(diabetes):
     X, y = diabetes
-    ours = OrtSGDRegressor(penalty="l1", alpha=0.05, shuffle=False, max_iter=5,
-                           tol=None).fit(X, y)
-    assert (ours.coef_ == 0).sum() >= 3
+    for batch_size in (1, "auto"):
+        ours = OrtSGDRegressor(penalty="l1", alpha=0.05, shuffle=False, max_iter=5,
+                               tol=None, batch_size=batch_size).fit(X, y)
+        assert (ours.coef_ == 0).sum() >= 3
 
 
 @pytest.mark.parametrize("loss", ["hinge", "log_loss", "modified_huber"])
@@ -193,7 +196,7 @@ def test_balanced_refused_in_partial_fit(cancer):
 def test_partial_fit_with_average_continues_the_standard_weights(diabetes):
     X, y = diabetes
     params = {"shuffle": False, "average": True, "learning_rate": "constant"}
-    ref, ours = SGDRegressor(**params), OrtSGDRegressor(**params)
+    ref, ours = SGDRegressor(**params), OrtSGDRegressor(batch_size=1, **params)
     for _ in range(3):
         ref.partial_fit(X, y)
         ours.partial_fit(X, y)
@@ -205,6 +208,41 @@ def test_mini_batches(cancer):
     X, y = cancer
     ours = OrtSGDClassifier(batch_size=32, random_state=0).fit(X, y)
     assert ours.score(X, y) > 0.95
+
+
+# ('optimal' is the same rule on another schedule; on the squared loss its first
+# rates diverge, per sample as per batch)
+@pytest.mark.parametrize("learning_rate", ["invscaling", "constant"])
+def test_mini_batch_steps_its_rows_at_their_per_sample_rates(diabetes, learning_rate):
+    """An update of n rows: the mean gradient at n times the rate of its first sample."""
+    X, y = diabetes
+    X, y = X[:70], y[:70]
+    params = {"penalty": None, "shuffle": False, "max_iter": 3, "tol": None,
+              "learning_rate": learning_rate, "alpha": 0.01, "eta0": 0.02}
+    ours = OrtSGDRegressor(batch_size=8, **params).fit(X, y)
+    schedule = ours._schedule  # the estimator's own schedule, fresh for this check
+    coef, intercept, t = np.zeros(X.shape[1]), 0.0, 1
+    for _ in range(3):
+        for start in range(0, len(y), 8):
+            rows = slice(start, start + 8)
+            n = len(y[rows])
+            residual = X[rows] @ coef + intercept - y[rows]
+            rate = n * schedule.learning_rate(t)
+            coef = coef - rate * (X[rows].T @ residual) / n
+            intercept = intercept - rate * residual.mean()
+            t += n
+    np.testing.assert_allclose(ours.coef_, coef, rtol=0, atol=1e-9 * np.abs(coef).max())
+    np.testing.assert_allclose(ours.intercept_, [intercept], rtol=0, atol=1e-9)
+    assert ours.t_ == t  # sklearn's count of samples, plus one
+
+
+def test_mini_batch_average_starts_at_the_update_of_that_sample(diabetes):
+    X, y = diabetes
+    params = {"shuffle": False, "max_iter": 2, "tol": None, "average": 100}
+    ours = OrtSGDRegressor(batch_size=32, **params).fit(X, y)
+    assert ours._average_start() == 4  # samples 97..128 are the 4th update
+    per_update = OrtSGDRegressor(batch_size=32, **{**params, "average": 4 * 32}).fit(X, y)
+    np.testing.assert_array_equal(ours.coef_, per_update.coef_)
 
 
 def test_plain_sgd_scalars():
@@ -237,7 +275,7 @@ def test_sklearn_compatible(estimator, check):
 def test_classifier_partial_fit_as_sklearn(cancer):
     X, y = cancer
     params = {"shuffle": False, "loss": "log_loss", "alpha": 0.01}
-    ref, ours = SGDClassifier(**params), OrtSGDClassifier(**params)
+    ref, ours = SGDClassifier(**params), OrtSGDClassifier(batch_size=1, **params)
     for part in (slice(0, 300), slice(300, None)):
         ref.partial_fit(X[part], y[part], [0, 1])  # classes third, as scikit-learn
         ours.partial_fit(X[part], y[part], [0, 1])

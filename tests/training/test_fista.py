@@ -5,7 +5,7 @@ backtracking from a low Lipschitz estimate, a callback that stops."""
 import numpy as np
 import pytest
 
-from ortlearn.training import largest_eigenvalue, minimize_fista
+from ortlearn.training import gram_largest_eigenvalue, largest_eigenvalue, minimize_fista
 
 
 def _lasso(X, B, l1):
@@ -88,3 +88,17 @@ def test_power_iterations_bound_the_eigenvalue_from_below(rng):
     estimate, exact = largest_eigenvalue(X, w)
     top = np.linalg.eigvalsh(X.T @ (w[:, None] * X))[-1]
     assert not exact and 0.5 * top < estimate <= top * (1 + 1e-12)
+
+
+def test_gram_largest_eigenvalue_is_exact_then_a_lower_bound():
+    rng = np.random.default_rng(0)
+    for n_features, exact in ((10, True), (80, False)):
+        A = rng.standard_normal((200, n_features))
+        gram = A.T @ A
+        top = np.linalg.eigvalsh(gram)[-1]
+        estimate, is_exact = gram_largest_eigenvalue(gram)
+        assert is_exact is exact
+        if exact:
+            assert estimate == pytest.approx(top, rel=1e-12)
+        else:  # a Rayleigh quotient: below the top, and close after a few iterations
+            assert 0.8 * top < estimate <= top * (1 + 1e-12)

@@ -56,7 +56,7 @@ def test_other_graphs_and_large_data_get_their_own_session(counted, monkeypatch)
     X, y = _cancer()
     ortlearn.OrtLogisticRegression().fit(X, y)
     ortlearn.OrtLogisticRegression(fit_intercept=False).fit(X, y)  # another graph
-    ortlearn.OrtRidge().fit(X, y.astype(float))
+    ortlearn.OrtRidge(solver="lbfgs").fit(X, y.astype(float))
     assert len(counted) == 3 and len(lbfgs._SESSIONS) == 3
     monkeypatch.setattr(lbfgs, "_CACHE_MAX_DATA_BYTES", X.nbytes - 1)
     ortlearn.OrtLogisticRegression().fit(X, y)  # too large to keep a session for
