@@ -12,11 +12,12 @@ except ImportError as exc:  # pragma: no cover - the message is the point
         "onnxscript for its dynamo exporter).") from exc
 
 from ._export import EXPORTERS, batchnorm_training_mode, quiet_exporters
-from ._module import ORTModule
+from ._module import MAX_EXPORTS_PER_SCHEMA, ORTModule
 from ._options import DebugOptions, LogLevel, ORTModuleTorchModelException
 
 __all__ = [
     "EXPORTERS",
+    "MAX_EXPORTS_PER_SCHEMA",
     "DebugOptions",
     "LogLevel",
     "ORTModule",

@@ -20,6 +20,7 @@ import contextlib
 import functools
 import io
 import logging
+import threading
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -132,12 +133,15 @@ def _hashable(spec: TreeSpec):
 
 
 class _FlatCall(torch.nn.Module):
-    """``module(*args, **kwargs)`` with flat tensors in and out (what the exporters take)."""
+    """``module(*args, **kwargs)`` with flat tensors in and out (what the exporters take),
+    in ``module``'s mode."""
 
     def __init__(self, module: torch.nn.Module, call_spec: TreeSpec):
         super().__init__()
         self.module = module
         self._call_spec = call_spec
+        # not .train(): that would set every submodule's mode
+        self.training = module.training
 
     def forward(self, *tensors):
         args, kwargs = unflatten(self._call_spec, tensors)
@@ -180,45 +184,56 @@ class Exported:
                    for shape, t in zip(self.input_shapes, tensors))
 
 
+#: One export at a time in the process: the exporters' settings and the quiet
+#: exporters' redirection of ``sys.stdout`` are process-wide (two interleaved
+#: redirections would leave ``sys.stdout`` redirected for good).
+_EXPORT_LOCK = threading.RLock()
+
+
 @contextlib.contextmanager
 def quiet_exporters():
-    """Within it, torch's ONNX exporters print no progress line and warn no notice."""
+    """Within it, torch's ONNX exporters print no progress line and warn no notice (one
+    export at a time in the process)."""
     logger = logging.getLogger("torch.onnx")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        logger.setLevel(level)
+    with _EXPORT_LOCK:
+        level = logger.level
+        logger.setLevel(logging.ERROR)
+        try:
+            with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+                warnings.simplefilter("ignore")
+                yield
+        finally:
+            logger.setLevel(level)
 
 
 def export_call(module: torch.nn.Module, tensors: Sequence[torch.Tensor], call_spec: TreeSpec,
                 n_outputs: int, *, train: bool, exporter: str) -> Exported:
     """Export ``module`` called on the tree ``call_spec`` holding ``tensors``.
 
-    ``module``'s state (parameters, buffers) is left as it was: the
-    TorchScript exporter runs a real forward, which steps BatchNorm's
-    running statistics in train mode.
+    Each submodule is exported in the mode it is in (``train`` is the
+    module's own): a BatchNorm or a Dropout frozen with ``.eval()`` inside a
+    module in train mode stays in eval mode. ``module``'s state (parameters,
+    buffers, modes) is left as it was: the TorchScript exporter runs a real
+    forward, which steps BatchNorm's running statistics in train mode. The
+    exporters get copies of the tensors (a forward may change its inputs).
     """
     if exporter not in EXPORTERS:
         raise ValueError(f"exporter must be one of {EXPORTERS}, got {exporter!r}.")
     wrapper = _FlatCall(module, call_spec)
     # Fresh leaves: torch.export's guards fail on a leaf whose .grad is set (an input
     # that requires a gradient, after a first backward).
-    tensors = [t.detach().requires_grad_(t.requires_grad) for t in tensors]
+    tensors = [t.detach().clone().requires_grad_(t.requires_grad) for t in tensors]
     names = [f"input_{i}" for i in range(len(tensors))]
     outputs = [f"output_{i}" for i in range(n_outputs)]
     state = {k: v.detach().clone() for k, v in module.state_dict(keep_vars=True).items()}
-    was_training = module.training
-    module.train(train)
+    modes = [(sub, sub.training) for sub in module.modules()]
     try:
         with quiet_exporters():
             onx = (_dynamo(wrapper, tensors) if exporter == "dynamo"
-                   else _torchscript(wrapper, tensors, names, outputs, train))
+                   else _torchscript(wrapper, tensors, names, outputs))
     finally:
-        module.train(was_training)
+        for sub, mode in modes:
+            sub.training = mode
         with torch.no_grad():
             for key, value in module.state_dict(keep_vars=True).items():
                 if key in state and value is not state[key]:
@@ -255,11 +270,12 @@ def _dynamo(wrapper, tensors) -> onnx.ModelProto:
     return program.model_proto
 
 
-def _torchscript(wrapper, tensors, names, outputs, train) -> onnx.ModelProto:
+def _torchscript(wrapper, tensors, names, outputs) -> onnx.ModelProto:
     f = io.BytesIO()
-    mode = torch.onnx.TrainingMode.TRAINING if train else torch.onnx.TrainingMode.EVAL
     axes = {name: list(range(t.dim())) for name, t in zip(names, tensors)}
-    torch.onnx.export(wrapper, tuple(tensors), f, dynamo=False, training=mode,
+    # PRESERVE: each submodule in its own mode (TRAINING would set them all)
+    torch.onnx.export(wrapper, tuple(tensors), f, dynamo=False,
+                      training=torch.onnx.TrainingMode.PRESERVE,
                       do_constant_folding=False, export_params=True,
                       keep_initializers_as_inputs=False, opset_version=TORCHSCRIPT_OPSET,
                       input_names=names, output_names=outputs, dynamic_axes=axes)

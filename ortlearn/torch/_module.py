@@ -6,6 +6,7 @@ import logging
 import os
 import re
 import sys
+import threading
 import warnings
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ from ._export import (
     unflatten,
 )
 from ._graphs import Graphs, build_graphs, run_session
+from ._guards import Guard, recording_branches, recording_reads
 from ._options import DebugOptions, ORTModuleTorchModelException
 
 __all__ = ["ORTModule"]
@@ -73,12 +75,18 @@ class _RunGraphs(torch.autograd.Function):
         return (None, *(by_input.get(name) for name in graphs.inputs))
 
 
+#: Exports of one call schema for a module that keeps changing (an attribute forward reads
+#: set at every step): beyond, the module runs in torch (torch.compile's cache limit idea).
+MAX_EXPORTS_PER_SCHEMA = 8
+
+
 @dataclass
 class _Schema:
     """The graphs exported for one call schema in one mode (a list: the exporter may keep
-    some dimensions static, and another size then needs another export)."""
+    some dimensions static, and another size then needs another export; the module may
+    have changed since an export: each holds the :class:`Guard` of what it assumed)."""
 
-    exports: list = field(default_factory=list)  # (Exported, output spec)
+    exports: list = field(default_factory=list)  # (Exported, output spec, Guard)
     graphs: dict = field(default_factory=dict)  # (export index, wrt) -> Graphs
 
 
@@ -95,10 +103,16 @@ class ORTModule(torch.nn.Module):
     TorchScript one if it fails), builds with :mod:`ortlearn.autodiff` a
     forward graph that also returns what the backward needs and a backward
     graph, and opens their sessions; later calls reuse them. The module is
-    exported again only when the call's schema changes: the number, dtypes
-    and ranks of the tensors, the other arguments, train or eval mode (each
-    mode has its graphs). The parameters stay the torch tensors: they are
-    inputs of the graphs, and the gradients land in ``param.grad``
+    exported again when the call's schema changes (the number, dtypes and
+    ranks of the tensors, the other arguments, train or eval mode: each mode
+    has its graphs) and when what the export assumed of the module changed:
+    a submodule replaced or added, a submodule's train/eval mode, a forward
+    hook, an attribute forward reads (:class:`~ortlearn.torch._guards.Guard`;
+    after ``MAX_EXPORTS_PER_SCHEMA`` such exports the module runs in torch,
+    with a warning). Each submodule keeps the mode it has: a BatchNorm
+    frozen with ``.eval()`` in a module in train mode stays frozen. The
+    parameters stay the torch tensors: they are inputs of the graphs, and the
+    gradients land in ``param.grad``
     (accumulating, as torch does). BatchNorm's running statistics are
     written back to the module's buffers.
 
@@ -153,6 +167,8 @@ class ORTModule(torch.nn.Module):
         self._schemas: dict = {}
         self._weight_table = _WeightTable(module)
         self._fallback_reason: str | None = None
+        # the first calls of several threads export once, one at a time
+        self._lock = threading.RLock()
         self.export_count = 0
         level = self._debug_options.log_level.logging_level
         if logger.getEffectiveLevel() > level:
@@ -232,19 +248,35 @@ class ORTModule(torch.nn.Module):
 
     def _graphs(self, tensors, call_spec, device):
         """The graphs of this call and the weight tensors they read (exported and built on
-        the first call of a schema)."""
-        train = self._original_module.training
+        the first call of a schema, and again when the module changed since)."""
+        with self._lock:
+            return self._graphs_locked(tensors, call_spec, device)
+
+    def _graphs_locked(self, tensors, call_spec, device):
+        module = self._original_module
+        train = module.training
         key = (train, device, schema_key(call_spec), tuple((t.dtype, t.dim()) for t in tensors))
         schema = self._schemas.get(key)
         if schema is None:
             parse_device(_device_name(device))  # a CUDA module needs the CUDA provider
             schema = self._schemas[key] = _Schema()
-        index = next((i for i, (exported, _) in enumerate(schema.exports)
-                      if exported.accepts(tensors)), None)
+        index = next((i for i, (exported, _, guard) in enumerate(schema.exports)
+                      if exported.accepts(tensors) and guard.holds(module)), None)
         if index is None:
+            changed = next((guard.difference(module) for exported, _, guard in schema.exports
+                            if exported.accepts(tensors)), None)
+            if changed is not None:
+                if len(schema.exports) >= MAX_EXPORTS_PER_SCHEMA:
+                    raise _Unsupported(
+                        f"the module changed between calls {len(schema.exports)} times (last: "
+                        f"{changed}), and each change needs another export; keep what "
+                        "forward reads fixed during training, or pass it as an input")
+                self._log(logging.INFO, "Exporting %s again: %s changed.",
+                          type(module).__name__, changed)
+                self._weight_table.refresh()
             schema.exports.append(self._export(tensors, call_spec, train))
             index = len(schema.exports) - 1
-        exported, output_spec = schema.exports[index]
+        exported, output_spec, _ = schema.exports[index]
         weights = self._weight_table.tensors(exported.weights)
         if torch.is_grad_enabled():
             wrt = tuple(name for name, t in zip(exported.inputs + exported.weights,
@@ -259,9 +291,17 @@ class ORTModule(torch.nn.Module):
 
     def _export(self, tensors, call_spec, train: bool):
         module = self._original_module
-        output_spec, n_outputs = _probe(module, tensors, call_spec)
+        output_spec, n_outputs, reads, branches = _probe(module, tensors, call_spec)
+        guard = Guard(module, reads)
         errors = []
         for exporter in self._exporters:
+            if exporter == "torchscript" and branches:
+                # the dynamo exporter refuses such a branch; a trace would keep this one
+                errors.append(ValueError(
+                    f"the forward branches on a tensor's value ({', '.join(branches[:3])}), "
+                    "which a trace records as the branch of its first call; write it with "
+                    "torch.where or torch.cond"))
+                continue
             try:
                 exported = export_call(module, tensors, call_spec, n_outputs, train=train,
                                        exporter=exporter)
@@ -272,11 +312,10 @@ class ORTModule(torch.nn.Module):
             self.export_count += 1
             self._log(logging.INFO, "Exported %s (%s mode) with the %s exporter.",
                         type(module).__name__, "train" if train else "eval", exporter)
-            return exported, output_spec
-        # torch colours its error messages for terminals; a warning is plain text.
-        first = re.sub(r"\x1b\[[0-9;]*m", "", str(errors[0])).strip().splitlines()
-        raise _Unsupported(f"torch.onnx.export failed ({first[0] if first else ''})"
-                           ) from errors[0]
+            return exported, output_spec, guard
+        raise _Unsupported("torch.onnx.export failed (" + "; ".join(
+            f"{exporter}: {_first_line(error)}" if len(errors) > 1 else _first_line(error)
+            for exporter, error in zip(self._exporters, errors)) + ")") from errors[0]
 
     def _build(self, exported: Exported, output_spec, wrt, train: bool, device) -> Graphs:
         options = self._debug_options
@@ -392,7 +431,12 @@ class ORTModule(torch.nn.Module):
         # exports again on its first call.
         state = dict(self.__dict__)
         state["_schemas"] = {}
+        del state["_lock"]
         return state
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        self._lock = threading.RLock()
 
     def _replicate_for_data_parallel(self):
         raise NotImplementedError("ORTModule does not support torch.nn.DataParallel; use "
@@ -419,6 +463,10 @@ class _WeightTable:
         for owner in self._owners.values():
             return getattr(*owner)
         return None
+
+    def refresh(self) -> None:
+        """Find the owners again (a submodule was replaced or added)."""
+        self._owners = {}
 
     def tensors(self, names) -> list:
         try:
@@ -455,15 +503,24 @@ def _caller_stacklevel() -> int:
     return level
 
 
+def _first_line(error: Exception) -> str:
+    # torch colours its error messages for terminals; a warning is plain text.
+    lines = re.sub(r"\x1b\[[0-9;]*m", "", str(error)).strip().splitlines()
+    return lines[0] if lines else type(error).__name__
+
+
 def _device_name(device: torch.device) -> str:
     return "cpu" if device.type == "cpu" else f"cuda:{device.index or 0}"
 
 
 def _probe(module: torch.nn.Module, tensors, call_spec):
-    """Run ``module`` once in torch: the structure of its output and its number of tensors;
-    :class:`_Unsupported` if its autograd graph holds a custom ``autograd.Function`` (the
-    export would keep its forward and drop its backward) or a BatchNorm with
-    ``momentum=None`` (a cumulative average the graph does not reproduce)."""
+    """Run ``module`` once in torch: the structure of its output, its number of tensors and
+    the submodules' attributes forward read; :class:`_Unsupported` if its autograd graph
+    holds a custom ``autograd.Function`` (the export would keep its forward and drop its
+    backward), a BatchNorm with ``momentum=None`` (a cumulative average the graph does
+    not reproduce) or a forward that changes an input in place (checked on copies: the
+    caller's tensors change once, in the call that counts); and where forward branches
+    on a tensor's value."""
     for name, sub in module.named_modules():
         if (isinstance(sub, _BATCH_NORMS) and sub.training
                 and sub.track_running_stats and sub.momentum is None):
@@ -471,18 +528,25 @@ def _probe(module: torch.nn.Module, tensors, call_spec):
                                "average of the batch statistics), which ORTModule does not "
                                "reproduce; give it a momentum")
     state = OrderedDict((k, v.detach().clone()) for k, v in module.state_dict().items())
-    args, kwargs = unflatten(call_spec, [t.detach().requires_grad_(t.requires_grad)
-                                         for t in tensors])
-    with torch.enable_grad():
+    copies = [t.detach().clone().requires_grad_(t.requires_grad) for t in tensors]
+    versions = [c._version for c in copies]
+    args, kwargs = unflatten(call_spec, copies)
+    with torch.enable_grad(), recording_reads(module) as reads, \
+            recording_branches() as branches:
         out = module(*args, **kwargs)
     module.load_state_dict(state)
+    changed = [i for i, (c, v) in enumerate(zip(copies, versions)) if c._version != v]
+    if changed:
+        raise _Unsupported(
+            f"forward changes its input tensor {changed[0]} in place, which an ONNX graph "
+            "cannot do to its inputs; work on a copy (x = x + 1, not x.add_(1))")
     flat, output_spec = flatten(out)
     custom = _custom_functions(flat)
     if custom:
         raise _Unsupported(
             f"it calls the custom torch.autograd.Function {', '.join(custom)}: the ONNX export "
             "keeps its forward and drops its backward, so the gradients would differ")
-    return output_spec, len(flat)
+    return output_spec, len(flat), reads, branches
 
 
 def _custom_functions(outputs) -> list[str]:
