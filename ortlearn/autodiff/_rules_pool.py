@@ -304,9 +304,11 @@ def _resize_matrix(node, n_in, n_out, scale, dtype):
 def _resize_scales(ctx, node, rank):
     """Per-axis scales and output lengths of a Resize node, and the axes assumed kept.
 
-    Axes whose input length is dynamic and whose output length is given at run
-    time only are assumed unchanged (torch writes the sizes of the batch and
-    channel axes as ``Shape(x)[:2]``); the caller checks that at run time.
+    The batch and channel axes (0 and 1), and an axis whose input and output
+    lengths are the same symbolic dimension, are unchanged when their sizes are
+    known at run time only (torch's ``interpolate`` writes the sizes of the batch
+    and channel axes as ``Shape(x)[:2]`` and resizes the others); the caller checks
+    that at run time. A spatial axis needs static lengths.
     """
     x, y = node.input[0], node.output[0]
     scales_in, sizes_in = optional_input(node, 2), optional_input(node, 3)
@@ -336,15 +338,15 @@ def _resize_scales(ctx, node, rank):
             ratios[a] = 1.0
         elif isinstance(n, int) and isinstance(s, int):
             ratios[a] = s / n
-        elif isinstance(n, int):
-            raise ValueError(
-                f"The gradient of Resize node {node.name!r} needs the static length of its "
-                f"output along axis {a} (input {n}, output {s}): export with fixed sizes "
-                "for the resized axes.")
-        else:
-            # A dynamic axis (the batch) is kept as it is; _resize checks it at run time.
+        elif a < 2 or (isinstance(n, str) and n == out_shape[a]):
+            # kept, checked at run time (_resize)
             ratios[a] = 1.0
             kept.append(a)
+        else:
+            raise ValueError(
+                f"The gradient of Resize node {node.name!r} needs the static length of its "
+                f"input and output along axis {a} (input {n}, output {s}): export with "
+                "fixed sizes for the resized axes.")
     policy = attr(node, "keep_aspect_ratio_policy", "stretch")
     if policy != "stretch":
         ratio = (min if policy == "not_larger" else max)(ratios.values())

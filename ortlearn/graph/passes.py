@@ -116,18 +116,26 @@ def unused_nodes_removed(nodes: list, graph: GraphView) -> list:
     return needed_nodes(nodes, graph.outputs)
 
 
-def _zero_constants(nodes) -> dict:
-    """``{output: TensorProto element type}`` of the Constant nodes holding a scalar 0."""
-    zeros = {}
+def _float_constants(nodes) -> dict:
+    """``{output: (TensorProto element type, numpy value)}`` of the float Constant nodes
+    (not initializers: a trained weight may be one)."""
+    found = {}
     for node in nodes:
-        if (node.op_type != "Constant" or len(node.attribute) != 1
-                or node.attribute[0].name != "value"):
-            continue
-        tensor = node.attribute[0].t
-        value = onnx.numpy_helper.to_array(tensor)
-        if value.size == 1 and tensor.data_type in FLOAT_TYPES and float(value.ravel()[0]) == 0:
-            zeros[node.output[0]] = tensor.data_type
-    return zeros
+        if (node.op_type == "Constant" and len(node.attribute) == 1
+                and node.attribute[0].name == "value"
+                and node.attribute[0].t.data_type in FLOAT_TYPES):
+            tensor = node.attribute[0].t
+            found[node.output[0]] = (tensor.data_type, onnx.numpy_helper.to_array(tensor))
+    return found
+
+
+def _not_finite(graph: GraphView, constants: dict, name: str) -> bool:
+    """Whether the constant or initializer ``name`` holds an infinity or a NaN."""
+    if name in constants:
+        return not np.isfinite(constants[name][1]).all()
+    init = next((i for i in graph.graph.initializer if i.name == name), None)
+    return (init is not None and init.data_type in FLOAT_TYPES
+            and not np.isfinite(onnx.numpy_helper.to_array(init)).all())
 
 
 def masks_as_products(nodes: list, graph: GraphView) -> list:
@@ -135,12 +143,16 @@ def masks_as_products(nodes: list, graph: GraphView) -> list:
 
     The backward pass masks gradients with ``Where`` (ReLU, clipping);
     onnxruntime's CPU ``Where`` is several times slower than a ``Cast`` and
-    a ``Mul`` together.
+    a ``Mul`` together. A constant ``g`` that is not finite (an attention mask's
+    ``-inf``: ``-inf * 0`` is NaN) keeps its ``Where``.
     """
-    zeros = _zero_constants(nodes)
+    constants = _float_constants(nodes)
+    zeros = {name: elem for name, (elem, value) in constants.items()
+             if value.size == 1 and float(value.ravel()[0]) == 0}
     out = []
     for node in nodes:
-        if node.op_type != "Where" or node.input[2] not in zeros:
+        if (node.op_type != "Where" or node.input[2] not in zeros
+                or _not_finite(graph, constants, node.input[1])):
             out.append(node)
             continue
         mask = node.output[0] + ".mask"

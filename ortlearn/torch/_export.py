@@ -23,7 +23,7 @@ import logging
 import threading
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, is_dataclass
 
 import numpy as np
 import onnx
@@ -47,10 +47,12 @@ _PREFIX = "module."
 
 @dataclass(frozen=True)
 class TreeSpec:
-    """The structure of nested tuples, lists and dicts; ``None`` marks a tensor leaf,
-    anything else is a constant leaf kept as is."""
+    """The structure of nested tuples, lists and dicts, named tuples and mappings
+    (``OrderedDict``, transformers' ``ModelOutput``): ``kind`` ``'tensor'`` marks a tensor
+    leaf, ``'const'`` a constant leaf kept as is (``value``); a named tuple or a mapping
+    other than ``dict`` keeps its class in ``value``, and comes back as one."""
 
-    kind: str  # "tensor", "const", "tuple", "list", "dict"
+    kind: str  # "tensor", "const", "tuple", "list", "dict", "namedtuple"
     children: tuple = ()
     keys: tuple = ()
     value: object = None
@@ -82,11 +84,15 @@ def _flatten(tree, tensors: list) -> TreeSpec:
     if isinstance(tree, torch.Tensor):
         tensors.append(tree)
         return _TENSOR
-    if isinstance(tree, (tuple, list)) and type(tree) in (tuple, list):
+    if type(tree) in (tuple, list):
         return TreeSpec(type(tree).__name__, tuple(_flatten(t, tensors) for t in tree))
+    if isinstance(tree, tuple) and hasattr(type(tree), "_fields"):
+        return TreeSpec("namedtuple", tuple(_flatten(t, tensors) for t in tree),
+                        value=type(tree))
     if isinstance(tree, dict):
         keys = tuple(tree)
-        return TreeSpec("dict", tuple(_flatten(tree[k], tensors) for k in keys), keys)
+        return TreeSpec("dict", tuple(_flatten(tree[k], tensors) for k in keys), keys,
+                        None if type(tree) is dict else type(tree))
     return TreeSpec("const", value=tree)
 
 
@@ -104,7 +110,13 @@ def _unflatten(spec: TreeSpec, it):
         return spec.value
     children = [_unflatten(c, it) for c in spec.children]
     if spec.kind == "dict":
-        return dict(zip(spec.keys, children))
+        items = dict(zip(spec.keys, children))
+        if spec.value is None:
+            return items
+        # a dataclass mapping (transformers' ModelOutput) takes its fields by keyword
+        return spec.value(**items) if is_dataclass(spec.value) else spec.value(items)
+    if spec.kind == "namedtuple":
+        return spec.value(*children)
     return tuple(children) if spec.kind == "tuple" else children
 
 
@@ -163,12 +175,31 @@ class Exported:
     weights : list of str
         The graph inputs of the parameters and buffers, ``state_dict`` names.
     exporter : str
+    symbolic : Exported or None
+        For an export specialized to the shapes of one call (:meth:`specialized`),
+        the export with symbolic dimensions it comes from.
     """
 
     model: onnx.ModelProto
     inputs: list
     weights: list
     exporter: str
+    symbolic: Exported | None = None
+
+    def specialized(self, tensors: Sequence[torch.Tensor]) -> Exported:
+        """This export with the input dimensions of ``tensors``: the gradient rules of
+        operators that resample along an axis (AveragePool, Resize) need its length."""
+        model = onnx.ModelProto()
+        model.CopyFrom(self.model)
+        shapes = dict(zip(self.inputs, tensors))
+        for graph_input in model.graph.input:
+            if graph_input.name in shapes:
+                dims = graph_input.type.tensor_type.shape.dim
+                for dim, size in zip(dims, shapes[graph_input.name].shape):
+                    dim.dim_value = int(size)  # clears dim_param (a oneof)
+        del model.graph.value_info[:]  # inferred again, from these shapes
+        return Exported(model, self.inputs, self.weights, self.exporter,
+                        self.symbolic or self)
 
     @functools.cached_property
     def input_shapes(self) -> list:
@@ -246,7 +277,27 @@ def export_call(module: torch.nn.Module, tensors: Sequence[torch.Tensor], call_s
     if train and exporter == "dynamo":
         batchnorm_training_mode(onx)
     weights = _weights_to_inputs(onx, module)
-    return Exported(onx, names, weights, exporter)
+    return Exported(_small_constants_folded(onx), names, weights, exporter)
+
+
+#: Largest tensor :func:`_small_constants_folded` writes (elements): shapes and axes.
+FOLDED_MAX_ELEMENTS = 1024
+
+
+def _small_constants_folded(onx: onnx.ModelProto) -> onnx.ModelProto:
+    """The small values computed from constants alone, made constants (onnxscript's folding).
+
+    The dynamo exporter writes ``x.mean(dim)`` (RMSNorm, mean pooling,
+    ``AdaptiveAvgPool2d``) as a ReduceMean whose axes are
+    ``Reshape(Constant, Constant)``; onnx's shape inference stops there, and
+    the forward graph's outputs after it would have no shape. The parameters
+    and buffers are graph inputs by now: nothing trained is folded.
+    """
+    from onnxscript import ir, optimizer
+
+    model = ir.serde.deserialize_model(onx)
+    optimizer.fold_constants(model, output_size_limit=FOLDED_MAX_ELEMENTS)
+    return ir.serde.serialize_model(model)
 
 
 def _distinct_outputs(onx: onnx.ModelProto) -> None:

@@ -263,6 +263,8 @@ class ORTModule(torch.nn.Module):
         index = next((i for i, (exported, _, guard) in enumerate(schema.exports)
                       if exported.accepts(tensors) and guard.holds(module)), None)
         if index is None:
+            index = self._specialize(schema, tensors, train, device)
+        if index is None:
             changed = next((guard.difference(module) for exported, _, guard in schema.exports
                             if exported.accepts(tensors)), None)
             if changed is not None:
@@ -274,48 +276,91 @@ class ORTModule(torch.nn.Module):
                 self._log(logging.INFO, "Exporting %s again: %s changed.",
                           type(module).__name__, changed)
                 self._weight_table.refresh()
-            schema.exports.append(self._export(tensors, call_spec, train))
+            *export, built = self._export(tensors, call_spec, train, device)
+            schema.exports.append(tuple(export))
             index = len(schema.exports) - 1
+            schema.graphs[(index, built[0])] = built[1]
         exported, output_spec, _ = schema.exports[index]
         weights = self._weight_table.tensors(exported.weights)
-        if torch.is_grad_enabled():
-            wrt = tuple(name for name, t in zip(exported.inputs + exported.weights,
-                                                [*tensors, *weights]) if t.requires_grad)
-        else:
-            wrt = ()
+        wrt = self._wrt(exported, tensors, weights)
         graphs = schema.graphs.get((index, wrt))
         if graphs is None:
             graphs = self._build(exported, output_spec, wrt, train, device)
             schema.graphs[(index, wrt)] = graphs
         return graphs, weights
 
-    def _export(self, tensors, call_spec, train: bool):
+    def _specialize(self, schema: _Schema, tensors, train: bool, device) -> int | None:
+        """The index of a new entry of ``schema``: an export specialized to these tensors'
+        shapes from a symbolic one that holds (None if there is none)."""
+        module = self._original_module
+        for exported, output_spec, guard in schema.exports:
+            symbolic = exported.symbolic
+            if symbolic is None or not symbolic.accepts(tensors) or not guard.holds(module):
+                continue
+            specialized = symbolic.specialized(tensors)
+            wrt = self._wrt(specialized, tensors,
+                            self._weight_table.tensors(specialized.weights))
+            graphs = self._build(specialized, output_spec, wrt, train, device)
+            schema.exports.append((specialized, output_spec, guard))
+            schema.graphs[(len(schema.exports) - 1, wrt)] = graphs
+            return len(schema.exports) - 1
+        return None
+
+    @staticmethod
+    def _wrt(exported: Exported, tensors, weights) -> tuple:
+        """The graph inputs of this call that need a gradient."""
+        if not torch.is_grad_enabled():
+            return ()
+        return tuple(name for name, t in zip(exported.inputs + exported.weights,
+                                             [*tensors, *weights]) if t.requires_grad)
+
+    def _export(self, tensors, call_spec, train: bool, device):
+        """``(exported, output spec, guard, (wrt, graphs))``: the export of this call and its
+        graphs. With ``exporter='auto'``, an export whose graphs cannot be built (an
+        operator without a gradient rule, a graph onnxruntime refuses) is tried with
+        the next exporter."""
         module = self._original_module
         output_spec, n_outputs, reads, branches = _probe(module, tensors, call_spec)
         guard = Guard(module, reads)
-        errors = []
+        failures = []  # (exporter, why, exception)
         for exporter in self._exporters:
             if exporter == "torchscript" and branches:
                 # the dynamo exporter refuses such a branch; a trace would keep this one
-                errors.append(ValueError(
-                    f"the forward branches on a tensor's value ({', '.join(branches[:3])}), "
-                    "which a trace records as the branch of its first call; write it with "
-                    "torch.where or torch.cond"))
+                why = (f"the forward branches on a tensor's value ({', '.join(branches[:3])}), "
+                       "which a trace records as the branch of its first call; write it with "
+                       "torch.where or torch.cond")
+                failures.append((exporter, why, None))
                 continue
             try:
                 exported = export_call(module, tensors, call_spec, n_outputs, train=train,
                                        exporter=exporter)
             except Exception as exc:  # noqa: BLE001 - any exporter failure means fallback
-                errors.append(exc)
+                failures.append((exporter, f"torch.onnx.export failed ({_first_line(exc)})",
+                                 exc))
                 self._log(logging.INFO, "The %s exporter failed: %s", exporter, exc)
                 continue
             self.export_count += 1
             self._log(logging.INFO, "Exported %s (%s mode) with the %s exporter.",
-                        type(module).__name__, "train" if train else "eval", exporter)
-            return exported, output_spec, guard
-        raise _Unsupported("torch.onnx.export failed (" + "; ".join(
-            f"{exporter}: {_first_line(error)}" if len(errors) > 1 else _first_line(error)
-            for exporter, error in zip(self._exporters, errors)) + ")") from errors[0]
+                      type(module).__name__, "train" if train else "eval", exporter)
+            wrt = self._wrt(exported, tensors, self._weight_table.tensors(exported.weights))
+            try:
+                graphs = self._build(exported, output_spec, wrt, train, device)
+            except _Unsupported as exc:
+                # a rule that needs static lengths (AveragePool, Resize): the graphs of
+                # this call's shapes, built again for each new shape (no new export)
+                self._log(logging.INFO, "The graphs of the %s export failed (%s); building "
+                          "them for the shapes of this call.", exporter, exc)
+                exported = exported.specialized(tensors)
+                try:
+                    graphs = self._build(exported, output_spec, wrt, train, device)
+                except _Unsupported as again:
+                    failures.append((exporter, str(again), again.__cause__))
+                    continue
+            return exported, output_spec, guard, (wrt, graphs)
+        if len(failures) == 1:
+            raise _Unsupported(failures[0][1]) from failures[0][2]
+        raise _Unsupported("; ".join(f"{exporter}: {why}" for exporter, why, _ in failures)
+                           ) from next((exc for *_, exc in failures if exc is not None), None)
 
     def _build(self, exported: Exported, output_spec, wrt, train: bool, device) -> Graphs:
         options = self._debug_options

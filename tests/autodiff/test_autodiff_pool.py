@@ -406,6 +406,18 @@ def test_average_pool_dynamic_spatial_refused():
         build_gradient(model, wrt=["X"])
 
 
+def test_resize_to_a_dynamic_spatial_size_refused():
+    """``interpolate(x, size=skip.shape[-2:])`` on symbolic shapes: the length of a resized
+    axis is unknown, and assuming it kept gave a gradient of the wrong shape at run time."""
+    sizes = node("Shape", ["S"], out="sizes")
+    model, _ = loss_model([sizes, node("Resize", ["X", "", "", "sizes"], mode="linear")], {},
+                          inputs={"X": randn(1, 1, 2, 2), "S": randn(1, 1, 4, 4)},
+                          input_dims={"X": ["N", 1, "H", "W"], "S": ["N", 1, "H2", "W2"]},
+                          opset=19, reference=True)
+    with pytest.raises(ValueError, match="Resize.*static length.*axis 2"):
+        build_gradient(model, wrt=["X"])
+
+
 # ---------------------------------------------------------------- DepthToSpace / SpaceToDepth
 @pytest.mark.parametrize("mode", ["DCR", "CRD"])
 @pytest.mark.parametrize("shape, block", [((1, 4, 2, 3), 2), ((2, 18, 2, 1), 3)])
