@@ -137,19 +137,17 @@ def _clip(ctx, node, grads):
 
 @register_gradient("Max", "Min")
 def _max_min(ctx, node, grads):
+    """The inputs equal to the result share its gradient equally (torch's ``maximum`` and
+    ``minimum`` give each of two tied inputs half)."""
     y, g = node.output[0], grads[0]
     shape = ctx.shape(y)
     b = ctx.b
-    last = max((i for i, x in enumerate(node.input) if ctx.needs(x)), default=-1)
-    taken, result = None, []
-    for x in node.input[:last + 1]:
-        # On ties the first input equal to the result gets the gradient.
-        hit = b.op("Equal", [x, y])
-        if taken is not None:
-            hit = b.op("And", [hit, b.op("Not", [taken])])
-        taken = hit if taken is None else b.op("Or", [taken, hit])
-        result.append(ctx.sum_to(ctx.mask_where(hit, g, y), x, shape) if ctx.needs(x) else None)
-    return result
+    hits = [b.op("Equal", [x, y]) for x in node.input]
+    if len(hits) > 1:
+        count = b.op("Sum", [b.cast(hit, ctx.dtype(y)) for hit in hits])
+        g = b.op("Div", [g, count])
+    return [ctx.sum_to(ctx.mask_where(hit, g, y), x, shape) if ctx.needs(x) else None
+            for x, hit in zip(node.input, hits)]
 
 
 def _unary(op_type):

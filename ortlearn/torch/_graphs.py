@@ -8,6 +8,7 @@ to torch by DLPack, on the CPU and on CUDA alike.
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -102,8 +103,16 @@ def build_graphs(exported: Exported, output_spec: TreeSpec, wrt: Sequence[str], 
 
 
 def _save(prefix: str | None, what: str, model: onnx.ModelProto) -> None:
-    if prefix is not None:
-        save_model(model, os.path.abspath(f"{prefix}_{what}.onnx"))
+    """Write the debug copy ``<prefix>_<what>.onnx``; a failure to write it is a warning,
+    not a reason to stop training in ONNX Runtime."""
+    if prefix is None:
+        return
+    path = os.path.abspath(f"{prefix}_{what}.onnx")
+    try:
+        save_model(model, path)
+    except OSError as exc:
+        warnings.warn(f"ORTModule could not write its debug copy {path} ({exc}); it trains "
+                      "in ONNX Runtime without it.", RuntimeWarning, stacklevel=2)
 
 
 def run_session(session: ort.InferenceSession, feeds: Sequence[tuple[str, torch.Tensor]],

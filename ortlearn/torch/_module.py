@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -174,6 +175,47 @@ class ORTModule(torch.nn.Module):
         if logger.getEffectiveLevel() > level:
             # Lowered only: each ORTModule filters its own messages (_log).
             logger.setLevel(level)
+        # a parent module's load_state_dict reaches the wrapped module through this one:
+        # its keys have no "_original_module." (state_dict gives the wrapped module's)
+        super().register_load_state_dict_pre_hook(_wrapped_keys)
+        self._signed_forward()
+        self._initialized = True
+
+    # ------------------------------------------------------------------ attributes
+
+    def __getattr__(self, name: str):
+        """An attribute the wrapper does not have is the wrapped module's (its methods,
+        its configuration: ``model.config``, ``model.generate``)."""
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            if self.__dict__.get("_initialized"):
+                return getattr(self.__dict__["_modules"]["_original_module"], name)
+            raise
+
+    def __setattr__(self, name: str, value) -> None:
+        """Once wrapped, an attribute the wrapper does not hold is set on the wrapped module
+        (what its forward reads: the next call sees it, and exports again if the export
+        depended on it)."""
+        if (not self.__dict__.get("_initialized") or name in self.__dict__
+                or name in ("training", "export_count")):
+            super().__setattr__(name, value)
+        else:
+            setattr(self._original_module, name, value)
+
+    def __delattr__(self, name: str) -> None:
+        if self.__dict__.get("_initialized") and name not in self.__dict__:
+            delattr(self._original_module, name)
+        else:
+            super().__delattr__(name)
+
+    def _signed_forward(self) -> None:
+        """``forward`` with the wrapped module's signature and docstring
+        (``inspect.signature(model.forward)``), per instance."""
+        call = functools.partial(ORTModule.forward, self)
+        forward = functools.update_wrapper(lambda *args, **kwargs: call(*args, **kwargs),
+                                           self._original_module.forward)
+        self.__dict__["forward"] = forward
 
     # ------------------------------------------------------------------ the call
 
@@ -192,7 +234,10 @@ class ORTModule(torch.nn.Module):
         except _Unsupported as exc:
             return self._fall_back(str(exc), exc.__cause__, inputs, kwargs)
         if graphs.checked:
-            outputs = _RunGraphs.apply(graphs, *tensors, *weights)
+            try:
+                outputs = _RunGraphs.apply(graphs, *tensors, *weights)
+            except Exception as exc:
+                raise _as_torch_error(exc) from exc
         else:
             try:
                 outputs = self._first_run(graphs, tensors, weights)
@@ -214,6 +259,9 @@ class ORTModule(torch.nn.Module):
             with torch.no_grad():
                 for name, value in buffers.items():
                     self._original_module.get_buffer(name).copy_(value)
+            error = _as_torch_error(exc)
+            if error is not exc:  # the data's fault (an index out of range), not the graph's
+                raise error from exc
             raise _Unsupported(f"{type(exc).__name__}: {exc}") from exc
         graphs.checked = True
         return outputs
@@ -476,16 +524,26 @@ class ORTModule(torch.nn.Module):
         # exports again on its first call.
         state = dict(self.__dict__)
         state["_schemas"] = {}
-        del state["_lock"]
+        del state["_lock"], state["forward"]
         return state
 
     def __setstate__(self, state):
         super().__setstate__(state)
-        self._lock = threading.RLock()
+        self.__dict__["_lock"] = threading.RLock()
+        self._signed_forward()
 
     def _replicate_for_data_parallel(self):
         raise NotImplementedError("ORTModule does not support torch.nn.DataParallel; use "
                                   "one ORTModule per process (DistributedDataParallel).")
+
+
+def _wrapped_keys(module, state_dict, prefix, *args) -> None:
+    """Load-state-dict pre-hook of an ORTModule: its keys ``prefix + name`` (what
+    :meth:`ORTModule.state_dict` writes) are the wrapped module's
+    ``prefix + '_original_module.' + name``."""
+    inner = prefix + "_original_module."
+    for key in [k for k in state_dict if k.startswith(prefix) and not k.startswith(inner)]:
+        state_dict[inner + key[len(prefix):]] = state_dict.pop(key)
 
 
 class _WeightTable:
@@ -546,6 +604,16 @@ def _caller_stacklevel() -> int:
     while frame is not None and frame.f_code.co_filename.startswith(inside):
         frame, level = frame.f_back, level + 1
     return level
+
+
+def _as_torch_error(exc: Exception) -> Exception:
+    """The error torch raises for what onnxruntime refused in ``exc`` (an index out of range:
+    torch's ``IndexError``), else ``exc`` itself."""
+    message = str(exc)
+    if "out of data bounds" in message or "out of bounds" in message:
+        detail = message.split("Status Message:")[-1].strip()
+        return IndexError(f"index out of range in self ({detail})")
+    return exc
 
 
 def _first_line(error: Exception) -> str:

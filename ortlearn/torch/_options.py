@@ -51,7 +51,9 @@ class DebugOptions:
         ``<onnx_prefix>_forward_<mode>.onnx``, ``<onnx_prefix>_backward_<mode>.onnx``)
         into ``$ORTMODULE_SAVE_ONNX_PATH`` or the working directory.
     onnx_prefix : str, default=''
-        Required when ``save_onnx`` is set.
+        Required when ``save_onnx`` is set: the start of the files' names, in
+        that folder (a path, ``..`` or a separator raises a ``ValueError``:
+        ``ORTMODULE_SAVE_ONNX_PATH`` chooses the folder).
     strict : bool, default=False
         Raise :class:`ORTModuleTorchModelException` where the module would
         fall back to torch (an ortlearn addition; also set by
@@ -72,6 +74,11 @@ class DebugOptions:
         if self.save_onnx and not self.onnx_prefix:
             raise ValueError("save_onnx=True needs an onnx_prefix: the files are named "
                              "<onnx_prefix>_forward_<mode>.onnx and so on.")
+        separators = {os.sep, os.altsep, "/"} - {None}
+        if any(s in self.onnx_prefix for s in separators) or self.onnx_prefix in (".", ".."):
+            raise ValueError(
+                f"onnx_prefix={self.onnx_prefix!r} is a path: it names files inside the save "
+                f"folder; set {SAVE_PATH_ENV} to choose the folder.")
 
     @property
     def fallback_disabled(self) -> bool:

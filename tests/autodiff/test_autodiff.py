@@ -106,12 +106,27 @@ def test_variadic(op, shapes):
     check_op([node(op, list(weights))], weights, float32=False, dtype=dtype)
 
 
-def test_max_ties_go_to_first_input():
+@pytest.mark.parametrize("op, torch_fn", [("Max", "maximum"), ("Min", "minimum")])
+def test_max_min_ties_share_the_gradient_as_torch(op, torch_fn):
+    torch = pytest.importorskip("torch")
     x = randn(2, 3)
-    model, feeds = loss_model([node("Max", ["A", "B"])], {"A": x, "B": x.copy()})
+    y = np.where(randn(2, 3) > 0, x, randn(2, 3))  # ties where positive
+    model, feeds = loss_model([node(op, ["A", "B"])], {"A": x, "B": y})
     grads, _ = analytic_gradient(model, feeds, ["A", "B"])
-    np.testing.assert_array_equal(grads["A"], random_weights_of(model))
-    np.testing.assert_array_equal(grads["B"], 0)
+    a, b = (torch.tensor(v, requires_grad=True) for v in (x, y))
+    (getattr(torch, torch_fn)(a, b) * torch.tensor(random_weights_of(model))).sum().backward()
+    np.testing.assert_allclose(grads["A"], a.grad.numpy(), rtol=1e-12, atol=0)
+    np.testing.assert_allclose(grads["B"], b.grad.numpy(), rtol=1e-12, atol=0)
+
+
+def test_max_of_three_inputs_shares_among_the_tied_ones():
+    x = randn(2, 3)
+    model, feeds = loss_model([node("Max", ["A", "B", "C"])], {"A": x, "B": x.copy(),
+                                                                "C": x - 1})
+    grads, _ = analytic_gradient(model, feeds, ["A", "B", "C"])
+    np.testing.assert_allclose(grads["A"], random_weights_of(model) / 2, rtol=1e-12)
+    np.testing.assert_allclose(grads["B"], grads["A"], rtol=0)
+    np.testing.assert_array_equal(grads["C"], 0)
 
 
 @pytest.mark.parametrize("op, data, attrs", [

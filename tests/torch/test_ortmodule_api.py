@@ -91,6 +91,9 @@ def test_debug_options_validation():
         DebugOptions(log_level=2)
     with pytest.raises(TypeError, match="onnx_prefix"):
         DebugOptions(save_onnx=True, onnx_prefix=3)
+    for escaping in ("../../x", "/tmp/x", "sub/m", ".."):  # nothing written outside the folder
+        with pytest.raises(ValueError, match="ORTMODULE_SAVE_ONNX_PATH"):
+            DebugOptions(save_onnx=True, onnx_prefix=escaping)
     options = DebugOptions(log_level=LogLevel.INFO, save_onnx=True, onnx_prefix="m")
     assert (options.log_level, options.save_onnx, options.onnx_prefix, options.strict) == (
         LogLevel.INFO, True, "m", False)
@@ -294,6 +297,70 @@ def test_module_property_and_delegation():
     assert names == ["1.running_mean", "1.running_var", "1.num_batches_tracked"]
     assert all(a is b for a, b in zip(bn.buffers(), bn.module.buffers()))
     assert bn.get_buffer("1.running_var") is bn.module[1].running_var
+
+
+class _WithMethods(nn.Module):
+    """A module with a configuration, a method and a documented forward, as modeling code."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(4, 2)
+        self.scale = 1.0
+
+    def forward(self, x, mask=None):
+        """The model's own docstring."""
+        return self.linear(x) * self.scale
+
+    def predict(self, x):
+        return self(x).argmax(-1)
+
+
+def test_attributes_methods_and_signature_are_the_wrapped_modules():
+    import inspect
+
+    torch.manual_seed(0)
+    inner = _WithMethods()
+    model = ORTModule(inner, exporter=TS)
+    x = _x(3, 4)
+    assert model.scale == 1.0
+    assert list(inspect.signature(model.forward).parameters) == ["x", "mask"]
+    assert model.forward.__doc__ == "The model's own docstring."
+    # the method runs the wrapped module's forward in torch (it calls inner, not model)
+    torch.testing.assert_close(model.predict(x), inner(x).argmax(-1))
+    model.scale = 3.0  # set on the wrapped module, which forward reads: exported again
+    assert inner.scale == 3.0 and "scale" not in model.__dict__
+    torch.testing.assert_close(model(x), inner(x))
+    model.note = "kept"
+    assert inner.note == "kept"
+    del model.note
+    assert not hasattr(inner, "note")
+    with pytest.raises(AttributeError, match="nothing_here"):
+        model.nothing_here  # noqa: B018
+    copied = pickle.loads(pickle.dumps(model))
+    assert list(inspect.signature(copied.forward).parameters) == ["x", "mask"]
+    torch.testing.assert_close(copied(x), inner(x))
+
+
+def test_a_module_holding_an_ortmodule_saves_and_loads_its_state_dict():
+    torch.manual_seed(0)
+
+    class Holder(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = ORTModule(_mlp(), exporter=TS)
+            self.head = nn.Linear(3, 1)
+
+        def forward(self, x):
+            return self.head(self.body(x))
+
+    first, second = Holder(), Holder()
+    state = first.state_dict()
+    assert "body.0.weight" in state and "head.weight" in state
+    second.load_state_dict(state)  # strict: every key found
+    for name, value in second.state_dict().items():
+        torch.testing.assert_close(value, state[name], rtol=0, atol=0, msg=name)
+    x = _x(5, 4)
+    torch.testing.assert_close(second(x), first(x))
 
 
 def test_add_module_raises():
@@ -507,6 +574,27 @@ class _Clamped(nn.Module):
 
     def forward(self, x):
         return _StraightThrough.apply(self.lin(x)) * 2
+
+
+def test_index_out_of_range_raises_torchs_index_error():
+    model = ORTModule(nn.Embedding(10, 3), exporter=TS)
+    with pytest.raises(IndexError, match="index out of range"):
+        model(torch.tensor([1, 12]))  # on the first call too: not a reason to fall back
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model(torch.tensor([1, 2]))
+        with pytest.raises(IndexError, match="index out of range.*idx=10"):
+            model(torch.tensor([10]))
+    assert model.export_count == 1
+
+
+def test_unwritable_debug_folder_warns_and_trains_in_onnxruntime(tmp_path, monkeypatch):
+    monkeypatch.setenv("ORTMODULE_SAVE_ONNX_PATH", str(tmp_path / "missing" / "folder"))
+    model = ORTModule(_mlp(), DebugOptions(save_onnx=True, onnx_prefix="m", strict=True),
+                      exporter=TS)
+    with pytest.warns(RuntimeWarning, match="could not write its debug copy"):
+        model(_x(2, 4)).sum().backward()
+    assert model.export_count == 1 and model.module[0].weight.grad is not None
 
 
 def test_custom_autograd_function_falls_back_to_torch():
