@@ -336,11 +336,20 @@ class _Constants:
         self.producers = {o: n for n in nodes for o in n.output if o}
         self._infos = None
 
-    def _shape(self, name: str):
+    def _declared(self, name: str):
+        """The shape of ``name`` as declared or inferred (None when unknown)."""
         if self._infos is None:
             self._infos = value_info_map(self.model)
         info = self._infos.get(name)
-        shape = shape_of(info) if info is not None else None
+        return shape_of(info) if info is not None else None
+
+    def rank(self, name: str) -> int | None:
+        """The rank of ``name`` (None when unknown)."""
+        shape = self._declared(name)
+        return None if shape is None else len(shape)
+
+    def _shape(self, name: str):
+        shape = self._declared(name)
         if shape is None or not all(isinstance(d, int) for d in shape):
             return None
         return np.array(shape, dtype=np.int64)
@@ -506,7 +515,91 @@ def prepare_for_gradient(model: onnx.ModelProto, wrt: Sequence[str] = ()) -> boo
         model.opset_import.extend(inlined.opset_import)
         changed = True
     changed = fold_constant_ifs(model, wrt) > 0 or changed
+    changed = sequences_as_splits(model) > 0 or changed
     return fold_static_operands(model, wrt) > 0 or changed
+
+
+def sequences_as_splits(model: onnx.ModelProto) -> int:
+    """Rewrite each ``SplitToSequence`` read only by ``SequenceAt`` of constant indices as a
+    ``Split`` (whose gradient is a ``Concat``), in place.
+
+    The dynamo exporter writes ``x.split(n, dim)`` and ``x.chunk(k, dim)`` on a
+    dimension known at run time only (a fused QKV projection) as
+    ``SplitToSequence(x, n)`` followed by ``SequenceAt(seq, i)``. The pieces
+    read are the first ``m = max(i) + 1``: the Split has ``m`` pieces of ``n``
+    rows (the last ``min(n, rest)``) and one more holding the rest (empty when
+    there are ``m`` pieces). A negative index needs the number of pieces: that
+    sequence is left as it is, as one whose sizes are a list of unknown length.
+
+    Returns
+    -------
+    int
+        The number of sequences rewritten.
+    """
+    graph = model.graph
+    nodes = list(graph.node)
+    readers: dict = {}
+    for node in nodes:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    outputs = {o.name for o in graph.output}
+    constants = _Constants(model, nodes, ())
+    b = GraphBuilder(opset_of(model) or 18, used_names=graph_names(graph))
+    replaced: dict = {}  # id of a SplitToSequence -> the nodes that stand for it
+    dropped: set = set()
+    for node in nodes:
+        if node.op_type != "SplitToSequence" or node.domain not in ("", "ai.onnx"):
+            continue
+        seq = node.output[0]
+        users = readers.get(seq, [])
+        indices = [constants.get(u.input[1]) if u.op_type == "SequenceAt" else None
+                   for u in users]
+        if (seq in outputs or not users or any(i is None or np.ndim(i) or int(i) < 0
+                                               for i in indices)):
+            continue
+        split = node.input[1] if len(node.input) > 1 and node.input[1] else None
+        axis = attr(node, "axis", 0)
+        count = max(int(i) for i in indices) + 1
+        if split is None:
+            if not attr(node, "keepdims", 1):
+                continue  # squeezed pieces of one row: rare, left as they are
+            split = b.ints([1], hint="one")
+        size = constants.get(split)
+        if size is not None and np.ndim(size) == 1:
+            if len(size) < count:
+                continue
+            sizes, count = split, len(size)
+        elif size is None and constants.rank(split) != 0:
+            continue  # a list of sizes of unknown length
+        else:
+            # m pieces of n, the last one min(n, rest), then the rest
+            n = b.op("Reshape", [split, b.ints([1], hint="one")])
+            length = b.op("Gather", [b.op("Shape", [node.input[0]]),
+                                     b.ints([axis], hint="axis")], axis=0)
+            before = b.op("Mul", [n, b.ints([count - 1], hint="pieces")])
+            last = b.op("Min", [n, b.op("Sub", [length, before])])
+            rest = b.op("Sub", [b.op("Sub", [length, before]), last])
+            sizes = b.op("Concat", [b.op("Expand", [n, b.ints([count - 1], hint="pieces")]),
+                                    last, rest], axis=0)
+            count += 1
+        pieces = b.op("Split", [node.input[0], sizes], n_outputs=count, axis=axis)
+        pieces = [pieces] if isinstance(pieces, str) else list(pieces)
+        for user, index in zip(users, indices):
+            b.op("Identity", [pieces[int(index)]], outputs=[user.output[0]])
+            dropped.add(id(user))
+        replaced[id(node)] = list(b.nodes)
+        del b.nodes[:]
+    if not replaced:
+        return 0
+    out = []
+    for node in nodes:
+        if id(node) in replaced:
+            out.extend(replaced[id(node)])
+        elif id(node) not in dropped:
+            out.append(node)
+    del graph.node[:]
+    graph.node.extend(out)
+    return len(replaced)
 
 
 #: Inputs that gradient rules need known before running, by operator: they are

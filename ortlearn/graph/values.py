@@ -24,6 +24,10 @@ OUTPUT_LIKE_INPUT0 = frozenset((
     "Mish", "Neg", "Not", "Reciprocal", "Relu", "Round", "Selu", "Sigmoid", "Sign", "Sin",
     "Sinh", "Softmax", "Softplus", "Softsign", "Sqrt", "Tan", "Tanh", "ThresholdedRelu",
 ))
+#: ai.onnx operators whose every output has the element type and rank of their first
+#: input, its lengths unknown: onnx's inference gives a Split with sizes known at run
+#: time only no type at all.
+OUTPUTS_OF_INPUT0_RANK = frozenset(("Split",))
 
 
 def _typed(info: onnx.ValueInfoProto | None) -> bool:
@@ -126,14 +130,27 @@ def _infer_shapes_completed(model: onnx.ModelProto) -> onnx.ModelProto:
         infos = _info_table(g)
         added = []
         for node in g.node:
-            if (node.domain in ("", "ai.onnx") and node.op_type in OUTPUT_LIKE_INPUT0
-                    and node.input and node.output and node.output[0]
-                    and not _typed(infos.get(node.output[0]))
-                    and _typed(infos.get(node.input[0]))):
-                info = onnx.ValueInfoProto()
-                info.CopyFrom(infos[node.input[0]])
-                info.name = node.output[0]
-                infos[info.name] = info
+            if (node.domain not in ("", "ai.onnx") or not node.input
+                    or not _typed(infos.get(node.input[0]))):
+                continue
+            source = infos[node.input[0]]
+            if node.op_type in OUTPUT_LIKE_INPUT0:
+                names = node.output[:1]
+            elif node.op_type in OUTPUTS_OF_INPUT0_RANK:
+                names = node.output
+            else:
+                continue
+            for name in names:
+                if not name or _typed(infos.get(name)):
+                    continue
+                if node.op_type in OUTPUT_LIKE_INPUT0:
+                    info = onnx.ValueInfoProto()
+                    info.CopyFrom(source)
+                    info.name = name
+                else:
+                    info = helper.make_tensor_value_info(
+                        name, elem_type_of(source), [None] * len(shape_of(source)))
+                infos[name] = info
                 added.append(info)
         if not added:
             return model
@@ -158,10 +175,12 @@ def value_info_map(model: onnx.ModelProto, infer: bool = True) -> dict[str, onnx
 
 def _info_table(g: onnx.GraphProto) -> dict[str, onnx.ValueInfoProto]:
     """``{name: value info}``: the declared inputs and outputs over ``value_info``, but
-    an untyped declaration (an output declared without type) never hides a typed one."""
+    a declaration with less (an output declared without type, or without shape) never
+    hides one with more."""
     infos = {}
     for v in itertools.chain(g.value_info, g.input, g.output):
-        if v.name not in infos or elem_type_of(v):
+        old = infos.get(v.name)
+        if old is None or _typed(v) or (elem_type_of(v) and not _typed(old)):
             infos[v.name] = v
     for init in g.initializer:
         if init.name not in infos:

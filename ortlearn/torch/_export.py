@@ -291,12 +291,17 @@ def _small_constants_folded(onx: onnx.ModelProto) -> onnx.ModelProto:
     ``AdaptiveAvgPool2d``) as a ReduceMean whose axes are
     ``Reshape(Constant, Constant)``; onnx's shape inference stops there, and
     the forward graph's outputs after it would have no shape. The parameters
-    and buffers are graph inputs by now: nothing trained is folded.
+    and buffers are graph inputs by now: nothing trained is folded. Folding
+    only helps: where onnxscript's folder fails (its ``SplitToSequence``
+    evaluator on split sizes known at run time only), the graph stays as exported.
     """
     from onnxscript import ir, optimizer
 
     model = ir.serde.deserialize_model(onx)
-    optimizer.fold_constants(model, output_size_limit=FOLDED_MAX_ELEMENTS)
+    try:
+        optimizer.fold_constants(model, output_size_limit=FOLDED_MAX_ELEMENTS)
+    except RuntimeError:
+        return onx
     return ir.serde.serialize_model(model)
 
 

@@ -469,3 +469,67 @@ def test_set_seed_validates():
         api.set_seed(1.5)
     with pytest.raises(ValueError):
         api.set_seed(-1)
+
+
+# ---------------------------------------------------------------- sequences as splits
+def _split_to_sequence(split_nodes, indices):
+    """``seq`` split earlier, its pieces ``indices`` read by SequenceAt and concatenated."""
+    nodes = [*split_nodes]
+    pieces = []
+    for k, i in enumerate(indices):
+        nodes.append(helper.make_node("Constant", [], [f"i{k}"],
+                                      value=numpy_helper.from_array(np.array(i, np.int64))))
+        nodes.append(node("SequenceAt", ["seq", f"i{k}"], f"piece{k}"))
+        pieces.append(f"piece{k}")
+    nodes.append(node("Concat", pieces, "Y", axis=1))
+    return nodes
+
+
+@pytest.mark.parametrize("case", ["size_known_at_run_time", "sizes_list", "first_pieces"])
+def test_sequences_read_by_index_become_splits_with_gradients(case):
+    """The dynamo exporter's ``x.split(n, dim)`` on a dimension known at run time only."""
+    w = randn(2, 6)
+    if case == "size_known_at_run_time":  # n = width / 3, computed from the shape
+        split = [node("Shape", ["X"], "shape"),
+                 helper.make_node("Constant", [], ["k"],
+                                  value=numpy_helper.from_array(np.array(1, np.int64))),
+                 helper.make_node("Gather", ["shape", "k"], ["width"], axis=0),
+                 helper.make_node("Constant", [], ["three"],
+                                  value=numpy_helper.from_array(np.array(3, np.int64))),
+                 node("Div", ["width", "three"], "n"),
+                 node("Mul", ["X", "W"], "XW"),
+                 node("SplitToSequence", ["XW", "n"], "seq", axis=1)]
+        indices = [2, 0, 1]
+    elif case == "sizes_list":
+        split = [helper.make_node("Constant", [], ["sizes"],
+                                  value=numpy_helper.from_array(np.array([1, 2, 3], np.int64))),
+                 node("Mul", ["X", "W"], "XW"),
+                 node("SplitToSequence", ["XW", "sizes"], "seq", axis=1)]
+        indices = [1, 2]
+    else:  # pieces of 2: only the first two read
+        split = [helper.make_node("Constant", [], ["n"],
+                                  value=numpy_helper.from_array(np.array(2, np.int64))),
+                 node("Mul", ["X", "W"], "XW"),
+                 node("SplitToSequence", ["XW", "n"], "seq", axis=1)]
+        indices = [1, 0]
+    model, feeds = loss_model(_split_to_sequence(split, indices), {"W": w},
+                              inputs={"X": randn(2, 6)}, input_dims={"X": ["N", "M"]})
+    rewritten = onnx.ModelProto()
+    rewritten.CopyFrom(model)
+    assert prepare_for_gradient(rewritten)
+    ops = [n.op_type for n in rewritten.graph.node]
+    assert "SplitToSequence" not in ops and "SequenceAt" not in ops and "Split" in ops
+    np.testing.assert_allclose(session(rewritten).run(None, feeds)[0],
+                               session(model).run(None, feeds)[0], rtol=0, atol=0)
+    grads, _ = analytic_gradient(model, feeds, ["W"])
+    assert_close(grads["W"], numeric_gradient(model, feeds, ["W"])["W"])
+
+
+def test_sequence_read_at_a_negative_index_is_left_as_it_is():
+    split = [helper.make_node("Constant", [], ["n"],
+                              value=numpy_helper.from_array(np.array(2, np.int64))),
+             node("SplitToSequence", ["W", "n"], "seq", axis=1)]
+    model, _ = loss_model(_split_to_sequence(split, [-1, 0]), {"W": randn(2, 6)})
+    assert not prepare_for_gradient(model)
+    with pytest.raises(NoGradientRuleError, match="SequenceAt"):
+        build_gradient(model, wrt=["W"])
