@@ -42,7 +42,7 @@ from .checks import (
     conform_state,
 )
 from .device import make_session, make_session_options, parse_device, single_thread_blas
-from .result import CALLBACK, CONVERGED, INTERRUPTED, MAX_ITER, SolverResult
+from .result import CALLBACK, CONVERGED, INTERRUPTED, MAX_ITER, STALLED, SolverResult
 from .sparse import is_sparse
 
 __all__ = ["loss_and_gradient", "minimize_lbfgs"]
@@ -528,9 +528,38 @@ def minimize_lbfgs(loss_model, trainable, initial_weights, arrays, input_names=N
     # failed), capped at max_iter as scikit-learn's _check_optimize_result does.
     status = CONVERGED if result.success else MAX_ITER if result.status == 1 else _message(
         result)
+    success = bool(result.success)
+    stalled = _stalled_at_start(result, x0, box, tol)
+    if stalled is not None:
+        success, status = False, STALLED
+        warnings.warn(
+            f"L-BFGS found no decrease from its starting point although the gradient is "
+            f"not zero there (largest component {stalled:.3g}, tol={tol:g}): the data are "
+            "probably badly scaled (the features' values far from 1); scale them (e.g. with "
+            "sklearn.preprocessing.StandardScaler).", ConvergenceWarning,
+            stacklevel=user_stacklevel())
     return _finite_or_raise(SolverResult(fun.unflatten(result.x),
                                          min(int(result.nit), max_iter), float(result.fun),
-                                         bool(result.success), status), remedy)
+                                         success, status), remedy)
+
+
+def _stalled_at_start(result, x0: np.ndarray, box, tol: float) -> float | None:
+    """The largest projected gradient component when scipy reports success without moving
+    from ``x0`` while that component exceeds ``tol``, else None.
+
+    scipy's L-BFGS-B stops as converged when its first line search finds no
+    decrease (the relative reduction of the loss, zero, is below ``ftol``): on
+    features of values near 1e20 its first trial step overshoots by as much.
+    """
+    if not result.success or not np.array_equal(result.x, x0) or result.jac is None:
+        return None
+    gradient = np.array(result.jac, dtype=np.float64)
+    if box is not None:  # at a bound, a component pointing outwards is not a descent
+        low, high = (np.array(side, dtype=np.float64) for side in zip(*box))
+        gradient[(result.x <= low) & (gradient > 0)] = 0.0
+        gradient[(result.x >= high) & (gradient < 0)] = 0.0
+    top = float(np.max(np.abs(gradient))) if gradient.size else 0.0
+    return top if top > tol else None
 
 
 def _finite_or_raise(result: SolverResult, remedy: str) -> SolverResult:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["CALLBACK", "CONVERGED", "INTERRUPTED", "MAX_ITER", "SolverResult"]
+__all__ = ["CALLBACK", "CONVERGED", "INTERRUPTED", "MAX_ITER", "STALLED", "SolverResult"]
 
 #: ``status`` of a run whose stopping test was met.
 CONVERGED = "converged"
@@ -23,6 +23,9 @@ MAX_ITER = "max_iter"
 CALLBACK = "callback"
 #: ``status`` of a run Ctrl-C stopped (the best point reached is returned).
 INTERRUPTED = "interrupted"
+#: ``status`` of a run that ended where it started although the gradient was not zero
+#: there (a line search that found no decrease: badly scaled data).
+STALLED = "stalled"
 
 
 @dataclass(frozen=True)
@@ -44,8 +47,8 @@ class SolverResult:
         solver).
     status : str
         How the run ended: :data:`CONVERGED`, :data:`MAX_ITER`, :data:`CALLBACK`,
-        :data:`INTERRUPTED`, or the solver's own message (scipy's, for an
-        abnormal stop).
+        :data:`INTERRUPTED`, :data:`STALLED`, or the solver's own message
+        (scipy's, for an abnormal stop).
     info : dict
         What one solver adds (FISTA's gaps, the quantile path's stage losses).
 

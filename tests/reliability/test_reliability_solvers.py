@@ -294,3 +294,44 @@ def test_divergence_message_names_what_is_not_finite(linear_loss):
     assert re.search(r"weight\(s\) \[.*'coef'.*\] hold NaN or infinity|epoch loss is (nan|inf)",
                      message), message
     assert "learning rate 1e+10" in message
+
+
+def _scaled_families():
+    from sklearn import linear_model, svm
+
+    import ortlearn.estimators as ort
+
+    return [  # (ortlearn's, scikit-learn's, parameters, classification)
+        (ort.OrtRidge, linear_model.Ridge, {}, False),
+        (ort.OrtLasso, linear_model.Lasso, {"alpha": 0.01}, False),
+        (ort.OrtElasticNet, linear_model.ElasticNet, {"alpha": 0.01}, False),
+        (ort.OrtHuberRegressor, linear_model.HuberRegressor, {}, False),
+        (ort.OrtQuantileRegressor, linear_model.QuantileRegressor, {"alpha": 0.0}, False),
+        (ort.OrtLogisticRegression, linear_model.LogisticRegression, {}, True),
+        (ort.OrtLinearSVC, svm.LinearSVC, {}, True),
+    ]
+
+
+@pytest.mark.parametrize("scale", [1e-20, 1e-10, 1e10, 1e20])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_full_batch_families_at_extreme_scales_fit_or_warn(scale, dtype):
+    """Features of values near 1e-20 or 1e20: the fit scores as scikit-learn's, or warns
+    (a line search that finds no decrease from zero weights used to end, silently, as
+    converged on coef_ == 0)."""
+    rng = np.random.RandomState(0)
+    X = rng.randn(60, 4)
+    y = X @ [1.0, -2.0, 0.5, 3.0] + 0.1 * rng.randn(60)
+    Xs = (X * scale).astype(dtype)
+    for ours, theirs, params, classify in _scaled_families():
+        target = (y > 0).astype(int) if classify else y
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                expected = theirs(**params).fit(Xs, target).score(Xs, target)
+            except (ValueError, TypeError):  # scikit-learn's own products overflow (float32),
+                continue  # or its linear program finds no solution (QuantileRegressor)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            score = ours(**params).fit(Xs, target).score(Xs, target)
+        warned = any(issubclass(w.category, ConvergenceWarning) for w in caught)
+        assert score >= expected - 0.01 or warned, (ours.__name__, score, expected)
