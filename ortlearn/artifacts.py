@@ -235,6 +235,9 @@ def _check_destination(artifact_directory, prefix) -> tuple[Path, str]:
         raise TypeError(f"artifact_directory must be a path, got "
                         f"{type(artifact_directory).__name__}.")
     given = os.fsdecode(os.fspath(artifact_directory))
+    if not given:
+        raise ValueError("artifact_directory is empty: name the directory to write the "
+                         "artifacts to ('.' for the current one).")
     directory = Path(given)
     existing = directory
     while not existing.exists() and existing.parent != existing:
@@ -268,8 +271,10 @@ def _check_files(directory: Path, given: str, names: list[str]) -> None:
     problems = []
     for name in names:
         shown = os.path.join(given, name) if given else name
-        # through symbolic links, as the files are written
-        target = os.path.realpath(directory / name)
+        # a symbolic link is replaced, never written through (fileio.atomic_write)
+        target = os.path.join(os.path.realpath(directory), name)
+        if os.path.islink(target):
+            continue
         if os.path.isdir(target):
             problems.append(f"{shown!r} is a directory")
         elif os.path.lexists(target) and not os.path.isfile(target):

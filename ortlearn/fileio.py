@@ -35,8 +35,9 @@ def atomic_write(path, data: bytes | Callable, what: str = "the checkpoint") -> 
     Parameters
     ----------
     path : str or os.PathLike
-        The file to write; a symbolic link is followed (the file it points
-        to is replaced).
+        The file to write. A symbolic link there is replaced by the file,
+        never written through: the file it points to, maybe outside the
+        directory, is left as it is.
     data : bytes or callable
         The whole content, or a function called with the binary file object
         open for writing, which writes the content (streamed, so that it
@@ -62,9 +63,8 @@ def atomic_write(path, data: bytes | Callable, what: str = "the checkpoint") -> 
     >>> open(path, "rb").read()
     b'abc'
     """
-    # through symbolic links: update the file they point to
-    path = os.path.realpath(os.fsdecode(os.fspath(path)))
-    if os.path.isdir(path):
+    path = _entry(path)
+    if os.path.isdir(path) and not os.path.islink(path):
         raise IsADirectoryError(
             f"Cannot save {what} to {path!r}: it is a directory; give a file "
             f"path such as {os.path.join(path, 'checkpoint')!r}."
@@ -186,6 +186,13 @@ def model_data_size(model) -> int:
     return total
 
 
+def _entry(path) -> str:
+    """The absolute path of the directory entry ``path`` names: its directory resolved (the
+    place the user named), its last component not (a link there is the entry to replace)."""
+    path = os.path.abspath(os.fsdecode(os.fspath(path)))
+    return os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path))
+
+
 def save_model(model, path, what: str | None = None) -> None:
     """Write the ONNX ``model`` to ``path``, atomically; large weights go to ``<name>.data``.
 
@@ -200,7 +207,8 @@ def save_model(model, path, what: str | None = None) -> None:
     ----------
     model : onnx.ModelProto
     path : str or os.PathLike
-        The file to write (its directory must exist).
+        The file to write (its directory must exist); a symbolic link there is
+        replaced, as by :func:`atomic_write`.
     what : str, optional
         What the file is, for the error messages (default: ``the model '<name>'``).
 
@@ -209,7 +217,7 @@ def save_model(model, path, what: str | None = None) -> None:
     IsADirectoryError, FileNotFoundError, PermissionError
         As :func:`atomic_write`.
     """
-    path = os.path.realpath(os.fsdecode(os.fspath(path)))
+    path = _entry(path)
     name = os.path.basename(path)
     what = what or f"the model {name!r}"
     if model_data_size(model) <= EXTERNAL_DATA_THRESHOLD:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import math
+import numbers
 import time
 import uuid
 import warnings
@@ -209,12 +210,17 @@ class DataParallel(MetaEstimatorMixin, BaseEstimator):
         -------
         self : object
         """
-        distributed = _distributed()
-        client = distributed.default_client()
         if self.sync_every is not None and (not isinstance(self.sync_every, int)
                                             or self.sync_every < 1):
             raise ValueError(f"sync_every must be a positive integer or None, got "
                              f"{self.sync_every!r}.")
+        if self.max_iter is not None and (isinstance(self.max_iter, bool)
+                                          or not isinstance(self.max_iter, numbers.Integral)
+                                          or self.max_iter < 1):
+            raise ValueError(f"max_iter must be a positive integer or None (the estimator's "
+                             f"max_iter), got {self.max_iter!r}.")
+        distributed = _distributed()
+        client = distributed.default_client()
         rng = check_random_state(self.random_state)
         seed = int(rng.randint(2**31 - 1))
         model = clone(self.estimator)
@@ -224,7 +230,7 @@ class DataParallel(MetaEstimatorMixin, BaseEstimator):
         if model.get_params().get("random_state", 0) is None:
             # every copy starts from the same initial weights
             model.set_params(random_state=int(rng.randint(2**31 - 1)))
-        max_iter = self.max_iter or model.get_params()["max_iter"]
+        max_iter = model.get_params()["max_iter"] if self.max_iter is None else self.max_iter
         fit_kwargs = {"classes": _classes(X, y)} if is_classifier(model) else {}
         shards = _place_shards(client, X, y)
         rows_per_round = None

@@ -31,7 +31,7 @@ from . import (  # noqa: F401  (registers the rules)
     _rules_reduce,
     _rules_shape,
 )
-from ._backward import append_backward, build_gradient, check_scalar_loss
+from ._backward import LOSS_ELEMENT_CHECK, append_backward, build_gradient, check_scalar_loss
 from ._context import GradientContext
 from ._marks import mark_padding_idx
 from ._registry import GRADIENT_RULES, NON_DIFFERENTIABLE_OPS, register_gradient
@@ -40,6 +40,7 @@ from ._vjp import ForwardBackward, build_forward_backward
 __all__ = [
     "ForwardBackward",
     "GRADIENT_RULES",
+    "LOSS_ELEMENT_CHECK",
     "NON_DIFFERENTIABLE_OPS",
     "GradientContext",
     "append_backward",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
@@ -19,6 +20,7 @@ from ..graph import (
     invalid_model_errors,
     load_model,
     node_reads,
+    onnx_to_np_dtype,
     prepare_for_gradient,
     refine_shapes,
     shape_of,
@@ -104,6 +106,29 @@ def check_scalar_loss(graph: onnx.GraphProto, loss_output: str, infos: dict) -> 
             f"The loss {loss_output!r} must be a scalar or hold one element; its shape is "
             f"{shape}. Reduce it to a scalar first (e.g. a ReduceMean node, or "
             "ortlearn.add_loss_output), or name a scalar output as the loss.")
+
+
+#: Name of the node that stops a run whose loss holds more than one element.
+LOSS_ELEMENT_CHECK = "loss_must_hold_one_element"
+
+
+def _loss_seed(ctx, loss: str) -> str:
+    """The gradient 1 of a loss, of its shape.
+
+    A shape shape inference left unknown ([?, 1] for a per-row output) may
+    hold one element or one per row: the seed is then a single 1 reshaped to
+    the loss's shape at run time (the node :data:`LOSS_ELEMENT_CHECK`), which
+    stops the run when there are more elements, instead of training their sum
+    silently.
+    """
+    shape = ctx.shape(loss)
+    if shape is not None and all(isinstance(d, int) for d in shape):
+        return ctx.fill_like(loss, 1)  # check_scalar_loss refused more than one element
+    b = ctx.b
+    one = b.const(np.ones(1, onnx_to_np_dtype(ctx.dtype(loss))), hint="one")
+    seed = b.op("Reshape", [one, ctx.shape_of(loss)])
+    b.nodes[-1].name = b.unique_name(LOSS_ELEMENT_CHECK)
+    return seed
 
 
 def check_wrt(graph: onnx.GraphProto, wrt: Sequence[str], infos: dict) -> None:
@@ -212,7 +237,7 @@ def reverse_pass(model: onnx.ModelProto, seeds: dict, wrt: Sequence[str],
     for value, seed in seeds.items():
         if value in differentiable:
             pending.setdefault(value, []).append(
-                ctx.fill_like(value, 1) if seed is None else seed)
+                _loss_seed(ctx, value) if seed is None else seed)
     for node in reversed(graph.node):
         if not any(o in pending for o in node.output):
             continue

@@ -382,8 +382,17 @@ class BaseOrtEstimator(CallbackSupportMixin, BaseEstimator, ABC):
                 # A partial_fit with weights after calls without them gets the weighted
                 # graph, which starts from the weights and optimizer state saved so far.
                 runtime.engine = self._build_engine(X, device, sample_weight is not None)
+            kept = self._bookkeeping() if incremental else None
             try:
                 self._fit_epochs(runtime.engine, X, y, y_enc, sample_weight, incremental)
+            except BaseException:
+                if incremental:
+                    # a failed partial_fit (a callback that raised, Ctrl-C) leaves the model
+                    # as before the call: its weights and optimizer state are those of
+                    # estimator_ and _optimizer_state, which the next call's engine reads
+                    runtime.engine = None
+                    self._restore_bookkeeping(kept)
+                raise
             finally:
                 if not incremental:
                     # A kept fitted model holds its weights (and the optimizer state that
@@ -391,6 +400,27 @@ class BaseOrtEstimator(CallbackSupportMixin, BaseEstimator, ABC):
                     # and threads; partial_fit rebuilds the engine from them, then keeps it
                     # for the calls that follow.
                     runtime.engine = None
+
+    #: Counters an epoch advances (each, or its length for a list).
+    _BOOKKEEPING = ("t_", "n_iter_", "loss_", "best_loss_", "best_validation_score_",
+                    "_no_improvement_count", "train_losses_", "validation_losses_",
+                    "validation_scores_")
+
+    def _bookkeeping(self) -> dict:
+        """The counters and curves an epoch advances, to restore after a failed call."""
+        saved = {}
+        for name in self._BOOKKEEPING:
+            value = getattr(self, name, None)
+            saved[name] = len(value) if isinstance(value, list) else value
+        return saved
+
+    def _restore_bookkeeping(self, saved: dict) -> None:
+        for name, value in saved.items():
+            current = getattr(self, name, None)
+            if isinstance(current, list):
+                del current[value:]  # in place: loss_curve_ is the same list
+            else:
+                setattr(self, name, value)
 
     def _fitted_now(self, engine) -> dict:
         """What a callback's ``fitted_estimator`` predicts with: the epoch's weights in a

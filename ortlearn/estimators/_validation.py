@@ -72,13 +72,24 @@ def as_real(name: str, value, dtype) -> np.ndarray:
     TypeError
         Complex or non-numeric data (the message names ``name``).
     ValueError
-        Finite values beyond the range of ``dtype`` (:func:`check_in_range`).
+        Finite values beyond the range of ``dtype`` (:func:`check_in_range`), or
+        fractional values for an integer ``dtype`` (class indices: a cast would
+        truncate 0.9 to 0 and train on other labels than the user's).
     """
     array = np.asarray(value)
     if np.iscomplexobj(array):
         raise TypeError(f"{name} has the complex dtype {array.dtype}: only real numbers can "
                         "be fed to the graph.")
     check_in_range(name, array, dtype)
+    if np.issubdtype(np.dtype(dtype), np.integer) and array.dtype.kind == "f":
+        finite = array[np.isfinite(array)]
+        fractional = finite[finite != np.round(finite)]
+        if fractional.size:
+            raise ValueError(
+                f"{name} holds values that are not integers ({float(fractional.ravel()[0])!r})"
+                f" but the graph reads it as {np.dtype(dtype)} (class indices, for a "
+                "cross-entropy loss): pass the class indices 0, 1, ..., not probabilities "
+                "or scores.")
     try:
         return array.astype(dtype, copy=False)
     except (TypeError, ValueError) as exc:

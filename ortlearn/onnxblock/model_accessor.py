@@ -1,14 +1,16 @@
 """The model that blocks build on: ``onnxblock.base`` and ``onnxblock.empty_base``.
 
 Blocks do not receive the model they change as an argument: like
-``onnxruntime.training.onnxblock``, they read it from a module-level
-accessor that these two context managers set for the duration of a
-``with`` statement.
+``onnxruntime.training.onnxblock``, they read it from an accessor that these
+two context managers set for the duration of a ``with`` statement. The
+accessor is the current thread's: two threads building two models (two
+estimators exporting their artifacts at once) do not see each other's.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 from contextlib import contextmanager
 
 import onnx
@@ -18,8 +20,8 @@ from ..graph import DEFAULT_OPSET, finalize_model, load_model
 
 __all__ = ["ModelAccessor", "base", "custom_op_library", "empty_base"]
 
-_GLOBAL_ACCESSOR = None
-_GLOBAL_CUSTOM_OP_LIBRARY = None
+#: ``accessor`` and ``custom_op_library`` of the thread's enclosing contexts
+_CONTEXT = threading.local()
 
 
 class ModelAccessor:
@@ -48,24 +50,24 @@ def current_model() -> onnx.ModelProto:
     RuntimeError
         Outside of ``with onnxblock.base(...)`` or ``with onnxblock.empty_base()``.
     """
-    if _GLOBAL_ACCESSOR is None:
+    accessor = getattr(_CONTEXT, "accessor", None)
+    if accessor is None:
         raise RuntimeError(
             "A block was called outside of a model context: build blocks inside "
             "`with onnxblock.base(model):` or `with onnxblock.empty_base():`."
         )
-    return _GLOBAL_ACCESSOR.model
+    return accessor.model
 
 
 @contextmanager
 def _accessor(model: onnx.ModelProto):
-    global _GLOBAL_ACCESSOR
-    if _GLOBAL_ACCESSOR is not None:
+    if getattr(_CONTEXT, "accessor", None) is not None:
         raise RuntimeError("A base model is already active: onnxblock contexts do not nest.")
-    _GLOBAL_ACCESSOR = ModelAccessor(model)
+    _CONTEXT.accessor = ModelAccessor(model)
     try:
-        yield _GLOBAL_ACCESSOR
+        yield _CONTEXT.accessor
     finally:
-        _GLOBAL_ACCESSOR = None
+        _CONTEXT.accessor = None
 
 
 @contextmanager
@@ -150,20 +152,20 @@ def custom_op_library(custom_op_library_path):
     >>> from ortlearn import onnxblock
     >>> # with onnxblock.custom_op_library("libcustom.so"), onnxblock.base(model): ...
     """
-    global _GLOBAL_CUSTOM_OP_LIBRARY
-    if _GLOBAL_CUSTOM_OP_LIBRARY is not None:
+    if getattr(_CONTEXT, "custom_op_library", None) is not None:
         raise RuntimeError("A custom op library is already registered: custom_op_library "
                            "contexts do not nest.")
     path = os.fsdecode(os.fspath(custom_op_library_path))
     if not os.path.isfile(path):
         raise FileNotFoundError(f"custom op library {path!r} does not exist.")
-    _GLOBAL_CUSTOM_OP_LIBRARY = path
+    _CONTEXT.custom_op_library = path
     try:
         yield path
     finally:
-        _GLOBAL_CUSTOM_OP_LIBRARY = None
+        _CONTEXT.custom_op_library = None
 
 
 def current_custom_op_library() -> str | None:
-    """Path of the library of the enclosing ``custom_op_library`` context, else None."""
-    return _GLOBAL_CUSTOM_OP_LIBRARY
+    """Path of the library of the enclosing ``custom_op_library`` context (this thread's),
+    else None."""
+    return getattr(_CONTEXT, "custom_op_library", None)

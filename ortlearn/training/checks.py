@@ -15,7 +15,7 @@ import onnxruntime as ort
 from onnx import numpy_helper
 
 from ..autodiff import check_scalar_loss
-from ..graph import CLASS_LABEL_GUARD, FLOAT_TYPES, value_info_map
+from ..graph import CLASS_LABEL_GUARD, FLOAT_TYPES, shape_of, value_info_map
 
 __all__ = [
     "check_class_labels",
@@ -74,12 +74,13 @@ def check_input_names(model: onnx.ModelProto, input_names) -> list[str]:
     return names
 
 
-def check_loss_output(model: onnx.ModelProto, loss_output: str) -> None:
+def check_loss_output(model: onnx.ModelProto, loss_output: str) -> bool:
     """ValueError unless the graph has the output ``loss_output``, a scalar.
 
     Checked on the graph as the user gave it: the graphs built from it for the
     runtime take the data through other inputs and would hide that the loss has
-    one value per row.
+    one value per row. Returns whether its shape proves it one element (False:
+    shape inference could not tell, the data will).
     """
     outputs = [o.name for o in model.graph.output]
     if loss_output not in outputs:
@@ -91,6 +92,8 @@ def check_loss_output(model: onnx.ModelProto, loss_output: str) -> None:
     infos = (declared if declared[loss_output].type.tensor_type.HasField("shape")
              else value_info_map(model))
     check_scalar_loss(model.graph, loss_output, infos)
+    shape = shape_of(infos[loss_output]) if loss_output in infos else None
+    return shape is not None and all(isinstance(d, int) for d in shape)
 
 
 def replace_initializers(model: onnx.ModelProto, weights: dict) -> None:

@@ -225,7 +225,9 @@ class TrainingEngine:
         if epoch_loop not in (True, False, "auto"):
             raise ValueError(f"epoch_loop must be True, False or 'auto', got {epoch_loop!r}.")
         model = load_model(loss_model)
-        check_loss_output(model, loss_output)
+        # False: shape inference could not tell whether the loss has one value per row;
+        # the first epoch checks it on two rows (_check_one_loss_value)
+        self._loss_is_scalar = check_loss_output(model, loss_output)
         self.trainable = check_trainable(model, trainable)
         self.input_names = check_input_names(model, input_names)
         declared = {i.name: i for i in model.graph.input}
@@ -553,6 +555,8 @@ class TrainingEngine:
             the end of the previous epoch are restored and the optimizer
             state is reset.
         """
+        if not self._loss_is_scalar:
+            self._check_one_loss_value(arrays, batch_indices)
         data, reordered = self._device_data(arrays)
         order, bounds = self._epoch_bounds(batch_indices)
         n_rows, n_batches = bounds["n_rows"], len(bounds["sizes"])
@@ -651,6 +655,18 @@ class TrainingEngine:
             value.update_inplace(np.zeros(value.shape(), value.numpy().dtype))
         self.n_steps = 0
 
+    def _check_one_loss_value(self, arrays, batch_indices) -> None:
+        """ValueError unless the loss of two rows is one value (the seed of the gradient would
+        otherwise train the sum of a per-row loss)."""
+        rows = np.concatenate([np.asarray(b) for b in batch_indices])[:2]
+        value = self._loss_value([np.asarray(a)[rows] for a in arrays])
+        if value.size != 1:
+            raise ValueError(
+                f"The loss {self.loss_output!r} has {value.size} values for {len(rows)} rows "
+                f"(shape {value.shape}): it must be a scalar. Reduce it first (a ReduceMean "
+                "node, or ortlearn.add_loss_output), or name a scalar output as the loss.")
+        self._loss_is_scalar = True
+
     def eval_loss(self, arrays) -> float:
         """The loss on ``arrays`` (aligned with :attr:`input_names`) with the current weights.
 
@@ -658,6 +674,10 @@ class TrainingEngine:
         -------
         float
         """
+        return float(self._loss_value(arrays).ravel()[0])
+
+    def _loss_value(self, arrays) -> np.ndarray:
+        """The loss output, as the graph computes it, on ``arrays``."""
         arrays = list(arrays)
         if len(arrays) != len(self.input_names):
             raise ValueError(f"Expected {len(self.input_names)} arrays for the inputs "
@@ -672,18 +692,23 @@ class TrainingEngine:
         binding = session.io_binding()
         _, layout, buffers, _ = self._steps[self._current]
         views = weight_values(layout, buffers, only=layout.offsets)
+        read = {i.name for i in session.get_inputs()}  # a loss may not read every input
         for name, carried in layout.weights.items():
+            if name not in read:
+                continue
             if name in views:  # a view of the flat weights
                 binding.bind_cpu_input(name, np.ascontiguousarray(views[name]))
             else:
                 binding.bind_ortvalue_input(name, buffers.live(carried))
         for name, array in zip(self.input_names, arrays):
-            binding.bind_cpu_input(name, np.ascontiguousarray(array))
+            if name in read:
+                binding.bind_cpu_input(name, np.ascontiguousarray(array))
         for name, value in self._hyper.items():
-            binding.bind_ortvalue_input(name, value)
+            if name in read:
+                binding.bind_ortvalue_input(name, value)
         binding.bind_output(self.loss_output, "cpu")
         session.run_with_iobinding(binding)
-        return float(np.asarray(binding.copy_outputs_to_cpu()[0]).ravel()[0])
+        return np.asarray(binding.copy_outputs_to_cpu()[0])
 
     # ----------------------------------------------------------------- state
     def get_state(self) -> dict:

@@ -234,6 +234,16 @@ class TrainingSession:
         self._state.check_matches(expected, trainable=layout.trainable)
         params = self._state.parameters
         self._param_types = {n: (params[n].dtype, tuple(params[n].shape)) for n in expected}
+        # a checkpoint saved from a diverged run: training would resume from NaN
+        broken = [n for n in layout.trainable if not params[n].nominal
+                  and np.issubdtype(params[n].dtype, np.floating)
+                  and not np.isfinite(params[n].data).all()]
+        if broken:
+            raise ValueError(
+                f"The trained parameters {broken} hold NaN or infinite values (a checkpoint "
+                "saved from a run that diverged?): training would go on from them. Load a "
+                "checkpoint saved before the divergence, or set finite values "
+                "(state.parameters[name].data = ...).")
 
     def _init_parameters(self) -> None:
         params = self._state.parameters

@@ -279,6 +279,33 @@ def test_errors(tmp_path):
     with pytest.raises(ValueError, match="unfitted"):
         est.export_artifacts(tmp_path, X, y)
     assert not os.listdir(tmp_path)
+    cwd = os.getcwd()
+    os.chdir(tmp_path)  # an empty destination used to write into the working directory
+    try:
+        with pytest.raises(ValueError, match="artifact_directory is empty"):
+            est.export_artifacts("")
+    finally:
+        os.chdir(cwd)
+    assert not os.listdir(tmp_path)
+
+
+def test_symlinks_in_the_destination_are_replaced_not_written_through(tmp_path):
+    X, y = _data("regressor")
+    est = OrtMLPRegressor(hidden_layer_sizes=(3,), solver="adam", max_iter=2,
+                          random_state=0).fit(X, y)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    destination = tmp_path / "artifacts"
+    destination.mkdir()
+    for name in ("checkpoint", "training_model.onnx"):
+        (outside / name).write_bytes(b"keep me")
+        (destination / name).symlink_to(outside / name)
+    est.export_artifacts(destination)
+    for name in ("checkpoint", "training_model.onnx"):
+        assert (outside / name).read_bytes() == b"keep me", name
+        assert not (destination / name).is_symlink(), name
+    api.CheckpointState.load_checkpoint(destination / "checkpoint")
+    onnx.load(destination / "training_model.onnx")
 
 
 def _gradient_optimizer_model(X, y):

@@ -335,3 +335,33 @@ def test_elementwise_loss_blocks_read_the_score_table():
     assert onnxblock.loss.L1Loss._score in SCORES
     with pytest.raises(ValueError, match="'svm' is not a key of ortlearn.loss.SCORES"):
         type("SvmLoss", (_ElementwiseLoss,), {"_score": "svm"})
+
+
+def test_threads_build_their_own_models_at_once():
+    """The base model is the thread's: two threads inside ``base`` at the same time (two
+    estimators exporting artifacts) used to collide ('contexts do not nest')."""
+    import threading
+
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    inside, results, errors = threading.Barrier(2), {}, []
+
+    def build(name):
+        try:
+            with onnxblock.base(model) as accessor:
+                inside.wait(timeout=30)  # both threads are in a context now
+                onnxblock.loss.MSELoss()("y")
+                results[name] = [i.name for i in accessor.model.graph.input]
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=build, args=(n,)) for n in ("a", "b")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors, errors
+    assert results == {"a": ["x", "target"], "b": ["x", "target"]}

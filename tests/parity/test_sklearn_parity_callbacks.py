@@ -297,3 +297,36 @@ def test_readme_and_quickstart_give_the_same_commands():
     assert "python -m sphinx -W --keep-going -b html doc doc/_build/html" in (
         REPO / "README.md").read_text()
     assert len([c for c in quickstart if c.startswith("pip install")]) == 2
+
+
+@pytest.mark.parametrize("name", ["OrtSGDRegressor", "OrtMLPRegressor"])
+def test_a_callback_raising_in_partial_fit_leaves_the_model_as_before(diabetes, name):
+    """Weights, optimizer state, t_ and the curves all stay as before the failed call (t_
+    used to advance, shifting the 'invscaling' rates of the calls after it)."""
+    X, y = diabetes
+
+    class RaisesOnce(Recorder):
+        raised = False
+
+        def on_fit_task_end(self, estimator, context, **kwargs):
+            if context.task_name == "epoch" and not self.raised:
+                self.raised = True
+                raise RuntimeError("a callback failed")
+            return super().on_fit_task_end(estimator, context, **kwargs)
+
+    params = {"random_state": 0}
+    reference = getattr(ortlearn, name)(**params).partial_fit(X, y).partial_fit(X, y)
+    est = getattr(ortlearn, name)(**params).partial_fit(X, y)
+    before = (est.coef_ if hasattr(est, "coef_") else est.coefs_[0]).copy()
+    t, curve = est.t_, list(est.loss_curve_)
+    est.set_callbacks(RaisesOnce())
+    with pytest.raises(RuntimeError, match="a callback failed"):
+        est.partial_fit(X, y)
+    after = est.coef_ if hasattr(est, "coef_") else est.coefs_[0]
+    np.testing.assert_array_equal(after, before)
+    assert est.t_ == t and est.loss_curve_ == curve and est.n_iter_ == 1
+    est.partial_fit(X, y)  # the callback lets it through now: as if the failure never was
+    got = est.coef_ if hasattr(est, "coef_") else est.coefs_[0]
+    ref = reference.coef_ if hasattr(reference, "coef_") else reference.coefs_[0]
+    np.testing.assert_array_equal(got, ref)
+    assert est.t_ == reference.t_

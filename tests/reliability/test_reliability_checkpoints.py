@@ -235,3 +235,32 @@ def test_valid_optimizer_state_edges_round_trip(rate, step):
     assert back.optimizer_state["w"]["exp_avg"].tolist() == [[0.5], [0.5]]
     # Integer states (a counter) have no NaN to check.
     state.set_optimizer_state({"w": {"count": np.array([3], np.int64)}}, step, rate)
+
+
+def test_training_does_not_resume_from_nan_parameters(tmp_path):
+    """A checkpoint saved after a divergence: binding it for training is refused, naming
+    the parameters (it used to load and train on from NaN)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from ortlearn import api, artifacts
+    from ortlearn.graph import make_model
+
+    w = numpy_helper.from_array(np.ones((3, 1), np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])], "lin",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 1])], [w])
+    artifacts.generate_artifacts(make_model(graph, [helper.make_opsetid("", 18)]),
+                                 requires_grad=["w"], loss=artifacts.LossType.MSELoss,
+                                 optimizer=artifacts.OptimType.AdamW,
+                                 artifact_directory=tmp_path)
+    state = api.CheckpointState.load_checkpoint(str(tmp_path / "checkpoint"))
+    state.parameters["w"].data = np.array([[1.0], [np.nan], [2.0]], np.float32)
+    broken = state.to_bytes()
+    state = api.CheckpointState.load_checkpoint(broken)  # loading it is allowed: inspection
+    assert np.isnan(state.parameters["w"].data).any()
+    with pytest.raises(ValueError, match=r"parameters \['w'\] hold NaN or infinite"):
+        api.Module(str(tmp_path / "training_model.onnx"), state)
+    state.parameters["w"].data = np.ones((3, 1), np.float32)  # the remedy the error names
+    with api.Module(str(tmp_path / "training_model.onnx"), state) as module:
+        module.train()

@@ -417,3 +417,44 @@ def test_command_line_usage_errors(args, capsys):
     with pytest.raises(SystemExit) as info:
         main(args)
     assert info.value.code == 2
+
+
+def test_gradient_optimizer_refuses_fractional_class_indices():
+    """A cross-entropy graph reads int64 class indices: labels 0.9, 1.9, 2.9 used to be
+    truncated to 0, 1, 2 and trained on silently."""
+    from skl2onnx import to_onnx
+    from sklearn.datasets import load_iris
+    from sklearn.linear_model import LogisticRegression
+
+    X, y = load_iris(return_X_y=True)
+    onx = to_onnx(LogisticRegression(max_iter=200).fit(X, y), X.astype(np.float32),
+                  black_op={"LinearClassifier"}, options={"zipmap": False})
+    model = add_loss_output(onx, score_name="cross_entropy", output_index="raw_scores",
+                            label_name="y")
+    est = OrtGradientOptimizer(model, ["coef", "intercept"], max_iter=2)
+    X = X.astype(np.float32)
+    with pytest.raises(ValueError, match=r"not integers \(0\.9.*class indices"):
+        est.fit(X, y + 0.9)
+    est.fit(X, y.astype(np.float64))  # integral floats are class indices
+    assert len(est.train_losses_) == 2
+
+
+def test_a_loss_with_one_value_per_row_is_refused(loss_onnx):
+    """skl2onnx declares the prediction (N, 1) with N unnamed: static checks cannot tell it
+    from a scalar, and training used to descend the sum of its rows silently."""
+    from ortlearn.autodiff import LOSS_ELEMENT_CHECK, build_gradient
+
+    X = np.random.RandomState(0).randn(20, 3)
+    with pytest.raises(ValueError, match=r"'variable' has 2 values for 2 rows"):
+        OrtGradientOptimizer(loss_onnx, ["coef", "intercept"], max_iter=2,
+                             loss_output_name="variable").fit(X, X[:, 0])
+    # the gradient graph itself stops at run time rather than seed every row with 1
+    grad = build_gradient(loss_onnx, wrt=["coef"], loss_output="variable")
+    assert any(LOSS_ELEMENT_CHECK in n.name for n in grad.graph.node)
+    import onnxruntime as ort
+    session = ort.InferenceSession(grad.SerializeToString(), providers=["CPUExecutionProvider"])
+    feeds = {"X": X.astype(np.float32), "label": X[:, :1].astype(np.float32),
+             "weight": np.ones(20, np.float32)}
+    feeds = {k: v for k, v in feeds.items() if k in {i.name for i in session.get_inputs()}}
+    with pytest.raises(Exception, match=LOSS_ELEMENT_CHECK):
+        session.run(None, feeds)

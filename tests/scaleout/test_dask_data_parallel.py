@@ -123,6 +123,14 @@ def test_classifier_shards_in_a_list(client):
     assert single > 0.9 and accuracy >= single - 0.03, (accuracy, single)
 
 
+@pytest.mark.parametrize("max_iter", [0, -1, 2.5, True])
+def test_bad_max_iter_is_refused_before_any_work(max_iter):
+    """max_iter=0 used to train the estimator's own max_iter epochs (``self.max_iter or``)."""
+    X, y = _data(100)
+    with pytest.raises(ValueError, match="max_iter must be a positive integer or None"):
+        DataParallel(_mlp(), max_iter=max_iter).fit([X], [y])
+
+
 def test_without_dask_the_error_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "distributed", None)
     X, y = _data(100)

@@ -471,14 +471,20 @@ def test_temporary_file_is_in_the_target_directory(tmp_path, monkeypatch):
     assert _listing(tmp_path) == ["checkpoint"]
 
 
-def test_save_overwrites_and_follows_symlinks(tmp_path):
-    target = tmp_path / "real"
-    link = tmp_path / "link"
-    CheckpointState.save_checkpoint(CheckpointState(), target)
+def test_save_replaces_a_symlink_and_never_writes_through_it(tmp_path):
+    """A link in the destination may point anywhere (outside the directory the user named):
+    the link is replaced by the file, its target is left as it was."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    target = outside / "precious"
+    target.write_bytes(b"keep me")
+    inside = tmp_path / "inside"
+    inside.mkdir()
+    link = inside / "checkpoint"
     link.symlink_to(target)
     CheckpointState.save_checkpoint(_full_state(), link, include_optimizer_state=True)
-    assert link.is_symlink()
-    assert_states_equal(_full_state(), CheckpointState.load_checkpoint(target))
+    assert not link.is_symlink() and target.read_bytes() == b"keep me"
+    assert_states_equal(_full_state(), CheckpointState.load_checkpoint(link))
 
 
 def test_save_to_a_directory_is_a_clear_error(tmp_path):
