@@ -16,6 +16,18 @@ from .model import finalize_model
 from .values import value_info_map
 
 
+def rewritten(nodes, replaced: dict, dropped: set) -> list:
+    """``nodes`` with ``replaced[id(node)]`` (a list) for a node, those of ``dropped`` left out
+    (what a rewrite that replaces some nodes by others returns)."""
+    out = []
+    for node in nodes:
+        if id(node) in replaced:
+            out.extend(replaced[id(node)])
+        elif id(node) not in dropped:
+            out.append(node)
+    return out
+
+
 def initializer_map(graph: onnx.GraphProto) -> dict[str, TensorProto]:
     return {init.name: init for init in graph.initializer}
 

@@ -27,7 +27,7 @@ from onnx import TensorProto, helper
 from .builder import GraphBuilder
 from .format import UPDATED_SUFFIX
 from .model import FLOAT_TYPES, finalize_model, onnx_to_np_dtype, opset_of
-from .nodes import attr, constant_values, needed_nodes
+from .nodes import attr, constant_values, needed_nodes, rewritten
 from .shapes import refine_shapes
 from .values import elem_type_of, shape_of, value_info_map
 
@@ -332,17 +332,6 @@ def _sole_use(consumers: dict, value: str, node, outputs) -> bool:
     return value not in outputs and len(users) == 1 and users[0] is node
 
 
-def _rewritten(nodes, replaced: dict, dropped: set) -> list:
-    """``nodes`` with ``replaced[id(node)]`` (a list) for a node, those of ``dropped`` left out."""
-    out = []
-    for node in nodes:
-        if id(node) in replaced:
-            out.extend(replaced[id(node)])
-        elif id(node) not in dropped:
-            out.append(node)
-    return out
-
-
 def negations_folded(nodes: list, graph: GraphView) -> list:
     """``Neg(Mul(c, x))`` and ``Neg(Div(c, x))`` as one node of the constant ``-c``.
 
@@ -376,7 +365,7 @@ def negations_folded(nodes: list, graph: GraphView) -> list:
         folded[id(source)] = (constant, helper.make_node(source.op_type, inputs,
                                                          list(node.output), name=node.name))
         dropped.add(id(node))
-    return _rewritten(nodes, folded, dropped)
+    return rewritten(nodes, folded, dropped)
 
 
 def common_factors(nodes: list, graph: GraphView) -> list:
@@ -412,7 +401,7 @@ def common_factors(nodes: list, graph: GraphView) -> list:
             helper.make_node(node.op_type, [a, b], [inner], name=inner),
             helper.make_node("Mul", [inner, factor], list(node.output), name=node.name)]
         dropped.update((id(left), id(right)))
-    return _rewritten(nodes, factored, dropped)
+    return rewritten(nodes, factored, dropped)
 
 
 #: The rewrites of a training step, in the order they run.

@@ -32,7 +32,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from .builder import GraphBuilder
 from .model import FLOAT_TYPES, load_model, opset_of
-from .nodes import attr, constant_values
+from .nodes import attr, constant_values, rewritten
 from .values import shape_of, value_info_map
 
 __all__ = [
@@ -591,12 +591,7 @@ def sequences_as_splits(model: onnx.ModelProto) -> int:
         del b.nodes[:]
     if not replaced:
         return 0
-    out = []
-    for node in nodes:
-        if id(node) in replaced:
-            out.extend(replaced[id(node)])
-        elif id(node) not in dropped:
-            out.append(node)
+    out = rewritten(nodes, replaced, dropped)
     del graph.node[:]
     graph.node.extend(out)
     return len(replaced)

@@ -74,6 +74,9 @@ from .layout import (
 
 __all__ = ["TrainingSession"]
 
+#: The last optimizer step an int64 step input counts (a checkpoint's step is at most this).
+_LAST_STEP = 2**63 - 1
+
 
 def _open_only(method):
     """Refuse ``method`` once the session is closed, with an error saying so.
@@ -338,7 +341,9 @@ class TrainingSession:
                                           inputs[name].type.tensor_type.shape.dim)
                               for name in (LEARNING_RATE, STEP)}
         self._lr_value = self._ortvalue(self._scalar(LEARNING_RATE, self._lr, np.float32))
-        self._step_value = self._ortvalue(self._scalar(STEP, self._step + 1, np.int64))
+        # the value the next step feeds; the last step int64 counts has none
+        self._step_value = self._ortvalue(self._scalar(STEP, min(self._step + 1, _LAST_STEP),
+                                                       np.int64))
         self._optimizer_layout = layout
         self._optimizer = session or self._open(model)
 
@@ -679,6 +684,12 @@ class TrainingSession:
         """
         self._require_optimizer("optimizer_step")
         self._require_values("optimizer_step")
+        if self._step >= _LAST_STEP:
+            raise ValueError(
+                f"The optimizer has made {self._step} steps, the most its int64 step count "
+                "holds: a checkpoint's step beyond what training reaches. Reset the "
+                "optimizer state (CheckpointState.set_optimizer_state with step=0) or load "
+                "another checkpoint.")
         self._step_value.update_inplace(self._scalar(STEP, self._step + 1, np.int64))
         binding = self._binding("optim")
         self._optimizer.run_with_iobinding(binding)

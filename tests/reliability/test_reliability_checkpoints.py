@@ -264,3 +264,31 @@ def test_training_does_not_resume_from_nan_parameters(tmp_path):
     state.parameters["w"].data = np.ones((3, 1), np.float32)  # the remedy the error names
     with api.Module(str(tmp_path / "training_model.onnx"), state) as module:
         module.train()
+
+
+def test_a_step_at_the_int64_limit_is_a_clear_error(tmp_path):
+    """A checkpoint whose step is 2^63-1 (valid, it round-trips): the next optimizer step
+    used to end in numpy's raw OverflowError."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from ortlearn import api, artifacts
+    from ortlearn.graph import make_model
+
+    w = numpy_helper.from_array(np.ones((3, 1), np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])], "lin",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 1])], [w])
+    artifacts.generate_artifacts(make_model(graph, [helper.make_opsetid("", 18)]),
+                                 requires_grad=["w"], loss=artifacts.LossType.MSELoss,
+                                 optimizer=artifacts.OptimType.AdamW,
+                                 artifact_directory=tmp_path)
+    state = api.CheckpointState.load_checkpoint(str(tmp_path / "checkpoint"))
+    moments = {"w": {"exp_avg": np.zeros((3, 1), np.float32),
+                     "exp_avg_sq": np.zeros((3, 1), np.float32)}}
+    state.set_optimizer_state(moments, 2**63 - 1, 0.01)
+    module = api.Module(str(tmp_path / "training_model.onnx"), state)
+    optimizer = api.Optimizer(str(tmp_path / "optimizer_model.onnx"), module)
+    module(np.ones((4, 3), np.float32), np.ones((4, 1), np.float32))
+    with pytest.raises(ValueError, match="made 9223372036854775807 steps"):
+        optimizer.step()
