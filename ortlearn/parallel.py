@@ -135,6 +135,63 @@ def _place_shards(client, X, y) -> list:
     return shards
 
 
+def _shard_summary(X, y, classify: bool) -> tuple:
+    """On the shard's worker: its feature count and, for a classifier, its classes' counts."""
+    counts = None
+    if classify and len(y):
+        labels, n = np.unique(np.asarray(y), return_counts=True)
+        counts = dict(zip(labels.tolist(), n.tolist()))
+    return (X.shape[1] if X.ndim == 2 else None), counts
+
+
+#: A shard whose class frequencies are farther than this (total variation) from the
+#: whole data's trains its copy on another problem: the averaged model is then no good.
+NON_IID_DISTANCE = 0.4
+
+
+def _checked_shards(client, shards: list, classify: bool) -> list:
+    """The shards with rows, after checking them on their workers (nothing trained yet).
+
+    Empty shards are left out, with a warning; shards with other feature counts are a
+    ValueError; classifier shards whose class frequencies are far from the whole data's
+    (a dask array sorted by label, chunked as it is) are a warning naming the remedy.
+    """
+    kept = [s for s in shards if s[3] > 0]
+    if not kept:
+        raise ValueError("Every shard is empty: DataParallel needs rows to train on.")
+    if len(kept) < len(shards):
+        warnings.warn(f"{len(shards) - len(kept)} of {len(shards)} shards hold no row: they "
+                      "are left out.", UserWarning, stacklevel=3)
+    summaries = client.gather([client.submit(_shard_summary, Xs, ys, classify,
+                                             workers=[worker], pure=False)
+                               for worker, Xs, ys, _ in kept])
+    features = {n for n, _ in summaries}
+    if len(features) > 1:
+        raise ValueError(f"The shards have different numbers of features: "
+                         f"{[n for n, _ in summaries]} (one per shard); every shard must "
+                         "hold the same columns.")
+    if classify:
+        total: dict = {}
+        for _, counts in summaries:
+            for label, n in counts.items():
+                total[label] = total.get(label, 0) + n
+        n_rows = sum(total.values())
+        far = []
+        for i, (_, counts) in enumerate(summaries):
+            rows = sum(counts.values())
+            distance = 0.5 * sum(abs(counts.get(c, 0) / rows - total[c] / n_rows)
+                                 for c in total)
+            if distance > NON_IID_DISTANCE:
+                far.append(f"shard {i}: classes {sorted(counts)}")
+        if far:
+            warnings.warn(
+                f"The shards' classes are far from the whole data's ({'; '.join(far)}): each "
+                "copy learns another problem and the averaged model does poorly. Shuffle the "
+                "rows before chunking them (e.g. sklearn.utils.shuffle before "
+                "dask.array.from_array).", UserWarning, stacklevel=3)
+    return kept
+
+
 class DataParallel(MetaEstimatorMixin, BaseEstimator):
     """Train one estimator on several Dask workers, each on its shard, averaging the copies.
 
@@ -232,7 +289,7 @@ class DataParallel(MetaEstimatorMixin, BaseEstimator):
             model.set_params(random_state=int(rng.randint(2**31 - 1)))
         max_iter = model.get_params()["max_iter"] if self.max_iter is None else self.max_iter
         fit_kwargs = {"classes": _classes(X, y)} if is_classifier(model) else {}
-        shards = _place_shards(client, X, y)
+        shards = _checked_shards(client, _place_shards(client, X, y), is_classifier(model))
         rows_per_round = None
         if self.sync_every is not None:
             batch = model.get_params().get("batch_size", "auto")

@@ -146,3 +146,25 @@ def test_estimators_do_not_import_dask():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_shards_are_checked_before_training(client):
+    """Empty shards are left out (one used to end in NotFittedError, all of them in an
+    IndexError); other feature counts are refused before any worker trains; shards each
+    holding one class (a dask array sorted by label) warn with the remedy."""
+    X, y = _data(400)
+    model = DataParallel(_mlp(max_iter=1), random_state=0)
+    with pytest.warns(UserWarning, match="1 of 2 shards hold no row"):
+        model.fit([X[:0], X], [y[:0], y])
+    assert model.n_shards_ == 1
+    with pytest.raises(ValueError, match="Every shard is empty"):
+        model.fit([X[:0], X[:0]], [y[:0], y[:0]])
+    with pytest.raises(ValueError, match=r"different numbers of features: \[10, 9\]"):
+        model.fit([X[:200], X[200:, :9]], [y[:200], y[200:]])
+    labels = (y > 0).astype(int)
+    order = np.argsort(labels, kind="stable")
+    clf = OrtMLPClassifier(hidden_layer_sizes=(4,), max_iter=1, random_state=0)
+    half = len(order) // 2
+    with pytest.warns(UserWarning, match=r"shard 1: classes \[1\]\).*Shuffle the rows"):
+        DataParallel(clf).fit([X[order[:half]], X[order[half:]]],
+                              [labels[order[:half]], labels[order[half:]]])
