@@ -726,6 +726,23 @@ def test_divergence_raises_and_keeps_losses():
     assert len(opt.train_losses_) == 50
 
 
+def test_forward_backward_optimizer_in_a_grid_search():
+    """scikit-learn >= 1.6 asks an estimator for its tags, and clone checks the constructor
+    stored its arguments (they were copied: list(weights_to_train), a new device string)."""
+    from sklearn.base import clone
+    from sklearn.model_selection import GridSearchCV
+
+    onx, X, y = _linear_model()
+    opt = OrtGradientForwardBackwardOptimizer(onx, ["coef", "intercept"], max_iter=5,
+                                              batch_size=8, device="cpu")
+    twin = clone(opt)  # raised: the constructor "modified" weights_to_train and device
+    assert twin.get_params()["weights_to_train"] == ["coef", "intercept"]
+    assert twin.get_params()["device"] == "cpu"
+    search = GridSearchCV(opt, {"batch_size": [8, 16]}, cv=2).fit(X, y)
+    assert search.best_params_["batch_size"] in (8, 16)
+    assert len(search.best_estimator_.train_losses_) == 5
+
+
 def test_validation_losses_score_and_errors():
     onx, X, y = _linear_model()
     opt = OrtGradientForwardBackwardOptimizer(onx, max_iter=10, batch_size=8, learning_rate=0.05,
@@ -762,6 +779,37 @@ def test_forward_backward_of_a_graph_without_loss():
         OrtGradientForwardBackward(onx, weights_to_train=["intercept", "coef"])
     with pytest.raises(RuntimeError, match="forward"):
         fn.backward([g])
+
+
+def test_forward_backward_whose_backward_reads_a_graph_output():
+    """A classifier's last activation (a Sigmoid) is an output the backward reads: it was
+    bound twice, and the backward lost a saved value (KeyError)."""
+    from onnx import TensorProto, helper
+
+    from ortlearn.graph import make_model
+
+    rng = np.random.RandomState(0)
+    X = rng.randn(8, 3).astype(np.float32)
+    coef, intercept = rng.randn(3, 1).astype(np.float32), np.array([0.1], np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["X", "coef"], ["z0"]),
+         helper.make_node("Add", ["z0", "intercept"], ["z"]),
+         helper.make_node("Sigmoid", ["z"], ["probabilities"])], "clf",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", 3])],
+        [helper.make_tensor_value_info("probabilities", TensorProto.FLOAT, ["N", 1])],
+        [numpy_helper.from_array(coef, "coef"), numpy_helper.from_array(intercept, "intercept")])
+    fb = OrtGradientForwardBackward(make_model(graph, [helper.make_opsetid("", 18)]))
+    fn = fb.new_instance()
+    (proba,) = fn.forward([X, fb.get_initializer("coef"), fb.get_initializer("intercept")],
+                          training=True)
+    p = 1 / (1 + np.exp(-(X @ coef + intercept)))
+    assert_close(proba.numpy(), p)
+    g = rng.randn(8, 1).astype(np.float32)
+    gx, gcoef, gint = fn.backward([g])
+    dz = g * p * (1 - p)
+    assert_close(gcoef.numpy(), X.T @ dz)
+    assert_close(gint.numpy(), dz.sum(axis=0))
+    assert_close(gx.numpy(), dz @ coef.T)
 
 
 # ---------------------------------------------------------------- data loader, helpers

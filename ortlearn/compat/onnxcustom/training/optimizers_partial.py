@@ -121,9 +121,10 @@ class OrtGradientForwardBackwardOptimizer:
             weights_to_train = list(get_train_initializer(model_onnx))
         self.model_onnx = model_onnx
         self.learning_rate = BaseLearningRate.select(learning_rate)
-        self.device = get_ort_device(device)
+        self._set_device(device)
         self.batch_size = batch_size
-        self.weights_to_train = list(weights_to_train)
+        # kept as given: scikit-learn's clone checks the constructor stored its arguments
+        self.weights_to_train = weights_to_train
         self.loss_output_name = loss_output_name
         self.training_optimizer_name = training_optimizer_name
         self.verbose = verbose
@@ -146,18 +147,34 @@ class OrtGradientForwardBackwardOptimizer:
         params = inspect.signature(cls.__init__).parameters.values()
         return [(p.name, p.default) for p in params if p.name != "self"]
 
+    def _set_device(self, device) -> None:
+        """``device`` (an OrtDevice) and, for get_params, the string it was given as (the same
+        object: scikit-learn's clone checks it)."""
+        self.device = get_ort_device(device)
+        self._device_name = device if isinstance(device, str) else ort_device_to_string(
+            self.device)
+
     def get_params(self, deep=False):
         """The constructor's parameters (``device`` as a string)."""
         res = {name: getattr(self, name) for name, _ in self._get_param_names()}
-        res["device"] = ort_device_to_string(res["device"])
+        res["device"] = self._device_name
         return res
 
     def set_params(self, **params):
         """Set parameters and rebuild the functions; return self."""
         for k, v in params.items():
-            setattr(self, k, get_ort_device(v) if k == "device" else v)
+            if k == "device":
+                self._set_device(v)
+            else:
+                setattr(self, k, v)
         self.build_onnx_function()
         return self
+
+    def __sklearn_tags__(self):
+        """scikit-learn's tags (its searches ask for them): supervised, not a classifier."""
+        from sklearn.utils import Tags, TargetTags
+
+        return Tags(estimator_type=None, target_tags=TargetTags(required=True))
 
     def __repr__(self):
         ps = []
@@ -266,7 +283,7 @@ class OrtGradientForwardBackwardOptimizer:
         popped = {k: state.pop(k) for k in ("train_state", "train_grad_state", "train_losses")
                   if k in state}
         self.__dict__.update(state)
-        self.device = get_ort_device(self.device)
+        self._set_device(self.device)
         if "train_state" in popped:
             self.set_state(popped["train_state"], check_trained=False, kind="weight")
         if "train_grad_state" in popped:

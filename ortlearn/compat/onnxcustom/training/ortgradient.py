@@ -294,14 +294,16 @@ class OrtGradientForwardBackwardFunction:
         if not training:
             return run_ort_values(cls._sess_eval, cls._output_names, feeds, cls._device)
         fb = cls._fb
-        values = run_ort_values(cls._sess_forward, list(fb.outputs) + list(fb.saved), feeds,
-                                cls._device)
-        n_out = len(fb.outputs)
-        saved = dict(zip(fb.saved, values[n_out:]))
+        # a value the backward reads may be a graph output too (a classifier's Sigmoid or
+        # Softmax): bound once, read by name
+        names = list(dict.fromkeys([*fb.outputs, *fb.saved]))
+        by_name = dict(zip(names, run_ort_values(cls._sess_forward, names, feeds,
+                                                 cls._device)))
+        saved = {name: by_name[name] for name in fb.saved}
         saved.update({name: feeds[name] for name in fb.reused_inputs})
         self.states_.append(saved)
         self.save_for_backward(inputs)
-        return values[:n_out]
+        return [by_name[name] for name in fb.outputs]
 
     def backward(self, grad_outputs, backward_outputs_cache=None):
         """Gradients of the inputs and weights given the gradients of the outputs.
