@@ -21,8 +21,10 @@ from onnx import numpy_helper
 from . import fileio
 from .fileio import model_data_size, save_model
 from .graph import (
+    DEFAULT_OPSET,
     invalid_model_errors,
     load_model,
+    opset_of,
     prune_model,
     rename_value,
     select_trainable,
@@ -94,6 +96,10 @@ _LOSSES = {
     LossType.BCEWithLogitsLoss: loss_blocks.BCEWithLogitsLoss,
     LossType.L1Loss: loss_blocks.L1Loss,
 }
+#: Lowest ai.onnx opset of an optimizer model (the blocks' ReduceSum reads its axes as an
+#: input, as from opset 13).
+MIN_OPTIMIZER_OPSET = 13
+
 _OPTIMIZERS = {
     OptimType.AdamW: lambda: optim_blocks.AdamW(),
     OptimType.SGD: lambda: optim_blocks.SGD(),
@@ -585,7 +591,10 @@ def _build(model, requires_grad, frozen_params, loss, optimizer, additional_outp
 
     optim_model = None
     if optim_block is not None:
-        with _block_errors("optimizer", optim_block), empty_base() as accessor:
+        # the model's opset, as onnxruntime-training ("all generated ModelProtos use the
+        # same opsets defined by model"); 13 at least (ReduceSum's axes as an input)
+        opset = max(opset_of(base_model) or DEFAULT_OPSET, MIN_OPTIMIZER_OPSET)
+        with _block_errors("optimizer", optim_block), empty_base(opset) as accessor:
             optim_block((trainable_params, frozen_tensors))
         optim_model = accessor.model
     return training_model, eval_model, optim_model, trainable_params, frozen_tensors

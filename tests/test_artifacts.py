@@ -287,3 +287,28 @@ def test_enum_values():
     assert [(t.name, t.value) for t in artifacts.LossType] == [
         ("MSELoss", 1), ("CrossEntropyLoss", 2), ("BCEWithLogitsLoss", 3), ("L1Loss", 4)]
     assert artifacts.OptimType.AdamW.value == 1 and artifacts.OptimType.SGD.value == 2
+
+
+@pytest.mark.parametrize("opset", [13, 15, 18])
+def test_optimizer_model_has_the_models_opset(tmp_path, opset):
+    """onnxruntime-training builds every model at the base model's opsets; the optimizer
+    model was written at ortlearn's default (18) whatever the model's."""
+    from ortlearn import api
+    from ortlearn.graph import make_model, opset_of
+
+    w = numpy_helper.from_array(np.ones((3, 1), np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])], "lin",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 1])], [w])
+    artifacts.generate_artifacts(make_model(graph, [helper.make_opsetid("", opset)]),
+                                 requires_grad=["w"], loss=artifacts.LossType.MSELoss,
+                                 optimizer=artifacts.OptimType.AdamW,
+                                 artifact_directory=tmp_path)
+    assert opset_of(onnx.load(tmp_path / "optimizer_model.onnx")) == opset
+    state = api.CheckpointState.load_checkpoint(str(tmp_path / "checkpoint"))
+    module = api.Module(str(tmp_path / "training_model.onnx"), state)
+    optimizer = api.Optimizer(str(tmp_path / "optimizer_model.onnx"), module)
+    module(np.ones((4, 3), np.float32), np.ones((4, 1), np.float32))
+    optimizer.step()
+    assert np.isfinite(state.parameters["w"].data).all()

@@ -20,10 +20,13 @@ def _output_names(output) -> list[str]:
     return names
 
 
-def _built(value):
-    """``value``, or the RuntimeError of a block not called yet (None)."""
+def _built(value, what: str = "the model"):
+    """``value``, or the RuntimeError of a block not called yet (None): onnxruntime-training's
+    sentence, then the remedy."""
     if value is None:
-        raise RuntimeError("Call the block inside `with onnxblock.base(model):` first.")
+        raise RuntimeError(f"Please build the training model first before trying to retrieve "
+                           f"{what}. Call the block inside `with onnxblock.base(model):` "
+                           "first.")
     return value
 
 
@@ -158,7 +161,7 @@ class TrainingBlock(Block):
         RuntimeError
             If the block has not been called yet.
         """
-        return _built(self._parameters)
+        return _built(self._parameters, "the parameters")
 
     def to_model_proto(self):
         """The training and eval models.

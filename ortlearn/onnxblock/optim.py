@@ -32,6 +32,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from .. import optim as _optim
+from ..graph import DEFAULT_OPSET, opset_of
 from ..graph.format import UPDATED_FLAG
 from . import _graph_utils
 from .blocks import Block
@@ -145,7 +146,9 @@ class _OptimizerBlock(Block):
         """
         trainable, _ = parameters
         params = {p.name: (p.data_type, list(p.dims)) for p in trainable}
-        model = _optim.build_optimizer_model(self.spec, params)
+        # at the opset of the model being built (empty_base's: the base model's)
+        model = _optim.build_optimizer_model(self.spec, params,
+                                             opset=opset_of(self.base) or DEFAULT_OPSET)
         self.base.CopyFrom(model)
         return UPDATED_FLAG
 

@@ -66,7 +66,8 @@ def _names(optimizer: Optimizer, names) -> tuple[dict, dict]:
 
 
 def build_optimizer_model(optimizer: Optimizer, params: Mapping[str, tuple[int, Sequence]],
-                          layout: str = "sequence") -> onnx.ModelProto:
+                          layout: str = "sequence", opset: int = DEFAULT_OPSET
+                          ) -> onnx.ModelProto:
     """Write ``optimizer_model.onnx``: one update of every parameter.
 
     The default ``layout='sequence'`` follows onnxruntime-training's
@@ -102,11 +103,14 @@ def build_optimizer_model(optimizer: Optimizer, params: Mapping[str, tuple[int, 
         ``shape`` a list of ints, symbolic names or None (dynamic dims).
     layout : {'sequence', 'tensors'}, default='sequence'
         The form of the inputs and outputs.
+    opset : int, default=DEFAULT_OPSET
+        The model's ai.onnx opset (13 or more): generate_artifacts gives the
+        base model's, as onnxruntime-training does.
 
     Returns
     -------
     onnx.ModelProto
-        A checked model (ai.onnx opset ``DEFAULT_OPSET``).
+        A checked model.
 
     Raises
     ------
@@ -132,13 +136,13 @@ def build_optimizer_model(optimizer: Optimizer, params: Mapping[str, tuple[int, 
     """
     _check_params(optimizer, params)
     if layout == "tensors":
-        return _tensor_model(optimizer, params)
+        return _tensor_model(optimizer, params, opset)
     if layout != "sequence":
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}.")
-    return _sequence_model(optimizer, params)
+    return _sequence_model(optimizer, params, opset)
 
 
-def _tensor_model(optimizer: Optimizer, params) -> onnx.ModelProto:
+def _tensor_model(optimizer: Optimizer, params, opset: int) -> onnx.ModelProto:
     names = list(params)
     elem_types = [params[p][0] for p in names]
     states, updated_names = _names(optimizer, names)
@@ -154,7 +158,7 @@ def _tensor_model(optimizer: Optimizer, params) -> onnx.ModelProto:
     input_names = [i.name for i in inputs]
     _check_clashes(input_names)
 
-    builder = GraphBuilder(opset=DEFAULT_OPSET, used_names=input_names, prefix="optim_")
+    builder = GraphBuilder(opset=opset, used_names=input_names, prefix="optim_")
     optimizer.build(builder, names, [f"{p}{GRADIENT_SUFFIX}" for p in names], states,
                     LEARNING_RATE, STEP, elem_types=elem_types, updated_names=updated_names)
     return _finish(builder, inputs, outputs, optimizer, names, "tensors")
@@ -164,13 +168,13 @@ def _finish(builder, inputs, outputs, optimizer, names, layout,
             value_info=()) -> onnx.ModelProto:
     graph = helper.make_graph(builder.nodes, "optimizer", inputs, outputs,
                               value_info=list(value_info))
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", DEFAULT_OPSET)],
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", builder.opset)],
                               producer_name="ortlearn")
     _metadata(model, optimizer, names, layout)
     return finalize_model(model)
 
 
-def _sequence_model(optimizer: Optimizer, params) -> onnx.ModelProto:
+def _sequence_model(optimizer: Optimizer, params, opset: int) -> onnx.ModelProto:
     names = list(params)
     elem_types = {params[p][0] for p in names}
     if len(elem_types) > 1:
@@ -197,7 +201,7 @@ def _sequence_model(optimizer: Optimizer, params) -> onnx.ModelProto:
     reserved = [i.name for i in inputs] + [o.name for o in outputs]
     _check_clashes(reserved + tensor_names + list(updated_names.values()))
 
-    builder = GraphBuilder(opset=DEFAULT_OPSET, used_names=reserved + tensor_names,
+    builder = GraphBuilder(opset=opset, used_names=reserved + tensor_names,
                            prefix="optim_")
     # [1] -> scalar: the per-step scalars keep the shape of each parameter
     lr = builder.squeeze(LEARNING_RATE, [0])
