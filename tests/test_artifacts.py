@@ -213,6 +213,9 @@ def test_eval_model_runs_dropout_and_batchnorm_in_inference_mode(tmp_path, rng, 
     feeds = {"x": x, "target": t, **{k: params[k] for k in [*requires_grad, "bias1", *stats]}}
     got = run_onnx(evaluation, feeds)
     np.testing.assert_allclose(got[0], np.mean((out - t) ** 2), rtol=1e-12)
+    # as onnxruntime-training's eval model: Dropout's training_mode input left out
+    dropouts = [n for n in evaluation.graph.node if n.op_type == "Dropout"]
+    assert dropouts and all(len(n.input) < 3 or n.input[2] == "" for n in dropouts)
     # the training model keeps the training mode: dropout changes the loss
     train_loss = run_onnx(training, training_feeds(training, {"x": x, "target": t},
                                                    {k: params[k] for k in requires_grad})

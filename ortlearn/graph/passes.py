@@ -560,20 +560,19 @@ def training_batch_norms(model: onnx.ModelProto) -> list[onnx.NodeProto]:
 
 
 def set_inference_mode(model: onnx.ModelProto) -> None:
-    """Dropout off and BatchNormalization on its running statistics, in place."""
-    b = GraphBuilder.for_model(model, prefix="eval_")
+    """Dropout off and BatchNormalization on its running statistics, in place.
+
+    Dropout's ``training_mode`` input becomes the empty name (the optional input left out,
+    whose default is false), as onnxruntime-training's eval model has it.
+    """
     for node in model.graph.node:
         if node.op_type == "Dropout" and len(node.input) > 2 and node.input[2]:
-            node.input[2] = b.const(False, hint="training_mode")
+            node.input[2] = ""
         elif node.op_type == "BatchNormalization":
             for a in node.attribute:
                 if a.name == "training_mode":
                     a.i = 0
             del node.output[1:]
-    # Constants first: they must precede the nodes that read them.
-    nodes = b.nodes + list(model.graph.node)
-    del model.graph.node[:]
-    model.graph.node.extend(nodes)
 
 
 def add_running_statistics_updates(model: onnx.ModelProto, names: Sequence[str]) -> list[str]:
