@@ -406,9 +406,13 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None, loss=None,
     # with the external-data files of big models before the first write.
     _check_files(directory, given, _file_names(prefix, optimizer is not None,
                                                nominal_checkpoint, ort_format))
-    training_model, eval_model, optim_model, trainable_params, frozen_tensors = _build(
-        model, requires_grad, frozen_params, loss, optimizer, additional_output_names,
-        loss_input_names)
+    with invalid_model_errors(model):  # onnx's errors about the model, as ValueErrors
+        training_model, eval_model, optim_model, trainable_params, frozen_tensors = _build(
+            model, requires_grad, frozen_params, loss, optimizer, additional_output_names,
+            loss_input_names)
+        # read before any file is written (external data may be refused)
+        values = ({t.name: numpy_helper.to_array(t) for t in trainable_params},
+                  {t.name: numpy_helper.to_array(t) for t in frozen_tensors})
     models = {"training_model": training_model, "eval_model": eval_model,
               "optimizer_model": optim_model}
     _check_files(directory, given, [f"{prefix}{name}.onnx.data" for name, built
@@ -432,8 +436,7 @@ def generate_artifacts(model, requires_grad=None, frozen_params=None, loss=None,
         for name, built in models.items():
             if built is not None:
                 _save(built, directory / f"{prefix}{name}.onnx")
-        _write_checkpoints(directory, prefix, trainable_params, frozen_tensors,
-                           nominal_checkpoint)
+        _write_checkpoints(directory, prefix, values, nominal_checkpoint)
         for staged, target in staged_ort.items():
             os.replace(staged, target)
 
@@ -527,11 +530,15 @@ loss_input_names
     """
     from .training.checkpoint import CheckpointState
 
-    training_model, eval_model, optim_model, trainable, frozen = _build(
-        model, requires_grad, frozen_params, loss, optimizer, additional_output_names,
-        loss_input_names)
-    state = CheckpointState.from_parameters({t.name: numpy_helper.to_array(t) for t in trainable},
-                                            {t.name: numpy_helper.to_array(t) for t in frozen})
+    # onnx's own errors about the model (external data pointing outside its directory, a
+    # checker failure) as the ValueError generate_artifacts raises too
+    with invalid_model_errors(model):
+        training_model, eval_model, optim_model, trainable, frozen = _build(
+            model, requires_grad, frozen_params, loss, optimizer, additional_output_names,
+            loss_input_names)
+        state = CheckpointState.from_parameters(
+            {t.name: numpy_helper.to_array(t) for t in trainable},
+            {t.name: numpy_helper.to_array(t) for t in frozen})
     return training_model, eval_model, optim_model, state
 
 
@@ -600,11 +607,10 @@ def _build(model, requires_grad, frozen_params, loss, optimizer, additional_outp
     return training_model, eval_model, optim_model, trainable_params, frozen_tensors
 
 
-def _write_checkpoints(directory: Path, prefix: str, trainable, frozen, nominal: bool) -> None:
+def _write_checkpoints(directory: Path, prefix: str, values: tuple, nominal: bool) -> None:
+    """The checkpoint of ``values`` (the trainable and the frozen parameters' arrays)."""
     from .training.checkpoint import CheckpointState
 
-    values = ({t.name: numpy_helper.to_array(t) for t in trainable},
-              {t.name: numpy_helper.to_array(t) for t in frozen})
     CheckpointState.save_checkpoint(CheckpointState.from_parameters(*values),
                                     directory / f"{prefix}checkpoint")
     if nominal:

@@ -315,3 +315,24 @@ def test_optimizer_model_has_the_models_opset(tmp_path, opset):
     module(np.ones((4, 3), np.float32), np.ones((4, 1), np.float32))
     optimizer.step()
     assert np.isfinite(state.parameters["w"].data).all()
+
+
+@pytest.mark.parametrize("function", ["build_artifacts", "generate_artifacts"])
+def test_external_data_outside_the_models_directory_is_a_value_error(tmp_path, function):
+    """onnx's checker refuses it; its ValidationError used to leak out of both functions."""
+    w = numpy_helper.from_array(np.ones((3, 1), np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])], "lin",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 1])], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    tensor = model.graph.initializer[0]
+    tensor.ClearField("raw_data")
+    tensor.data_location = TensorProto.EXTERNAL
+    entry = tensor.external_data.add()
+    entry.key, entry.value = "location", "../../outside.bin"
+    kwargs = {"artifact_directory": tmp_path} if function == "generate_artifacts" else {}
+    with pytest.raises(ValueError, match="outside the directory"):
+        getattr(artifacts, function)(model.SerializeToString(), requires_grad=["w"],
+                                     loss=artifacts.LossType.MSELoss, **kwargs)
+    assert not list(tmp_path.iterdir())
