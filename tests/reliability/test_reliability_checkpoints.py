@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import safetensors.numpy
 
-from ortlearn import CheckpointState
+from ortlearn import CheckpointState, api
 from ortlearn.training.checkpoint import _OptimizerSnapshot
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -237,12 +237,11 @@ def test_valid_optimizer_state_edges_round_trip(rate, step):
     state.set_optimizer_state({"w": {"count": np.array([3], np.int64)}}, step, rate)
 
 
-def test_training_does_not_resume_from_nan_parameters(tmp_path):
-    """A checkpoint saved after a divergence: binding it for training is refused, naming
-    the parameters (it used to load and train on from NaN)."""
+def _linear_artifacts(directory):
+    """Artifacts of ``y = x @ w`` (3 features, MSE, AdamW) in ``directory``; their state."""
     from onnx import TensorProto, helper, numpy_helper
 
-    from ortlearn import api, artifacts
+    from ortlearn import artifacts
     from ortlearn.graph import make_model
 
     w = numpy_helper.from_array(np.ones((3, 1), np.float32), "w")
@@ -253,8 +252,14 @@ def test_training_does_not_resume_from_nan_parameters(tmp_path):
     artifacts.generate_artifacts(make_model(graph, [helper.make_opsetid("", 18)]),
                                  requires_grad=["w"], loss=artifacts.LossType.MSELoss,
                                  optimizer=artifacts.OptimType.AdamW,
-                                 artifact_directory=tmp_path)
-    state = api.CheckpointState.load_checkpoint(str(tmp_path / "checkpoint"))
+                                 artifact_directory=directory)
+    return CheckpointState.load_checkpoint(str(directory / "checkpoint"))
+
+
+def test_training_does_not_resume_from_nan_parameters(tmp_path):
+    """A checkpoint saved after a divergence: binding it for training is refused, naming
+    the parameters (it used to load and train on from NaN)."""
+    state = _linear_artifacts(tmp_path)
     state.parameters["w"].data = np.array([[1.0], [np.nan], [2.0]], np.float32)
     broken = state.to_bytes()
     state = api.CheckpointState.load_checkpoint(broken)  # loading it is allowed: inspection
@@ -269,21 +274,7 @@ def test_training_does_not_resume_from_nan_parameters(tmp_path):
 def test_a_step_at_the_int64_limit_is_a_clear_error(tmp_path):
     """A checkpoint whose step is 2^63-1 (valid, it round-trips): the next optimizer step
     used to end in numpy's raw OverflowError."""
-    from onnx import TensorProto, helper, numpy_helper
-
-    from ortlearn import api, artifacts
-    from ortlearn.graph import make_model
-
-    w = numpy_helper.from_array(np.ones((3, 1), np.float32), "w")
-    graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w"], ["y"])], "lin",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 1])], [w])
-    artifacts.generate_artifacts(make_model(graph, [helper.make_opsetid("", 18)]),
-                                 requires_grad=["w"], loss=artifacts.LossType.MSELoss,
-                                 optimizer=artifacts.OptimType.AdamW,
-                                 artifact_directory=tmp_path)
-    state = api.CheckpointState.load_checkpoint(str(tmp_path / "checkpoint"))
+    state = _linear_artifacts(tmp_path)
     moments = {"w": {"exp_avg": np.zeros((3, 1), np.float32),
                      "exp_avg_sq": np.zeros((3, 1), np.float32)}}
     state.set_optimizer_state(moments, 2**63 - 1, 0.01)

@@ -273,8 +273,9 @@ def test_dropout_on_trains_and_inference_model_matches_torch_eval(name, exporter
     assert _falls(losses), losses
     module.export_model_for_inferencing(str(tmp_path / "inference.onnx"), ["output"])
     inference = onnx.load(str(tmp_path / "inference.onnx"))
-    for node in inference.graph.node:  # Dropout, if kept, is in inference mode
-        assert node.op_type != "Dropout" or node.input[2] == "eval_training_mode"
+    for node in inference.graph.node:  # Dropout, if kept, is in inference mode: its
+        # training_mode input left out, as onnxruntime-training's eval model
+        assert node.op_type != "Dropout" or len(node.input) < 3 or node.input[2] == ""
     # the trained weights and statistics into the torch module, through parameter_map
     values = {}
     for init, (key, transposed) in parameter_map(onx, model).items():
