@@ -443,3 +443,25 @@ def test_pickle_and_clone(regression):
     assert isinstance(copy.learning_rate, LearningRateSGD)
     assert copy.learning_rate is not train_session.learning_rate
     assert copy.learning_rate.eta0 == train_session.learning_rate.eta0
+
+
+def test_reprs_are_onnxcustoms():
+    """onnxcustom's repr lists every constructor argument in the signature's order, defaults
+    included (its tests compare the strings); scikit-learn's lists the changed ones, sorted."""
+    from ortlearn.compat.onnxcustom.training.optimizers_partial import (
+        OrtGradientForwardBackwardOptimizer,
+    )
+    from ortlearn.compat.onnxcustom.training.sgd_learning_penalty import ElasticLearningPenalty
+
+    assert repr(LearningRateSGD()) == (
+        "LearningRateSGD(eta0=0.01, alpha=0.0001, power_t=0.25, learning_rate='invscaling')")
+    assert repr(ElasticLearningPenalty()).startswith("ElasticLearningPenalty(l1=")
+    X = np.random.RandomState(0).randn(20, 3).astype(np.float32)
+    onx = to_onnx(LinearRegression().fit(X, X[:, 0]), X, black_op={"LinearRegressor"})
+    text = repr(OrtGradientOptimizer(add_loss_output(onx), ["coef", "intercept"]))
+    assert text.startswith("OrtGradientOptimizer(model_onnx=")
+    assert "learning_rate=LearningRateSGD(eta0=0.01" in text
+    assert "learning_rate='invscaling'" in text and "max_iter=100" in text
+    text = repr(OrtGradientForwardBackwardOptimizer(onx, device="cpu"))
+    assert text.startswith("OrtGradientForwardBackwardOptimizer(model_onnx=")
+    assert "device='cpu'" in text and "learning_loss=SquareLearningLoss()" in text

@@ -42,6 +42,36 @@ def save_onnx_graphs(owner, attributes, folder, prefix=None, suffix=None):
     return saved
 
 
+#: A value whose repr is longer is shortened in :func:`constructor_repr` (a model's bytes).
+REPR_MAX_CHARS = 50
+
+
+def constructor_repr(obj, values: dict | None = None) -> str:
+    """``Class(name=value, ...)`` with every constructor parameter ``obj`` holds, in the
+    signature's order, defaults included: onnxcustom's repr, which its scripts and tests
+    compare (scikit-learn's prints the changed ones, sorted). A value whose repr is
+    longer than :data:`REPR_MAX_CHARS` characters, or spans lines, is shortened to its
+    first ten characters, but for the learning objects (rates, losses, penalties), printed
+    whole. ``values`` overrides what is printed for some names.
+    """
+    params = inspect.signature(type(obj).__init__).parameters.values()
+    args = []
+    for p in params:
+        if p.name == "self" or p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL):
+            continue
+        if values and p.name in values:
+            text = repr(values[p.name])
+        elif p.name in obj.__dict__:
+            text = repr(obj.__dict__[p.name])
+        else:
+            continue
+        learning = isinstance(obj.__dict__.get(p.name), BaseLearningOnnx)
+        if not learning and (len(text) > REPR_MAX_CHARS or "\n" in text):
+            text = repr(text[:10].replace("\n", " ") + "...")
+        args.append(f"{p.name}={text}")
+    return f"{type(obj).__name__}({', '.join(args)})"
+
+
 class BaseLearningOnnx:
     """An object computing its part of a training step with small ONNX functions.
 
@@ -77,10 +107,4 @@ class BaseLearningOnnx:
         return ""
 
     def __repr__(self):
-        args = []
-        for name, default in self._get_param_names():
-            if name in self.__dict__:
-                value = getattr(self, name)
-                if default is inspect.Parameter.empty or value != default:
-                    args.append(f"{name}={value!r}")
-        return f"{self.__class__.__name__}({', '.join(args)}){self.__repr_extended__()}"
+        return constructor_repr(self) + self.__repr_extended__()

@@ -41,6 +41,7 @@ from ....training import TrainingEngine
 from ....training.fused import build_fused_step
 from ....training.loop import run_epochs
 from ..utils.onnx_helper import replace_initializers_into_onnx
+from ._base_onnx_function import constructor_repr
 from .excs import ConvergenceError, EvaluationError
 from .sgd_learning_rate import BaseLearningRate
 
@@ -169,6 +170,10 @@ class OrtGradientOptimizer(_NativeOptimizer):
                 "implements it.")
 
     # ------------------------------------------------------------------ fit
+
+    def __repr__(self, N_CHAR_MAX=700):
+        # onnxcustom's form (every constructor argument, in order), not scikit-learn's
+        return constructor_repr(self)
     def fit(self, X, y, sample_weight=None, X_val=None, y_val=None, use_numpy=False):
         """Train the weights for ``max_iter`` epochs.
 

@@ -27,7 +27,7 @@ import numpy as np
 from ....graph import get_train_initializer, onnx_to_np_dtype
 from ..utils.onnx_helper import get_onnx_opset, replace_initializers_into_onnx
 from ..utils.onnxruntime_helper import get_ort_device, ort_device_to_string
-from ._base_onnx_function import save_onnx_graphs
+from ._base_onnx_function import constructor_repr, save_onnx_graphs
 from ._functions import OrtFunction, as_ort_value, to_numpy, zero_model
 from .data_loader import OrtDataLoader
 from .excs import ConvergenceError, ConvergenceWarning
@@ -177,18 +177,7 @@ class OrtGradientForwardBackwardOptimizer:
         return Tags(estimator_type=None, target_tags=TargetTags(required=True))
 
     def __repr__(self):
-        ps = []
-        for name, default in self._get_param_names():
-            value = getattr(self, name, None)
-            if name == "device":
-                value = ort_device_to_string(value)
-            elif name == "model_onnx":
-                ps.append("model_onnx=...")
-                continue
-            if isinstance(value, (BaseLearningRate, BaseLearningLoss, BaseLearningPenalty)) \
-                    or value != default:
-                ps.append(f"{name}={value!r}")
-        return f"{self.__class__.__name__}({', '.join(ps)})"
+        return constructor_repr(self, {"device": self._device_name})
 
     def save_onnx_graph(self, folder, prefix=None, suffix=None):
         """Save every ONNX graph the training runs in ``folder``, or return them
