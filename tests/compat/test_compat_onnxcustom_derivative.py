@@ -134,12 +134,27 @@ def test_options_errors():
     with pytest.raises(ValueError, match="cannot be combined"):
         onnx_derivative(model, options=DerivativeOptions.KeepYieldOp
                         | DerivativeOptions.KeepOutputs)
-    with pytest.raises(NotImplementedError, match="YieldOp"):
-        onnx_derivative(model, options=DerivativeOptions.KeepYieldOp)
     with pytest.raises(ValueError, match="path_name"):
         onnx_derivative(model, options=DerivativeOptions.Loss, loss="loss", label="label")
     with pytest.raises(ValueError, match="label"):
         onnx_derivative(model, options=DerivativeOptions.Loss, loss="loss", path_name="x.onnx")
+
+
+def test_keep_yield_op_builds_onnxruntime_trainings_form():
+    """The outputs go into a YieldOp (com.microsoft) whose outputs are their gradients, as in
+    onnxruntime-training's graph (onnxcustom's test looks for that node); the rest is the
+    gradient graph of DerivativeOptions.Zero."""
+    model = graph_add()
+    grad = onnx_derivative(model, options=DerivativeOptions.KeepYieldOp)
+    (yield_op,) = [n for n in grad.graph.node if n.op_type == "YieldOp"]
+    outputs = [o.name for o in model.graph.output]
+    assert yield_op.domain == "com.microsoft" and list(yield_op.input) == outputs
+    assert list(yield_op.output) == [f"{o}_grad" for o in outputs]
+    assert ("com.microsoft", 1) in {(o.domain, o.version) for o in grad.opset_import}
+    zero = onnx_derivative(model, options=DerivativeOptions.Zero)
+    assert [i.name for i in grad.graph.input] == [
+        i.name for i in zero.graph.input if i.name not in yield_op.output]
+    assert [o.name for o in grad.graph.output] == [o.name for o in zero.graph.output]
 
 
 def test_loss_graph_gradient_against_finite_differences(tmp_path):

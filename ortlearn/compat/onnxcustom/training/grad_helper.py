@@ -35,8 +35,11 @@ class DerivativeOptions(IntFlag):
     - ``KeepOutputs``: the graph's outputs follow the gradients;
     - ``FillGrad``: no ``<output>_grad`` input, the gradient of every output
       is a tensor of ones (needs ``KeepOutputs``, as in onnxcustom);
-    - ``KeepYieldOp``: onnxruntime-training's graph with ``YieldOp`` nodes,
-      which plain onnxruntime cannot run: not available;
+    - ``KeepYieldOp``: onnxruntime-training's form, where a ``YieldOp`` node
+      (domain ``com.microsoft``) takes the forward outputs and gives their
+      gradients; the ordinary onnxruntime has no kernel for it, so the graph
+      can be built and inspected, not run (``Zero`` gives the same gradients
+      with the outputs' gradients as inputs);
     - ``Loss``: the graph holds a loss; gradients of the loss w.r.t. the
       inputs (see :func:`onnx_derivative`).
     """
@@ -46,6 +49,10 @@ class DerivativeOptions(IntFlag):
     KeepOutputs = 2
     FillGrad = 4
     Loss = 5
+
+
+#: Domain of onnxruntime-training's YieldOp.
+_MS_DOMAIN = "com.microsoft"
 
 
 def onnx_derivative(onx, weights=None, inputs=None, options=DerivativeOptions.Zero, loss=None,
@@ -84,8 +91,6 @@ def onnx_derivative(onx, weights=None, inputs=None, options=DerivativeOptions.Ze
     ValueError
         For ``FillGrad`` without ``KeepOutputs``, ``KeepYieldOp`` combined with
         another option, missing ``loss``, ``label`` or ``path_name`` with ``Loss``.
-    NotImplementedError
-        For ``KeepYieldOp``.
 
     Examples
     --------
@@ -113,11 +118,6 @@ def onnx_derivative(onx, weights=None, inputs=None, options=DerivativeOptions.Ze
     if options & DerivativeOptions.KeepYieldOp:
         if options != DerivativeOptions.KeepYieldOp:
             raise ValueError("Option KeepYieldOp cannot be combined with any other.")
-        raise NotImplementedError(
-            "KeepYieldOp returns onnxruntime-training's graph with YieldOp nodes, which the "
-            "ordinary onnxruntime cannot run; use DerivativeOptions.Zero (the gradients of the "
-            "outputs are inputs of the graph) or OrtGradientForwardBackward (forward and "
-            "backward as two graphs).")
     if options & DerivativeOptions.FillGrad and not options & DerivativeOptions.KeepOutputs:
         raise ValueError("FillGrad must be set with KeepOutputs.")
     return _derivative_forward(onx, weights, inputs, options)
@@ -158,6 +158,11 @@ def _derivative_forward(onx, weights, inputs, options):
     nodes = list(fb.forward.graph.node)
     graph_inputs = list(ordered)
     fill = bool(options & DerivativeOptions.FillGrad)
+    yielded = bool(options & DerivativeOptions.KeepYieldOp)
+    if yielded:  # the outputs' gradients come out of a YieldOp, not in as inputs
+        nodes.append(helper.make_node(
+            "YieldOp", outputs, [fresh(f"{o}_grad") for o in outputs], domain=_MS_DOMAIN,
+            full_shape_outputs=list(range(len(outputs))), name="YieldOp"))
     for out in outputs:
         name = f"{out}_grad"
         if fill:
@@ -168,6 +173,10 @@ def _derivative_forward(onx, weights, inputs, options):
             nodes.append(helper.make_node("Shape", [out], [shape]))
             nodes.append(helper.make_node("ConstantOfShape", [shape], [fb.cotangents[out]],
                                           value=helper.make_tensor("value", elem, [1], [1])))
+            continue
+        if yielded:
+            if out in fb.cotangents:
+                nodes.append(helper.make_node("Identity", [name], [fb.cotangents[out]]))
             continue
         info = onnx.ValueInfoProto()
         info.CopyFrom(infos[out])
@@ -191,7 +200,10 @@ def _derivative_forward(onx, weights, inputs, options):
     initializers.update({i.name: i for i in fb.backward.graph.initializer})
     graph = helper.make_graph(nodes, model.graph.name, graph_inputs, graph_outputs,
                               list(initializers.values()))
-    new = helper.make_model(graph, opset_imports=list(model.opset_import),
+    opsets = list(model.opset_import)
+    if yielded and all(o.domain != _MS_DOMAIN for o in opsets):
+        opsets.append(helper.make_opsetid(_MS_DOMAIN, 1))
+    new = helper.make_model(graph, opset_imports=opsets,
                             producer_name="ortlearn", ir_version=model.ir_version)
     new.functions.extend(fb.forward.functions)
     return finalize_model(new, check=False)
