@@ -146,7 +146,7 @@ class BaseLearningLoss(BaseLearningOnnx):
         Examples
         --------
         >>> BaseLearningLoss.select('elastic', l1_weight=0.1)
-        ElasticLearningLoss(l1_weight=0.1)
+        ElasticLearningLoss(l1_weight=0.1, l2_weight=0.5)
         """
         if isinstance(class_name, BaseLearningLoss):
             return class_name

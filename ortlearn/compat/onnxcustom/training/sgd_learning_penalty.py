@@ -37,7 +37,7 @@ class BaseLearningPenalty(BaseLearningOnnx):
         >>> BaseLearningPenalty.select(None)
         NoLearningPenalty()
         >>> BaseLearningPenalty.select('l1l2', l2=0.1)
-        ElasticLearningPenalty(l2=0.1)
+        ElasticLearningPenalty(l1=0.5, l2=0.1)
         """
         if isinstance(class_name, BaseLearningPenalty):
             return class_name

@@ -92,9 +92,10 @@ class BaseLearningRate(BaseLearningOnnx):
         Examples
         --------
         >>> BaseLearningRate.select(0.05)
-        LearningRateSGD(eta0=0.05)
-        >>> BaseLearningRate.select('Nesterov', momentum=0.5)
-        LearningRateSGDNesterov(momentum=0.5)
+        LearningRateSGD(eta0=0.05, alpha=0.0001, power_t=0.25, learning_rate='invscaling')
+        >>> BaseLearningRate.select('Nesterov', momentum=0.5)  # doctest: +NORMALIZE_WHITESPACE
+        LearningRateSGDNesterov(eta0=0.01, alpha=0.0001, power_t=0.25,
+                                learning_rate='invscaling', momentum=0.5, nesterov=True)
         """
         if isinstance(class_name, BaseLearningRate):
             return class_name
