@@ -618,11 +618,14 @@ def _check_prediction(model, infos, pred: str, score: Score, output_index):
             f"score_name={score.name!r} needs a float or double tensor: {hint}."
         )
     shape = shape_of(info)
+    if shape is None:
+        # no rank (a model built from an input declared without one, as onnxcustom's
+        # users wrote them): onnxruntime runs it, the label is declared without one too
+        return elem, None
     if not shape:
-        # The label input is declared with the prediction's shape.
         raise ValueError(
-            f"The prediction {pred!r} has an unknown shape or is a scalar; the loss needs "
-            "a prediction of shape (n, ...): declare its shape on the model's output."
+            f"The prediction {pred!r} is a scalar; the loss needs a prediction of shape "
+            "(n, ...), one row per sample."
         )
     if score.check_shape is not None:
         score.check_shape(pred, shape)
@@ -634,6 +637,8 @@ def _label_info(name: str, score: Score, elem: int, shape) -> onnx.ValueInfoProt
         # Class indices of shape (n,), like scikit-learn's y (onnx.checker
         # wants a rank on every input, so (n, 1) cannot be declared too).
         return helper.make_tensor_value_info(name, TensorProto.INT64, [_batch_dim(shape)])
+    if shape is None:  # the prediction's rank is unknown: so is the label's
+        return helper.make_tensor_value_info(name, elem, None)
     return helper.make_tensor_value_info(name, elem, [_batch_dim(shape)] + list(shape[1:]))
 
 
@@ -811,6 +816,8 @@ def _add_loss_output(onx, score_name, loss_name, label_name, weight_name, penalt
     graph.output.extend(originals)
     if score.class_labels:
         # Where labels enter from the host, they are checked against the classes.
-        n_classes = shape[1] if len(shape) > 1 and isinstance(shape[1], int) else None
+        n_classes = (shape[1] if shape is not None and len(shape) > 1
+                     and isinstance(shape[1], int) else None)
         mark_class_labels(model, label, n_classes)
-    return finalize_model(model)
+    # onnx's checker wants a rank on every graph input, which onnxruntime does not need
+    return finalize_model(model, check=shape is not None)

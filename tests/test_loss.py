@@ -627,3 +627,29 @@ def test_sgd_and_glm_scores_gradients_match_finite_differences(name, kw):
 def test_sgd_and_glm_score_parameters_out_of_their_domain(name, kw, match):
     with pytest.raises(ValueError, match=match):
         add_loss_output(identity_model(np.float64), score_name=name, **kw)
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_prediction_of_unknown_rank_is_accepted(weighted):
+    """A model whose input was declared without a shape (onnxcustom's users built such
+    models, ``DoubleTensorType()``): onnxruntime runs it, so add_loss_output takes it, the
+    label declared without a shape too."""
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["X"], ["Y"])], "identity",
+        [helper.make_tensor_value_info("X", TensorProto.DOUBLE, None)],
+        [helper.make_tensor_value_info("Y", TensorProto.DOUBLE, None)])
+    # (onnx's checker wants a shape on every graph input: helper, not ortlearn's make_model)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", DEFAULT_OPSET)])
+    loss_model = add_loss_output(model, weight_name="w" if weighted else None)
+    label = next(i for i in loss_model.graph.input if i.name == "label")
+    assert not label.type.tensor_type.HasField("shape")
+    X, y = np.array([[1.0], [2.0], [4.0]]), np.array([[0.0], [2.0], [1.0]])
+    w = np.array([1.0, 2.0, 3.0])
+    feeds = {"X": X, "label": y, **({"w": w} if weighted else {})}
+    expected = (np.average((X - y).ravel() ** 2, weights=w) if weighted
+                else np.mean((X - y) ** 2))
+    np.testing.assert_allclose(run_onnx(loss_model, feeds)[0], expected, rtol=1e-12)
+    # a scalar prediction has no rows: still refused
+    scalar = identity_model(np.float64, shape=())
+    with pytest.raises(ValueError, match="is a scalar"):
+        add_loss_output(scalar)
