@@ -8,20 +8,11 @@ from conftest import run_onnx
 from sklearn.datasets import load_breast_cancer, load_diabetes, load_digits, load_wine
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import LogisticRegression, SGDClassifier, SGDRegressor
-from sklearn.model_selection import train_test_split
-from sklearn.preprocessing import StandardScaler
+from splits import standardized_split
 
 from ortlearn.convert import init_template, to_train_onnx
 from ortlearn.estimators import OrtLinearClassifier, OrtLinearRegressor
 from ortlearn.estimators._objective import sgd_objective
-
-
-def _split(load, classifier):
-    X, y = load(return_X_y=True)
-    X_tr, X_te, y_tr, y_te = train_test_split(
-        X, y, test_size=0.25, random_state=0, stratify=y if classifier else None)
-    scaler = StandardScaler().fit(X_tr)
-    return scaler.transform(X_tr), scaler.transform(X_te), y_tr, y_te
 
 
 def _logistic_objective(X, y, coef, intercept, alpha, classes):
@@ -71,7 +62,7 @@ def test_per_sample_sgd_reproduces_sgdregressor():
 
 
 def test_regressor_matches_sgdregressor_on_diabetes():
-    X_tr, X_te, y_tr, y_te = _split(load_diabetes, classifier=False)
+    X_tr, X_te, y_tr, y_te = standardized_split(load_diabetes, classifier=False)
     ours = OrtLinearRegressor(random_state=0).fit(X_tr, y_tr)
     ref = SGDRegressor(random_state=0).fit(X_tr, y_tr)
     assert abs(ours.score(X_te, y_te) - ref.score(X_te, y_te)) <= 0.01
@@ -81,7 +72,7 @@ def test_regressor_matches_sgdregressor_on_diabetes():
 
 @pytest.mark.parametrize("load", [load_breast_cancer, load_wine, load_digits])
 def test_classifier_matches_sgdclassifier(load):
-    X_tr, X_te, y_tr, y_te = _split(load, classifier=True)
+    X_tr, X_te, y_tr, y_te = standardized_split(load, classifier=True)
     ours = OrtLinearClassifier(random_state=0).fit(X_tr, y_tr)
     ref = SGDClassifier(loss="log_loss", random_state=0).fit(X_tr, y_tr)
     if len(ours.classes_) == 2:
@@ -99,7 +90,7 @@ def test_classifier_matches_sgdclassifier(load):
 
 @pytest.mark.parametrize("load", [load_breast_cancer, load_wine])
 def test_lbfgs_reaches_logistic_regression_objective(load):
-    X_tr, _, y_tr, _ = _split(load, classifier=True)
+    X_tr, _, y_tr, _ = standardized_split(load, classifier=True)
     C = 0.5
     alpha = 1 / (C * len(y_tr))
     ref = LogisticRegression(C=C, tol=1e-10, max_iter=2000).fit(X_tr, y_tr)
@@ -116,7 +107,7 @@ def test_lbfgs_reaches_logistic_regression_objective(load):
 
 
 def test_binary_decision_function_and_probabilities():
-    X_tr, X_te, y_tr, _ = _split(load_breast_cancer, classifier=True)
+    X_tr, X_te, y_tr, _ = standardized_split(load_breast_cancer, classifier=True)
     clf = OrtLinearClassifier(random_state=0).fit(X_tr, y_tr)
     scores = clf.decision_function(X_te)
     assert scores.shape == (len(X_te),)
@@ -130,7 +121,7 @@ def test_binary_decision_function_and_probabilities():
 
 
 def test_multiclass_is_multinomial_softmax():
-    X_tr, X_te, y_tr, _ = _split(load_wine, classifier=True)
+    X_tr, X_te, y_tr, _ = standardized_split(load_wine, classifier=True)
     clf = OrtLinearClassifier(random_state=0, max_iter=20).fit(X_tr, y_tr)
     z = clf.decision_function(X_te)
     assert z.shape == (len(X_te), 3)
@@ -141,7 +132,7 @@ def test_multiclass_is_multinomial_softmax():
 
 @pytest.mark.parametrize("solver", ["adam", "adamw", "sgd"])
 def test_solvers_and_partial_fit(solver):
-    X_tr, X_te, y_tr, y_te = _split(load_diabetes, classifier=False)
+    X_tr, X_te, y_tr, y_te = standardized_split(load_diabetes, classifier=False)
     reg = OrtLinearRegressor(solver=solver, eta0=0.1, learning_rate="constant",
                              random_state=0, max_iter=300, tol=1e-4)
     reg.fit(X_tr, y_tr)
@@ -166,7 +157,7 @@ def test_sample_weight_scales_the_data_loss():
 
 
 def test_early_stopping_and_warm_start():
-    X_tr, X_te, y_tr, y_te = _split(load_breast_cancer, classifier=True)
+    X_tr, X_te, y_tr, y_te = standardized_split(load_breast_cancer, classifier=True)
     clf = OrtLinearClassifier(early_stopping=True, random_state=0).fit(X_tr, y_tr)
     assert clf.best_validation_score_ == max(clf.validation_scores_)
     assert clf.n_iter_ < 1000

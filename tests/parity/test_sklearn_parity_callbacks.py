@@ -5,13 +5,12 @@ one subtask per epoch; ``verbose`` writes scikit-learn's lines through the
 ``ortlearn`` logger; warnings name the user's line.
 """
 
-import io
-import logging
 import re
 import warnings
 
 import numpy as np
 import pytest
+from counterparts import ortlearn_log
 from sklearn.datasets import load_diabetes, load_digits
 from sklearn.neural_network import MLPClassifier
 
@@ -158,21 +157,12 @@ def test_sgd_verbose_lines_are_scikit_learns(diabetes, capsys):
 
 def test_verbose_goes_through_the_ortlearn_logger(diabetes, capsys):
     X, y = diabetes
-    stream = io.StringIO()
-    handler = logging.StreamHandler(stream)
-    logger = logging.getLogger("ortlearn")
-    logger.addHandler(handler)
-    logger.removeHandler(ortlearn.log.stdout_handler)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", ConvergenceWarning)
-            ortlearn.OrtMLPRegressor(hidden_layer_sizes=(4,), max_iter=2, verbose=1,
-                                     random_state=0).fit(X, y)
-            ortlearn.OrtMLPRegressor(hidden_layer_sizes=(4,), max_iter=2, verbose=0,
-                                     random_state=0).fit(X, y)
-    finally:
-        logger.removeHandler(handler)
-        logger.addHandler(ortlearn.log.stdout_handler)
+    with ortlearn_log() as stream, warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        ortlearn.OrtMLPRegressor(hidden_layer_sizes=(4,), max_iter=2, verbose=1,
+                                 random_state=0).fit(X, y)
+        ortlearn.OrtMLPRegressor(hidden_layer_sizes=(4,), max_iter=2, verbose=0,
+                                 random_state=0).fit(X, y)
     assert capsys.readouterr().out == ""  # the default handler removed: nothing printed
     assert stream.getvalue().splitlines()[:2] == [
         line for line in stream.getvalue().splitlines() if line.startswith("Iteration")]

@@ -5,12 +5,11 @@ one subtask ``'iteration'`` per iteration of the solver (L-BFGS, FISTA);
 ``verbose`` logs a line per L-BFGS iteration through the ``ortlearn`` logger.
 """
 
-import io
-import logging
 import warnings
 
 import numpy as np
 import pytest
+from counterparts import ortlearn_log
 from sklearn.datasets import load_breast_cancer, load_diabetes
 from sklearn.preprocessing import StandardScaler
 
@@ -151,18 +150,10 @@ def test_no_callbacks_no_subtasks_and_the_same_fit():
                                   lambda v: ortlearn.OrtLinearSVC(verbose=v)])
 def test_verbose_logs_each_iteration_through_the_ortlearn_logger(make, capsys):
     Xd, yd = (XR, np.exp(YR / 2)) if "Poisson" in type(make(0)).__name__ else (X, Y)
-    stream = io.StringIO()
-    handler = logging.StreamHandler(stream)
-    logger = logging.getLogger("ortlearn")
-    logger.addHandler(handler)
-    logger.removeHandler(ortlearn.log.stdout_handler)
-    try:
+    with ortlearn_log() as stream:
         quiet = make(0).fit(Xd, yd)
         assert stream.getvalue() == ""
         est = make(1).fit(Xd, yd)
-    finally:
-        logger.removeHandler(handler)
-        logger.addHandler(ortlearn.log.stdout_handler)
     assert capsys.readouterr().out == ""  # the default handler removed: nothing printed
     lines = stream.getvalue().splitlines()
     assert len(lines) == np.max(est.n_iter_) >= 2

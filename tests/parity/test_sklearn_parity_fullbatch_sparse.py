@@ -6,23 +6,19 @@ practice to rounding) and scikit-learn's on the same sparse data, with
 memory in the non-zeros.
 """
 
-import json
 import os
-import subprocess
-import sys
-import textwrap
 import warnings
 
 import numpy as np
 import pytest
 import scipy.sparse as sp
+from counterparts import sparse_fit_peak
 from sklearn import linear_model, svm
 
 import ortlearn
 from ortlearn.exceptions import ConvergenceWarning
 
 RTOL = 1e-6
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _data(n=400, p=60, density=0.08, seed=0):
@@ -192,41 +188,11 @@ def test_lbfgs_refuses_a_sparse_input_it_cannot_multiply():
                        [X, np.ones((3, 1)), np.ones(3)], ["X", "y", "sample_weight"])
 
 
-_MEMORY_CHILD = """
-import json, time, warnings
-import numpy as np
-import scipy.sparse as sp
-import ortlearn
-{status}
-rows, cols, per_row = 100_000, 50_000, 50  # 0.1 % non-zeros; 40 GB dense in float64
-rng = np.random.default_rng(0)
-X = sp.csr_matrix((rng.standard_normal(rows * per_row),
-                   rng.integers(0, cols, rows * per_row, dtype=np.int32),
-                   np.arange(0, rows * per_row + 1, per_row, dtype=np.int32)),
-                  shape=(rows, cols))
-y = (X @ rng.standard_normal(cols) > 0).astype(int)
-with open("/proc/self/clear_refs", "w") as f:
-    f.write("5")  # VmHWM back to the current RSS
-base = status("VmHWM")
-start = time.perf_counter()
-with warnings.catch_warnings():
-    warnings.simplefilter("ignore")
-    est = ortlearn.{cls}(max_iter=5).fit(X, y)
-print(json.dumps({{"peak": status("VmHWM") - base, "seconds": time.perf_counter() - start,
-                  "n_iter": int(np.max(est.n_iter_)), "csr": X.data.nbytes * 2}}))
-"""
-
-
 @pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="Linux /proc only")
 @pytest.mark.parametrize("cls", ["OrtLogisticRegression", "OrtRidge"])
 def test_sparse_fit_memory_is_proportional_to_the_non_zeros(cls):
-    from benchmarks.memory import STATUS_SOURCE
-
-    code = _MEMORY_CHILD.format(status=textwrap.dedent(STATUS_SOURCE), cls=cls)
-    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env=env, timeout=300, check=True)
-    result = json.loads(out.stdout.strip().splitlines()[-1])
+    result = sparse_fit_peak(f"est = ortlearn.{cls}(max_iter=5).fit(X, y)",
+                             "(X @ rng.standard_normal(cols) > 0).astype(int)")
     assert result["n_iter"] >= 1, result
     # dense: 40 GB; CSR: 60 MB (data + indices), its transpose as much again
     assert result["peak"] < 0.5 * 2**30, result

@@ -11,7 +11,12 @@ import warnings
 
 import numpy as np
 import pytest
-from counterparts import assert_reaches, check_counterpart_parameters, fit_both
+from counterparts import (
+    assert_reaches,
+    check_counterpart_parameters,
+    fit_both,
+    sample_weights,
+)
 from numpy.testing import assert_allclose, assert_array_equal
 from scipy import sparse
 from sklearn.datasets import load_breast_cancer, load_diabetes, load_digits, make_regression
@@ -147,9 +152,8 @@ def _class_weights(class_weight, classes, y, sample_weight):
 ])
 def test_logistic_objective(dataset, params, weighted):
     X, y = _data(dataset)
-    sw = np.random.RandomState(0).uniform(0.5, 2.0, len(y)) if weighted else None
+    sw, weights = sample_weights(len(y), weighted)
     ort, sk = fit_both(OrtLogisticRegression, LogisticRegression, X, y, sw, **params)
-    weights = np.ones(len(y)) if sw is None else sw
     weights = weights * _class_weights(params.get("class_weight"), sk.classes_, y, weights)
     C = params.get("C", 1.0)
     assert_reaches(_logistic_objective(ort, X, y, C, weights),
@@ -222,9 +226,8 @@ def test_ridge_objective(dataset, params, weighted, two_targets):
     X, y = _data(dataset)
     if two_targets:
         y = np.column_stack([y, 2 * y + 1])
-    sw = np.random.RandomState(0).uniform(0.5, 2.0, len(y)) if weighted else None
+    sw, weights = sample_weights(len(y), weighted)
     ort, sk = fit_both(OrtRidge, Ridge, X, y, sw, **params)
-    weights = np.ones(len(y)) if sw is None else sw
     alpha = params.get("alpha", 1.0)
     assert_reaches(_ridge_objective(ort, X, y, alpha, weights),
                     _ridge_objective(sk, X, y, alpha, weights))
@@ -300,12 +303,11 @@ GLMS = [
 ])
 def test_glm_objective(ort_cls, sk_cls, family, power, link, dataset, params, weighted):
     X, y = _data(dataset)
-    sw = np.random.RandomState(0).uniform(0.5, 2.0, len(y)) if weighted else None
+    sw, weights = sample_weights(len(y), weighted)
     with warnings.catch_warnings():
         # power 3 on diabetes needs more than 100 iterations in both
         warnings.simplefilter("ignore", ConvergenceWarning)
         ort, sk = fit_both(ort_cls, sk_cls, X, y, sw, **family, **params)
-    weights = np.ones(len(y)) if sw is None else sw
     alpha = params.get("alpha", 1.0)
     assert_reaches(_glm_objective(ort, X, y, power, link, alpha, weights),
                     _glm_objective(sk, X, y, power, link, alpha, weights))
@@ -350,9 +352,8 @@ def test_glm_warm_start_continues():
 ])
 def test_huber_objective(dataset, params, weighted):
     X, y = _data(dataset)
-    sw = np.random.RandomState(0).uniform(0.5, 2.0, len(y)) if weighted else None
+    sw, weights = sample_weights(len(y), weighted)
     ort, sk = fit_both(OrtHuberRegressor, HuberRegressor, X, y, sw, **params)
-    weights = np.ones(len(y)) if sw is None else sw
     epsilon, alpha = params.get("epsilon", 1.35), params.get("alpha", 1e-4)
     assert_reaches(_huber_objective(ort, X, y, epsilon, alpha, weights),
                     _huber_objective(sk, X, y, epsilon, alpha, weights))

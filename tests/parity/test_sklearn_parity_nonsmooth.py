@@ -13,7 +13,13 @@ import warnings
 
 import numpy as np
 import pytest
-from counterparts import RTOL, assert_reaches, check_counterpart_parameters, fit_both
+from counterparts import (
+    RTOL,
+    assert_reaches,
+    check_counterpart_parameters,
+    fit_both,
+    sample_weights,
+)
 from numpy.testing import assert_array_equal
 from sklearn.datasets import load_breast_cancer, load_diabetes, load_iris, make_regression
 from sklearn.exceptions import ConvergenceWarning
@@ -100,11 +106,10 @@ def _enet_objective(est, X, y, alpha, l1_ratio, sample_weight):
 ])
 def test_enet_objective(ort_cls, sk_cls, dataset, params, weighted):
     X, y = _data(dataset)
-    sw = np.random.RandomState(0).uniform(0.5, 2.0, len(y)) if weighted else None
+    sw, weights = sample_weights(len(y), weighted)
     params = {"max_iter": 100_000, **params}
     ort, sk = fit_both(ort_cls, sk_cls, X, y, sw, **params)
     l1_ratio = 1.0 if sk_cls is Lasso else 0.5
-    weights = np.ones(len(y)) if sw is None else sw
     ours = _enet_objective(ort, X, y, params["alpha"], l1_ratio, weights)
     theirs = _enet_objective(sk, X, y, params["alpha"], l1_ratio, weights)
     assert_reaches(ours, theirs)
@@ -183,9 +188,8 @@ def _svr_objective(est, X, y, C, loss, epsilon, scaling, sample_weight):
 ])
 def test_svc_objective(dataset, params, weighted):
     X, y = _data(dataset)
-    sw = np.random.RandomState(0).uniform(0.5, 2.0, len(y)) if weighted else None
+    sw, weights = sample_weights(len(y), weighted)
     ort, sk = fit_both(OrtLinearSVC, LinearSVC, X, y, sw, **params)
-    weights = np.ones(len(y)) if sw is None else sw
     args = (X, y, params.get("C", 1.0), params.get("loss", "squared_hinge"),
             params.get("class_weight"), params.get("intercept_scaling", 1.0), weights)
     assert_reaches(_svc_objective(ort, *args), _svc_objective(sk, *args))
@@ -218,9 +222,8 @@ def test_svc_hinge_reaches_the_converged_minimum(dataset):
 ])
 def test_svr_objective(params, weighted):
     X, y = _data("diabetes_scaled")
-    sw = np.random.RandomState(0).uniform(0.5, 2.0, len(y)) if weighted else None
+    sw, weights = sample_weights(len(y), weighted)
     ort, sk = fit_both(OrtLinearSVR, LinearSVR, X, y, sw, **params)
-    weights = np.ones(len(y)) if sw is None else sw
     args = (X, y, params.get("C", 1.0), params.get("loss", "epsilon_insensitive"),
             params.get("epsilon", 0.0), params.get("intercept_scaling", 1.0), weights)
     assert_reaches(_svr_objective(ort, *args), _svr_objective(sk, *args))
@@ -246,9 +249,8 @@ def test_quantile_objective(dataset, params, weighted):
         y = y[:, 0]
     else:
         X, y = _data(dataset)
-    sw = np.random.RandomState(0).uniform(0.5, 2.0, len(y)) if weighted else None
+    sw, weights = sample_weights(len(y), weighted)
     ort, sk = fit_both(OrtQuantileRegressor, QuantileRegressor, X, y, sw, **params)
-    weights = np.ones(len(y)) if sw is None else sw
     args = (X, y, params.get("quantile", 0.5), params["alpha"], weights)
     assert_reaches(_quantile_objective(ort, *args), _quantile_objective(sk, *args))
     assert ort.coef_.shape == sk.coef_.shape

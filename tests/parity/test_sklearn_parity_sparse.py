@@ -5,23 +5,18 @@ A sparse X is densified one block of whole mini-batches at a time
 data, weight for weight, and the memory is the non-zeros plus one block.
 """
 
-import json
 import os
-import subprocess
-import sys
-import textwrap
 import warnings
 
 import numpy as np
 import pytest
 import scipy.sparse as sp
+from counterparts import sparse_fit_peak
 from sklearn.datasets import load_diabetes, load_digits
 
 import ortlearn
 import ortlearn.training.sparse as sparse_module
 from ortlearn.training.sparse import DenseRows
-
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _sparse_digits():
@@ -127,43 +122,14 @@ def test_dense_rows_sums_duplicates_and_clears():
     assert X.nnz == 3  # the user's matrix is left as it was
 
 
-_MEMORY_CHILD = """
-import json, time, warnings
-import numpy as np
-import scipy.sparse as sp
-import ortlearn
-{status}
-rows, cols, per_row = 100_000, 50_000, 50  # 0.1 % non-zeros; 20 GB dense in float32
-rng = np.random.default_rng(0)
-X = sp.csr_matrix((rng.standard_normal(rows * per_row, dtype=np.float32),
-                   rng.integers(0, cols, rows * per_row, dtype=np.int32),
-                   np.arange(0, rows * per_row + 1, per_row, dtype=np.int32)),
-                  shape=(rows, cols))
-y = rng.standard_normal(rows).astype(np.float32)
-with open("/proc/self/clear_refs", "w") as f:
-    f.write("5")  # VmHWM back to the current RSS
-base = status("VmHWM")
-start = time.perf_counter()
-with warnings.catch_warnings():
-    warnings.simplefilter("ignore")
-    # one epoch of 100 batches (a batch of 1 000 rows is 200 MB dense)
-    est = ortlearn.OrtLinearRegressor(max_iter=1, tol=None, batch_size=1000,
-                                      random_state=0).fit(X, y)
-    est.predict(X[:5000])
-print(json.dumps({{"peak": status("VmHWM") - base, "seconds": time.perf_counter() - start,
-                  "loss": est.loss_}}))
-"""
-
-
 @pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="Linux /proc only")
 def test_sparse_fit_memory_is_proportional_to_the_non_zeros():
-    from benchmarks.memory import STATUS_SOURCE
-
-    code = _MEMORY_CHILD.format(status=textwrap.dedent(STATUS_SOURCE))
-    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env=env, timeout=300, check=True)
-    result = json.loads(out.stdout.strip().splitlines()[-1])
+    # one epoch of 100 batches (a batch of 1 000 rows is 200 MB dense)
+    result = sparse_fit_peak(
+        "est = ortlearn.OrtLinearRegressor(max_iter=1, tol=None, batch_size=1000,\n"
+        "                                  random_state=0).fit(X, y)\n"
+        "est.predict(X[:5000])",
+        "rng.standard_normal(rows).astype(np.float32)", dtype="np.float32")
     assert np.isfinite(result["loss"])
     # dense: 20 GB; CSR: 40 MB; one dense block: BLOCK_BYTES
     assert result["peak"] < 1.5 * 2**30, result
