@@ -12,6 +12,7 @@ from docutils.parsers.rst import Directive
 
 # The guide documents the checkout it lives in, installed or not.
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..")))
+sys.path.insert(0, os.path.abspath(os.path.dirname(__file__)))  # gallery_order
 
 import ortlearn  # noqa: E402
 
@@ -23,15 +24,55 @@ version = release = ortlearn.__version__
 extensions = [
     "sphinx.ext.autodoc",
     "sphinx.ext.mathjax",
+    # MathJax from the package's own copy: the guide renders formulas offline
+    "sphinx-mathjax-offline",
     "numpydoc",
     # Markdown, for artifacts_format.md
     "myst_parser",
+    "sphinx_copybutton",
+    "sphinx_gallery.gen_gallery",
 ]
 source_suffix = {".rst": "restructuredtext", ".md": "markdown"}
 root_doc = "index"
-exclude_patterns = ["_build"]
-html_theme = "alabaster"
-html_static_path = []
+exclude_patterns = ["_build", "auto_examples/*.ipynb", "auto_examples/*.py",
+                    "auto_examples/*.zip", "auto_examples/*.json", "auto_examples/*.md5"]
+
+html_theme = "pydata_sphinx_theme"
+html_title = f"ortlearn {release}"
+html_static_path = ["_static"]
+html_css_files = ["ortlearn.css"]
+html_theme_options = {
+    # the theme's defaults fetch nothing, but its icon links and version switcher would
+    "navigation_with_keys": False,
+    "show_toc_level": 2,
+    "navbar_align": "left",
+    "footer_start": ["copyright"],
+    "footer_end": ["sphinx-version"],
+}
+html_show_sourcelink = False
+# the prompt and continuation markers are not copied: a copied block pastes and runs
+copybutton_prompt_text = r">>> |\.\.\. |\$ "
+copybutton_prompt_is_regexp = True
+
+# The example gallery: examples/plot_*.py run at build time, their output and figures
+# rendered into doc/auto_examples/ (generated, ignored by git). A failing example fails the
+# build, so the build is the examples' test.
+sphinx_gallery_conf = {
+    "examples_dirs": os.path.join(os.path.dirname(__file__), "..", "examples"),
+    "gallery_dirs": "auto_examples",
+    "filename_pattern": r"/plot_",
+    # by name, importable: Sphinx pickles its configuration
+    "within_subsection_order": "gallery_order.ReadingOrder",
+    "abort_on_example_error": True,
+    "only_warn_on_example_error": False,
+    "download_all_examples": False,
+    "remove_config_comments": True,
+    "show_memory": False,
+    "show_signature": False,
+    "matplotlib_animations": False,
+    "capture_repr": ("_repr_html_", "__repr__"),
+    "image_scrapers": ("matplotlib",),
+}
 
 autodoc_member_order = "bysource"
 autodoc_default_options = {"members": True, "show-inheritance": False}

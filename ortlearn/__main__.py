@@ -122,7 +122,8 @@ def run_demo(device: str = "cpu", max_iter: int = 10, plot: str | None = "ortlea
         X_train, X_test, y_train, y_test = _split(loader, task)
         if device.startswith("webgpu"):  # a float32 model: WebGPU computes no float64
             X_train, X_test = X_train.astype("float32"), X_test.astype("float32")
-        print(f"\n== {title}: ortlearn {type(ort_est).__name__} on {device} ==", file=out)
+        if verbose:  # the header of the job's per-epoch lines
+            print(f"\n== {title}: ortlearn {type(ort_est).__name__} on {device} ==", file=out)
         ort_est.set_params(device=device, verbose=int(verbose))
         ort_first, ort_time = _fit_twice(ort_est, X_train, y_train)
         skl_first, skl_time = _fit_twice(skl_est, X_train, y_train)
@@ -144,17 +145,17 @@ def run_demo(device: str = "cpu", max_iter: int = 10, plot: str | None = "ortlea
             "n_train": len(X_train),
             "metric": "accuracy" if task == "classification" else "R²",
         })
-    _print_table(rows, out)
+    _print_table(rows, out, leading_blank=verbose)
     if plot:
         _plot(rows, plot, out)
     return rows
 
 
-def _print_table(rows, out):
+def _print_table(rows, out, leading_blank=True):
     header = (f"{'job':46s} {'metric':8s} {'ortlearn':>9s} {'sklearn':>9s} "
               f"{'ort s/epoch':>12s} {'skl s/epoch':>12s} {'speed-up':>9s} "
               f"{'first fit s (ort/skl)':>22s}")
-    print("\n" + header, file=out)
+    print("\n" * leading_blank + header, file=out)
     print("-" * len(header), file=out)
     for r in rows:
         first = f"{r['ortlearn_first_fit_s']:.2f} / {r['sklearn_first_fit_s']:.2f}"
@@ -174,7 +175,7 @@ def _plot(rows, path, out):
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        print("\nmatplotlib is not installed: plot skipped (pip install 'ortlearn[plot]').",
+        print("matplotlib is not installed: plot skipped (pip install 'ortlearn[plot]').",
               file=out)
         return
     fig, axes = plt.subplots(1, len(rows), figsize=(5.5 * len(rows), 4.2))
@@ -207,7 +208,7 @@ def _plot(rows, path, out):
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
-    print(f"\nloss curves written to {path}", file=out)
+    print(f"loss curves written to {path}", file=out)
 
 
 def _info(out=None):

@@ -46,6 +46,11 @@ def test_demo_writes_the_plot_or_says_it_was_skipped(tmp_path, capsys):
         assert "plot skipped" in out and not path.exists()
     else:
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # --quiet: the table and the figure's path, nothing else
+    lines = out.splitlines()
+    assert lines[0].startswith("job ") and set(lines[1]) == {"-"}
+    assert len(lines) == 2 + 3 + 1 + 1, out
+    assert "==" not in out and not any(line.strip() == "" for line in lines)
 
 
 def test_help_documents_every_command():

@@ -13,8 +13,12 @@ Conventions (also stated in doc/index.rst):
 from __future__ import annotations
 
 import doctest
+import importlib
 import importlib.util
+import inspect
+import os
 import re
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -101,7 +105,7 @@ def extract_examples(path: Path) -> list[Example]:
 def doc_pages() -> list[Path]:
     pages = [ROOT / "README.md"]
     pages += sorted(p for p in DOC.rglob("*") if p.suffix in (".rst", ".md")
-                    and "_build" not in p.relative_to(DOC).parts)
+                    and not {"_build", "auto_examples"} & set(p.relative_to(DOC).parts))
     return pages
 
 
@@ -198,19 +202,116 @@ def test_skipped_examples_are_reported():
         pytest.skip(f"{len(skipped)} example(s) marked not to run here: " + "; ".join(skipped))
 
 
+_DOC_MODULES = ("sphinx", "numpydoc", "myst_parser", "sphinx_gallery", "sphinx_copybutton",
+                "pydata_sphinx_theme")
+#: the packages whose ``__all__`` the API reference documents, name by name
+PUBLIC_MODULES = ("ortlearn", "ortlearn.estimators", "ortlearn.api", "ortlearn.artifacts",
+                  "ortlearn.onnxblock", "ortlearn.onnxblock.loss", "ortlearn.onnxblock.optim",
+                  "ortlearn.optim", "ortlearn.optim.schedules", "ortlearn.training",
+                  "ortlearn.autodiff", "ortlearn.convert", "ortlearn.loss", "ortlearn.graph",
+                  "ortlearn.exceptions", "ortlearn.torch", "ortlearn.parallel")
+#: what a reader opens first: a page of formulas, the gallery's first figure, the results
+RENDERED_PAGES = ("gradients.html", "auto_examples/plot_mlp_digits.html", "benchmarks.html")
+CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                  "--disable-component-update", "--no-first-run"]
+
+
 def _sphinx_missing() -> str | None:
-    for module in ("sphinx", "numpydoc", "myst_parser"):
+    for module in _DOC_MODULES:
         if importlib.util.find_spec(module) is None:
             return module
     return None
 
 
-@pytest.mark.skipif(_sphinx_missing() is not None,
-                    reason="the doc extra (sphinx, numpydoc, myst-parser) is not installed")
-def test_sphinx_build_has_no_warning(tmp_path):
+@pytest.fixture(scope="module")
+def built_guide(tmp_path_factory):
+    """The guide built with -W from a copy of doc/ and examples/ (the gallery writes its
+    pages beside its sources): the build's result and the HTML folder."""
+    missing = _sphinx_missing()
+    if missing is not None:
+        pytest.skip(f"the doc extra is not installed ({missing} is missing): "
+                    "pip install -e '.[doc]'")
+    root = tmp_path_factory.mktemp("guide")
+    shutil.copytree(DOC, root / "doc", ignore=shutil.ignore_patterns("_build", "auto_examples"))
+    shutil.copytree(ROOT / "examples", root / "examples")
     result = subprocess.run(
         [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-b", "html",
-         "-d", str(tmp_path / "doctrees"), str(DOC), str(tmp_path / "html")],
-        capture_output=True, text=True, timeout=300, cwd=ROOT)
+         "-d", str(root / "doctrees"), str(root / "doc"), str(root / "html")],
+        capture_output=True, text=True, timeout=900, cwd=root,
+        env={**os.environ, "MPLBACKEND": "Agg"})
+    return result, root / "html"
+
+
+def test_sphinx_build_has_no_warning(built_guide):
+    result, html = built_guide
     assert result.returncode == 0, result.stderr[-6000:]
-    assert (tmp_path / "html" / "index.html").exists()
+    assert (html / "index.html").exists()
+    examples = sorted(p.stem for p in (ROOT / "examples").glob("plot_*.py"))
+    assert examples, "the gallery has no example"
+    for name in examples:  # every example ran and drew at least one figure
+        assert (html / "auto_examples" / f"{name}.html").exists(), name
+        assert list((html / "_images").glob(f"sphx_glr_{name}_*.png")), name
+
+
+def test_api_reference_documents_every_public_name(built_guide):
+    from sphinx.util.inventory import InventoryFile
+
+    result, html = built_guide
+    assert result.returncode == 0, result.stderr[-6000:]
+    inventory = InventoryFile.loads((html / "objects.inv").read_bytes(), uri="")
+    by_type = getattr(inventory, "data", inventory)  # Sphinx 8.2+ wraps the mapping
+    documented = {name.rsplit(".", 1)[-1] for names in by_type.values() for name in names}
+    missing = []
+    for module_name in PUBLIC_MODULES:
+        module = importlib.import_module(module_name)
+        missing += [f"{module_name}.{name}" for name in module.__all__
+                    if not inspect.ismodule(getattr(module, name)) and name not in documented]
+    assert not missing, f"public names without an entry in doc/api/: {missing}"
+
+
+def _chromium() -> str:
+    """Path of a Chromium; a skip where none is installed, a failure in CI."""
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        path = shutil.which(name)
+        if path:
+            return path
+    reason = "no Chromium on PATH (Debian: apt-get install chromium)"
+    if os.environ.get("CI"):
+        pytest.fail(f"{reason}: .ci/run installs it")
+    pytest.skip(reason)
+
+
+def test_rendered_pages_show_formulas_and_images(built_guide, tmp_path):
+    """Three pages opened in headless Chromium, offline: MathJax typeset every formula (no raw
+    TeX left in the visible text) and every image loaded."""
+    playwright = pytest.importorskip("playwright.sync_api", reason="the test extra's playwright")
+    result, html = built_guide
+    assert result.returncode == 0, result.stderr[-6000:]
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=_chromium(), args=CHROMIUM_FLAGS)
+        page = browser.new_page()
+        # nothing but the files of the build: a request elsewhere is a page that needs a network
+        outside = []
+        page.on("request", lambda r: None if r.url.startswith("file://") or r.url.startswith(
+            "data:") else outside.append(r.url))
+        for name in RENDERED_PAGES:
+            page.goto((html / name).as_uri())
+            page.wait_for_load_state("load")
+            formulas = page.evaluate("""async () => {
+                if (!document.querySelector('script[src*="mathjax"]')) return 0;
+                await new Promise(r => { const t = () => (window.MathJax && MathJax.startup &&
+                    MathJax.startup.promise) ? r() : setTimeout(t, 50); t(); });
+                await MathJax.startup.promise;
+                return document.querySelectorAll('mjx-container').length; }""")
+            text = page.evaluate("document.body.innerText")
+            images = page.evaluate("""() => Array.from(document.images).map(
+                i => [i.getAttribute('src'), i.complete && i.naturalWidth > 0])""")
+            page.screenshot(path=str(tmp_path / f"{Path(name).stem}.png"))
+            assert "\\(" not in text and "\\[" not in text, f"{name}: raw TeX on the page"
+            assert [src for src, ok in images if not ok] == [], f"{name}: images not loaded"
+            if name == "gradients.html":
+                assert formulas > 0, "the formulas of gradients.rst were not typeset"
+            else:
+                assert images, f"{name} shows no image"
+        browser.close()
+    assert outside == [], f"the pages requested the network: {outside[:5]}"

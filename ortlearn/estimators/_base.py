@@ -713,9 +713,14 @@ class BaseOrtEstimator(CallbackSupportMixin, BaseEstimator, ABC):
         return (f"{what} did not improve more than tol={self.tol} for "
                 f"{self.n_iter_no_change} consecutive epochs. Stopping.")
 
+    #: the counterpart's words when max_iter epochs end the fit: a user's warning filter
+    #: written for scikit-learn's message catches ortlearn's
+    _max_iter_warning = ("Stochastic Optimizer: Maximum iterations ({max_iter}) reached and "
+                         "the optimization hasn't converged yet.")
+
     def _warn_max_iter(self) -> None:
-        warnings.warn(f"Maximum iterations ({self.max_iter}) reached and the optimization "
-                      "hasn't converged yet.", ConvergenceWarning, stacklevel=user_stacklevel())
+        warnings.warn(self._max_iter_warning.format(max_iter=self.max_iter), ConvergenceWarning,
+                      stacklevel=user_stacklevel())
 
     def _log_epoch(self, elapsed: float) -> None:
         """With ``verbose``: the counterpart's lines for the epoch, on the ``ortlearn`` logger.

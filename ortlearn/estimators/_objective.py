@@ -335,7 +335,7 @@ def sgd_objective(model, kind: str, loss: str = "squared_error", penalty: str | 
     # The full-batch objective (summed in float64: L-BFGS) of one column works on
     # (N,) vectors from the prediction on: onnxruntime broadcasts a (N, 1) tensor with
     # a scalar much slower than a (N,) one, and the loss and its gradient hold a dozen
-    # such operations (the same numbers bit for bit; doc/benchmarks.rst, the section
+    # such operations (the same numbers bit for bit; doc/performance_notes.rst, the section
     # on W4's full-batch L-BFGS). The mini-batch step graphs keep (N, 1): their
     # batches are small.
     flat = (sum_in_float64 if flat is None else flat) and n_outputs == 1 and kind in (

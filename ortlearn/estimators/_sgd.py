@@ -74,6 +74,8 @@ class BaseOrtSGD(BaseOrtLinear):
 
     #: the update rule is scikit-learn's SGD (PlainSGD), never L-BFGS or Adam
     solver = "sgd"
+    _max_iter_warning = ("Maximum number of iteration reached before convergence. Consider "
+                         "increasing max_iter to improve the fit.")
     _counterpart = SGDRegressor
 
     def _l1_ratio(self) -> float:

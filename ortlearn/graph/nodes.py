@@ -29,6 +29,7 @@ def rewritten(nodes, replaced: dict, dropped: set) -> list:
 
 
 def initializer_map(graph: onnx.GraphProto) -> dict[str, TensorProto]:
+    """The initializers of ``graph`` by name."""
     return {init.name: init for init in graph.initializer}
 
 

@@ -11,7 +11,7 @@ training step runs (:func:`run_passes`); each pass is tested alone in
 
 Each node costs onnxruntime about a microsecond whatever its size, and some
 operators are much slower than an equivalent pair: the figures behind each
-rewrite are in ``doc/benchmarks.rst``.
+rewrite are in ``doc/performance_notes.rst``.
 """
 
 from __future__ import annotations

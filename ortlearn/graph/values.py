@@ -190,6 +190,7 @@ def _info_table(g: onnx.GraphProto) -> dict[str, onnx.ValueInfoProto]:
 
 
 def elem_type_of(info: onnx.ValueInfoProto) -> int:
+    """The ``TensorProto`` element type of a tensor value's declared type."""
     return info.type.tensor_type.elem_type
 
 

@@ -1,7 +1,7 @@
 """Devices and the sessions on them: parse ``'cpu'`` / ``'cuda[:N]'`` / ``'webgpu[:N]'``,
 pick providers, and the performance policy of the runtime (threads, spinning, session options,
 when an epoch is one call). The measurements behind each threshold are in
-``doc/benchmarks.rst``."""
+``doc/performance_notes.rst``."""
 
 from __future__ import annotations
 
@@ -185,7 +185,7 @@ def single_thread_blas():
     For a host-side solver whose linear algebra is tiny (scipy's L-BFGS-B on
     a hundred weights): a threaded BLAS call wakes its workers for microseconds
     of work, and on a loaded machine each wake-up waits for a core
-    (``doc/benchmarks.rst``, the section on W4's full-batch L-BFGS). The
+    (``doc/performance_notes.rst``, the section on W4's full-batch L-BFGS). The
     cached controller spares the scan of the loaded libraries a fresh
     ``threadpool_limits`` makes.
 
@@ -293,7 +293,7 @@ def make_session_options(intra_op_num_threads: int | None = None, *,
         Let idle worker threads spin for the next task. Spinning saves a few
         microseconds per operator on an idle machine but takes cores from
         every other process, which on a loaded machine slows small models
-        down many times over (``doc/benchmarks.rst``), so it is off unless
+        down many times over (``doc/performance_notes.rst``), so it is off unless
         asked for.
     deterministic : bool, default=False
         Ask onnxruntime for deterministic kernels (reproducible reductions).

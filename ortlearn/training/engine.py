@@ -190,7 +190,7 @@ class TrainingEngine:
     writes the weights and the optimizer's state in place); on a GPU when a
     step computes at least ``LOOP_MIN_STEP_MACS`` multiply-adds (batch rows
     times weights), else one call per batch: on the CPU the Loop is faster
-    for every small model measured (``doc/benchmarks.rst``). With the Loop,
+    for every small model measured (``doc/performance_notes.rst``). With the Loop,
     a Ctrl-C stops training at the end of the epoch.
 
     Examples

@@ -234,7 +234,7 @@ def _data_read_transposed(grad_model, names, weight_shapes: dict) -> dict:
     ``(w^T X^T)^T`` and ``X^T d``, the reshapes of (1, F) and (1, N)
     vectors being free: faster than the column product ``X w`` and
     onnxruntime's transposed-left ``FusedMatMul`` for ``d^T X``, at the cost
-    of one transposed copy of ``X`` for the fit (``doc/benchmarks.rst``, the
+    of one transposed copy of ``X`` for the fit (``doc/performance_notes.rst``, the
     section on W4's full-batch L-BFGS).
 
     Returns ``{X: name of the input now holding X^T}``.

@@ -1,6 +1,6 @@
 """The runtime's performance policy: from the size of a model and of its step, how its
 session runs (threads, spinning workers, onnxruntime's memory pattern) and whether an epoch is
-one ``Loop`` call. The thresholds were measured (``doc/benchmarks.rst``, "The runtime's
+one ``Loop`` call. The thresholds were measured (``doc/performance_notes.rst``, "The runtime's
 thresholds").
 """
 
@@ -21,7 +21,7 @@ from .device import default_allow_spinning, make_session_options
 #: reuses the blocks of the tensors freed during the step (the wide fit's step
 #: alone: 71 MB against 43, for a largest set of 24 MB alive at once). Smaller
 #: models keep the pattern, the Loop and the flat buffers: their steps are
-#: mostly the cost per node and per call (``doc/benchmarks.rst``).
+#: mostly the cost per node and per call (``doc/performance_notes.rst``).
 LARGE_MODEL_BYTES = 3 << 20
 
 
@@ -36,7 +36,7 @@ LOOP_MIN_STEP_MACS = 1_000_000
 #: limit, onnxruntime's default: one per core) whose workers spin between
 #: operators; a smaller step runs on one thread: waking a sleeping worker
 #: costs more than a small operator, and spinning pays only when the matrix
-#: products are large enough to share (``doc/benchmarks.rst``, "The runtime's thresholds").
+#: products are large enough to share (``doc/performance_notes.rst``, "The runtime's thresholds").
 PARALLEL_MIN_STEP_MACS = 1_000_000
 
 

@@ -1,6 +1,6 @@
 """The speed paths of full-batch L-BFGS give the numbers of the plain ones.
 
-W4 (``doc/benchmarks.rst``, the section on W4's full-batch L-BFGS): the
+W4 (``doc/performance_notes.rst``, the section on W4's full-batch L-BFGS): the
 full-batch objective of one column works on (N,) vectors, and scipy's
 L-BFGS-B runs with one BLAS thread. No timing here: the loss, the gradient,
 the iterations and the weights are those of the (N, 1) objective and of
