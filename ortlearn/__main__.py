@@ -1,4 +1,4 @@
-"""Command line: ``python -m ortlearn {demo,info}``.
+"""Command line: ``python -m ortlearn {demo,export-web,info}``.
 
 ``demo`` trains ortlearn estimators on digits and on a make_regression of
 200 000 rows (large enough that the time per epoch shows), prints one line
@@ -6,6 +6,10 @@ per epoch, then a table of scores and times per epoch next to
 scikit-learn's own solvers with the same settings, and writes a PNG of the
 loss curves (log scale). Each side fits twice: the times per epoch are the
 second fit's, in a warm process; the first fit's time is in its own column.
+
+``export-web`` writes a fitted estimator's training artifacts and a page that
+goes on training them in a web browser (``BaseOrtEstimator.export_web``); without
+``--estimator``, an ``OrtMLPClassifier`` fitted for a few epochs on digits.
 """
 
 from __future__ import annotations
@@ -211,6 +215,58 @@ def _plot(rows, path, out):
     print(f"loss curves written to {path}", file=out)
 
 
+def _demo_estimator_and_data():
+    """An OrtMLPClassifier fitted for a few epochs on digits, and the digits split."""
+    import warnings
+
+    import numpy as np
+    from sklearn.datasets import load_digits
+    from sklearn.exceptions import ConvergenceWarning
+    from sklearn.model_selection import train_test_split
+
+    from ortlearn import OrtMLPClassifier
+
+    X, y = load_digits(return_X_y=True)
+    X = (X / 16.0).astype(np.float32)
+    X_train, X_test, y_train, y_test = train_test_split(X, y, test_size=0.25, stratify=y,
+                                                        random_state=0)
+    estimator = OrtMLPClassifier(hidden_layer_sizes=(32,), batch_size=32, max_iter=2,
+                                 learning_rate_init=1e-2, random_state=0)
+    with warnings.catch_warnings():  # two epochs on purpose: the browser goes on
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        estimator.fit(X_train, y_train)
+    return estimator, {"X_train": X_train, "y_train": y_train, "X_test": X_test,
+                       "y_test": y_test}
+
+
+def export_web(directory, estimator_path=None, data_path=None, epochs=5, js_dir=None):
+    """What ``python -m ortlearn export-web`` does: the page's path."""
+    import pickle
+
+    import numpy as np
+
+    if estimator_path is None:
+        if data_path is not None:
+            raise ValueError("--data goes with --estimator (the demo brings its digits).")
+        estimator, data = _demo_estimator_and_data()
+    else:
+        if data_path is None:
+            raise ValueError("--estimator needs --data: the .npz the page trains on.")
+        with open(estimator_path, "rb") as f:
+            estimator = pickle.load(f)
+        if not hasattr(estimator, "export_web"):
+            raise ValueError(f"{estimator_path} holds a {type(estimator).__name__}, not an "
+                             "ortlearn mini-batch estimator (OrtMLP*, OrtSGD*, OrtLinear*).")
+        with np.load(data_path, allow_pickle=False) as npz:
+            data = {k: npz[k] for k in npz.files}
+        missing = [k for k in ("X_train", "y_train") if k not in data]
+        if missing:
+            raise ValueError(f"{data_path} lacks {missing} (it holds {sorted(data)}).")
+    return estimator.export_web(directory, data["X_train"], data["y_train"],
+                                data.get("X_test"), data.get("y_test"), epochs=epochs,
+                                js_dir=js_dir)
+
+
 def _info(out=None):
     import onnx
     import onnxruntime
@@ -248,6 +304,20 @@ def build_parser() -> argparse.ArgumentParser:
                       help="PNG file for the loss curves (default: ortlearn_demo.png)")
     demo.add_argument("--no-plot", action="store_true", help="do not write the PNG")
     demo.add_argument("--quiet", action="store_true", help="no per-epoch lines")
+    web = sub.add_parser(
+        "export-web", help="write training artifacts and a page that trains them in a browser",
+        description="Write the training artifacts of a fitted estimator and a static page "
+                    "that goes on training them in a web browser with onnxruntime-web, then "
+                    "serve the directory (python -m http.server -d DIRECTORY). Without "
+                    "--estimator: an OrtMLPClassifier fitted for a few epochs on digits.")
+    web.add_argument("directory", help="where to write the artifacts and the page")
+    web.add_argument("--estimator", help="a pickle of a fitted ortlearn estimator (only open "
+                                         "pickles you trust: loading one runs its code)")
+    web.add_argument("--data", help="an .npz with X_train, y_train and optionally X_test, "
+                                    "y_test (required with --estimator)")
+    web.add_argument("--epochs", type=int, default=5, help="epochs the page trains (default 5)")
+    web.add_argument("--js-dir", help="ortlearn's js/ folder, npm ci done (default: this "
+                                      "checkout's)")
     sub.add_parser("info", help="print versions and available execution providers")
     return parser
 
@@ -256,6 +326,16 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "info":
         _info()
+        return 0
+    if args.command == "export-web":
+        try:
+            page = export_web(args.directory, args.estimator, args.data, args.epochs,
+                              args.js_dir)
+        except (ValueError, OSError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        print(f"page written to {page}\nserve it: python -m http.server -d {args.directory} "
+              "8000, then open http://localhost:8000/")
         return 0
     if args.max_iter < 1:
         build_parser().error("--max-iter must be >= 1")

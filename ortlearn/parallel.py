@@ -88,11 +88,31 @@ def _concatenate(*blocks):
     return np.concatenate(blocks) if len(blocks) > 1 else blocks[0]
 
 
-def _place_shards(client, X, y) -> list:
+def _blocks_by_worker(client, futures, deterministic: bool) -> dict:
+    """``{worker: [block index]}``: where each block of a dask array is trained.
+
+    Where its blocks were computed (no block moves), or, ``deterministic``, contiguous runs
+    of blocks on the workers in name order: the same shards, and so the same fit, on every
+    run (the scheduler places blocks differently from run to run).
+    """
+    if deterministic:
+        workers = sorted(client.scheduler_info()["workers"])
+        count = min(len(workers), len(futures))
+        return {workers[k]: list(range(k * len(futures) // count,
+                                       (k + 1) * len(futures) // count))
+                for k in range(count)}
+    where = client.who_has(futures)
+    by_worker: dict = {}
+    for i, future in enumerate(futures):
+        by_worker.setdefault(sorted(where[future.key])[0], []).append(i)
+    return by_worker
+
+
+def _place_shards(client, X, y, deterministic: bool = False) -> list:
     """``[(worker, X future, y future, rows)]``: a shard per worker holding data.
 
-    A dask array stays where its blocks are computed: the blocks of each worker are joined on
-    that worker. A list of arrays is scattered, one array per worker in turn.
+    A dask array's blocks are joined per worker (:func:`_blocks_by_worker`). A list of arrays
+    is scattered, one array per worker in turn.
     """
     import dask.array as da
 
@@ -108,11 +128,8 @@ def _place_shards(client, X, y) -> list:
         y_futures = client.compute(y_blocks)
         distributed = _distributed()
         distributed.wait(x_futures + y_futures)
-        where = client.who_has(x_futures)
-        by_worker: dict = {}
-        for i, future in enumerate(x_futures):
-            by_worker.setdefault(sorted(where[future.key])[0], []).append(i)
         shards = []
+        by_worker = _blocks_by_worker(client, x_futures, deterministic)
         for worker, index in sorted(by_worker.items()):
             Xs = client.submit(_concatenate, *[x_futures[i] for i in index], workers=[worker],
                                pure=False)
@@ -220,7 +237,11 @@ class DataParallel(MetaEstimatorMixin, BaseEstimator):
     sync_every : int, default=None
         Mini-batches of each worker between two averages; None: one average per epoch.
     random_state : int, RandomState instance or None, default=None
-        Seeds the shuffles of the shards (and the estimator's seed when it has none).
+        Seeds the shuffles of the shards (and the estimator's seed when it has none). Not
+        None: a dask array's blocks are also shared out the same way on every run
+        (contiguous runs of blocks to the workers in name order, moving the blocks computed
+        elsewhere), so that a fit is reproducible; None: each worker trains the blocks it
+        computed, moving none.
 
     Attributes
     ----------
@@ -289,7 +310,8 @@ class DataParallel(MetaEstimatorMixin, BaseEstimator):
             model.set_params(random_state=int(rng.randint(2**31 - 1)))
         max_iter = model.get_params()["max_iter"] if self.max_iter is None else self.max_iter
         fit_kwargs = {"classes": _classes(X, y)} if is_classifier(model) else {}
-        shards = _checked_shards(client, _place_shards(client, X, y), is_classifier(model))
+        shards = _checked_shards(client, _place_shards(client, X, y, self.random_state is not None),
+                                 is_classifier(model))
         rows_per_round = None
         if self.sync_every is not None:
             batch = model.get_params().get("batch_size", "auto")

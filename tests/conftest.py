@@ -1,5 +1,8 @@
 """Shared fixtures: seeded random generators, a one-call ONNX runner, one BLAS thread; the
-skips of the tests that need a GPU."""
+skips of the tests that need a GPU; the programs the browser and Node tests drive."""
+
+import os
+import shutil
 
 import numpy as np
 import onnxruntime as ort
@@ -45,6 +48,33 @@ class WeightedAverageLoss(onnxblock.Block):
 @pytest.fixture
 def rng():
     return np.random.default_rng(0)
+
+
+def require(found, reason: str):
+    """``found``, or a skip where it is missing: a failure in CI, whose .ci/run installs it."""
+    if found:
+        return found
+    if os.environ.get("CI"):
+        pytest.fail(f"{reason}: .ci/run installs it")
+    pytest.skip(reason)
+
+
+#: headless Chromium without a network, a GPU or a sandbox (root in CI's containers)
+CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                  "--disable-component-update", "--no-first-run"]
+
+
+@pytest.fixture(scope="session")
+def chromium() -> str:
+    """Path of a Chromium (Debian's package); playwright drives it, downloading no browser."""
+    found = next(filter(None, map(shutil.which, ("chromium", "chromium-browser",
+                                                 "google-chrome"))), None)
+    return require(found, "no Chromium on PATH (Debian: apt-get install chromium)")
+
+
+@pytest.fixture(scope="session")
+def node() -> str:
+    return require(shutil.which("node"), "no Node.js on PATH")
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ ROOT = Path(ortlearn.__file__).parent
 FLOORS = {
     "exceptions": 0, "graph": 0, "log": 0,
     "autodiff": 1,
-    "convert": 2, "loss": 2, "optim": 2, "fileio": 0,
+    "convert": 2, "loss": 2, "optim": 2, "fileio": 0, "web": 0,
     "training": 3,
     "artifacts": 4, "onnxblock": 4, "api": 4, "estimators": 4, "torch": 4, "compat": 4,
     "parallel": 4,

@@ -29,6 +29,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import CHROMIUM_FLAGS
+
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "doc"
 SKIP_MARK = re.compile(r"^#\s*doc:\s*skip-test\s*\((?P<reason>[^)]+)\)")
@@ -212,8 +214,6 @@ PUBLIC_MODULES = ("ortlearn", "ortlearn.estimators", "ortlearn.api", "ortlearn.a
                   "ortlearn.exceptions", "ortlearn.torch", "ortlearn.parallel")
 #: what a reader opens first: a page of formulas, the gallery's first figure, the results
 RENDERED_PAGES = ("gradients.html", "auto_examples/plot_mlp_digits.html", "benchmarks.html")
-CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                  "--disable-component-update", "--no-first-run"]
 
 
 def _sphinx_missing() -> str | None:
@@ -269,26 +269,14 @@ def test_api_reference_documents_every_public_name(built_guide):
     assert not missing, f"public names without an entry in doc/api/: {missing}"
 
 
-def _chromium() -> str:
-    """Path of a Chromium; a skip where none is installed, a failure in CI."""
-    for name in ("chromium", "chromium-browser", "google-chrome"):
-        path = shutil.which(name)
-        if path:
-            return path
-    reason = "no Chromium on PATH (Debian: apt-get install chromium)"
-    if os.environ.get("CI"):
-        pytest.fail(f"{reason}: .ci/run installs it")
-    pytest.skip(reason)
-
-
-def test_rendered_pages_show_formulas_and_images(built_guide, tmp_path):
+def test_rendered_pages_show_formulas_and_images(built_guide, chromium, tmp_path):
     """Three pages opened in headless Chromium, offline: MathJax typeset every formula (no raw
     TeX left in the visible text) and every image loaded."""
     playwright = pytest.importorskip("playwright.sync_api", reason="the test extra's playwright")
     result, html = built_guide
     assert result.returncode == 0, result.stderr[-6000:]
     with playwright.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=_chromium(), args=CHROMIUM_FLAGS)
+        browser = p.chromium.launch(executable_path=chromium, args=CHROMIUM_FLAGS)
         page = browser.new_page()
         # nothing but the files of the build: a request elsewhere is a page that needs a network
         outside = []

@@ -866,6 +866,51 @@ class BaseOrtEstimator(CallbackSupportMixin, BaseEstimator, ABC):
 
         export_estimator_artifacts(self, directory, X, y, weighted=weighted, prefix=prefix)
 
+    def export_web(self, directory, X, y, X_test=None, y_test=None, *, epochs=5, js_dir=None):
+        """Write the artifacts and a page that goes on training them in a web browser.
+
+        The files of :meth:`export_artifacts` (the optimizer model in its tensor layout:
+        onnxruntime's JavaScript API feeds no tensor sequences), then a static page that
+        trains them with onnxruntime-web (WebGPU where the browser has it, WebAssembly
+        otherwise) on ``X``, ``y``: ``index.html``, its script, ortlearn's JavaScript
+        ``TrainingSession`` and onnxruntime-web's files, copied from the repository's ``js/``
+        folder, ``data.safetensors`` (the data as the training model reads it) and
+        ``task.json``. Serve the directory (``python -m http.server -d DIRECTORY``) and open
+        it: the page shows the loss curve and the score on ``X_test``, ``y_test`` after each
+        epoch, and offers the trained inference model and checkpoint for download
+        (``doc/edge_training.rst``).
+
+        Parameters
+        ----------
+        directory : str or path
+            Where to write (created if missing); existing files are replaced.
+        X, y : array-like
+            The data the page trains on (dense). For an unfitted estimator, also the data
+            of the initial weights, as :meth:`export_artifacts`.
+        X_test, y_test : array-like, default=None
+            Data the page scores the model on after each epoch.
+        epochs : int, default=5
+            Epochs the page trains, in batches of the estimator's ``batch_size``.
+        js_dir : str or path, default=None
+            The ``js/`` folder to copy from (its ``npm ci`` done); None: ``ORTLEARN_JS_DIR`` or
+            the one of this checkout.
+
+        Returns
+        -------
+        pathlib.Path
+            The page, ``directory/index.html``.
+
+        Raises
+        ------
+        ValueError
+            As :meth:`export_artifacts`; for sparse data, only one of ``X_test`` and
+            ``y_test``, or a ``js/`` folder without its npm dependencies.
+        """
+        from ._export import export_estimator_web
+
+        return export_estimator_web(self, directory, X, y, X_test, y_test, epochs=epochs,
+                                    js_dir=js_dir)
+
     # ------------------------------------------------------------ prediction
     def to_onnx(self) -> onnx.ModelProto:
         """The trained inference model (``to_train_onnx`` of ``estimator_``).

@@ -10,14 +10,21 @@ training started with ``fit``/``partial_fit`` goes on with
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
+import onnx
 from sklearn.base import clone, is_classifier
 from sklearn.exceptions import NotFittedError
 
 from ..artifacts import export_training_artifacts
+from ..fileio import save_model
+from ..optim import unpack_optimizer_model
+from ..training.sparse import is_sparse
+from ..web import find_js_dir, write_page
 from ._objective import LOSS, SAMPLE_WEIGHT
 
-__all__ = ["export_estimator_artifacts"]
+__all__ = ["export_estimator_artifacts", "export_estimator_web"]
 
 
 def _initialized_copy(estimator, X, y):
@@ -69,3 +76,44 @@ def export_estimator_artifacts(estimator, directory, X=None, y=None, weighted=No
     export_training_artifacts(model, trainable, est._optimizer(), directory,
                               weights=weights, optimizer_state=state, loss_output=LOSS,
                               prefix=prefix)
+
+
+def export_estimator_web(estimator, directory, X, y, X_test=None, y_test=None, *, epochs=5,
+                         js_dir=None) -> Path:
+    """What :meth:`BaseOrtEstimator.export_web` does (see its docstring)."""
+    if (X_test is None) != (y_test is None):
+        raise ValueError("Give both X_test and y_test, or neither.")
+    if not (isinstance(epochs, int) and epochs >= 1):
+        raise ValueError(f"epochs must be an int >= 1, got {epochs!r}.")
+    js_dir = find_js_dir(js_dir)
+    fitted = hasattr(estimator, "estimator_")
+    if not fitted and X is None:
+        raise NotFittedError(f"This {type(estimator).__name__} instance is not fitted yet: "
+                             "call fit before export_web, or pass the X and y it starts from.")
+    est = estimator if fitted else _initialized_copy(estimator, X, y)
+    data = {}  # checked before anything is written
+    for part, (features, target) in {"train": (X, y), "test": (X_test, y_test)}.items():
+        if features is None:
+            continue
+        features, target = est._validate_xy(features, target, reset=False)
+        if is_sparse(features):
+            raise ValueError(f"X_{part} is sparse: the page trains on dense rows; pass "
+                             "X.toarray() (or a dense slice) to export_web.")
+        data[f"X_{part}"] = est._as_model_dtype(features)
+        data[f"y_{part}"] = est._encode_target(target)
+    export_estimator_artifacts(estimator, directory, None if fitted else X,
+                               None if fitted else y, weighted=False)
+    # onnxruntime's JavaScript API feeds no tensor sequences: the update on tensors
+    path = Path(directory) / "optimizer_model.onnx"
+    save_model(unpack_optimizer_model(onnx.load(path)), path, what="the optimizer model")
+    kind = est._kind()
+    task = {
+        "estimator": type(est).__name__,
+        "kind": kind,
+        "classes": est.classes_.tolist() if is_classifier(est) else None,
+        "prediction": est._output_names()[-1],
+        "epochs": epochs,
+        "batch_size": est._batch_size(len(data["X_train"]), warn=False),
+        "shuffle": bool(getattr(est, "shuffle", True)),
+    }
+    return write_page(directory, data, task, js_dir=js_dir)

@@ -322,8 +322,19 @@ def unpack_optimizer_model(model: onnx.ModelProto) -> onnx.ModelProto:
     unpacked = helper.make_model(new_graph, opset_imports=list(model.opset_import),
                                  producer_name=model.producer_name)
     unpacked.ir_version = model.ir_version
-    unpacked.metadata_props.extend(model.metadata_props)
+    for prop in model.metadata_props:
+        if prop.key != OPTIMIZER_METADATA_KEY:
+            unpacked.metadata_props.add(key=prop.key, value=prop.value)
+    meta = json.loads(_metadata_of(model) or "{}")
+    if meta:  # the file now says what it holds: a reader picks the layout from it
+        meta["layout"] = "tensors"
+        meta.pop("sequences", None)
+        unpacked.metadata_props.add(key=OPTIMIZER_METADATA_KEY, value=json.dumps(meta))
     return unpacked
+
+
+def _metadata_of(model: onnx.ModelProto) -> str | None:
+    return next((p.value for p in model.metadata_props if p.key == OPTIMIZER_METADATA_KEY), None)
 
 
 def _prune(nodes, outputs: Sequence[str]) -> list:

@@ -299,6 +299,11 @@ def test_optimizer_model_sequence_layout(optimizer, states):
         n for p in spec for n in (p, f"{p}.gradient", *[f"{p}.{s}" for s in states])]
     assert [i.name for i in unpacked.graph.input] == expected
     assert not any(n.op_type.startswith("Sequence") for n in unpacked.graph.node)
+    # its metadata says so: a reader without sequences (onnxruntime's JavaScript API) checks it
+    unpacked_meta = json.loads(
+        {p.key: p.value for p in unpacked.metadata_props}["ortlearn.optimizer"])
+    assert unpacked_meta == {**{k: v for k, v in meta.items() if k != "sequences"},
+                             "layout": "tensors"}
 
 
 def test_unpack_refuses_what_it_cannot_unpack():

@@ -102,6 +102,17 @@ def test_two_workers_reach_the_single_worker_quality(client, sync_every):
     assert set(client.run(_resident_copies).values()) == {0}
 
 
+def test_a_seeded_fit_on_a_dask_array_is_reproducible(client):
+    """With random_state, the blocks go to the same workers on every run, wherever the
+    scheduler computed them: two fits give the same weights."""
+    X, y = _data(2000)
+    dX, dy = da.from_array(X, chunks=(250, 10)), da.from_array(y, chunks=250)
+    fits = [DataParallel(_mlp(max_iter=2), random_state=0).fit(dX, dy) for _ in range(3)]
+    for other in fits[1:]:
+        for a, b in zip(fits[0].estimator_.coefs_, other.estimator_.coefs_):
+            np.testing.assert_array_equal(a, b)
+
+
 def _resident_copies():
     from ortlearn import parallel
 
