@@ -14,13 +14,19 @@ import shutil
 import tempfile
 from collections.abc import Callable
 
-__all__ = ["EXTERNAL_DATA_THRESHOLD", "atomic_write", "model_data_size", "save_model"]
+__all__ = ["EXTERNAL_DATA_THRESHOLD", "MAX_TENSOR_BYTES", "atomic_write", "model_data_size",
+           "save_model"]
 
 #: A model whose tensors (:func:`model_data_size`) exceed this many bytes is
 #: saved with its weights in an external ``<file>.data`` file: protobuf cannot
 #: serialize a message of 2 GB or more, and the rest of the graph (names,
 #: nodes) needs room too.
 EXTERNAL_DATA_THRESHOLD = 1 << 30
+
+#: The most bytes one tensor can hold in a ``TensorProto``: its ``raw_data`` is one protobuf
+#: field, limited to 2 GB. A larger weight cannot become an initializer at all (building it
+#: crashes the process inside protobuf), external data or not.
+MAX_TENSOR_BYTES = (1 << 31) - 1
 
 
 def atomic_write(path, data: bytes | Callable, what: str = "the checkpoint") -> None:

@@ -84,6 +84,21 @@ def _drop_resident(fit_id):
         del _RESIDENT[key]
 
 
+def _lost(exc: BaseException, client) -> BaseException | None:
+    """What a round's failure means to the user: the client closed, or a worker gone with its
+    shard (a killed or restarted worker forgets its data and its copy); None: another error."""
+    import concurrent.futures
+
+    distributed = _distributed()
+    if getattr(client, "status", "running") != "running":
+        return RuntimeError("The Dask client was closed during DataParallel.fit: keep it open "
+                            "until fit returns, then fit again.")
+    if isinstance(exc, (concurrent.futures.CancelledError, distributed.KilledWorker)):
+        return RuntimeError(f"A shard is gone with its worker (did a worker die or restart?): "
+                            f"fit again. ({type(exc).__name__}: {exc})")
+    return None
+
+
 def _concatenate(*blocks):
     return np.concatenate(blocks) if len(blocks) > 1 else blocks[0]
 
@@ -332,7 +347,13 @@ class DataParallel(MetaEstimatorMixin, BaseEstimator):
                                              state, Xs, ys, seed, epoch, i, start, stop,
                                              fit_kwargs, workers=[worker], pure=False)
                                for i, (worker, Xs, ys, _) in enumerate(shards)]
-                    trained = [t for t in client.gather(futures) if t[2]]
+                    try:
+                        trained = [t for t in client.gather(futures) if t[2]]
+                    except Exception as exc:
+                        meaning = _lost(exc, client)
+                        if meaning is None:
+                            raise
+                        raise meaning from exc
                     state = average_training_states([t[0] for t in trained],
                                                     [t[2] for t in trained])
                     losses += [(t[1], t[2]) for t in trained]
@@ -344,7 +365,8 @@ class DataParallel(MetaEstimatorMixin, BaseEstimator):
             fitted = client.submit(_take_resident, (fit_id, 0), workers=[shards[0][0]],
                                    pure=False).result()
         finally:
-            client.run(_drop_resident, fit_id)
+            if getattr(client, "status", "running") == "running":
+                client.run(_drop_resident, fit_id)
         set_training_state(fitted, *state)
         self.n_iter_ = max_iter
         self.n_shards_ = len(shards)

@@ -12,6 +12,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from .. import fileio
 from .model import finalize_model
 from .values import value_info_map
 
@@ -133,8 +134,16 @@ def prune_model(model: onnx.ModelProto, outputs: Sequence[str],
     for node in kept:
         needed |= node_reads(node)
     inputs = [i for i in graph.input if i.name in needed and i.name not in weights]
-    initializers = [numpy_helper.from_array(np.asarray(value), name)
-                    for name, value in weights.items() if name in needed]
+    baked = {name: np.asarray(value) for name, value in weights.items() if name in needed}
+    too_large = {name: value.nbytes for name, value in baked.items()
+                 if value.nbytes > fileio.MAX_TENSOR_BYTES}
+    if too_large:
+        name, size = next(iter(too_large.items()))
+        raise ValueError(
+            f"Weight {name!r} holds {size / 2**30:.2f} GiB, more than the 2 GiB one ONNX tensor "
+            "can hold (protobuf's limit on a field): it cannot become an initializer of the "
+            "model. Split it into several tensors, or keep it a graph input and feed it.")
+    initializers = [numpy_helper.from_array(value, name) for name, value in baked.items()]
     initializers += [i for i in graph.initializer if i.name in needed and i.name not in weights]
     new_outputs = []
     for name in outputs:

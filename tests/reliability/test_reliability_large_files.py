@@ -150,6 +150,20 @@ def test_generate_artifacts_and_export_for_inferencing_write_external_data(tmp_p
     np.testing.assert_allclose(session.run(None, {"x": x})[0], x @ w + b, rtol=1e-5, atol=1e-5)
 
 
+def test_a_weight_beyond_one_tensor_is_refused_not_a_crash(tmp_path, monkeypatch):
+    """A weight over protobuf's 2 GB field cannot be an initializer (numpy_helper.from_array
+    aborts the process): export_model_for_inferencing says so before building it. The limit
+    is lowered here to the test's weight; the real one is 2 GiB."""
+    out = tmp_path / "artifacts"
+    _artifacts(out)
+    state = api.CheckpointState.load_checkpoint(str(out / "checkpoint"))
+    module = api.Module(str(out / "training_model.onnx"), state, str(out / "eval_model.onnx"))
+    monkeypatch.setattr(fileio, "MAX_TENSOR_BYTES", 16)
+    with pytest.raises(ValueError, match=r"more than the 2 GiB one ONNX tensor can hold"):
+        module.export_model_for_inferencing(str(tmp_path / "inference.onnx"), ["y"])
+    assert not (tmp_path / "inference.onnx").exists()
+
+
 def test_large_model_in_ort_format_is_refused_before_writing(tmp_path, monkeypatch):
     monkeypatch.setattr(fileio, "EXTERNAL_DATA_THRESHOLD", 0)
     model, _, _ = _linear()

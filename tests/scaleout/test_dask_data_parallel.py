@@ -113,6 +113,28 @@ def test_a_seeded_fit_on_a_dask_array_is_reproducible(client):
             np.testing.assert_array_equal(a, b)
 
 
+def test_a_lost_worker_or_a_closed_client_is_named():
+    """What a round's failure says: a cancelled future (the data of a dead or restarted
+    worker, "already forgotten") or a killed worker is a shard gone, a closed client is
+    named as such; other errors pass through unchanged."""
+    import concurrent.futures
+    from types import SimpleNamespace
+
+    from distributed import KilledWorker
+    from distributed.client import FutureCancelledError
+
+    from ortlearn.parallel import _lost
+
+    running, closed = SimpleNamespace(status="running"), SimpleNamespace(status="closed")
+    for exc in (FutureCancelledError("x", reason="already forgotten"),
+                concurrent.futures.CancelledError(), KilledWorker("task", SimpleNamespace(address="tcp://w"), 3)):
+        meaning = _lost(exc, running)
+        assert isinstance(meaning, RuntimeError) and "fit again" in str(meaning)
+        assert "did a worker die or restart" in str(meaning)
+    assert "client was closed" in str(_lost(AttributeError("'NoneType' ... broadcast"), closed))
+    assert _lost(ValueError("a user's error"), running) is None
+
+
 def _resident_copies():
     from ortlearn import parallel
 
