@@ -299,11 +299,17 @@ class TrainingSession:
         Raises
         ------
         ValueError
-            If an optimizer is already attached, or the optimizer model does not
-            update exactly the trainable parameters of the training model.
+            If the optimizer model does not update exactly the trainable
+            parameters of the training model.
+
+        Notes
+        -----
+        A second optimizer model replaces the first and goes on from the
+        optimizer state reached (step, learning rate, moments), as a second
+        ``onnxruntime.training.api.Optimizer`` on one module shares the
+        state's optimizer state; both ``api.Optimizer`` objects then step
+        with the last model attached.
         """
-        if self._optimizer is not None:
-            raise ValueError("This training session already has an optimizer model.")
         model, session = self._load(optimizer_model, "optimizer")
         if session is not None:
             raise ValueError(
@@ -312,6 +318,9 @@ class TrainingSession:
                 "ORT-format file has no ONNX graph to unpack. Pass optimizer_model.onnx (the "
                 "same update; the training and eval models may stay in the ORT format).")
         layout = read_optimizer_layout(model)
+        if self._optimizer is not None:  # the state reached goes on with the new model
+            self._saved_optimizer = self.export_optimizer_state()
+            self._bindings = {k: b for k, b in self._bindings.items() if k[0] != "optim"}
         trainable = self._train_layout.trainable
         if sorted(layout.params) != sorted(trainable):
             raise ValueError(

@@ -410,8 +410,6 @@ def test_clear_errors(art, tmp_path):
     full = _session(linear_dir)
     with pytest.raises(ValueError, match="scheduler_step needs"):
         full.scheduler_step()
-    with pytest.raises(ValueError, match="already has an optimizer"):
-        full.attach_optimizer(linear_dir / "optimizer_model.onnx")
     wrong = build_optimizer_model(SGD(), {"V": (TensorProto.FLOAT, [N_FEATURES, 1])})
     with pytest.raises(ValueError, match=r"optimizer parameters \['V'\]"):
         session.attach_optimizer(wrong)
@@ -475,3 +473,29 @@ def test_train_step_checks_shapes_before_running(art):
     with pytest.raises(ValueError, match="symbols"):
         session.train_step(X, y[:-1])
     session.train_step(X[:3], y[:3])  # a smaller batch is fine
+
+
+def test_a_second_optimizer_goes_on_from_the_state_reached(art):
+    """As a second onnxruntime.training Optimizer on one module: the optimizer state reached
+    (step, moments, learning rate) carries over, so 2 steps, a new optimizer, 3 steps are the
+    5 steps of one optimizer, bit for bit."""
+    linear_dir, names = art["linear", "AdamW"][0], ["W", "b"]
+    one = _session(linear_dir)
+    one.set_learning_rate(0.05)
+    _train(one, 5)
+    two = _session(linear_dir)
+    two.set_learning_rate(0.05)
+    batches = list(_batches(5))
+    for X, y in batches[:2]:
+        two.train_step(X, y)
+        two.optimizer_step()
+        two.lazy_reset_grad()
+    two.attach_optimizer(linear_dir / "optimizer_model.onnx")
+    assert two.get_learning_rate() == one.get_learning_rate()
+    for X, y in batches[2:]:
+        two.train_step(X, y)
+        two.optimizer_step()
+        two.lazy_reset_grad()
+    for name, value in _weights(one, names).items():
+        np.testing.assert_array_equal(_weights(two, names)[name], value)
+    assert two.export_optimizer_state()[1] == 5
