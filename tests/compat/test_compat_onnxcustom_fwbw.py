@@ -899,6 +899,24 @@ def test_save_onnx_graph(tmp_path):
     assert onnx.load(files["learning_penalty"]["penalty_onnx_"]).graph.input[0].name == "loss"
 
 
+def test_saved_penalty_graphs_hold_their_hyper_parameters_as_initializers():
+    """As onnxcustom's: l1 and l2 are initializers with ``float_data`` (a test of onnxcustom
+    finds l1 = 0 in both saved penalty graphs), not values of Constant nodes."""
+    import onnx
+
+    onx, X, y = _linear_model()
+    opt = OrtGradientForwardBackwardOptimizer(
+        onx, max_iter=1, learning_rate=LearningRateSGDNesterov(1e-3),
+        learning_penalty=ElasticLearningPenalty(l1=0.0, l2=1e-3))
+    opt.fit(X, y)
+    graphs = opt.save_onnx_graph(bytes)["learning_penalty"]
+    for name in ("penalty_onnx_", "penalty_grad_onnx_"):
+        model = onnx.load_from_string(graphs[name])
+        values = {i.name: list(i.float_data) for i in model.graph.initializer}
+        assert values["l1"] == [0.0], name
+    assert values["shrink"] == [np.float32(1 - 2e-3)]
+
+
 def test_pickle_round_trip():
     import pickle
 

@@ -126,8 +126,9 @@ def test_a_lost_worker_or_a_closed_client_is_named():
     from ortlearn.parallel import _lost
 
     running, closed = SimpleNamespace(status="running"), SimpleNamespace(status="closed")
+    killed = KilledWorker("task", SimpleNamespace(address="tcp://w"), 3)
     for exc in (FutureCancelledError("x", reason="already forgotten"),
-                concurrent.futures.CancelledError(), KilledWorker("task", SimpleNamespace(address="tcp://w"), 3)):
+                concurrent.futures.CancelledError(), killed):
         meaning = _lost(exc, running)
         assert isinstance(meaning, RuntimeError) and "fit again" in str(meaning)
         assert "did a worker die or restart" in str(meaning)

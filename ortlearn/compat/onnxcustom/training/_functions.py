@@ -84,17 +84,24 @@ def run_ort_values(session, output_names, feeds, device) -> list:
     return binding.get_outputs()
 
 
-def function_model(build, inputs, outputs, opset=DEFAULT_OPSET) -> object:
+def function_model(build, inputs, outputs, opset=DEFAULT_OPSET, scalars=None) -> object:
     """A model from ``build(builder)`` (which adds nodes producing ``outputs``).
 
-    ``inputs`` and ``outputs`` are lists of ``(name, dtype, shape or None)``.
+    ``inputs`` and ``outputs`` are lists of ``(name, dtype, shape or None)``;
+    ``scalars`` ``{name: (value, dtype)}`` become initializers of that name holding
+    the value in ``float_data`` (``double_data``), as onnxcustom's graphs held their
+    hyper-parameters.
     """
-    b = GraphBuilder(opset=opset, used_names=[n for n, _, _ in inputs + outputs], prefix="f_")
+    scalars = scalars or {}
+    b = GraphBuilder(opset=opset, prefix="f_",
+                     used_names=[n for n, _, _ in inputs + outputs] + list(scalars))
     build(b)
     graph = helper.make_graph(
         b.nodes, "function",
         [helper.make_tensor_value_info(n, np_dtype_to_onnx(t), s) for n, t, s in inputs],
-        [helper.make_tensor_value_info(n, np_dtype_to_onnx(t), s) for n, t, s in outputs])
+        [helper.make_tensor_value_info(n, np_dtype_to_onnx(t), s) for n, t, s in outputs],
+        [helper.make_tensor(n, np_dtype_to_onnx(t), [], [float(v)])
+         for n, (v, t) in scalars.items()])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)],
                               producer_name="ortlearn")
     # The inputs have no shape (a function applies to weights of any rank),

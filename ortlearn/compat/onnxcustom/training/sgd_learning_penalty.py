@@ -115,8 +115,7 @@ class ElasticLearningPenalty(BaseLearningPenalty):
 
     def _penalty_model(self, n_tensors, dtype):
         def build(b):
-            l1 = b.const(np.array(self.l1, dtype=dtype))
-            l2 = b.const(np.array(self.l2, dtype=dtype))
+            l1, l2 = "l1", "l2"
             total = "loss"
             for i in range(n_tensors):
                 w = f"W{i}"
@@ -127,15 +126,19 @@ class ElasticLearningPenalty(BaseLearningPenalty):
             b.op("Reshape", [total, b.ints([-1])], outputs=["Y"])
 
         inputs = [("loss", dtype, None)] + [(f"W{i}", dtype, None) for i in range(n_tensors)]
-        return function_model(build, inputs, [("Y", dtype, None)])
+        return function_model(build, inputs, [("Y", dtype, None)],
+                              scalars={"l1": (self.l1, dtype), "l2": (self.l2, dtype)})
 
     def _update_model(self, dtype):
         def build(b):
-            shrink = b.op("Mul", ["X", b.const(np.array(1 - 2 * self.l2, dtype=dtype))])
-            sign = b.op("Mul", [b.op("Sign", ["X"]), b.const(np.array(self.l1, dtype=dtype))])
+            shrink = b.op("Mul", ["X", "shrink"])
+            sign = b.op("Mul", [b.op("Sign", ["X"]), "l1"])
             b.op("Sub", [shrink, sign], outputs=["Y"])
 
-        return function_model(build, [("X", dtype, None)], [("Y", dtype, None)])
+        # the hyper-parameters as initializers, as onnxcustom's saved graphs hold them
+        return function_model(build, [("X", dtype, None)], [("Y", dtype, None)],
+                              scalars={"shrink": (1 - 2 * self.l2, dtype),
+                                       "l1": (self.l1, dtype)})
 
     def penalty_loss(self, device, loss, *weights):
         """Return ``loss + sum_i (l1 * sum|W_i| + l2 * sum(W_i**2))`` (shape ``[1]``)."""
