@@ -899,6 +899,23 @@ def test_save_onnx_graph(tmp_path):
     assert onnx.load(files["learning_penalty"]["penalty_onnx_"]).graph.input[0].name == "loss"
 
 
+def test_logging_writes_onnxcustoms_lines(caplog):
+    """With enable_logging, the 'onnxcustom' logger gets onnxcustom's lines: the weights to
+    train when the gradient class is built, and at DEBUG each iteration and batch."""
+    import logging
+
+    onx, X, y = _linear_model()
+    opt = OrtGradientForwardBackwardOptimizer(onx, max_iter=2, batch_size=40,
+                                              enable_logging=True)
+    with caplog.at_level(logging.DEBUG, logger="onnxcustom"):
+        opt.fit(X, y)
+    text = caplog.text
+    assert "[OrtGradientForwardBackward] weights_to_train=" in text
+    assert text.count("[OrtGradientForwardBackwardOptimizer._iteration] iteration begin") == 2
+    assert text.count("[OrtGradientForwardBackwardOptimizer._iteration] batch ") == 4
+    assert all(r.name == "onnxcustom" for r in caplog.records)
+
+
 def test_saved_penalty_graphs_hold_their_hyper_parameters_as_initializers():
     """As onnxcustom's: l1 and l2 are initializers with ``float_data`` (a test of onnxcustom
     finds l1 = 0 in both saved penalty graphs), not values of Constant nodes."""

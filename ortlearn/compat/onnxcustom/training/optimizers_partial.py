@@ -307,7 +307,7 @@ class OrtGradientForwardBackwardOptimizer:
         self.train_session_ = OrtGradientForwardBackward(
             self.model_onnx, weights_to_train=self.weights_to_train,
             providers=ort_device_to_string(self.device),
-            device_index=self.device.device_id())
+            device_index=self.device.device_id(), enable_logging=self.enable_logging)
         self.train_function_ = self.train_session_.new_instance()
         self.input_names_ = self.train_session_.cls_type_._grad_input_names
         self.output_names_ = self.train_session_.cls_type_._bw_fetches_names
@@ -380,7 +380,13 @@ class OrtGradientForwardBackwardOptimizer:
         bs = data_loader.batch_size
         device = self.device
         losses = []
-        for batch in data_loader.iter_ortvalue():
+        logger = self._logger
+        if logger is not None:  # onnxcustom's lines, on its logger
+            logger.debug("[OrtGradientForwardBackwardOptimizer._iteration] "
+                         "iteration begin learning_rate=%r", self.learning_rate)
+        for ib, batch in enumerate(data_loader.iter_ortvalue()):
+            if logger is not None:
+                logger.debug("[OrtGradientForwardBackwardOptimizer._iteration] batch %d", ib)
             ortx, orty = batch[0], batch[1]
             ortw = batch[2] if len(batch) == 3 else None
             state[0] = ortx

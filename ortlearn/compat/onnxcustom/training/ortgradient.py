@@ -214,6 +214,7 @@ class OrtGradientForwardBackward:
             gradients[name] = grad
         options = {"session_options": self.sess_options} if self.sess_options else {}
         if self._logger is not None:
+            self._logger.info("[OrtGradientForwardBackward] weights_to_train=%r", wrt)
             self._logger.info("[OrtGradientForwardBackward] wrt=%r saved=%r", wrt, fb.saved)
         return {
             "__doc__": "Inherits from OrtGradientForwardBackwardFunction.",
