@@ -8,7 +8,7 @@ import {
   comparePyStr, pyFloatParse, pyFloatRepr, pyHex, pyIntParseHex, pyJsonDumps, pyJsonLoads,
 } from './pyformat.js';
 import {
-  DTYPES, asBytes, bytesOf, checkTensorData, checkWellFormed, parseSafetensors,
+  DTYPES, asBytes, bytesOf, checkTensorData, checkWellFormed, concatBytes, parseSafetensors,
   serializeSafetensors, sizeOf,
 } from './safetensors.js';
 
@@ -70,15 +70,7 @@ export async function checkpointChecksum(header, tensors) {
     parts.push(UTF8.encode(pyJsonDumps([key, t.dtype, t.shape])));
     parts.push(bytesOf(t.data));
   }
-  let total = 0;
-  for (const p of parts) total += p.length;
-  const all = new Uint8Array(total);
-  let at = 0;
-  for (const p of parts) {
-    all.set(p, at);
-    at += p.length;
-  }
-  return toHex(await sha256(all));
+  return toHex(await sha256(concatBytes(parts)));
 }
 
 async function webCrypto() {

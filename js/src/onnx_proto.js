@@ -4,7 +4,9 @@
 // to some outputs, parameters baked in as initializers). Every field it does not rewrite is
 // copied through byte for byte.
 
-import { DTYPES, asBytes, bytesOf, checkTensorData } from './safetensors.js';
+import {
+  DTYPES, asBytes, bytesOf, checkTensorData, concatBytes,
+} from './safetensors.js';
 
 const UTF8 = new TextEncoder();
 const UTF8_DECODE = new TextDecoder('utf-8');
@@ -115,18 +117,6 @@ function varintBytes(n) {
   return out;
 }
 
-function concat(parts) {
-  let total = 0;
-  for (const p of parts) total += p.length;
-  const out = new Uint8Array(total);
-  let at = 0;
-  for (const p of parts) {
-    out.set(p, at);
-    at += p.length;
-  }
-  return out;
-}
-
 /** A varint field. @param {number} num @param {number|bigint} value @returns {Uint8Array} */
 export function varintField(num, value) {
   return new Uint8Array([...varintBytes(num * 8), ...varintBytes(value)]);
@@ -140,7 +130,7 @@ export function varintField(num, value) {
  */
 export function bytesField(num, payload) {
   const data = typeof payload === 'string' ? UTF8.encode(payload) : payload;
-  return concat([new Uint8Array([...varintBytes(num * 8 + 2), ...varintBytes(data.length)]), data]);
+  return concatBytes([new Uint8Array([...varintBytes(num * 8 + 2), ...varintBytes(data.length)]), data]);
 }
 
 /**
@@ -149,7 +139,7 @@ export function bytesField(num, payload) {
  * @returns {Uint8Array}
  */
 export function message(fields) {
-  return concat(fields);
+  return concatBytes(fields);
 }
 
 // ---------------------------------------------------------------- reading a model
@@ -487,4 +477,3 @@ function retag(fieldBytes, num) {
   return bytesField(num, fieldBytes.subarray(start, start + len));
 }
 
-export { concat as concatBytes };

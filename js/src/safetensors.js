@@ -82,6 +82,23 @@ export function bytesOf(data) {
 }
 
 /**
+ * The byte arrays `parts` one after the other, in one new array.
+ * @param {Uint8Array[]} parts
+ * @returns {Uint8Array}
+ */
+export function concatBytes(parts) {
+  let total = 0;
+  for (const p of parts) total += p.length;
+  const out = new Uint8Array(total);
+  let at = 0;
+  for (const p of parts) {
+    out.set(p, at);
+    at += p.length;
+  }
+  return out;
+}
+
+/**
  * Number of elements of `shape` (1 for a scalar).
  * @param {number[]} shape
  * @returns {number}
