@@ -86,15 +86,25 @@ function score(task, predictions, y) {
   return right / n;
 }
 
-function draw(canvas, values, { xLabel, yLabel, log = false, points = false }) {
+// The mean of the last `window` values at each step: the trend of a noisy per-batch loss.
+function runningMean(values, window) {
+  let sum = 0;
+  return values.map((v, i) => {
+    sum += v - (i >= window ? values[i - window] : 0);
+    return sum / Math.min(i + 1, window);
+  });
+}
+
+function draw(canvas, values, { xLabel, yLabel, log = false, points = false, trend = null }) {
   const ctx = canvas.getContext('2d');
   const { width, height } = canvas;
   const left = 56;
   const bottom = 36;
+  const top = 28;
   ctx.clearRect(0, 0, width, height);
   ctx.font = '12px system-ui, sans-serif';
   ctx.fillStyle = '#333';
-  ctx.fillText(yLabel, 8, 14);
+  ctx.fillText(yLabel, 8, 14); // above the plot area: no overlap with the tick labels
   ctx.fillText(xLabel, width / 2 - 20, height - 6);
   if (!values.length) return;
   const f = log ? (v) => Math.log10(Math.max(v, 1e-12)) : (v) => v;
@@ -104,22 +114,28 @@ function draw(canvas, values, { xLabel, yLabel, log = false, points = false }) {
   if (hi === lo) { hi += 0.5; lo -= 0.5; }
   const x = (i) => left + (i + (points ? 1 : 0)) * (width - left - 12) /
     Math.max(values.length - (points ? 0 : 1), 1);
-  const y = (v) => 20 + (hi - f(v)) * (height - bottom - 20) / (hi - lo);
+  const y = (v) => top + (hi - f(v)) * (height - bottom - top) / (hi - lo);
   ctx.strokeStyle = '#ccc';
   ctx.beginPath();
-  ctx.moveTo(left, 20);
+  ctx.moveTo(left, top);
   ctx.lineTo(left, height - bottom);
   ctx.lineTo(width - 8, height - bottom);
   ctx.stroke();
   for (const v of [hi, lo]) {
     const text = log ? (10 ** v).toPrecision(2) : v.toFixed(3);
-    ctx.fillText(text, 4, 20 + (hi - v) * (height - bottom - 20) / (hi - lo) + 4);
+    ctx.fillText(text, 4, top + (hi - v) * (height - bottom - top) / (hi - lo) + 4);
   }
-  ctx.strokeStyle = '#1f77b4';
+  const line = (series, color, width) => {
+    ctx.strokeStyle = color;
+    ctx.lineWidth = width;
+    ctx.beginPath();
+    series.forEach((v, i) => (i ? ctx.lineTo(x(i), y(v)) : ctx.moveTo(x(i), y(v))));
+    ctx.stroke();
+    ctx.lineWidth = 1;
+  };
+  line(values, trend ? '#aec7e8' : '#1f77b4', 1);
+  if (trend) line(trend, '#d62728', 2);
   ctx.fillStyle = '#1f77b4';
-  ctx.beginPath();
-  values.forEach((v, i) => (i ? ctx.lineTo(x(i), y(v)) : ctx.moveTo(x(i), y(v))));
-  ctx.stroke();
   if (points) values.forEach((v, i) => ctx.fillRect(x(i) - 3, y(v) - 3, 6, 6));
 }
 
@@ -177,7 +193,10 @@ async function main() {
       `<td>${evaluation.value === null ? '–' : evaluation.value.toFixed(4)}</td>` +
       `<td>${seconds.toFixed(2)}</td>`;
     $('epochs').tBodies[0].appendChild(row);
-    draw($('loss'), result.losses, { xLabel: 'step', yLabel: 'training loss (log)', log: true });
+    draw($('loss'), result.losses, {
+      xLabel: 'step', yLabel: 'training loss per batch (log); red: mean of the last 20', log: true,
+      trend: runningMean(result.losses, 20),
+    });
     draw($('score'), result.epochs.map((e) => e.score ?? NaN),
       { xLabel: 'epoch', yLabel: `test ${scoreName}`, points: true });
     status(`epoch ${epoch} of ${task.epochs}: mean loss ${(sum / batches).toFixed(4)}` +
