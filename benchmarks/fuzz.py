@@ -41,14 +41,16 @@ and tensors, re-signed with the checkpoint's checksum so that the checks behind 
 are reached, and of the ONNX protobuf: operators, wiring, attributes, types, shapes,
 initializers, opsets and ortlearn's ``metadata_props``; an input giving a new kind of
 refusal joins the corpus). With atheris the same structure-aware edits are half of
-the mutations. Each target runs in a child process for ``--seconds`` of fuzzing, so
+the mutations, and the corpus libFuzzer grows stays in ``--out``/<target>/corpus for
+the next run. Each target runs in a child process for ``--seconds`` of fuzzing, so
 that a crash or a hang is caught, with the input that caused it, by this process;
 the child is restarted for the time left after one.
 
 Prints a table per target (engine, inputs run, seconds, outcomes: ``ok`` and each
-refusal class counted, findings) and a summary, writes ``fuzz.json`` and ``fuzz.png``
-(the outcomes per target, when matplotlib is installed) into ``--out``. Exits with 1
-when there is a finding. Linux only (``/proc`` for the child's memory).
+refusal class counted, findings) and a summary, and writes into ``--out``
+``fuzz.json`` and ``fuzz.png`` (the outcomes per target, when matplotlib is installed):
+the last run of each target, so that ``--targets`` runs in turn add up. Exits with 1
+when this run has a finding. Linux only (``/proc`` for the child's memory).
 """
 
 from __future__ import annotations
@@ -257,6 +259,10 @@ def is_refusal(exc: BaseException, documented: tuple) -> bool:
 def class_name(cls: type) -> str:
     """``ValueError``, ``TrainingApiValueError``, ``json.decoder.JSONDecodeError``..."""
     module = cls.__module__
+    if module.startswith("ortlearn") and getattr(sys.modules.get(module), cls.__qualname__,
+                                                 None) is not cls:
+        # as_training_api_error's twin of a class: TrainingApiError[UnicodeDecodeError]
+        return f"TrainingApiError[{cls.__qualname__}]"
     if module == "builtins" or module.startswith("ortlearn"):
         return cls.__qualname__
     return f"{module}.{cls.__qualname__}"
@@ -274,11 +280,19 @@ def where(exc: BaseException) -> str:
               if Path(f.filename).resolve() != Path(__file__).resolve()]
     if not frames:
         return "in ?"
-    last = frames[-1]
-    text = f"in {Path(last.filename).name}:{last.name}"
-    ours = [f for f in frames if f"{os.sep}ortlearn{os.sep}" in f.filename]
-    if ours and ours[-1] is not last:
-        text += f" from {Path(ours[-1].filename).name}:{ours[-1].name}"
+
+    def name(index):  # a comprehension or a lambda: named in its function
+        frame = frames[index]
+        text = frame.name
+        while text.startswith("<") and index > 0 and frames[index - 1].filename == frame.filename:
+            index -= 1
+            text = f"{frames[index].name}.{text}"
+        return f"{Path(frame.filename).name}:{text}"
+
+    text = f"in {name(len(frames) - 1)}"
+    ours = [i for i, f in enumerate(frames) if f"{os.sep}ortlearn{os.sep}" in f.filename]
+    if ours and ours[-1] != len(frames) - 1:
+        text += f" from {name(ours[-1])}"
     return text
 
 
@@ -291,6 +305,7 @@ class Recorder:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.outcomes: Counter = Counter()
         self.classes: dict = {}
+        self.types: dict = {}  # label -> the refusal's class (in this process only)
         self.findings: dict = {}
         self.inputs = 0
         self.seconds = 0.0
@@ -312,6 +327,7 @@ class Recorder:
             if is_refusal(exc, self._documented):
                 label = class_name(type(exc))
                 self.classes[label] = f"{type(exc).__module__}.{type(exc).__qualname__}"
+                self.types[label] = type(exc)
                 kind = _kind_of_message(exc)
             else:
                 label = "FINDING " + class_name(type(exc))
@@ -412,8 +428,8 @@ def _safetensors_parts(data: bytes):
     return (header, data[8 + size:]) if isinstance(header, dict) else None
 
 
-def _safetensors_join(header, body: bytes) -> bytes:
-    text = json.dumps(header, separators=(",", ":")).encode()
+def _safetensors_join(header, body: bytes, sort_keys: bool = False) -> bytes:
+    text = json.dumps(header, separators=(",", ":"), sort_keys=sort_keys).encode()
     text += b" " * (-len(text) % 8)
     return len(text).to_bytes(8, "little") + text + body
 
@@ -486,9 +502,13 @@ def mutate_checkpoint(data: bytes, rng: random.Random):
         except Exception:
             pass
     try:
-        return safetensors.numpy.save(tensors, metadata=metadata)
+        saved = safetensors.numpy.save(tensors, metadata=metadata)
     except BaseException:  # noqa: B036 - a dtype safetensors cannot write
         return None
+    # safetensors writes the metadata in a hash map's order, which changes between
+    # processes: sorted, a seeded run gives the same inputs each time
+    header, body = _safetensors_parts(saved)
+    return _safetensors_join(header, body, sort_keys=True)
 
 
 def mutate_onnx(data: bytes, rng: random.Random):
@@ -670,13 +690,13 @@ def fuzz_in_process(name: str, fixtures, workdir, inputs: int = 150, seed: int =
     """The built-in mutator on target ``name`` in this process, for ``inputs`` inputs.
 
     No crash protection: for tests (a hang is only seen once the input ends).
-    Returns the stats (:meth:`Recorder.stats`).
+    Returns the stats (:meth:`Recorder.stats`) and ``"types"``: refusal label -> class.
     """
     workdir = Path(workdir)
     function = make_target(name, fixtures, workdir / "work")
     recorder = Recorder(name, workdir, timeout, "builtin")
     builtin_fuzz(function, seeds_of(name, fixtures), recorder, seed=seed, max_inputs=inputs)
-    return recorder.stats(done=True)
+    return dict(recorder.stats(done=True), types=dict(recorder.types))
 
 
 # ------------------------------------------------------------------------- child
@@ -695,6 +715,8 @@ def _child(args) -> int:
 
     workdir = Path(args.workdir)
     faulthandler.enable(all_threads=True)
+    # the parent asks for the stacks of a hung child before killing it
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     seed = args.seed
     if args.engine == "atheris":
         import atheris
@@ -796,7 +818,7 @@ def _tail(path: Path, lines: int = 60) -> str:
 
 def _merge(total: dict, part: dict) -> None:
     total["inputs"] += part.get("inputs", 0)
-    total["seconds"] += part.get("seconds", 0.0)
+    total["target_seconds"] += part.get("seconds", 0.0)
     total["outcomes"].update(part.get("outcomes", {}))
     total["classes"].update(part.get("classes", {}))
     for finding in part.get("findings", []):
@@ -824,6 +846,7 @@ def fuzz_target(name: str, fixtures, out, seconds: float = 60, timeout: float = 
     for index, data in enumerate(seeds_of(name, fixtures)):
         (seeds_dir / f"seed-{index}").write_bytes(data)
     total = {"target": name, "engine": engine, "inputs": 0, "seconds": 0.0,
+             "target_seconds": 0.0,
              "outcomes": Counter(), "classes": {}, "findings": {}, "children": 0}
     recorder = Recorder(name, workdir, timeout, engine)  # for the crash findings
     env = dict(os.environ, ORTLEARN_NUM_THREADS="1", OMP_NUM_THREADS="1",
@@ -849,7 +872,9 @@ def fuzz_target(name: str, fixtures, out, seconds: float = 60, timeout: float = 
         while child.poll() is None:
             time.sleep(0.2)
             now = time.monotonic()
-            if started is None:
+            if _rss_mb(child.pid) > rss_limit_mb:
+                killed = "memory"
+            elif started is None:
                 if current.exists():
                     started = now
                 elif now - spawned > setup_limit:
@@ -860,10 +885,10 @@ def fuzz_target(name: str, fixtures, out, seconds: float = 60, timeout: float = 
                         killed = "hang"
                 if now - started > left + timeout + 60:
                     killed = "overrun"
-            if killed is None and _rss_mb(child.pid) > rss_limit_mb:
-                killed = "memory"
             if killed:
                 with contextlib.suppress(ProcessLookupError):
+                    os.kill(child.pid, signal.SIGUSR1)  # the Python stacks into the log
+                    time.sleep(1.0)
                     os.killpg(child.pid, signal.SIGKILL)
                 child.wait()
                 break
@@ -871,6 +896,7 @@ def fuzz_target(name: str, fixtures, out, seconds: float = 60, timeout: float = 
         ran = time.monotonic() - started if started is not None else 0.0
         part = json.loads(stats_path.read_text()) if stats_path.exists() else {}
         _merge(total, part)
+        total["seconds"] += ran
         if started is None:
             raise RuntimeError(f"the fuzzing child of {name!r} did not start (exit {rc}):\n"
                                f"{_tail(log)}")
@@ -892,13 +918,14 @@ def fuzz_target(name: str, fixtures, out, seconds: float = 60, timeout: float = 
                       else f"exit status {rc}")
             kind = "hang" if "timeout" in reason else "crash"
             signature = reason
-        finding = recorder.add_finding(kind, signature, data, _tail(log))
-        _merge(total, {"findings": [finding]})
+        finding = recorder.add_finding(kind, signature, data, _tail(log, 400))
+        _merge(total, {"findings": [dict(finding, count=1)]})
         total["outcomes"][f"FINDING {kind}"] += 1
         left -= ran
     total["outcomes"] = dict(total["outcomes"])
     total["findings"] = list(total["findings"].values())
     total["seconds"] = round(total["seconds"], 1)
+    total["target_seconds"] = round(total["target_seconds"], 1)
     return total
 
 
@@ -908,7 +935,8 @@ def target_table(stats: dict) -> str:
     name = stats["target"]
     lines = [f"== {name}: {TARGETS[name][0]}",
              f"{'engine':<10}{stats['engine']}", f"{'inputs':<10}{stats['inputs']}",
-             f"{'seconds':<10}{stats['seconds']:.1f}",
+             f"{'seconds':<10}{stats['seconds']:.1f} (in the target: "
+             f"{stats.get('target_seconds', stats['seconds']):.1f})",
              f"{'findings':<10}{len(stats['findings'])}",
              f"{'outcome':<48}{'count':>9}"]
     for label, count in sorted(stats["outcomes"].items(), key=lambda kv: -kv[1]):
@@ -921,9 +949,10 @@ def summary_table(results: list) -> str:
              f"{'refused':>9}{'findings':>9}"]
     for s in results:
         ok = s["outcomes"].get("ok", 0)
-        bad = sum(c for k, c in s["outcomes"].items() if k.startswith("FINDING"))
+        refused = sum(c for k, c in s["outcomes"].items()
+                      if k != "ok" and not k.startswith("FINDING"))
         lines.append(f"{s['target']:<20}{s['engine']:<9}{s['inputs']:>9}{s['seconds']:>9.1f}"
-                     f"{ok:>8}{s['inputs'] - ok - bad:>9}{len(s['findings']):>9}")
+                     f"{ok:>8}{refused:>9}{len(s['findings']):>9}")
     return "\n".join(lines)
 
 
@@ -931,11 +960,14 @@ def findings_report(results: list) -> str:
     lines = []
     for s in results:
         for f in s["findings"]:
-            last = [line for line in f["detail"].strip().splitlines() if line.strip()]
+            detail = [line for line in f["detail"].strip().splitlines() if line.strip()]
+            if f["kind"] != "exception":  # the innermost frame of the child's stack dump
+                stack = [i for i, line in enumerate(detail) if line.startswith("Current thread")]
+                detail = detail[stack[-1] + 1:stack[-1] + 2] if stack else detail[-1:]
             lines.append(f"FINDING {s['target']}: {f['kind']}: {f['signature']} "
                          f"(x{f['count']}), input {f['input']}")
-            if last:
-                lines.append(f"    {last[-1][:200]}")
+            if detail:
+                lines.append(f"    {detail[-1].strip()[:200]}")
     return "\n".join(lines)
 
 
@@ -949,13 +981,22 @@ def plot(results: list, path: Path) -> bool:
         return False
     labels = sorted({k for s in results for k in s["outcomes"]},
                     key=lambda k: (k != "ok", k.startswith("FINDING"), k))
-    fig, ax = plt.subplots(figsize=(8, 0.5 * len(results) + 1.8))
+    fig, ax = plt.subplots(figsize=(9, 0.5 * len(results) + 1.8))
     left = [0.0] * len(results)
-    cmap = plt.get_cmap("tab20")
-    for index, label in enumerate(labels):
+    # ok green, refusals blues to browns, findings reds
+    refusal_colors = ["tab:blue", "lightsteelblue", "tab:purple", "tab:cyan", "tab:gray",
+                      "tab:olive", "tab:brown", "tab:pink", "navy", "khaki"]
+    finding_colors = plt.get_cmap("Reds")
+    findings = [k for k in labels if k.startswith("FINDING")]
+    refusals = [k for k in labels if k != "ok" and not k.startswith("FINDING")]
+    for label in labels:
         share = [s["outcomes"].get(label, 0) / max(s["inputs"], 1) for s in results]
-        color = "tab:green" if label == "ok" else (
-            "tab:red" if label.startswith("FINDING") else cmap(index % 20))
+        if label == "ok":
+            color = "tab:green"
+        elif label in findings:
+            color = finding_colors(0.45 + 0.5 * findings.index(label) / max(len(findings), 1))
+        else:
+            color = refusal_colors[refusals.index(label) % len(refusal_colors)]
         ax.barh([s["target"] for s in results], share, left=left, label=label, color=color)
         left = [a + b for a, b in zip(left, share)]
     ax.set_xlabel("share of the inputs")
@@ -965,6 +1006,19 @@ def plot(results: list, path: Path) -> bool:
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return True
+
+
+def merge_results(path: Path, results: list) -> list:
+    """``results`` and the results of the other targets in ``path`` (an earlier run's
+    ``fuzz.json``), in the order of :data:`TARGETS`: the last run of each target."""
+    names = {s["target"] for s in results}
+    try:
+        previous = [s for s in json.loads(path.read_text()) if s["target"] not in names
+                    and s["target"] in TARGETS]
+    except (OSError, ValueError, TypeError, KeyError):
+        previous = []
+    order = list(TARGETS)
+    return sorted(previous + results, key=lambda s: order.index(s["target"]))
 
 
 def main(argv=None) -> int:
@@ -1007,8 +1061,9 @@ def main(argv=None) -> int:
     if report:
         print()
         print(report)
-    (out / "fuzz.json").write_text(json.dumps(results, indent=1))
-    if plot(results, out / "fuzz.png"):
+    everything = merge_results(out / "fuzz.json", results)
+    (out / "fuzz.json").write_text(json.dumps(everything, indent=1))
+    if plot(everything, out / "fuzz.png"):
         print(f"plot written to {out / 'fuzz.png'}")
     else:
         print("matplotlib is not installed: no plot")

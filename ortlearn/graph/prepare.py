@@ -335,6 +335,10 @@ class _Constants:
         self.values = constant_values(model.graph, wrt)
         self.producers = {o: n for n in nodes for o in n.output if o}
         self._infos = None
+        # Values found unknown, remembered: a value read twice by each node of a chain (h + h)
+        # would otherwise be worked out 2**depth times.
+        self._unknown: set[str] = set()
+        self._cut = False  # a search went past the depth limit (its unknowns are not final)
 
     def _declared(self, name: str):
         """The shape of ``name`` as declared or inferred (None when unknown)."""
@@ -356,8 +360,19 @@ class _Constants:
 
     def get(self, name: str, depth: int = 0):
         """The value of ``name``, None when unknown before running."""
-        if name in self.values or not name or depth > 64:
+        if name in self.values or not name or name in self._unknown:
             return self.values.get(name)
+        if depth > 64:
+            self._cut = True
+            return None
+        cut, self._cut = self._cut, False
+        value = self._evaluate(name, depth)
+        if value is None and not self._cut:
+            self._unknown.add(name)
+        self._cut = self._cut or cut
+        return value
+
+    def _evaluate(self, name: str, depth: int):
         node = self.producers.get(name)
         if node is None or node.domain not in ("", "ai.onnx") or any(_graphs_of(node)):
             return None
