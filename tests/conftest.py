@@ -3,6 +3,8 @@ skips of the tests that need a GPU; the programs the browser and Node tests driv
 
 import os
 import shutil
+import subprocess
+from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
@@ -75,6 +77,22 @@ def chromium() -> str:
 @pytest.fixture(scope="session")
 def node() -> str:
     return require(shutil.which("node"), "no Node.js on PATH")
+
+
+#: the JavaScript package (ortlearn-training) of the repository
+JS = Path(__file__).resolve().parents[1] / "js"
+
+
+@pytest.fixture(scope="session")
+def js_dir(node) -> Path:
+    """js/ with its npm dependencies, installed from its lockfile on first use (``npm ci``),
+    so that the README's test command runs the on-device tests wherever Node.js is."""
+    if not (JS / "node_modules" / "onnxruntime-node").is_dir():
+        npm = require(shutil.which("npm"), "no npm on PATH to install js/'s dependencies")
+        result = subprocess.run([npm, "ci", "--no-audit", "--no-fund", "--loglevel=error"],
+                                cwd=JS, capture_output=True, text=True, timeout=600)
+        assert result.returncode == 0, f"npm ci in js/ failed: {result.stderr[-3000:]}"
+    return JS
 
 
 @pytest.fixture

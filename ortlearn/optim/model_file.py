@@ -240,6 +240,8 @@ def _constant_ints(graph: onnx.GraphProto) -> dict[str, int]:
     tensors += [(n.output[0], a.t) for n in graph.node if n.op_type == "Constant"
                 for a in n.attribute if a.name == "value"]
     for name, tensor in tensors:
+        if tensor.data_type not in (TensorProto.INT64, TensorProto.INT32):
+            continue  # positions are integers; other types (or unknown ones) are not read
         array = numpy_helper.to_array(tensor)
         if array.size == 1 and np.issubdtype(array.dtype, np.integer):
             found[name] = int(array.reshape(()))

@@ -15,11 +15,12 @@ import onnxruntime as ort
 from onnx import numpy_helper
 
 from ..autodiff import check_scalar_loss
+from ..exceptions import TrainingApiValueError
 from ..graph import CLASS_LABEL_GUARD, FLOAT_TYPES, shape_of, value_info_map
 
 __all__ = [
     "check_class_labels",
-    "class_label_errors",
+    "run_errors",
     "check_label_values",
     "check_input_names",
     "check_learning_rate",
@@ -178,15 +179,22 @@ def check_class_labels(marks: dict, feeds: dict, what: str) -> None:
         value = feeds.get(name)
         if value is None or isinstance(value, ort.OrtValue):
             # An OrtValue may live on a device: not copied back; the graph checks it
-            # (ortlearn.graph.guard_class_labels, errors by class_label_errors).
+            # (ortlearn.graph.guard_class_labels, errors by run_errors).
             continue
         value = np.asarray(value)
         check_label_values(value, n_classes, ignore_index, f"Input {name!r} of {what}")
 
 
 @contextlib.contextmanager
-def class_label_errors(marks: dict, what: str):
-    """Turn the failure of a :func:`ortlearn.graph.guard_class_labels` node into a ValueError.
+def run_errors(marks: dict, what: str):
+    """Turn onnxruntime's failure to run a model into errors that name the cause.
+
+    The failure of a :func:`ortlearn.graph.guard_class_labels` node is a
+    ValueError about the labels; another error of onnxruntime at run time (a
+    shape the graph does not accept, a model that onnxruntime opens but cannot
+    run) a :class:`~ortlearn.exceptions.TrainingApiValueError` (a
+    ``RuntimeError`` too, as onnxruntime's) naming the step, with onnxruntime's
+    message.
 
     Parameters
     ----------
@@ -201,7 +209,14 @@ def class_label_errors(marks: dict, what: str):
         message = str(error)
         name = next((n for n in marks if f"'{CLASS_LABEL_GUARD}{n}'" in message), None)
         if name is None:
-            raise
+            # ortlearn's own refusals and memory go through; what is left is onnxruntime's
+            if isinstance(error, (ValueError, TypeError, MemoryError)):
+                raise
+            raise TrainingApiValueError(
+                f"onnxruntime could not run {what}: {message.strip().splitlines()[0]} "
+                "Check the inputs' shapes and types against the model's inputs "
+                "(input_names, and the artifacts' doc/artifacts_format.md), or the model "
+                "itself.") from error
         n_classes, ignore_index = marks[name]
         classes = "[0, n_classes)" if n_classes is None else f"[0, {n_classes})"
         ignored = "" if ignore_index is None else f" and are not the ignore_index {ignore_index}"

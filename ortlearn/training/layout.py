@@ -19,6 +19,7 @@ from ..graph.format import (
     GRAD_BUFFER_SUFFIX,
     GRAD_OUTPUT_SUFFIX,
     INPUT_GRADIENTS_KEY,
+    LAZY_RESET_GRAD,
     OPTIMIZER_METADATA_KEY,
     TRAINING_METADATA_KEY,
     UPDATED_FROZEN_KEY,
@@ -80,8 +81,15 @@ def read_layout(model: onnx.ModelProto, what: str) -> Layout:
             raise ValueError(
                 f"The {what} model's metadata_props[{TRAINING_METADATA_KEY!r}] lacks {exc}."
             ) from None
-        missing = [n for n in layout.user_inputs if n not in inputs]
+        missing = [n for n in layout.user_inputs + layout.trainable + layout.frozen
+                   if n not in inputs]
         missing += [n for n in layout.user_outputs if n not in outputs]
+        if what == "training":  # the accumulation buffers and their outputs, the reset flag
+            missing += [n for p in layout.trainable + layout.input_grads
+                        for n in (f"{p}{GRAD_BUFFER_SUFFIX}",) if n not in inputs]
+            missing += [n for p in layout.trainable + layout.input_grads
+                        for n in (f"{p}{GRAD_OUTPUT_SUFFIX}",) if n not in outputs]
+            missing += [LAZY_RESET_GRAD] if LAZY_RESET_GRAD not in inputs else []
         missing += [f"{n}{UPDATED_SUFFIX}" for n in layout.updated
                     if f"{n}{UPDATED_SUFFIX}" not in outputs]
         missing += [n for n in layout.updated if n not in layout.frozen]
@@ -105,6 +113,9 @@ def read_optimizer_layout(model: onnx.ModelProto) -> OptimizerLayout:
             f"The optimizer model has no metadata_props[{OPTIMIZER_METADATA_KEY!r}]: "
             "it was not written by ortlearn.artifacts.generate_artifacts."
         )
+    if not isinstance(meta, dict):
+        raise ValueError(f"The optimizer model's metadata_props[{OPTIMIZER_METADATA_KEY!r}] "
+                         f"is a JSON {type(meta).__name__}, not an object.")
     return OptimizerLayout(list(meta.get("params", [])), list(meta.get("states", [])),
                             dict(meta.get("hyper", {})))
 
@@ -115,7 +126,12 @@ def _input_dtype(value_info) -> np.dtype:
     try:
         return onnx_to_np_dtype(elem)
     except TypeError:  # the dtypes ortlearn trains are fewer than those a user feeds
-        return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem))
+        try:
+            return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem))
+        except KeyError:
+            raise ValueError(f"Input {value_info.name!r} of the model has the element type "
+                             f"{elem}, which is no ONNX tensor type (not a model an ONNX "
+                             "exporter wrote?).") from None
 
 
 def input_types(model: onnx.ModelProto) -> dict:

@@ -56,7 +56,7 @@ from ..optim import LinearLR, unpack_optimizer_model
 from ._buffers import BufferPairs, device_value, host_copy
 from .checkpoint import CheckpointState
 from .checks import FLOAT32_MAX as _FLOAT32_MAX
-from .checks import check_class_labels, class_label_errors
+from .checks import check_class_labels, run_errors
 from .device import make_session, make_session_options, parse_device
 from .layout import (
     Layout,
@@ -203,9 +203,16 @@ class TrainingSession:
 
     # ------------------------------------------------------------------ setup
     def _open(self, model: onnx.ModelProto) -> ort.InferenceSession:
-        # A damaged model is a ValueError, not an onnxruntime error.
+        # A damaged model is a ValueError, not an onnxruntime error; so is one onnx's
+        # checker accepts and onnxruntime cannot load (an opset it does not know).
         with invalid_model_errors(model, "A model given to TrainingSession"):
-            return make_session(model, self._device, self._session_options)
+            try:
+                return make_session(model, self._device, self._session_options)
+            except (ValueError, TypeError, MemoryError):
+                raise
+            except Exception as exc:
+                raise ValueError(f"onnxruntime cannot load a model given to TrainingSession: "
+                                 f"{str(exc).strip().splitlines()[0]}") from exc
 
     def _load(self, model, what: str) -> tuple:
         """``(ModelProto, None)``, or for an ORT-format model ``(its skeleton, its session)``."""
@@ -577,7 +584,7 @@ class TrainingSession:
         n_user = len(layout.user_outputs)
         names = layout.user_outputs + self._input_grad_outputs()
         zeros = self._input_grad_zeros(feeds)
-        with class_label_errors(self._label_marks, "train_step"):
+        with run_errors(self._label_marks, "train_step"):
             if any(is_string_array(value) for value in feeds.values()):
                 values = self._run_unbound(self._train_sess, self._train_io(),
                                            {**feeds, **zeros}, names, True)
@@ -663,7 +670,7 @@ class TrainingSession:
         feeds = self._user_feeds(inputs, layout, self._eval_types, "eval_step",
                                 self._eval_links)
         check_class_labels(self._label_marks, feeds, "eval_step")
-        with class_label_errors(self._label_marks, "eval_step"):
+        with run_errors(self._label_marks, "eval_step"):
             if any(is_string_array(value) for value in feeds.values()):
                 return self._run_unbound(self._eval_sess, self._eval_io(), feeds,
                                          layout.user_outputs, return_ortvalues)
@@ -701,7 +708,8 @@ class TrainingSession:
                 "another checkpoint.")
         self._step_value.update_inplace(self._scalar(STEP, self._step + 1, np.int64))
         binding = self._binding("optim")
-        self._optimizer.run_with_iobinding(binding)
+        with run_errors({}, "optimizer_step"):
+            self._optimizer.run_with_iobinding(binding)
         self._params.swap()
         self._opt_states.swap()
         self._step += 1

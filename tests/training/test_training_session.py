@@ -499,3 +499,60 @@ def test_a_second_optimizer_goes_on_from_the_state_reached(art):
     for name, value in _weights(one, names).items():
         np.testing.assert_array_equal(_weights(two, names)[name], value)
     assert two.export_optimizer_state()[1] == 5
+
+
+def _edited(directory, name, edit, tmp_path):
+    """A copy of the artifacts of ``directory`` whose model ``name`` went through ``edit``."""
+    import shutil
+
+    target = tmp_path / f"edited_{len(list(tmp_path.iterdir()))}"
+    shutil.copytree(directory, target)
+    model = onnx.load(target / name)
+    edit(model)
+    onnx.save(model, target / name)
+    return target
+
+
+def test_malformed_artifacts_are_refused_with_a_value_error(art, tmp_path):
+    """What the fuzz script found escaping raw: each a ValueError naming the problem."""
+    linear_dir = art["linear", "AdamW"][0]
+
+    def opset(model):
+        model.opset_import[0].version = 10000
+
+    def undefined_input(model):
+        model.graph.input[0].type.tensor_type.elem_type = 0
+
+    def missing_parameter(model):
+        meta = {p.key: p for p in model.metadata_props}["ortlearn.training"]
+        layout = json.loads(meta.value)
+        meta.value = json.dumps({**layout, "frozen": layout["frozen"] + ["nowhere"]})
+
+    def list_metadata(model):
+        {p.key: p for p in model.metadata_props}["ortlearn.optimizer"].value = "[1, 2]"
+
+    cases = [("training_model.onnx", opset, "onnxruntime cannot load"),
+             ("training_model.onnx", undefined_input, "no ONNX tensor type"),
+             ("training_model.onnx", missing_parameter, r"does not have: \['nowhere'\]"),
+             ("eval_model.onnx", missing_parameter, r"does not have: \['nowhere'\]"),
+             ("optimizer_model.onnx", list_metadata, "is a JSON list, not an object")]
+    for name, edit, message in cases:
+        with pytest.raises(ValueError, match=message):
+            _session(_edited(linear_dir, name, edit, tmp_path))
+
+
+def test_a_step_onnxruntime_cannot_run_names_the_step(art, tmp_path):
+    from ortlearn.exceptions import TrainingApiValueError
+
+    def shapeless_target(model):  # nothing declares the target's length: onnxruntime finds out
+        for graph_input in model.graph.input:
+            if graph_input.name == "target":
+                graph_input.type.tensor_type.ClearField("shape")
+
+    directory = _edited(art["linear", "AdamW"][0], "training_model.onnx", shapeless_target,
+                        tmp_path)
+    session = _session(directory, eval_model=False)
+    X, y = next(_batches(1))
+    session.train_step(X, y)
+    with pytest.raises(TrainingApiValueError, match="onnxruntime could not run train_step"):
+        session.train_step(X, y[:5])

@@ -11,8 +11,7 @@ import numpy as np
 from safetensors.numpy import save_file
 
 from ortlearn import CheckpointState, TrainingSession
-
-JS = Path(__file__).resolve().parents[2] / "js"
+from tests.conftest import JS
 
 
 def write_batches(path: Path, batches: list[dict]) -> Path:
