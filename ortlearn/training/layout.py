@@ -66,7 +66,8 @@ def read_layout(model: onnx.ModelProto, what: str) -> Layout:
     """Read the user/parameter names of a training or eval model.
 
     The names come from ``metadata_props['ortlearn.training']``; a model without
-    it is read by position, following the contract's input order.
+    it is read by position, following the contract's input order. Either way,
+    every name must be an input or output of the graph (ValueError otherwise).
     """
     meta = metadata_of(model, TRAINING_METADATA_KEY)
     inputs = [i.name for i in model.graph.input]
@@ -77,33 +78,36 @@ def read_layout(model: onnx.ModelProto, what: str) -> Layout:
                              list(meta["trainable"]), list(meta["frozen"]),
                              list(meta.get(UPDATED_FROZEN_KEY, [])),
                              list(meta.get(INPUT_GRADIENTS_KEY, [])))
-        except KeyError as exc:
+        except (KeyError, TypeError) as exc:
             raise ValueError(
-                f"The {what} model's metadata_props[{TRAINING_METADATA_KEY!r}] lacks {exc}."
-            ) from None
-        missing = [n for n in layout.user_inputs + layout.trainable + layout.frozen
-                   if n not in inputs]
-        missing += [n for n in layout.user_outputs if n not in outputs]
-        if what == "training":  # the accumulation buffers and their outputs, the reset flag
-            missing += [n for p in layout.trainable + layout.input_grads
-                        for n in (f"{p}{GRAD_BUFFER_SUFFIX}",) if n not in inputs]
-            missing += [n for p in layout.trainable + layout.input_grads
-                        for n in (f"{p}{GRAD_OUTPUT_SUFFIX}",) if n not in outputs]
-            missing += [LAZY_RESET_GRAD] if LAZY_RESET_GRAD not in inputs else []
-        missing += [f"{n}{UPDATED_SUFFIX}" for n in layout.updated
-                    if f"{n}{UPDATED_SUFFIX}" not in outputs]
-        missing += [n for n in layout.updated if n not in layout.frozen]
-        if missing:
-            raise ValueError(f"The {what} model's metadata names values the graph "
-                             f"does not have: {missing}.")
-        return layout
-    # No metadata: trainable parameters are the ones with a gradient buffer.
-    buffers = [n for n in inputs if n.endswith(GRAD_BUFFER_SUFFIX)]
-    trainable = [n[: -len(GRAD_BUFFER_SUFFIX)] for n in buffers]
-    first = inputs.index(trainable[0]) if trainable else len(inputs)
-    end = inputs.index(buffers[0]) if buffers else len(inputs)
-    return Layout(inputs[:first], [n for n in outputs if not n.endswith(GRAD_OUTPUT_SUFFIX)],
-                   trainable, [n for n in inputs[first:end] if n not in trainable])
+                f"The {what} model's metadata_props[{TRAINING_METADATA_KEY!r}] lacks {exc} "
+                "or is not a JSON object of lists.") from None
+    else:  # trainable parameters are the ones with a gradient buffer
+        buffers = [n for n in inputs if n.endswith(GRAD_BUFFER_SUFFIX)]
+        trainable = [n[: -len(GRAD_BUFFER_SUFFIX)] for n in buffers]
+        first = inputs.index(trainable[0]) if trainable and trainable[0] in inputs else len(
+            inputs)
+        end = inputs.index(buffers[0]) if buffers else len(inputs)
+        layout = Layout(inputs[:first],
+                        [n for n in outputs if not n.endswith(GRAD_OUTPUT_SUFFIX)],
+                        trainable, [n for n in inputs[first:end] if n not in trainable])
+    missing = [n for n in layout.user_inputs + layout.trainable + layout.frozen
+               if n not in inputs]
+    missing += [n for n in layout.user_outputs if n not in outputs]
+    if what == "training":  # the accumulation buffers and their outputs, the reset flag
+        grads = layout.trainable + layout.input_grads
+        missing += [f"{p}{GRAD_BUFFER_SUFFIX}" for p in grads
+                    if f"{p}{GRAD_BUFFER_SUFFIX}" not in inputs]
+        missing += [f"{p}{GRAD_OUTPUT_SUFFIX}" for p in grads
+                    if f"{p}{GRAD_OUTPUT_SUFFIX}" not in outputs]
+        missing += [LAZY_RESET_GRAD] if LAZY_RESET_GRAD not in inputs else []
+    missing += [f"{n}{UPDATED_SUFFIX}" for n in layout.updated
+                if f"{n}{UPDATED_SUFFIX}" not in outputs]
+    missing += [n for n in layout.updated if n not in layout.frozen]
+    if missing:
+        raise ValueError(f"The {what} model's layout (its metadata, or the order of its "
+                         f"inputs) names values the graph does not have: {missing}.")
+    return layout
 
 
 def read_optimizer_layout(model: onnx.ModelProto) -> OptimizerLayout:
