@@ -338,7 +338,6 @@ class _Constants:
         # Values found unknown, remembered: a value read twice by each node of a chain (h + h)
         # would otherwise be worked out 2**depth times.
         self._unknown: set[str] = set()
-        self._cut = False  # a search went past the depth limit (its unknowns are not final)
 
     def _declared(self, name: str):
         """The shape of ``name`` as declared or inferred (None when unknown)."""
@@ -358,34 +357,59 @@ class _Constants:
             return None
         return np.array(shape, dtype=np.int64)
 
-    def get(self, name: str, depth: int = 0):
-        """The value of ``name``, None when unknown before running."""
-        if name in self.values or not name or name in self._unknown:
-            return self.values.get(name)
-        if depth > 64:
-            self._cut = True
-            return None
-        cut, self._cut = self._cut, False
-        value = self._evaluate(name, depth)
-        if value is None and not self._cut:
-            self._unknown.add(name)
-        self._cut = self._cut or cut
-        return value
+    def get(self, name: str):
+        """The value of ``name``, None when unknown before running.
 
-    def _evaluate(self, name: str, depth: int):
-        node = self.producers.get(name)
+        The values it needs are worked out first, each once (an explicit stack: no
+        recursion limit on long chains, a cycle makes its values unknown).
+        """
+        stack, open_ = [name], set()
+        while stack:
+            current = stack[-1]
+            if not current or current in self.values or current in self._unknown:
+                stack.pop()
+                continue
+            node = self.producers.get(current)
+            needed = self._needed_inputs(node)
+            if needed is None:  # not computable before running
+                self._unknown.add(current)
+                stack.pop()
+                continue
+            if current not in open_:
+                open_.add(current)
+                if any(i in open_ for i in needed):  # a cycle
+                    self._unknown.add(current)
+                    open_.discard(current)
+                    stack.pop()
+                    continue
+                stack.extend(i for i in needed
+                             if i not in self.values and i not in self._unknown)
+                continue
+            stack.pop()
+            open_.discard(current)
+            if self._evaluate(node, current) is None:
+                self._unknown.add(current)
+        return self.values.get(name)
+
+    @staticmethod
+    def _needed_inputs(node) -> list | None:
+        """The inputs ``node``'s value needs, None when it cannot be known before running."""
         if node is None or node.domain not in ("", "ai.onnx") or any(_graphs_of(node)):
             return None
+        if node.op_type in ("RandomNormal", "RandomUniform", "RandomNormalLike",
+                            "RandomUniformLike", "Bernoulli", "Multinomial", "Dropout"):
+            return None
+        return [] if node.op_type == "Shape" else [i for i in node.input if i]
+
+    def _evaluate(self, node, name: str):
+        """The value of ``name``, output of ``node``, its needed inputs already looked at."""
         if node.op_type == "Shape":
             value = self._shape(node.input[0])
             if value is not None:
                 value = value[attr(node, "start", 0):attr(node, "end", None)]
                 self.values[name] = value
             return value
-        if node.op_type in ("RandomNormal", "RandomUniform", "RandomNormalLike",
-                            "RandomUniformLike", "Bernoulli", "Multinomial", "Dropout"):
-            return None
-        inputs = [self.get(i, depth + 1) if i else None for i in node.input]
+        inputs = [self.values.get(i) if i else None for i in node.input]
         if any(v is None for i, v in zip(node.input, inputs) if i):
             return None
         from onnx.reference import ReferenceEvaluator
