@@ -685,9 +685,11 @@ class CheckpointState:
 
     def _nominal_error(self, name: str) -> NominalCheckpointError:
         record = self._records[name]
+        # onnxruntime-training's sentence first, then the remedy
         return NominalCheckpointError(
-            f"Parameter {name!r} is nominal ({record.dtype}, shape {record.shape}): the "
-            "checkpoint holds names and shapes, not values. Load the values first: "
+            "Cannot get parameter from a nominal state. Please load the parameter states "
+            f"first: parameter {name!r} is nominal ({record.dtype}, shape {record.shape}), "
+            "the checkpoint holds names and shapes, not values. Load the values: "
             "Module.copy_buffer_to_parameters(buffer, trainable_only=False) with a buffer "
             "of all the parameters, or a complete checkpoint (CheckpointState.load_checkpoint)."
         )

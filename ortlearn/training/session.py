@@ -828,9 +828,11 @@ class TrainingSession:
             self._nominal = self._state.is_nominal
         if self._nominal:
             missing = [n for n, p in self._state.parameters.items() if p.nominal]
+            # onnxruntime-training's sentence first, then the remedy
             raise NominalCheckpointError(
-                f"{method} needs the parameters' values, and the checkpoint is nominal (names "
-                f"and shapes only; no value for {missing}). Load them first: "
+                f"Please load the model parameters first. {method} needs the parameters' "
+                f"values, and the checkpoint is nominal (names and shapes only; no value for "
+                f"{missing}). Load them: "
                 "copy_buffer_to_parameters(buffer, trainable_only=False) (from_buffer here) "
                 "with a buffer of all the parameters, or open a complete checkpoint.")
 

@@ -102,10 +102,15 @@ def test_nominal_checkpoint_has_names_and_shapes_and_refuses_every_use_of_values
         "export_model_for_inferencing": lambda: module.export_model_for_inferencing(
             art / "never.onnx", ["output"]),
     }
+    # onnxruntime-training's sentences (its tests match them), then ortlearn's remedy
+    sentences = {"parameter data": "Please load the parameter states first",
+                 "parameter grad": "Please load the parameter states first"}
     for what, use in uses.items():
         with pytest.raises(RuntimeError, match="nominal") as info:
             use()
         assert isinstance(info.value, NominalCheckpointError), what
+        assert sentences.get(what, "Please load the model parameters first.") in str(
+            info.value), what
     module.eval()
     with pytest.raises(NominalCheckpointError, match="eval_step needs the parameters' values"):
         module(X, y)
