@@ -91,6 +91,11 @@ def read_layout(model: onnx.ModelProto, what: str) -> Layout:
         layout = Layout(inputs[:first],
                         [n for n in outputs if not n.endswith(GRAD_OUTPUT_SUFFIX)],
                         trainable, [n for n in inputs[first:end] if n not in trainable])
+    if what == "training" and LAZY_RESET_GRAD not in inputs:
+        raise ValueError(
+            f"The training model has no input {LAZY_RESET_GRAD!r}: it is not a training model "
+            "of the artifacts (an inference model?). generate_artifacts writes one "
+            "(doc/artifacts_format.md).")
     missing = [n for n in layout.user_inputs + layout.trainable + layout.frozen
                if n not in inputs]
     missing += [n for n in layout.user_outputs if n not in outputs]
@@ -100,7 +105,6 @@ def read_layout(model: onnx.ModelProto, what: str) -> Layout:
                     if f"{p}{GRAD_BUFFER_SUFFIX}" not in inputs]
         missing += [f"{p}{GRAD_OUTPUT_SUFFIX}" for p in grads
                     if f"{p}{GRAD_OUTPUT_SUFFIX}" not in outputs]
-        missing += [LAZY_RESET_GRAD] if LAZY_RESET_GRAD not in inputs else []
     missing += [f"{n}{UPDATED_SUFFIX}" for n in layout.updated
                 if f"{n}{UPDATED_SUFFIX}" not in outputs]
     missing += [n for n in layout.updated if n not in layout.frozen]
