@@ -29,6 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.report import pyplot, save_figure
+
 JS = Path(__file__).resolve().parents[1] / "js"
 WARMUP = 3
 
@@ -119,12 +121,8 @@ def main(argv=None) -> int:
     print(f"{'ratio Node / Python':<32}{n / p:>12.2f}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         print("matplotlib is not installed: no plot")
         return 0
     fig, ax = plt.subplots(figsize=(5, 3.2))
@@ -134,8 +132,7 @@ def main(argv=None) -> int:
     ax.set_ylabel("ms per training + optimizer step")
     ax.set_title(f"Same artifacts, same batches (ratio {n / p:.2f})", fontsize=9)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out / "edge.png", dpi=120)
+    save_figure(fig, out / "edge.png", dpi=120)
     print(f"plot written to {out / 'edge.png'}")
     return 0
 

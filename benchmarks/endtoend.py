@@ -39,6 +39,8 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.report import pyplot, save_figure
+
 
 @dataclass(frozen=True)
 class Pair:
@@ -229,12 +231,8 @@ def _row(row: dict) -> str:
 
 
 def _plot(result: dict, path: Path) -> bool:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return False
     rows = result["fits"] + result["searches"]
     fig, ax = plt.subplots(figsize=(8, 0.4 * len(rows) + 1.5))
@@ -243,10 +241,7 @@ def _plot(result: dict, path: Path) -> bool:
     ax.set_xscale("log")
     ax.set_xlabel("ortlearn time / scikit-learn time (whole fit or search, log scale)")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return True
+    return save_figure(fig, path)
 
 
 def main(argv=None) -> int:

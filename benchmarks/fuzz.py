@@ -74,6 +74,8 @@ import warnings
 from collections import Counter
 from pathlib import Path
 
+from benchmarks.report import pyplot, save_figure
+
 #: Classes of foreign libraries: escaping ortlearn, they are findings even when they
 #: derive from ValueError (top-level module names).
 FOREIGN_MODULES = ("onnx", "onnxruntime", "google", "safetensors", "safetensors_rust",
@@ -972,12 +974,8 @@ def findings_report(results: list) -> str:
 
 
 def plot(results: list, path: Path) -> bool:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return False
     labels = sorted({k for s in results for k in s["outcomes"]},
                     key=lambda k: (k != "ok", k.startswith("FINDING"), k))
@@ -1002,10 +1000,7 @@ def plot(results: list, path: Path) -> bool:
     ax.set_xlabel("share of the inputs")
     ax.set_title("Fuzzed inputs: accepted (ok), refused (by class) or findings", fontsize=9)
     ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return True
+    return save_figure(fig, path, dpi=120)
 
 
 def merge_results(path: Path, results: list) -> list:

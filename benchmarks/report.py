@@ -114,14 +114,33 @@ def _timed(contender: dict) -> bool:
     return "error" not in contender and contender.get("median", {}).get("time") is not None
 
 
-def write_chart(result: dict, path) -> bool:
-    """Bar chart of the median times, one panel per workload (False without matplotlib)."""
+def pyplot():
+    """matplotlib's pyplot on the file-only Agg backend, None where matplotlib is missing."""
     try:
         import matplotlib
     except ImportError:
-        return False
+        return None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_figure(fig, path, dpi: int = 110) -> bool:
+    """Lay ``fig`` out, write it to ``path`` and release it; True (what the writers return)."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return True
+
+
+def write_chart(result: dict, path) -> bool:
+    """Bar chart of the median times, one panel per workload (False without matplotlib)."""
+    plt = pyplot()
+    if plt is None:
+        return False
 
     workloads = {k: w for k, w in result["workloads"].items()
                  if any(_timed(c) for c in w["contenders"].values())}
@@ -147,7 +166,4 @@ def write_chart(result: dict, path) -> bool:
     meta = result["meta"]
     fig.suptitle(f"ortlearn benchmark, {meta['threads']} threads, {meta['machine']['device']}, "
                  f"median of {meta['reps']}", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return True
+    return save_figure(fig, path)

@@ -184,12 +184,9 @@ def markdown(result: dict) -> str:
 
 def write_plot(result: dict, path) -> bool:
     """One log-log panel per axis, a line style per library (False without matplotlib)."""
-    try:
-        import matplotlib
-    except ImportError:
+    plt = report.pyplot()
+    if plt is None:
         return False
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
     axes = result["axes"]
     fig, panels = plt.subplots(1, len(axes), figsize=(3.6 * len(axes), 3.4), squeeze=False)
@@ -212,10 +209,7 @@ def write_plot(result: dict, path) -> bool:
     meta = result["meta"]
     fig.suptitle(f"MLP regressor, Adam; base {meta['base']}; {meta['threads']} threads",
                  fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return True
+    return report.save_figure(fig, path)
 
 
 def run(args: argparse.Namespace) -> dict:

@@ -37,6 +37,8 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.report import pyplot, save_figure
+
 #: The fits of the cycle: (kind, parameter). A cycle holds every structure once, so
 #: that the first sample (``--every`` >= its length) follows a complete warm-up.
 STEPS = [
@@ -194,12 +196,8 @@ def summary_text(result: dict) -> str:
 
 
 def plot(samples: list, path: Path, max_growth_mb: float = 50) -> bool:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return False
     fits = [s["fits"] for s in samples]
     fig, ax = plt.subplots(figsize=(6, 3.4))
@@ -223,10 +221,7 @@ def plot(samples: list, path: Path, max_growth_mb: float = 50) -> bool:
     handles = ax.get_legend_handles_labels()
     more = other.get_legend_handles_labels()
     ax.legend(handles[0] + more[0], handles[1] + more[1], loc="lower right", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return True
+    return save_figure(fig, path, dpi=120)
 
 
 def main(argv=None) -> int:

@@ -11,6 +11,7 @@ from collections import namedtuple
 import torch
 from torch import nn
 from torch.nn import functional as F
+from torch_models import BasicBlock
 
 
 class RMSNorm(nn.Module):
@@ -104,22 +105,6 @@ class ConvNeXtBlock(nn.Module):
         return self.head((x + h).mean([-2, -1]))
 
 
-class ResNetBlock(nn.Module):
-    """torchvision's BasicBlock with a head: two 3x3 convolutions with BatchNorm, a skip."""
-
-    def __init__(self, dim=8, classes=3):
-        super().__init__()
-        self.conv1, self.bn1 = nn.Conv2d(dim, dim, 3, padding=1, bias=False), nn.BatchNorm2d(dim)
-        self.conv2, self.bn2 = nn.Conv2d(dim, dim, 3, padding=1, bias=False), nn.BatchNorm2d(dim)
-        self.pool = nn.AdaptiveAvgPool2d((1, 1))
-        self.head = nn.Linear(dim, classes)
-
-    def forward(self, x):
-        h = F.relu(self.bn1(self.conv1(x)))
-        h = F.relu(self.bn2(self.conv2(h)) + x)
-        return self.head(torch.flatten(self.pool(h), 1))
-
-
 class UNetDecoder(nn.Module):
     """Upsampling to the skip connection's size, concatenation, convolution."""
 
@@ -191,7 +176,7 @@ BLOCKS = {
     "llama": (LlamaBlock, _seq),
     "gpt_fused_qkv": (GPTBlock, _seq),
     "convnext": (ConvNeXtBlock, lambda seed=1: _image(8, seed=seed)),
-    "resnet": (ResNetBlock, lambda seed=1: _image(8, seed=seed)),
+    "resnet": (lambda: BasicBlock(channels=8), lambda seed=1: _image(8, seed=seed)),
     "unet_decoder": (UNetDecoder, lambda seed=1: _image(4, seed=seed)),
     "pool_and_max": (PooledMax, lambda seed=1: _image(3, seed=seed)),
     "avgpool_interpolate": (PooledConv, lambda seed=1: _image(3, seed=seed)),
