@@ -101,8 +101,9 @@ def _torch_cnn(directory):
             "labels": y.astype(np.int64)}
 
 
-class _HuberPlusL1(onnxblock.Block):
-    """A loss artifacts.LossType does not have: 0.7 mse + 0.3 l1."""
+class _MsePlusL1(onnxblock.Block):
+    """A loss artifacts.LossType does not have: 0.7 mse + 0.3 l1, on one output (the shape of
+    onnxruntime-training's custom-loss example, tests/conftest.py's WeightedAverageLoss)."""
 
     def __init__(self):
         self._mse = onnxblock.loss.MSELoss()
@@ -133,7 +134,7 @@ def _custom_loss(directory):
          for n, s in {"W": (5, 8), "b": (8,), "V": (8, 1)}.items()])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)],
                               ir_version=10)
-    artifacts.generate_artifacts(model, requires_grad=["W", "b", "V"], loss=_HuberPlusL1(),
+    artifacts.generate_artifacts(model, requires_grad=["W", "b", "V"], loss=_MsePlusL1(),
                                  optimizer=artifacts.OptimType.AdamW,
                                  artifact_directory=directory)
     X = rng.normal(size=(300, 5)).astype(np.float32)
