@@ -308,10 +308,13 @@ class OrtLinearClassifier(OrtClassifierMixin, BaseOrtLinear):
     binary models instead; ``predict_proba`` is the softmax, not normalised
     one-vs-rest probabilities).
 
-    With ``solver='lbfgs'`` and ``penalty='l2'`` the objective is
-    ``mean logloss + alpha / 2 ||coef||^2``, which has the same minimiser as
-    ``LogisticRegression(C=C)`` (``C * sum logloss + 1/2 ||coef||^2``) when
-    ``alpha = 1 / (C * n_samples)``.
+    With ``penalty='l2'`` the objective is ``mean logloss + alpha / 2
+    ||coef||^2``, which has the same minimiser as ``LogisticRegression(C=C)``
+    (``C * sum logloss + 1/2 ||coef||^2``) when ``alpha = 1 / (C * n_samples)``:
+    this class is the mini-batch strategy of :class:`OrtLogisticRegression`
+    under ``SGDClassifier``'s parameter names, and
+    ``OrtLogisticRegression(C=C, solver='adam')`` fits one with that
+    ``alpha`` (its ``estimator_``).
 
     Parameters
     ----------
@@ -340,6 +343,8 @@ default='optimal'
 
     See Also
     --------
+    OrtLogisticRegression : The same model under ``LogisticRegression``'s
+        parameters, with this class's solvers and L-BFGS.
     sklearn.linear_model.SGDClassifier : One-vs-rest SGD.
     sklearn.linear_model.LogisticRegression : The same model, other solvers.
 

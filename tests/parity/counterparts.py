@@ -58,12 +58,12 @@ def fit_both(ort_cls, sk_cls, X, y, sample_weight=None, **params):
     return ort, sk
 
 
-def check_counterpart_parameters(ort_cls, sk_cls):
+def check_counterpart_parameters(ort_cls, sk_cls, added=("device",)):
     """ortlearn's estimator takes every parameter of its counterpart, with its defaults,
-    plus ``device``."""
+    plus those ``added``."""
     params = sk_cls().get_params()
     ours = ort_cls(**params).get_params()
-    assert set(ours) - set(params) == {"device"}
+    assert set(ours) - set(params) == set(added)
     assert {k: ours[k] for k in params} == params
     ort_cls().set_params(**params)  # unchanged values pass
 
