@@ -2,111 +2,18 @@
 
 from __future__ import annotations
 
-from numbers import Integral, Real
+from numbers import Real
 
 from sklearn.linear_model import LogisticRegression, SGDRegressor
 from sklearn.utils._param_validation import Interval, StrOptions
-from sklearn.utils.validation import check_is_fitted
 
-from ..optim import SGD, Adam, TorchAdamW
-from ..optim.schedules import Adaptive, Constant, InvScaling, Optimal
-from ._base import BaseOrtEstimator, OrtClassifierMixin, OrtRegressorMixin
+from ._base import OrtClassifierMixin
 from ._docs import fill_doc
+from ._linear_base import BaseOrtLinear
 from ._objective import sgd_objective
+from ._sgd import OrtSGDRegressor
 
 __all__ = ["OrtLinearClassifier", "OrtLinearRegressor"]
-
-_L1_RATIO = {"l2": 0.0, "l1": 1.0, None: 0.0}
-
-
-class BaseOrtLinear(BaseOrtEstimator):
-    """Shared parameters and hooks of the linear models (not for direct use)."""
-
-    _parameter_constraints: dict = {
-        "penalty": [StrOptions({"l2", "l1", "elasticnet"}), None],
-        "alpha": [Interval(Real, 0, None, closed="left")],
-        "l1_ratio": [Interval(Real, 0, 1, closed="both")],
-        "fit_intercept": ["boolean"],
-        "max_iter": [Interval(Integral, 1, None, closed="left")],
-        "tol": [Interval(Real, None, None, closed="neither"), None],
-        "shuffle": ["boolean"],
-        "verbose": ["verbose"],
-        "random_state": ["random_state"],
-        "learning_rate": [StrOptions({"constant", "optimal", "invscaling", "adaptive"})],
-        "eta0": [Interval(Real, 0, None, closed="neither")],
-        "power_t": [Interval(Real, None, None, closed="neither")],
-        "early_stopping": ["boolean"],
-        "validation_fraction": [Interval(Real, 0, 1, closed="neither")],
-        "n_iter_no_change": [Interval(Integral, 1, None, closed="left")],
-        "warm_start": ["boolean"],
-        "solver": [StrOptions({"sgd", "adam", "adamw", "lbfgs"})],
-        "batch_size": [StrOptions({"auto"}), Interval(Integral, 1, None, closed="left")],
-        "momentum": [Interval(Real, 0, 1, closed="both")],
-        "nesterovs_momentum": ["boolean"],
-        "beta_1": [Interval(Real, 0, 1, closed="left")],
-        "beta_2": [Interval(Real, 0, 1, closed="left")],
-        "device": [str],
-    }
-
-    #: SGD stops once the count of epochs without improvement reaches n_iter_no_change.
-    _stop_after_exceeding = False
-    _multi_output = False
-    _architecture_params = ("fit_intercept",)
-
-    @property
-    def coef_(self):
-        """Weights of the trained model (those of ``estimator_``)."""
-        check_is_fitted(self)
-        return self.estimator_.coef_
-
-    @property
-    def intercept_(self):
-        """Intercepts of the trained model (those of ``estimator_``)."""
-        check_is_fitted(self)
-        return self.estimator_.intercept_
-
-    def _l1_ratio(self) -> float:
-        return self.l1_ratio if self.penalty == "elasticnet" else _L1_RATIO[self.penalty]
-
-    def _penalty_args(self) -> dict:
-        """Penalty of the objective; with 'adamw' its L2 part is the optimizer's decay."""
-        if self.solver != "adamw" or self.penalty is None:
-            return {"penalty": self.penalty, "alpha": self.alpha, "l1_ratio": self.l1_ratio}
-        return {"penalty": "l1", "alpha": self.alpha * self._l1_ratio()}
-
-    def _optimizer(self):
-        if self.solver == "sgd":
-            return SGD(momentum=self.momentum,
-                       nesterov=self.nesterovs_momentum and self.momentum > 0)
-        if self.solver == "adam":
-            return Adam(beta_1=self.beta_1, beta_2=self.beta_2)
-        decay = 0.0 if self.penalty is None else self.alpha * (1 - self._l1_ratio())
-        return TorchAdamW(betas=(self.beta_1, self.beta_2), weight_decay=decay)
-
-    def _make_schedule(self):
-        if self.solver != "sgd" or self.learning_rate == "constant":
-            return Constant(self.eta0)
-        if self.learning_rate == "optimal":
-            if self.alpha == 0:
-                raise ValueError("alpha must be > 0 since learning_rate is 'optimal': "
-                                 "its step size is 1 / (alpha * (t0 + t)).")
-            return Optimal(self.alpha)
-        if self.learning_rate == "invscaling":
-            return InvScaling(self.eta0, self.power_t)
-        return Adaptive(self.eta0)
-
-    def _learning_rates(self, sizes, first_step):
-        if self.solver == "sgd":
-            # The schedule counts optimizer steps (mini-batches), 1-based.
-            return None, self._schedule.learning_rate
-        return self._schedule.learning_rate(1), None
-
-    def _check_solver(self) -> None:
-        if self.solver == "lbfgs" and self.penalty in ("l1", "elasticnet") and self.alpha:
-            raise ValueError(f"solver='lbfgs' needs a smooth objective: penalty="
-                             f"{self.penalty!r} is not differentiable; use penalty='l2' or "
-                             "None, or another solver.")
-
 
 _COMMON_PARAMS_DOC = """
     penalty : {'l2', 'l1', 'elasticnet'} or None, default='l2'
@@ -182,8 +89,16 @@ _COMMON_PARAMS_DOC = """
         ``'cpu'``, ``'cuda'`` or ``'cuda:N'``."""
 
 
-class OrtLinearRegressor(OrtRegressorMixin, BaseOrtLinear):
-    """Linear regression trained with onnxruntime, with ``SGDRegressor``'s objective.
+class OrtLinearRegressor(OrtSGDRegressor):
+    """:class:`OrtSGDRegressor` trained with MLP-style mini-batch rules.
+
+    The model and objective of :class:`OrtSGDRegressor` (whose ``solver``
+    chooses between scikit-learn's per-sample updates, Adam, AdamW and
+    L-BFGS); this class keeps its own parameters and defaults, and trains
+    with the rules of scikit-learn's MLPs: ``solver='sgd'`` is mini-batch SGD
+    with ``momentum``, a ``learning_rate`` schedule counting mini-batches and
+    the L1 part of the penalty as a subgradient; ``early_stopping`` keeps the
+    best epoch's weights; ``t_`` counts the samples from 0.
 
     Objective (the one of :class:`sklearn.linear_model.SGDRegressor`), with
     sample weights ``w`` (ones by default)::
@@ -224,6 +139,7 @@ default='invscaling'
 
     See Also
     --------
+    OrtSGDRegressor : The same model with scikit-learn's updates, Adam or L-BFGS.
     sklearn.linear_model.SGDRegressor : The scikit-learn estimator.
 
     Examples
@@ -245,6 +161,17 @@ default='invscaling'
     }
 
     _auto_batch_size = 16
+    _ADDED_PARAMS = ()
+    #: MLP's rules have no averaging
+    average = False
+    # BaseOrtLinear's rules and bookkeeping in place of scikit-learn SGD's
+    _keep_best_epoch = True
+    _max_iter_warning = BaseOrtLinear._max_iter_warning
+    _optimizer = BaseOrtLinear._optimizer
+    _learning_rates = BaseOrtLinear._learning_rates
+    _initialize = BaseOrtLinear._initialize
+    _fit_epochs = BaseOrtLinear._fit_epochs
+    _finish_epochs = BaseOrtLinear._finish_epochs
 
     def __init__(self, loss="squared_error", *, penalty="l2", alpha=0.0001, l1_ratio=0.15,
                  fit_intercept=True, max_iter=1000, tol=1e-3, shuffle=True, verbose=0,

@@ -20,7 +20,6 @@ of ``w_i * loss_i`` plus ``alpha * R(coef)``, is this one times
 
 from __future__ import annotations
 
-import inspect
 from numbers import Integral, Real
 
 import numpy as np
@@ -33,7 +32,7 @@ from ._docs import fill_doc
 from ._fullbatch import BaseOrtFullBatch, FullBatchClassifierMixin
 from ._linear import OrtLinearClassifier
 from ._objective import COEF, INTERCEPT, linear_objective
-from ._validation import check_sample_weight
+from ._validation import check_sample_weight, with_defaults
 
 __all__ = ["OrtLogisticRegression"]
 
@@ -234,12 +233,8 @@ default='optimal'
         self.n_iter_no_change = n_iter_no_change
 
     def __setstate__(self, state):
-        # A model pickled before the mini-batch solvers existed has none of their
-        # parameters: it loads with their defaults, as it was trained ('lbfgs' ignores them).
-        defaults = {name: parameter.default for name, parameter
-                    in inspect.signature(OrtLogisticRegression.__init__).parameters.items()
-                    if name in _MINI_BATCH_PARAMS}
-        super().__setstate__({**defaults, **state})
+        # a model pickled before the mini-batch solvers ('lbfgs' ignores their parameters)
+        super().__setstate__(with_defaults(type(self), state, _MINI_BATCH_PARAMS))
 
     def _penalized(self) -> bool:
         """True for the L2 penalty, False for none; ValueError for what L-BFGS cannot do."""

@@ -370,13 +370,14 @@ _MAX_DLOSS = 1e12
 
 
 def ova_sgd_objective(model, kind: str, loss: str, alpha_l2: float = 0.0,
-                      epsilon: float = 0.1, class_weight=None, sum_in_float64: bool = False,
-                      weighted: bool = True) -> onnx.ModelProto:
+                      alpha_l1: float = 0.0, epsilon: float = 0.1, class_weight=None,
+                      sum_in_float64: bool = False, weighted: bool = True) -> onnx.ModelProto:
     """The objective ``SGDRegressor`` / ``SGDClassifier`` descend, one-vs-all for classes.
 
     ::
 
         loss = mean_i w_i sum_k c_ik l(Y_ik, z_ik) + alpha_l2 / 2 * ||coef||^2
+               + alpha_l1 * ||coef||_1
 
     ``z_ik`` is the score of row ``i`` for column ``k`` (one column for a
     regressor or two classes, one per class otherwise: scikit-learn's
@@ -388,9 +389,10 @@ def ova_sgd_objective(model, kind: str, loss: str, alpha_l2: float = 0.0,
     classifier read ``2 Y - 1`` (scikit-learn's -1 / +1). ``c_ik`` is the
     class weight of the column: ``neg_k + Y_ik (pos_k - neg_k)``.
     ``'squared_error'`` is ``0.5 (y - p)^2`` (linear beyond ``|y - p| = 1e12``,
-    where scikit-learn clips its derivative). Only the L2 part of the
-    penalty is here: the L1 part is :class:`~ortlearn.optim.PlainSGD`'s
-    truncated update.
+    where scikit-learn clips its derivative). scikit-learn's rule keeps only
+    the L2 part of the penalty here (``alpha_l1=0``): the L1 part is
+    :class:`~ortlearn.optim.PlainSGD`'s truncated update; the other solvers
+    descend it as a subgradient.
 
     Parameters
     ----------
@@ -404,6 +406,8 @@ def ova_sgd_objective(model, kind: str, loss: str, alpha_l2: float = 0.0,
         A loss of ``SGDClassifier`` (or of ``SGDRegressor`` for a regressor).
     alpha_l2 : float, default=0.0
         ``alpha * (1 - l1_ratio)`` (0: no penalty term).
+    alpha_l1 : float, default=0.0
+        ``alpha * l1_ratio`` (0: no L1 term).
     epsilon : float, default=0.1
         Of ``'huber'``, ``'epsilon_insensitive'``, ``'squared_epsilon_insensitive'``.
     class_weight : tuple of two arrays, default=None
@@ -449,7 +453,7 @@ def ova_sgd_objective(model, kind: str, loss: str, alpha_l2: float = 0.0,
         rows = b.op("Mul", [rows, SAMPLE_WEIGHT])
     (rows,), dtype, loss_elem = _widen(b, [rows], elem, sum_in_float64)
     data = b.reduce("ReduceMean", rows, keepdims=0)
-    terms = _penalties(model, b, ["coef"], {"l2": alpha_l2 / 2}, dtype)
+    terms = _penalties(model, b, ["coef"], {"l1": alpha_l1, "l2": alpha_l2 / 2}, dtype)
     b.op("Identity", [data if terms is None else b.op("Add", [data, terms])], outputs=[LOSS])
     info = _label_input("multiclass" if kind == "multiclass" else "regressor", n_outputs, elem)
     return _finish(model, b, LOSS, info, weighted, loss_elem)

@@ -17,6 +17,11 @@ loop would (:func:`~ortlearn.optim.per_sample_rates`: the mean gradient at
 ``n`` times the rate of the first row's sample count), so the schedules,
 ``t_``, ``average`` and the cumulative L1 penalty keep counting samples and
 a fit follows scikit-learn's path, taken 32 rows at a time.
+
+``solver`` picks the training of the same objective: ``'sgd'`` (the default) is
+scikit-learn's rule above; ``'adam'``, ``'adamw'`` and ``'lbfgs'`` are
+:class:`~ortlearn.estimators._linear_base.BaseOrtLinear`'s (the penalty in the objective,
+its L1 part a subgradient), with the stopping rules of scikit-learn's SGD.
 """
 
 from __future__ import annotations
@@ -34,8 +39,9 @@ from sklearn.utils.metaestimators import available_if
 from ..optim import PlainSGD, per_sample_rates
 from ._base import OrtClassifierMixin, OrtRegressorMixin
 from ._docs import fill_doc
-from ._linear import BaseOrtLinear
+from ._linear_base import BaseOrtLinear
 from ._objective import ova_sgd_objective
+from ._validation import with_defaults
 
 __all__ = ["OrtSGDClassifier", "OrtSGDRegressor"]
 
@@ -43,6 +49,8 @@ _REGRESSION_LOSSES = {"squared_error", "huber", "epsilon_insensitive",
                       "squared_epsilon_insensitive"}
 _CLASSIFICATION_LOSSES = {"hinge", "log_loss", "modified_huber", "squared_hinge",
                           "perceptron"} | _REGRESSION_LOSSES
+#: losses whose derivative jumps: L-BFGS's curvature pairs mean nothing across the kinks
+_NOT_SMOOTH = {"hinge", "perceptron", "epsilon_insensitive"}
 
 
 class BaseOrtSGD(BaseOrtLinear):
@@ -69,14 +77,38 @@ class BaseOrtSGD(BaseOrtLinear):
         "warm_start": ["boolean"],
         "average": [Interval(Integral, 0, None, closed="neither"), "boolean"],
         "batch_size": [StrOptions({"auto"}), Interval(Integral, 1, None, closed="left")],
+        "solver": [StrOptions({"sgd", "adam", "adamw", "lbfgs"})],
+        "beta_1": [Interval(Real, 0, 1, closed="left")],
+        "beta_2": [Interval(Real, 0, 1, closed="left")],
         "device": [str],
     }
 
-    #: the update rule is scikit-learn's SGD (PlainSGD), never L-BFGS or Adam
-    solver = "sgd"
+    #: the parameters added to scikit-learn's: a model pickled before they existed
+    #: loads with their defaults (see __setstate__)
+    _ADDED_PARAMS = ("solver", "beta_1", "beta_2")
+    #: scikit-learn's SGD keeps the last epoch's weights, not those of the best one
+    _keep_best_epoch = False
     _max_iter_warning = ("Maximum number of iteration reached before convergence. Consider "
                          "increasing max_iter to improve the fit.")
     _counterpart = SGDRegressor
+
+    def __setstate__(self, state):
+        super().__setstate__(with_defaults(type(self), state, self._ADDED_PARAMS))
+
+    def _per_sample_rule(self) -> bool:
+        """Whether the updates are scikit-learn's per-sample SGD (else BaseOrtLinear's)."""
+        return self.solver == "sgd"
+
+    def _check_solver(self) -> None:
+        super()._check_solver()
+        if self.solver == "sgd":
+            return
+        if self.average:
+            raise ValueError(f"average={self.average!r} averages scikit-learn's SGD updates: "
+                             f"it needs solver='sgd', not {self.solver!r}.")
+        if self.solver == "lbfgs" and self.loss in _NOT_SMOOTH:
+            raise ValueError(f"solver='lbfgs' needs a smooth objective: loss={self.loss!r} "
+                             "has kinks; use solver='sgd' or 'adam', or a smooth loss.")
 
     def _l1_ratio(self) -> float:
         if self.penalty == "elasticnet" and self.l1_ratio is None:
@@ -93,11 +125,15 @@ class BaseOrtSGD(BaseOrtLinear):
         return math.ceil(int(self.average) / self._update_rows)
 
     def _learning_rates(self, sizes, first_step):
+        if not self._per_sample_rule():
+            return super()._learning_rates(sizes, first_step)
         # scikit-learn's schedules count samples: t_ is 1 + the samples learned so far
         rates = per_sample_rates(self._schedule, sizes, int(self.t_))
         return None, lambda step: rates[step - first_step]
 
     def _optimizer(self):
+        if not self._per_sample_rule():
+            return super()._optimizer()
         ratio = self._l1_ratio() if self.penalty is not None else 0.0
         return PlainSGD(l1=self.alpha * ratio, average=self._average_start())
 
@@ -114,9 +150,14 @@ class BaseOrtSGD(BaseOrtLinear):
 
     def _objective(self, inference_model, kind, sum_in_float64=False, weighted=True):
         ratio = self._l1_ratio() if self.penalty is not None else 0.0
-        alpha_l2 = 0.0 if self.penalty is None else self.alpha * (1 - ratio)
+        strength = 0.0 if self.penalty is None else self.alpha
+        # PlainSGD truncates the L1 part; the other solvers descend it in the objective,
+        # and AdamW decays the L2 part itself.
+        alpha_l1 = 0.0 if self._per_sample_rule() else strength * ratio
+        alpha_l2 = 0.0 if self.solver == "adamw" else strength * (1 - ratio)
         return ova_sgd_objective(inference_model, kind, loss=self.loss, alpha_l2=alpha_l2,
-                                 epsilon=self.epsilon, class_weight=self._column_weights(kind),
+                                 alpha_l1=alpha_l1, epsilon=self.epsilon,
+                                 class_weight=self._column_weights(kind),
                                  sum_in_float64=sum_in_float64, weighted=weighted)
 
     def _column_weights(self, kind):
@@ -135,22 +176,24 @@ class BaseOrtSGD(BaseOrtLinear):
 
     def _update_no_improvement(self, engine, loss, validation) -> None:
         super()._update_no_improvement(engine, loss, validation)
-        # scikit-learn's SGD keeps the last weights, not those of the best epoch
-        self._best_state = None
+        if not self._keep_best_epoch:
+            self._best_state = None
 
     def _build_engine(self, X, device, weighted):
         engine = super()._build_engine(X, device, weighted)
-        if self._optimizer_state is not None and self._standard_weights is not None:
+        if (self._optimizer_state is not None
+                and getattr(self, "_standard_weights", None) is not None):
             # estimator_ holds the averaged weights: the updates go on from the others
             engine.set_state(self._standard_weights)
         return engine
 
     def _finish_epochs(self, engine, last: bool = False) -> None:
-        # The engine keeps its buffers: the weights not averaged are read from it below.
-        super()._finish_epochs(engine, last=False)
         start = self._average_start()
         if not start:
+            super()._finish_epochs(engine, last)
             return
+        # The engine keeps its buffers: the weights not averaged are read from it below.
+        super()._finish_epochs(engine, last=False)
         self._standard_weights = engine.get_state()
         if self._optimizer_state["step"] >= start:
             # As scikit-learn: coef_ and intercept_ are the averages once averaging began.
@@ -208,6 +251,17 @@ _COMMON_DOC = """
         row's sample count: the per-sample path, with each row's gradient
         taken at the weights of the update's start (see the module's
         docstring).
+    solver : {'sgd', 'adam', 'adamw', 'lbfgs'}, default='sgd'
+        ortlearn's addition: how the objective is trained. ``'sgd'``:
+        scikit-learn's updates (above). ``'adam'`` and ``'adamw'`` (the L2
+        part of the penalty as AdamW's decoupled weight decay ``alpha * (1 -
+        l1_ratio)``) at the constant rate ``eta0``, the L1 part a subgradient
+        of the objective (no exact zeros), no ``average``; ``'lbfgs'``:
+        full-batch L-BFGS-B (``max_iter`` iterations), for smooth losses and
+        penalties. The stopping rules stay scikit-learn's.
+    beta_1, beta_2 : float, default=0.9, 0.999
+        ortlearn's addition: the moment decay rates of ``'adam'`` and
+        ``'adamw'``.
     device : str, default='cpu'
         ortlearn's addition: ``'cpu'``, ``'cuda'`` or ``'cuda:N'``."""
 
@@ -249,7 +303,7 @@ class OrtSGDRegressor(OrtRegressorMixin, BaseOrtSGD):
     See Also
     --------
     sklearn.linear_model.SGDRegressor : The scikit-learn estimator.
-    OrtLinearRegressor : The same objective with other solvers.
+    OrtLinearRegressor : This model with MLP-style mini-batch SGD.
 
     Examples
     --------
@@ -273,7 +327,7 @@ class OrtSGDRegressor(OrtRegressorMixin, BaseOrtSGD):
                  epsilon=0.1, random_state=None, learning_rate="invscaling", eta0=0.01,
                  power_t=0.25, early_stopping=False, validation_fraction=0.1,
                  n_iter_no_change=5, warm_start=False, average=False,
-                 batch_size="auto", device="cpu"):
+                 batch_size="auto", solver="sgd", beta_1=0.9, beta_2=0.999, device="cpu"):
         self.loss = loss
         self.penalty = penalty
         self.alpha = alpha
@@ -294,9 +348,13 @@ class OrtSGDRegressor(OrtRegressorMixin, BaseOrtSGD):
         self.warm_start = warm_start
         self.average = average
         self.batch_size = batch_size
+        self.solver = solver
+        self.beta_1 = beta_1
+        self.beta_2 = beta_2
         self.device = device
 
     def _make_counterpart(self):
+        self._check_solver()
         return SGDRegressor(**self._sgd_params())
 
 
@@ -377,7 +435,7 @@ class OrtSGDClassifier(OrtClassifierMixin, BaseOrtSGD):
                  epsilon=0.1, n_jobs=None, random_state=None, learning_rate="optimal",
                  eta0=0.01, power_t=0.5, early_stopping=False, validation_fraction=0.1,
                  n_iter_no_change=5, class_weight=None, warm_start=False, average=False,
-                 batch_size="auto", device="cpu"):
+                 batch_size="auto", solver="sgd", beta_1=0.9, beta_2=0.999, device="cpu"):
         self.loss = loss
         self.penalty = penalty
         self.alpha = alpha
@@ -400,11 +458,15 @@ class OrtSGDClassifier(OrtClassifierMixin, BaseOrtSGD):
         self.warm_start = warm_start
         self.average = average
         self.batch_size = batch_size
+        self.solver = solver
+        self.beta_1 = beta_1
+        self.beta_2 = beta_2
         self.device = device
 
     def _make_counterpart(self):
         # the graph is the log-loss one (scores, then probabilities): the training
         # objective is built from the scores, whatever the loss
+        self._check_solver()
         return SGDClassifier(**{**self._sgd_params(), "loss": "log_loss"})
 
     def _prepare_classes(self, y, classes, incremental, first) -> None:

@@ -13,6 +13,8 @@ sample weights with the same messages:
   infinity and predict or train NaN).
 - :func:`check_sample_weight`: the sample weights of ``n_samples`` rows
   (1-D, finite, non-negative, not all zero); a scalar weights every row.
+- :func:`with_defaults`: the state of an estimator pickled before some of its
+  parameters existed, completed with their defaults.
 
 X and y of the scikit-learn-native estimators go through scikit-learn's
 ``validate_data`` (feature names, ``n_features_in_``); those of
@@ -22,11 +24,12 @@ with :func:`as_real` and :func:`check_finite`.
 
 from __future__ import annotations
 
+import inspect
 import numbers
 
 import numpy as np
 
-__all__ = ["as_real", "check_finite", "check_in_range", "check_sample_weight"]
+__all__ = ["as_real", "check_finite", "check_in_range", "check_sample_weight", "with_defaults"]
 
 
 def check_finite(name: str, array: np.ndarray) -> None:
@@ -124,3 +127,11 @@ def check_sample_weight(sample_weight, n_samples: int, dtype) -> np.ndarray | No
         raise ValueError("sample_weight is all zeros: at least one sample must have a "
                          "positive weight.")
     return np.ascontiguousarray(sample_weight)
+
+
+def with_defaults(cls, state: dict, names) -> dict:
+    """``state`` (an estimator's pickled ``__dict__``) with the ``__init__`` defaults of
+    the parameters ``names`` it lacks: a model pickled before they existed loads as the
+    model it was (each default reproduces the behaviour from before)."""
+    signature = inspect.signature(cls.__init__).parameters
+    return {**{name: signature[name].default for name in names}, **state}

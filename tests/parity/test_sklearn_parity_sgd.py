@@ -12,6 +12,7 @@ import warnings
 
 import numpy as np
 import pytest
+from counterparts import check_counterpart_parameters
 from sklearn.datasets import load_breast_cancer, load_diabetes, load_digits, load_iris
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import SGDClassifier, SGDRegressor
@@ -172,13 +173,11 @@ def test_default_parameters_same_score(request, data, ort_cls, sk_cls, params, n
     assert abs(ref_score - our_score) < 0.01, scores
 
 
-def test_params_pass_through():
-    for sk_cls, ort_cls in ((SGDClassifier, OrtSGDClassifier), (SGDRegressor, OrtSGDRegressor)):
-        params = sk_cls().get_params()
-        ours = ort_cls(**params)
-        assert {k: v for k, v in ours.get_params().items() if k in params} == params
-        assert set(ours.get_params()) - set(params) == {"batch_size", "device"}
-        ort_cls().set_params(**params)
+@pytest.mark.parametrize("sk_cls, ort_cls", [(SGDClassifier, OrtSGDClassifier),
+                                             (SGDRegressor, OrtSGDRegressor)])
+def test_params_pass_through(sk_cls, ort_cls):
+    check_counterpart_parameters(ort_cls, sk_cls,
+                                 ("batch_size", "solver", "beta_1", "beta_2", "device"))
 
 
 def test_passive_aggressive_rate_refused(cancer):
