@@ -2,9 +2,10 @@
 
 ::
 
-    python -m benchmarks.endtoend [--reps 5] [--pairs ridge,lasso] [--no-cold] [--out DIR]
+    python -m benchmarks.endtoend [--reps 5] [--pairs ridge,lasso] [--sizes 1000,10000,100000]
+                                  [--n-jobs 1,2] [--no-cold] [--out DIR]
 
-Three tables, each ortlearn against its scikit-learn counterpart in the same
+Four tables, each ortlearn against its scikit-learn counterpart in the same
 process, interleaved, medians of ``--reps`` repetitions after a warm-up fit,
 BLAS and onnxruntime on one thread for both (``threadpoolctl`` and
 ``ORTLEARN_NUM_THREADS``):
@@ -13,14 +14,19 @@ BLAS and onnxruntime on one thread for both (``threadpoolctl`` and
   otherwise) on a scikit-learn data set: the whole ``fit``, conversion, graph
   building and session creation included; the ratio ortlearn / scikit-learn
   (the target is at most 1.0) and each side's test score;
+* **rows**: the same fits on ``make_regression`` / ``make_classification``
+  data of 20 features at ``--sizes`` rows (the ratio against the rows: where
+  the crossovers are), and on a sparse CSR matrix (``--sparse-rows`` x 2000,
+  0.5 % non-zeros) for the linear families;
 * **searches**: ``GridSearchCV`` over a family's usual parameter, 5 folds,
-  ``n_jobs=1``: the whole search, the same ``best_params_``;
+  ``n_jobs`` each of ``--n-jobs``: the whole search, the same ``best_params_``;
 * **cold start** (``--no-cold`` skips it): in a fresh process where the data
   are loaded (scikit-learn's data module, as in a user's script), the first fit
   (its imports included) against the same fit warm, for each side; ortlearn's
   one-time cost beyond scikit-learn's is the extra (the target is at most 0.2 s).
 
-It writes ``endtoend.json`` and ``endtoend.png`` (the ratios) to ``--out``.
+It writes ``endtoend.json``, ``endtoend.png`` (the ratios of the fits and searches) and
+``endtoend_rows.png`` (the ratio against the rows, a line per family) to ``--out``.
 """
 
 from __future__ import annotations
@@ -56,9 +62,14 @@ class Pair:
     theirs: object
     data: str
     search: dict | None = None  # the grid of the search table, when it has a row
+    sparse: bool = True  # a row of the sparse case (the linear families)
 
     def make(self) -> tuple:
         return self.ours(), self.theirs()
+
+    @property
+    def task(self) -> str:
+        return "regression" if self.data == "diabetes" else "classification"
 
 
 def _estimator(module: str, name: str, *args, **params):
@@ -107,8 +118,37 @@ def _pairs() -> list[Pair]:
         Pair("mlp_classifier", "OrtMLPClassifier((32,), max_iter=50) / MLPClassifier(...)",
              _estimator(ort, "OrtMLPClassifier", (32,), **mlp),
              _estimator("sklearn.neural_network", "MLPClassifier", (32,), **mlp),
-             "breast_cancer", {"alpha": [1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0]}),
+             "breast_cancer", {"alpha": [1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0]}, sparse=False),
     ]
+
+
+#: features of the synthetic data of the rows table, and the sparse case's shape
+N_FEATURES, SPARSE_FEATURES, SPARSE_DENSITY = 20, 2000, 0.005
+
+
+def _synthetic(task: str, n_rows: int, sparse: bool = False):
+    """(X_train, X_test, y_train, y_test): 75 % / 25 % of ``make_regression`` /
+    ``make_classification`` rows (20 features, the target scaled to unit variance), or of a
+    random CSR matrix with a sparse linear target."""
+    from sklearn.datasets import make_classification, make_regression
+    from sklearn.model_selection import train_test_split
+
+    if sparse:
+        import scipy.sparse as sp
+
+        rng = np.random.default_rng(0)
+        X = sp.random(n_rows, SPARSE_FEATURES, density=SPARSE_DENSITY, format="csr",
+                      random_state=rng, data_rvs=rng.standard_normal)
+        coef = rng.standard_normal(SPARSE_FEATURES) * (rng.random(SPARSE_FEATURES) < 0.2)
+        score = X @ coef + 0.1 * rng.standard_normal(n_rows)
+        y = score / score.std() if task == "regression" else (score > 0).astype(int)
+    elif task == "regression":
+        X, y = make_regression(n_rows, N_FEATURES, n_informative=10, noise=10.0,
+                               random_state=0)
+        y = y / y.std()
+    else:
+        X, y = make_classification(n_rows, N_FEATURES, n_informative=10, random_state=0)
+    return train_test_split(X, y, test_size=0.25, random_state=0)
 
 
 def _interleaved(runs: dict, reps: int) -> dict:
@@ -123,27 +163,46 @@ def _interleaved(runs: dict, reps: int) -> dict:
     return out
 
 
-def fit_table(pairs, reps: int) -> list[dict]:
+def _fit_row(pair, data, reps: int, label: str, **extra) -> dict:
+    """The interleaved fits of ``pair`` on ``data`` (train and test splits): times, ratio,
+    each side's held-out score and ``n_iter_``."""
     from sklearn.base import clone
 
+    X_train, X_test, y_train, y_test = data
+    runs = {side: (lambda e=est: clone(e).fit(X_train, y_train))
+            for side, est in zip(("ortlearn", "sklearn"), pair.make())}
+    timed = _interleaved(runs, reps)
+    medians = {side: statistics.median(times) for side, (times, _) in timed.items()}
+    row = {"pair": pair.key, "title": pair.title, "data": label, **extra,
+           "ortlearn_s": medians["ortlearn"], "sklearn_s": medians["sklearn"],
+           "ratio": medians["ortlearn"] / medians["sklearn"]}
+    for side, (_, model) in timed.items():
+        row[f"{side}_score"] = float(model.score(X_test, y_test))
+        n_iter = getattr(model, "n_iter_", None)
+        row[f"{side}_n_iter"] = None if n_iter is None else int(np.max(n_iter))
+    print(_row(row), flush=True)
+    return row
+
+
+def fit_table(pairs, reps: int) -> list[dict]:
+    return [_fit_row(pair, _data(pair.data), reps, pair.data) for pair in pairs]
+
+
+def rows_table(pairs, sizes, reps: int, sparse_rows: int | None) -> list[dict]:
+    """The fits on synthetic data of ``sizes`` rows, then the sparse case."""
     rows = []
     for pair in pairs:
-        X_train, X_test, y_train, y_test = _data(pair.data)
-        ours, theirs = pair.make()
-        runs = {side: (lambda e=est: clone(e).fit(X_train, y_train))
-                for side, est in (("ortlearn", ours), ("sklearn", theirs))}
-        timed = _interleaved(runs, reps)
-        medians = {side: statistics.median(times) for side, (times, _) in timed.items()}
-        rows.append({"pair": pair.key, "title": pair.title, "data": pair.data,
-                     "ortlearn_s": medians["ortlearn"], "sklearn_s": medians["sklearn"],
-                     "ratio": medians["ortlearn"] / medians["sklearn"],
-                     "ortlearn_score": float(timed["ortlearn"][1].score(X_test, y_test)),
-                     "sklearn_score": float(timed["sklearn"][1].score(X_test, y_test))})
-        print(_row(rows[-1]), flush=True)
+        for n_rows in sizes:
+            rows.append(_fit_row(pair, _synthetic(pair.task, n_rows), reps,
+                                 f"make_{pair.task}", rows=n_rows, sparse=False))
+        if sparse_rows and pair.sparse:
+            rows.append(_fit_row(pair, _synthetic(pair.task, sparse_rows, sparse=True), reps,
+                                 f"CSR {sparse_rows} x {SPARSE_FEATURES}", rows=sparse_rows,
+                                 sparse=True))
     return rows
 
 
-def search_table(pairs, reps: int) -> list[dict]:
+def search_table(pairs, reps: int, n_jobs=(1,)) -> list[dict]:
     from sklearn.model_selection import GridSearchCV
 
     rows = []
@@ -152,18 +211,21 @@ def search_table(pairs, reps: int) -> list[dict]:
             continue
         X_train, _, y_train, _ = _data(pair.data)
         ours, theirs = pair.make()
-        runs = {side: (lambda e=est: GridSearchCV(e, pair.search, cv=5).fit(X_train, y_train))
-                for side, est in (("ortlearn", ours), ("sklearn", theirs))}
-        timed = _interleaved(runs, reps)
-        medians = {side: statistics.median(times) for side, (times, _) in timed.items()}
-        best = {side: result.best_params_ for side, (_, result) in timed.items()}
-        rows.append({"pair": pair.key, "title": f"GridSearchCV({pair.title}, {pair.search})",
-                     "data": pair.data, "ortlearn_s": medians["ortlearn"],
-                     "sklearn_s": medians["sklearn"],
-                     "ratio": medians["ortlearn"] / medians["sklearn"],
-                     "same_best_params": best["ortlearn"] == best["sklearn"],
-                     "best_params": {k: repr(v) for k, v in best.items()}})
-        print(_row(rows[-1]), flush=True)
+        for jobs in n_jobs:
+            runs = {side: (lambda e=est: GridSearchCV(e, pair.search, cv=5, n_jobs=jobs)
+                           .fit(X_train, y_train))
+                    for side, est in (("ortlearn", ours), ("sklearn", theirs))}
+            timed = _interleaved(runs, reps)
+            medians = {side: statistics.median(times) for side, (times, _) in timed.items()}
+            best = {side: result.best_params_ for side, (_, result) in timed.items()}
+            rows.append({"pair": pair.key, "n_jobs": jobs,
+                         "title": f"GridSearchCV({pair.title}, {pair.search}, n_jobs={jobs})",
+                         "data": pair.data, "ortlearn_s": medians["ortlearn"],
+                         "sklearn_s": medians["sklearn"],
+                         "ratio": medians["ortlearn"] / medians["sklearn"],
+                         "same_best_params": best["ortlearn"] == best["sklearn"],
+                         "best_params": {k: repr(v) for k, v in best.items()}})
+            print(_row(rows[-1]), flush=True)
     return rows
 
 
@@ -226,8 +288,9 @@ def cold_table(pairs) -> list[dict]:
 
 
 def _row(row: dict) -> str:
-    return (f"{row['title'][:70]:70s} ortlearn {row['ortlearn_s'] * 1e3:9.1f} ms  "
-            f"sklearn {row['sklearn_s'] * 1e3:9.1f} ms  ratio {row['ratio']:7.2f}")
+    where = f" {row['data']}" + (f" {row['rows']}" if "rows" in row else "")
+    return (f"{(row['title'][:48] + where)[:70]:70s} ortlearn {row['ortlearn_s'] * 1e3:9.1f} ms"
+            f"  sklearn {row['sklearn_s'] * 1e3:9.1f} ms  ratio {row['ratio']:7.2f}")
 
 
 def _plot(result: dict, path: Path) -> bool:
@@ -244,12 +307,40 @@ def _plot(result: dict, path: Path) -> bool:
     return save_figure(fig, path)
 
 
+def _plot_rows(rows: list[dict], path: Path) -> bool:
+    """The ratio against the rows, a line per family (dense), a cross for the sparse case."""
+    plt = pyplot()
+    if plt is None or not rows:
+        return False
+    fig, ax = plt.subplots(figsize=(8.5, 4.5))
+    for key in dict.fromkeys(r["pair"] for r in rows):
+        dense = [(r["rows"], r["ratio"]) for r in rows if r["pair"] == key and not r["sparse"]]
+        line, = ax.plot(*zip(*dense), marker="o", label=key)
+        for r in rows:
+            if r["pair"] == key and r["sparse"]:
+                ax.plot(r["rows"], r["ratio"], marker="x", markersize=10, color=line.get_color())
+    ax.axhline(1.0, color="k", linestyle="--", lw=1, label="scikit-learn (target: at most 1)")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel(f"training rows (75 % of the data; {N_FEATURES} features; x: sparse CSR, "
+                  f"{SPARSE_FEATURES} features)")
+    ax.set_ylabel("ortlearn fit time / scikit-learn fit time")
+    ax.legend(loc="center left", bbox_to_anchor=(1.02, 0.5), fontsize="small")
+    fig.tight_layout()
+    return save_figure(fig, path)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.endtoend", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--reps", type=int, default=5, help="timed repetitions (median)")
     parser.add_argument("--pairs", default=None,
                         help="comma-separated subset of: " + ",".join(p.key for p in _pairs()))
+    parser.add_argument("--sizes", default="1000,10000,100000",
+                        help="rows of the synthetic data of the rows table ('' skips it)")
+    parser.add_argument("--sparse-rows", type=int, default=20000,
+                        help="rows of the sparse case of the rows table (0 skips it)")
+    parser.add_argument("--n-jobs", default="1,2", help="n_jobs of the searches")
     parser.add_argument("--no-cold", action="store_true", help="skip the cold-start table")
     parser.add_argument("--out", default="benchmark_results", help="folder of the results")
     args = parser.parse_args(argv)
@@ -270,8 +361,11 @@ def main(argv=None) -> int:
     try:
         with warnings.catch_warnings(), threadpool_limits(1):
             warnings.simplefilter("ignore")
+            sizes = [int(s) for s in args.sizes.split(",") if s]
             result = {"reps": args.reps, "fits": fit_table(pairs, args.reps),
-                      "searches": search_table(pairs, args.reps),
+                      "rows": rows_table(pairs, sizes, args.reps, args.sparse_rows),
+                      "searches": search_table(pairs, args.reps,
+                                               [int(j) for j in args.n_jobs.split(",")]),
                       "cold": [] if args.no_cold else cold_table(pairs)}
     finally:
         if threads is None:
@@ -281,7 +375,10 @@ def main(argv=None) -> int:
     (out / "endtoend.json").write_text(json.dumps(result, indent=1))
     if _plot(result, out / "endtoend.png"):
         print(f"chart: {out / 'endtoend.png'}")
-    worst = max((r["ratio"] for r in result["fits"] + result["searches"]), default=np.nan)
+    if _plot_rows(result["rows"], out / "endtoend_rows.png"):
+        print(f"chart: {out / 'endtoend_rows.png'}")
+    worst = max((r["ratio"] for r in result["fits"] + result["rows"] + result["searches"]),
+                default=np.nan)
     print(f"largest ratio ortlearn / scikit-learn: {worst:.2f} (target: at most 1.0)")
     return 0
 
