@@ -952,3 +952,35 @@ def test_pickle_round_trip():
     np.random.seed(1)
     copy.fit(X, y)
     assert copy.train_losses_ == opt.train_losses_
+
+
+def test_values_and_devices_are_onnxcustoms_pybind_objects():
+    """onnxcustom handed out onnxruntime's pybind ``OrtValue``/``OrtDevice`` (its
+    "C_OrtValue"): code that tests for them, or builds values on ``opt.device``, runs."""
+    from onnxruntime.capi._pybind_state import OrtDevice as C_OrtDevice
+    from onnxruntime.capi._pybind_state import OrtValue as C_OrtValue
+    from sklearn.base import clone
+
+    onx, X, y = _linear_model()
+    loader = OrtDataLoader(X, y, batch_size=8)
+    assert all(isinstance(v, C_OrtValue) for batch in loader.iter_ortvalue() for v in batch)
+    assert all(isinstance(v, C_OrtValue) for v in loader.data_ort)
+    assert isinstance(loader.device, C_OrtDevice)
+    assert isinstance(numpy_to_ort_value(X), C_OrtValue)
+    opt = OrtGradientForwardBackwardOptimizer(onx, max_iter=2, batch_size=8, learning_rate=0.02,
+                                              device=get_ort_device("cpu"))
+    value = C_OrtValue.ortvalue_from_numpy(X, opt.device)  # as onnxcustom's examples did
+    np.testing.assert_array_equal(value.numpy(), X)
+    np.random.seed(0)
+    opt.fit(X, y)
+    state = opt.get_state()
+    assert all(isinstance(v, C_OrtValue) for v in state)
+    assert all(isinstance(v, C_OrtValue) for v in opt.trained_coef_.values())
+    full = opt.get_full_state()
+    assert full[0] is None and all(isinstance(v, C_OrtValue) for v in full[1:])
+    # what get_state handed out is taken back: the same weights, then the same training
+    opt.set_state(full)
+    for a, b in zip(opt.get_state(), state):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    twin = clone(opt)
+    assert isinstance(twin.device, C_OrtDevice) and twin.get_params()["device"] == "cpu"

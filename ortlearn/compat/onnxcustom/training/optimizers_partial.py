@@ -26,7 +26,7 @@ import numpy as np
 
 from ....graph import get_train_initializer, onnx_to_np_dtype
 from ..utils.onnx_helper import get_onnx_opset, replace_initializers_into_onnx
-from ..utils.onnxruntime_helper import get_ort_device, ort_device_to_string
+from ..utils.onnxruntime_helper import get_ort_device, ort_device_to_string, to_c_ort_value
 from ._base_onnx_function import constructor_repr, save_onnx_graphs
 from ._functions import OrtFunction, as_ort_value, to_numpy, zero_model
 from .data_loader import OrtDataLoader
@@ -210,24 +210,29 @@ class OrtGradientForwardBackwardOptimizer:
             return "train_grad_state_"
         raise ValueError(f"Unexpected kind={kind!r}: expected 'weight' or 'grad'.")
 
-    def get_full_state(self, kind="weight"):
-        """The values fed to the graph: None for its inputs, then the weights (OrtValues);
-        ``kind='grad'`` for the velocities, a list of kinds for several."""
-        if isinstance(kind, list):
-            return [self.get_full_state(kind=k) for k in kind]
+    def _stored_state(self, kind="weight") -> list:
+        """The state as training holds it (public OrtValues)."""
         att = self._get_att_state(kind)
         if not hasattr(self, att):
             raise AttributeError("Method fit must be called before.")
         return getattr(self, att)
 
+    def get_full_state(self, kind="weight"):
+        """The values fed to the graph: None for its inputs, then the weights (C
+        OrtValues, as onnxcustom's); ``kind='grad'`` for the velocities, a list of kinds
+        for several."""
+        if isinstance(kind, list):
+            return [self.get_full_state(kind=k) for k in kind]
+        return [to_c_ort_value(v) for v in self._stored_state(kind)]
+
     def get_state(self, kind="weight"):
-        """The trained weights (OrtValues), in ``weights_to_train`` order."""
+        """The trained weights (C OrtValues), in ``weights_to_train`` order."""
         value = self.get_full_state(kind)
         return value[len(value) - len(self.weights_to_train):]
 
     @property
     def trained_coef_(self):
-        """``{weight name: OrtValue}``."""
+        """``{weight name: C OrtValue}``."""
         return dict(zip(self.weights_to_train, self.get_state()))
 
     def get_trained_onnx(self, model=None):
@@ -320,7 +325,7 @@ class OrtGradientForwardBackwardOptimizer:
         if not self.warm_start:
             # onnxcustom draws new weights from numpy's global generator at every fit.
             new_state = []
-            for v in self.get_full_state():
+            for v in self._stored_state():
                 if v is None:
                     new_state.append(None)
                     continue
@@ -330,7 +335,7 @@ class OrtGradientForwardBackwardOptimizer:
                                  else np.random.randn(1).astype(dtype))
             self.set_state(new_state)
         if self.needs_grad:
-            self.set_state(self.get_full_state(), kind="grad", zero=True)
+            self.set_state(self._stored_state(), kind="grad", zero=True)
         if logger is not None:
             logger.info("[OrtGradientForwardBackwardOptimizer.fit] input_names=%r "
                         "weights_to_train=%r warm_start=%r", self.input_names_,
@@ -374,8 +379,8 @@ class OrtGradientForwardBackwardOptimizer:
         warnings.warn(text, ConvergenceWarning, stacklevel=3)
 
     def _iteration(self, data_loader, n_weights):
-        state = self.get_full_state()
-        velocity = self.get_full_state("grad") if self.needs_grad else None
+        state = self._stored_state()
+        velocity = self._stored_state("grad") if self.needs_grad else None
         n = len(state) - n_weights
         bs = data_loader.batch_size
         device = self.device
@@ -416,7 +421,7 @@ class OrtGradientForwardBackwardOptimizer:
         return float(np.array(losses).mean())
 
     def _evaluation(self, data_loader):
-        state = list(self.get_full_state())
+        state = list(self._stored_state())
         losses = []
         for batch in data_loader.iter_ortvalue():
             state[0] = batch[0]
@@ -434,7 +439,7 @@ class OrtGradientForwardBackwardOptimizer:
         """The loss term of each row (see :meth:`BaseLearningLoss.loss_scores`)."""
         data_loader = OrtDataLoader(X, y, sample_weight, batch_size=X.shape[0],
                                     device=self.device, random_iter=False)
-        state = list(self.get_full_state())
+        state = list(self._stored_state())
         batch = next(iter(data_loader.iter_ortvalue()))
         state[0] = batch[0]
         prediction = self.train_function_.forward(state, training=False)

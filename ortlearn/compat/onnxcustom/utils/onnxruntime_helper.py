@@ -1,14 +1,19 @@
 """onnxcustom's device helpers, on ortlearn's devices (:mod:`ortlearn.training.device`).
 
-onnxcustom returned onnxruntime's C ``OrtDevice``; these functions return the
-public :class:`onnxruntime.OrtDevice` and accept either one, an ortlearn
-:class:`~ortlearn.training.Device`, or a string (``'cpu'``, ``'cuda'``,
-``'cuda:1'``, ``'gpu'``, ``'gpu:1'``).
+They return what onnxcustom returned, onnxruntime's pybind classes
+(``onnxruntime.capi._pybind_state.OrtDevice`` and ``OrtValue``, "C_OrtDevice" and
+"C_OrtValue" in onnxcustom's documentation), so that code written for onnxcustom
+(``isinstance(v, C_OrtValue)``, ``C_OrtValue.ortvalue_from_numpy(x, opt.device)``) runs;
+they accept those, the public :class:`onnxruntime.OrtDevice`, an ortlearn
+:class:`~ortlearn.training.Device`, or a string (``'cpu'``, ``'cuda'``, ``'cuda:1'``,
+``'gpu'``, ``'gpu:1'``). The rest of ortlearn uses the public classes.
 """
 
 from __future__ import annotations
 
 import onnxruntime as ort
+from onnxruntime.capi._pybind_state import OrtDevice as C_OrtDevice
+from onnxruntime.capi._pybind_state import OrtValue as C_OrtValue
 
 from ....training import device_value, parse_device
 
@@ -19,6 +24,7 @@ __all__ = [
     "numpy_to_ort_value",
     "ort_device_to_string",
     "provider_to_device",
+    "to_c_ort_value",
 ]
 
 
@@ -57,17 +63,20 @@ def provider_to_device(provider_name):
 
 
 def get_ort_device(device):
-    """An :class:`onnxruntime.OrtDevice` for a string, an OrtDevice or an ortlearn Device.
+    """onnxruntime's C ``OrtDevice`` for a string, an OrtDevice or an ortlearn Device.
 
     Examples
     --------
-    >>> ort_device_to_string(get_ort_device('cpu'))
-    'cpu'
+    >>> device = get_ort_device('cpu')
+    >>> type(device).__name__, ort_device_to_string(device)
+    ('OrtDevice', 'cpu')
     """
-    if isinstance(device, ort.OrtDevice):
+    if isinstance(device, C_OrtDevice):
         return device
+    if isinstance(device, ort.OrtDevice):
+        return device._get_c_device()
     parsed = as_device(device)
-    return ort.OrtDevice.make(parsed.kind, parsed.index)
+    return ort.OrtDevice.make(parsed.kind, parsed.index)._get_c_device()
 
 
 def ort_device_to_string(device):
@@ -79,7 +88,7 @@ def ort_device_to_string(device):
 
 
 def numpy_to_ort_value(arr, device=None):
-    """A copy of the numpy array ``arr`` as an :class:`onnxruntime.OrtValue` on ``device``.
+    """A copy of the numpy array ``arr`` as onnxruntime's C ``OrtValue`` on ``device``.
 
     Unlike onnxcustom, the value owns its memory on the CPU too: changing
     ``arr`` later does not change it.
@@ -90,7 +99,15 @@ def numpy_to_ort_value(arr, device=None):
     >>> numpy_to_ort_value(np.arange(3, dtype=np.float32)).numpy()
     array([0., 1., 2.], dtype=float32)
     """
-    return device_value(arr, as_device(device))
+    return to_c_ort_value(device_value(arr, as_device(device)))
+
+
+def to_c_ort_value(value):
+    """onnxruntime's C ``OrtValue`` of ``value`` (public or C; None stays None), what
+    onnxcustom's functions handed out."""
+    if value is None or isinstance(value, C_OrtValue):
+        return value
+    return value._get_c_value()
 
 
 def device_to_providers(device):
