@@ -59,7 +59,14 @@ from ..training import (
 )
 from ..training.engine import DEFAULT_BATCH_ROWS
 from ..training.loop import run_epochs
-from ..training.sparse import dense_blocks, is_sparse, sparse_epoch
+from ..training.sparse import (
+    dense_blocks,
+    is_sparse,
+    paddable,
+    padded_rows,
+    rows_as_gathers,
+    sparse_epoch,
+)
 from ._callbacks import current_task, fit_task
 from ._objective import LOSS, SAMPLE_WEIGHT, input_names, label_dtype
 from ._session_cache import _SessionCache, serialized
@@ -76,18 +83,25 @@ __all__ = ["BaseOrtEstimator"]
 _FLOAT_DTYPES = (np.float64, np.float32)
 
 
+#: the inputs of a graph that reads X's rows as padded indices and values (rows_as_gathers)
+X_ROWS = ("X.indices", "X.values")
+
+
 def _graph_inputs(names, X, y_enc, sample_weight) -> list:
     """The arrays of the objective inputs ``names``, ones for weights the user did not give.
 
     A fit without weights has a graph without the ``sample_weight`` input;
     the weighted graph of a ``partial_fit`` that got weights earlier reads
-    ones.
+    ones. A graph reading X's rows sparse gets them padded (dense X too: the
+    validation rows).
     """
+    dtype = X.dtype
+    data = list(padded_rows(X)) if names[0] == X_ROWS[0] else [X]
     if SAMPLE_WEIGHT not in names:
-        return [X, y_enc]
+        return [*data, y_enc]
     if sample_weight is None:
-        sample_weight = np.ones(X.shape[0], X.dtype)
-    return [X, y_enc, sample_weight]
+        sample_weight = np.ones(X.shape[0], dtype)
+    return [*data, y_enc, sample_weight]
 
 
 class BaseOrtEstimator(CallbackSupportMixin, BaseEstimator, ABC):
@@ -378,9 +392,11 @@ class BaseOrtEstimator(CallbackSupportMixin, BaseEstimator, ABC):
         else:
             engine = runtime.engine
             if engine is None or (sample_weight is not None
-                                  and SAMPLE_WEIGHT not in engine.input_names):
+                                  and SAMPLE_WEIGHT not in engine.input_names) or (
+                    (engine.input_names[0] == X_ROWS[0]) != self._reads_rows(X)):
                 # A partial_fit with weights after calls without them gets the weighted
-                # graph, which starts from the weights and optimizer state saved so far.
+                # graph (sparse data after dense, the graph reading rows sparse), which
+                # starts from the weights and optimizer state saved so far.
                 runtime.engine = self._build_engine(X, device, sample_weight is not None)
             kept = self._bookkeeping() if incremental else None
             try:
@@ -541,12 +557,24 @@ class BaseOrtEstimator(CallbackSupportMixin, BaseEstimator, ABC):
                                 weighted)
         return model, list(get_weights(self.estimator_))
 
+    def _reads_rows(self, X) -> bool:
+        """Whether the training graph reads X's rows sparse (training/sparse.py): a CSR X
+        whose padded rows stay near its non-zeros, read only by products with weights."""
+        return is_sparse(X) and paddable(X) and self._sparse_rows_supported
+
+    #: whether the objective reads X only through products with weights (its first layer)
+    _sparse_rows_supported = True
+
     def _build_engine(self, X, device, weighted: bool) -> TrainingEngine:
         """Loss graph → training session, from the weights of ``estimator_``."""
         model, trainable = self._loss_model(weighted=weighted)
+        names = input_names(weighted)
+        if self._reads_rows(X):
+            model = rows_as_gathers(model, names[0], trainable)
+            names = [*X_ROWS, *names[1:]]
         self._update_rows = self._batch_size(X.shape[0], warn=False)
         engine = TrainingEngine(model, trainable, self._optimizer(), device=str(device),
-                                input_names=input_names(weighted), loss_output=LOSS,
+                                input_names=names, loss_output=LOSS,
                                 batch_size=self._update_rows,
                                 deterministic=self.random_state is not None)
         if self._optimizer_state is not None:

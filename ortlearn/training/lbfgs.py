@@ -43,7 +43,7 @@ from .checks import (
 )
 from .device import make_session, make_session_options, parse_device, single_thread_blas
 from .result import CALLBACK, CONVERGED, INTERRUPTED, MAX_ITER, STALLED, SolverResult
-from .sparse import is_sparse
+from .sparse import is_sparse, left_products
 
 __all__ = ["loss_and_gradient", "minimize_lbfgs"]
 
@@ -373,27 +373,9 @@ def _products_as_inputs(model, name: str, trainable) -> tuple[list, np.dtype]:
     """
     graph = model.graph
     shapes = {init.name: list(init.dims) for init in graph.initializer}
-    elem = next(i.type.tensor_type.elem_type for i in graph.input if i.name == name)
-    sources, removed, products, bad = [name], [], [], []
-    for node in graph.node:
-        left = [i for i, value in enumerate(node.input) if value in sources]
-        if not left:
-            continue
-        removed.append(node)
-        if node.op_type == "Cast" and len(sources) == 1:
-            sources.append(node.output[0])
-            elem = next(a.i for a in node.attribute if a.name == "to")
-        elif (node.op_type == "MatMul" and left == [0] and node.input[1] in trainable
-              and len(shapes.get(node.input[1], ())) == 2):
-            products.append((node.output[0], node.input[1]))
-        else:
-            bad.append(node.op_type)
-    if bad or not products:
-        raise ValueError(
-            f"A sparse {name!r} is supported where it is only the left factor of MatMul "
-            f"nodes with a trained 2-D weight (here it reaches {bad or 'no MatMul'}): pass "
-            "a dense array (X.toarray()) if it fits in memory.")
-    kept = [node for node in graph.node if node not in removed]
+    nodes, removed, elem = left_products(model, name, trainable)
+    products = [(node.output[0], weight) for node, weight in nodes]
+    kept = [node for node in graph.node if all(node is not r for r in removed)]
     del graph.node[:]
     graph.node.extend(kept)
     inputs = [i for i in graph.input if i.name != name]

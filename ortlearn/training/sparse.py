@@ -13,16 +13,30 @@ Measured (``tests/parity/test_sklearn_parity_sparse.py``): an ``OrtLinearRegress
 on that matrix, batches of 1 000 rows, fits an epoch with a peak of about
 0.6 GB above the process's baseline (the 200 MB block, onnxruntime's copy
 of the batch it gathers, the CSR).
+
+Where ``X`` is read only as the left factor of products with trained weights
+(a linear model, an MLP's first layer) and its rows hold similar numbers of
+non-zeros, the training graphs read it sparse instead (:func:`rows_as_gathers`):
+each row as its column indices and values padded to the longest row
+(:func:`padded_rows`), each product ``X @ W`` as ``sum_j values_ij W[indices_ij]``.
+A step then costs the batch's non-zeros, not its dense size (an MLP's batch of
+200 rows of 2 million hashed features would be 1.6 GB dense).
 """
 
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import scipy.sparse as sp
+from onnx import TensorProto, helper
 
 from .batches import Batches
 
-__all__ = ["BLOCK_BYTES", "DenseRows", "is_sparse", "sparse_epoch"]
+__all__ = ["BLOCK_BYTES", "DenseRows", "is_sparse", "left_products", "padded_rows",
+           "paddable", "rows_as_gathers", "sparse_epoch"]
+
+#: the padded form is used while its entries are at most this many times the non-zeros
+PADDING_RATIO = 4
 
 #: Bytes of the dense block of rows a sparse X is densified into (at least one
 #: mini-batch or one row): large enough that a block is many onnxruntime steps,
@@ -165,3 +179,108 @@ def dense_blocks(X, max_bytes: int | None = None):
     dense = DenseRows(X, rows)
     for start in range(0, X.shape[0], rows):
         yield dense.fill(np.arange(start, min(start + rows, X.shape[0])))
+
+
+def left_products(model: onnx.ModelProto, name: str, trainable) -> tuple[list, list, int]:
+    """The nodes reading the input ``name``, when it is only the left factor of products.
+
+    ``name`` may reach the ``MatMul`` nodes through a ``Cast`` (skl2onnx casts
+    the input of a float64 loss). Returns ``([(MatMul node, W), ...], the nodes
+    reading name or its cast, the element type of the products)``; a
+    ``ValueError`` when ``name`` reaches another node, or a ``W`` that is not a
+    trained 2-D weight.
+    """
+    graph = model.graph
+    shapes = {init.name: list(init.dims) for init in graph.initializer}
+    elem = next(i.type.tensor_type.elem_type for i in graph.input if i.name == name)
+    sources, readers, products, bad = [name], [], [], []
+    for node in graph.node:
+        left = [i for i, value in enumerate(node.input) if value in sources]
+        if not left:
+            continue
+        readers.append(node)
+        if node.op_type == "Cast" and len(sources) == 1:
+            sources.append(node.output[0])
+            elem = next(a.i for a in node.attribute if a.name == "to")
+        elif (node.op_type == "MatMul" and left == [0] and node.input[1] in trainable
+              and len(shapes.get(node.input[1], ())) == 2):
+            products.append((node, node.input[1]))
+        else:
+            bad.append(node.op_type)
+    if bad or not products:
+        raise ValueError(
+            f"A sparse {name!r} is supported where it is only the left factor of MatMul "
+            f"nodes with a trained 2-D weight (here it reaches {bad or 'no MatMul'}): pass "
+            "a dense array (X.toarray()) if it fits in memory.")
+    return products, readers, elem
+
+
+def rows_as_gathers(model: onnx.ModelProto, name: str, trainable) -> onnx.ModelProto:
+    """A copy of ``model`` reading the rows of ``name`` as padded column indices and values.
+
+    The input ``name`` (N, F) becomes ``name.indices`` (int64) and
+    ``name.values`` (N, M) (:func:`padded_rows`); each ``MatMul(name, W)`` becomes
+    ``ReduceSum(Gather(W, indices) * values[..., None], axis=1)``: the same
+    product, with a gradient of ``W`` that scatters the batch's non-zeros. A
+    ``ValueError`` where ``name`` is read otherwise (:func:`left_products`).
+    """
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    graph = model.graph
+    products, readers, elem = left_products(model, name, trainable)
+    indices, values = name + ".indices", name + ".values"
+    nodes = []
+    axes_last = helper.make_tensor(name + ".axis_last", TensorProto.INT64, [1], [-1])
+    axes_row = helper.make_tensor(name + ".axis_row", TensorProto.INT64, [1], [1])
+    graph.initializer.extend([axes_last, axes_row])
+    scaled = name + ".values_column"
+    nodes.append(helper.make_node("Unsqueeze", [values, axes_last.name], [scaled]))
+    for node, weight in products:
+        picked = node.output[0] + ".picked"
+        nodes += [helper.make_node("Gather", [weight, indices], [picked], axis=0),
+                  helper.make_node("Mul", [picked, scaled], [picked + ".scaled"]),
+                  helper.make_node("ReduceSum", [picked + ".scaled", axes_row.name],
+                                   [node.output[0]], keepdims=0)]
+    kept = [node for node in graph.node if all(node is not r for r in readers)]
+    del graph.node[:]
+    graph.node.extend(nodes + kept)
+    position = next(i for i, v in enumerate(graph.input) if v.name == name)
+    graph.input.pop(position)
+    graph.input.insert(position, helper.make_tensor_value_info(values, elem, ["N", "M"]))
+    graph.input.insert(position, helper.make_tensor_value_info(indices, TensorProto.INT64,
+                                                               ["N", "M"]))
+    return model
+
+
+def paddable(X, ratio: float | None = None) -> bool:
+    """Whether the padded rows of a CSR ``X`` hold at most ``ratio`` (None:
+    :data:`PADDING_RATIO`) times its non-zeros (one entry a row at least)."""
+    ratio = PADDING_RATIO if ratio is None else ratio
+    lengths = np.diff(X.indptr)
+    longest = int(lengths.max()) if len(lengths) else 0
+    return X.shape[0] * max(1, longest) <= ratio * max(X.nnz, X.shape[0])
+
+
+def padded_rows(X, dtype=None) -> tuple[np.ndarray, np.ndarray]:
+    """``(indices, values)`` of shape (N, M): each row's column indices and values, padded
+    with column 0 and value 0 to the longest row's M non-zeros (M >= 1).
+
+    Examples
+    --------
+    >>> X = sp.csr_matrix(np.array([[0.0, 2.0, 3.0], [4.0, 0.0, 0.0]]))
+    >>> indices, values = padded_rows(X)
+    >>> indices.tolist(), values.tolist()
+    ([[1, 2], [0, 0]], [[2.0, 3.0], [4.0, 0.0]])
+    """
+    X = sp.csr_matrix(X) if not sp.issparse(X) else X.tocsr()
+    if not X.has_canonical_format:
+        X = X.copy()
+        X.sum_duplicates()
+    lengths = np.diff(X.indptr)
+    width = max(1, int(lengths.max()) if len(lengths) else 1)
+    rows = np.repeat(np.arange(X.shape[0]), lengths)
+    slots = np.arange(X.nnz) - np.repeat(X.indptr[:-1], lengths)
+    indices = np.zeros((X.shape[0], width), np.int64)
+    values = np.zeros((X.shape[0], width), dtype or X.dtype)
+    indices[rows, slots] = X.indices
+    values[rows, slots] = X.data
+    return indices, values

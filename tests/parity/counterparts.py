@@ -78,7 +78,7 @@ import numpy as np
 import scipy.sparse as sp
 import ortlearn
 {status}
-rows, cols, per_row = 100_000, 50_000, 50
+rows, cols, per_row = {shape}
 rng = np.random.default_rng(0)
 X = sp.csr_matrix((rng.standard_normal(rows * per_row).astype({dtype}),
                    rng.integers(0, cols, rows * per_row, dtype=np.int32),
@@ -97,14 +97,17 @@ print(json.dumps({{"peak": status("VmHWM") - base, "seconds": time.perf_counter(
 """
 
 
-def sparse_fit_peak(fit: str, target: str, dtype: str = "np.float64") -> dict:
+def sparse_fit_peak(fit: str, target: str, dtype: str = "np.float64",
+                    shape=(100_000, 50_000, 50)) -> dict:
     """``{'peak', 'seconds', 'n_iter', 'loss'}`` of ``fit`` (statements on ``X`` and ``y``
-    that leave the fitted estimator in ``est``) on a large CSR ``X`` (values of ``dtype``)
-    and the ``target`` expression's ``y``, measured in a fresh process (Linux ``/proc``)."""
+    that leave the fitted estimator in ``est``) on a large CSR ``X`` of ``shape`` (rows,
+    columns, values a row; values of ``dtype``) and the ``target`` expression's ``y``,
+    measured in a fresh process (Linux ``/proc``)."""
     from benchmarks.memory import STATUS_SOURCE
 
     code = _SPARSE_CHILD.format(status=textwrap.dedent(STATUS_SOURCE),
-                                fit=textwrap.indent(fit, "    "), target=target, dtype=dtype)
+                                fit=textwrap.indent(fit, "    "), target=target, dtype=dtype,
+                                shape=repr(tuple(shape)))
     env = dict(os.environ, PYTHONPATH=_REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env=env, timeout=300, check=True)
