@@ -1,26 +1,20 @@
-"""Sparse data (``scipy.sparse``) fed to dense graphs, one block of rows at a time.
-
-The training and inference graphs read dense ``X``. A sparse matrix whose
-dense form would not fit in memory (100 000 x 50 000 at 0.1 % non-zeros is
-20 GB in float32, its CSR form 40 MB) is densified a block of rows at a
-time into one reused host buffer (:class:`DenseRows`), so that the memory a
-fit or a prediction takes is the non-zeros plus one block. A block of
-training rows is a whole number of mini-batches in the order of the
-epoch: each step sees the rows, in the order, of the dense fit of the same
-data, and computes the same numbers.
-
-Measured (``tests/parity/test_sklearn_parity_sparse.py``): an ``OrtLinearRegressor``
-on that matrix, batches of 1 000 rows, fits an epoch with a peak of about
-0.6 GB above the process's baseline (the 200 MB block, onnxruntime's copy
-of the batch it gathers, the CSR).
+"""Sparse data (``scipy.sparse``) in graphs written for dense ``X``.
 
 Where ``X`` is read only as the left factor of products with trained weights
 (a linear model, an MLP's first layer) and its rows hold similar numbers of
-non-zeros, the training graphs read it sparse instead (:func:`rows_as_gathers`):
-each row as its column indices and values padded to the longest row
+non-zeros, the training graphs read it sparse (:func:`rows_as_gathers`): each
+row as its column indices and values padded to the longest row
 (:func:`padded_rows`), each product ``X @ W`` as ``sum_j values_ij W[indices_ij]``.
 A step then costs the batch's non-zeros, not its dense size (an MLP's batch of
 200 rows of 2 million hashed features would be 1.6 GB dense).
+
+Otherwise (rows too uneven to pad, :func:`paddable`; predictions) a sparse
+matrix whose dense form would not fit in memory (100 000 x 50 000 at 0.1 %
+non-zeros is 20 GB in float32, its CSR form 40 MB) is densified a block of rows
+at a time into one reused host buffer (:class:`DenseRows`), so that the memory
+is the non-zeros plus one block. A block of training rows is a whole number of
+mini-batches in the order of the epoch: each step sees the rows, in the order,
+of the dense fit of the same data, and computes the same numbers.
 """
 
 from __future__ import annotations
