@@ -1,4 +1,4 @@
-"""Lasso and elastic net trained with a proximal gradient: ``OrtLasso``, ``OrtElasticNet``.
+"""Lasso and elastic net, by LARS or a proximal gradient: ``OrtLasso``, ``OrtElasticNet``.
 
 The objective of :class:`sklearn.linear_model.ElasticNet` (``Lasso`` is
 ``l1_ratio=1``), with the sample weights ``w`` rescaled to sum to
@@ -7,14 +7,21 @@ The objective of :class:`sklearn.linear_model.ElasticNet` (``Lasso`` is
     1 / (2 n) * sum_i w_i (y_i - x_i . coef - intercept)^2
     + alpha * l1_ratio * ||coef||_1 + alpha * (1 - l1_ratio) / 2 * ||coef||^2
 
-scikit-learn runs coordinate descent; here FISTA with adaptive restart
-(O'Donoghue & Candes, 2015) on the smooth part (the squared error and the L2
-term), the host applying the soft-thresholding prox of the L1 term, which
-gives exact zeros. The smooth part and its gradient are read from the data's
-products ``X^T W X``, ``X^T W y`` and ``y^T W y`` when ``X`` is dense with
-fewer features than rows (onnxruntime forms them in one pass,
-:func:`~ortlearn.training.normal_equations.weighted_products`; an iteration
-then costs ``p^2`` flops, scikit-learn's ``precompute`` idea); otherwise
+scikit-learn runs coordinate descent. Here, when ``X`` is dense with fewer
+features than rows, onnxruntime forms the data's products ``X^T W X``,
+``X^T W y`` and ``y^T W y`` in one pass
+(:func:`~ortlearn.training.normal_equations.weighted_products`) and
+scikit-learn's ``lars_path_gram`` (LARS, ``method='lasso'``, the L2 term a
+ridge on the Gram matrix) follows the solution from the largest ``alpha``
+down to the one asked for: one step where a feature enters or leaves, exact
+where the active features are not collinear. Its end is checked against
+scikit-learn's duality gap; where it misses it (a degenerate path), and for
+``positive=True`` (LARS's positive variant leaves the Lasso's path) or a warm
+start, FISTA with adaptive restart (O'Donoghue & Candes, 2015) runs on the
+smooth part (the squared error and the L2 term), the host applying the
+soft-thresholding prox of the L1 term, which gives exact zeros. The smooth
+part and its gradient are read from the products (an iteration costs ``p^2``
+flops, scikit-learn's ``precompute`` idea); otherwise
 onnxruntime evaluates them in one call per iteration
 (:func:`ortlearn.training.loss_and_gradient`, on the float64 graph of
 :func:`~ortlearn.estimators._objective.linear_objective`). The
@@ -47,6 +54,7 @@ from ..training import (
     largest_eigenvalue,
     loss_and_gradient,
     minimize_fista,
+    minimize_lars,
 )
 from ..training.normal_equations import GRAM_MAX_FEATURES, weighted_products
 from ..training.result import CALLBACK
@@ -85,19 +93,22 @@ def _duality_gap(coef, XtR, yy, Xty, alpha, beta, positive):
 
 @fill_doc
 class OrtElasticNet(MultiOutputMixin, RegressorMixin, BaseOrtFullBatch):
-    """Linear regression with L1 and L2 penalties, trained by a proximal gradient method.
+    """Linear regression with L1 and L2 penalties, trained by LARS or a proximal gradient.
 
     Minimises the objective of :class:`sklearn.linear_model.ElasticNet`::
 
         1 / (2 n_samples) * ||y - X coef - intercept||^2_w
         + alpha * l1_ratio * ||coef||_1 + alpha * (1 - l1_ratio) / 2 * ||coef||^2
 
-    with FISTA and adaptive restart: onnxruntime computes the smooth part's
-    gradient (one call per iteration), the host soft-thresholds (exact
-    zeros). The fit stops on scikit-learn's duality gap, so ``tol`` and
-    ``dual_gap_`` mean what they mean there; ``max_iter`` counts FISTA
-    iterations (scikit-learn: coordinate-descent epochs). Several targets are
-    independent problems, solved together.
+    On dense data with fewer features than rows, onnxruntime forms ``X^T W X``
+    and ``X^T W y`` once and LARS follows the solution path down to ``alpha``
+    (exact; a step per feature entering or leaving); otherwise, and where the
+    path degenerates, FISTA with adaptive restart: onnxruntime computes the
+    smooth part's gradient (one call per iteration), the host soft-thresholds
+    (exact zeros). The fit ends on scikit-learn's duality gap, so ``tol`` and
+    ``dual_gap_`` mean what they mean there; ``max_iter`` counts LARS steps
+    and FISTA iterations (scikit-learn: coordinate-descent epochs). Several
+    targets are independent problems.
 
     Parameters
     ----------
@@ -111,7 +122,7 @@ class OrtElasticNet(MultiOutputMixin, RegressorMixin, BaseOrtFullBatch):
     precompute : bool or array-like, default=False
         Accepted, unused (a Gram matrix speeds up coordinate descent only).
     max_iter : int, default=1000
-        Maximum number of FISTA iterations.
+        Maximum number of LARS steps and FISTA iterations.
     copy_X : bool, default=True
         X is never modified (accepted, as there).
     tol : float, default=1e-4
@@ -133,7 +144,7 @@ class OrtElasticNet(MultiOutputMixin, RegressorMixin, BaseOrtFullBatch):
     dual_gap_ : float or ndarray of shape (n_targets,)
         Duality gap at the end of the fit (divided by ``n_samples``, as there).
     n_iter_ : int or list of int
-        FISTA iterations each target needed.
+        LARS steps and FISTA iterations each target needed.
     loss_ : float
         Smooth part of the objective (squared error and L2 term, all targets).
     {fitted}
@@ -192,7 +203,7 @@ class OrtElasticNet(MultiOutputMixin, RegressorMixin, BaseOrtFullBatch):
 
     @_fit_context(prefer_skip_nested_validation=True)
     def fit(self, X, y, sample_weight=None, check_input=True):
-        """Fit the model with FISTA on the whole data set.
+        """Fit the model on the whole data set (LARS, or FISTA).
 
         Parameters
         ----------
@@ -234,8 +245,9 @@ class OrtElasticNet(MultiOutputMixin, RegressorMixin, BaseOrtFullBatch):
             previous = np.atleast_2d(np.asarray(self.coef_, np.float64))
             if previous.shape == (n_targets, n_features):
                 coef = np.ascontiguousarray(previous.T)
+        gram = None
         if self._on_gram(X):
-            smooth, products = self._gram_objective(X, Y, sample_weight, l2)
+            smooth, products, gram = self._gram_objective(X, Y, sample_weight, l2)
         else:
             smooth, products = self._graph_objective(X, Y, sample_weight, l2, x_offset, coef)
 
@@ -248,8 +260,28 @@ class OrtElasticNet(MultiOutputMixin, RegressorMixin, BaseOrtFullBatch):
             return {"coef_": np.ascontiguousarray(coef.T).astype(self._dtype),
                     "intercept_": intercept.astype(self._dtype)}
 
-        coef, gap, n_iter, loss = self._fista(smooth, coef, n_samples, products, l1, l2,
-                                              iteration_hook(self, attributes))
+        hook = iteration_hook(self, attributes)
+        lars = None
+        # LARS's positive variant leaves the Lasso's path below its smallest kink (as
+        # scikit-learn's LassoLars documents): FISTA solves positive fits
+        if gram is not None and not coef.any() and not self.positive:
+            # the L2 term is a ridge on the Gram matrix of LARS's least squares
+            lars = minimize_lars(
+                gram + n_samples * l2 * np.eye(n_features), products[1], n_samples, l1,
+                max_iter=1000 if self.max_iter is None else self.max_iter,
+                callback=None if hook is None else (lambda w: hook({COEF: w})))
+            coef = lars.weights
+            yy, Xty = products[:2]
+            gap = _duality_gap(coef, Xty - gram @ coef, yy, Xty, n_samples * l1,
+                               n_samples * l2, False)
+        if lars is not None and (lars.status == CALLBACK or (gap <= self.tol * yy).all()):
+            n_iter, loss = lars.n_iter, smooth(coef)[0]
+        else:
+            # FISTA (from LARS's end where its path degenerated: collinear features)
+            spent = 0 if lars is None else lars.n_iter
+            coef, gap, n_iter, loss = self._fista(smooth, coef, n_samples, products, l1, l2,
+                                                  hook, spent=int(np.max(spent)))
+            n_iter = n_iter + spent
         self._weights = {COEF: coef}
         self.loss_ = float(loss)
         self.train_losses_ = [self.loss_]
@@ -283,7 +315,7 @@ class OrtElasticNet(MultiOutputMixin, RegressorMixin, BaseOrtFullBatch):
             loss = 0.5 * data / n_samples + 0.5 * l2 * np.sum(w * w)
             return loss, (gw - Xty) / n_samples + l2 * w
 
-        return smooth, (yy, Xty, *gram_largest_eigenvalue(gram))
+        return smooth, (yy, Xty, *gram_largest_eigenvalue(gram)), gram
 
     def _graph_objective(self, X, Y, sample_weight, l2, x_offset, coef):
         """The smooth part evaluated by onnxruntime on the data (sparse or wide ``X``),
@@ -309,18 +341,20 @@ class OrtElasticNet(MultiOutputMixin, RegressorMixin, BaseOrtFullBatch):
         Xty = np.asarray(X.T @ weighted_Y)
         return smooth, (yy, Xty, *largest_eigenvalue(X, sample_weight, x_offset))
 
-    def _fista(self, smooth, coef, n_samples, products, l1, l2, hook=None):
+    def _fista(self, smooth, coef, n_samples, products, l1, l2, hook=None, spent=0):
         """:func:`~ortlearn.training.minimize_fista` on this objective, one column per target.
 
         ``smooth(coef) -> (loss, gradient)`` is the smooth part; ``products`` are
         ``(y^T W y, X^T W y, L, exact)``, ``L`` the top eigenvalue of ``X^T W X``.
         Returns ``(coef, gap, n_iter, loss)``, the gap in scikit-learn's units
         (multiplied by ``n_samples``). ``hook({'coef': coef}) -> stop`` after
-        each accepted iteration (scikit-learn's callbacks).
+        each accepted iteration (scikit-learn's callbacks). ``spent``: iterations of
+        ``max_iter`` LARS took before.
         """
         yy, Xty, top, exact = products
         tol = self.tol * yy
         max_iter = 1000 if self.max_iter is None else self.max_iter
+        budget = max_iter - spent
         positive = self.positive
 
         def prox(v, step):
@@ -337,7 +371,7 @@ class OrtElasticNet(MultiOutputMixin, RegressorMixin, BaseOrtFullBatch):
         # A zero Lipschitz constant (X constant, no L2): the smooth part is flat, any step.
         result = minimize_fista(
             smooth, coef, prox, top / n_samples + l2 or 1.0, gap=gap, tol=tol,
-            max_iter=max_iter, exact_lipschitz=exact,
+            max_iter=budget, exact_lipschitz=exact,
             callback=None if hook is None else (lambda w: hook({COEF: w})))
         if not result.converged.all() and result.status != CALLBACK:
             warnings.warn(
@@ -351,7 +385,7 @@ class OrtElasticNet(MultiOutputMixin, RegressorMixin, BaseOrtFullBatch):
 
 @fill_doc
 class OrtLasso(OrtElasticNet):
-    """Linear regression with an L1 penalty, trained by a proximal gradient method.
+    """Linear regression with an L1 penalty, trained by LARS or a proximal gradient.
 
     :class:`OrtElasticNet` with ``l1_ratio=1``: the objective of
     :class:`sklearn.linear_model.Lasso`::
@@ -368,7 +402,7 @@ class OrtLasso(OrtElasticNet):
     copy_X : bool, default=True
         Accepted (X is never modified).
     max_iter : int, default=1000
-        Maximum number of FISTA iterations.
+        Maximum number of LARS steps and FISTA iterations.
     tol : float, default=1e-4
         Stop when the duality gap is below ``tol * ||y||^2 / n_samples``.
     warm_start : bool, default=False

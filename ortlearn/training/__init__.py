@@ -8,6 +8,7 @@
   evaluating the loss and its gradients (:func:`loss_and_gradient`, the
   evaluator alone, for solvers driven on the host);
   :func:`minimize_fista`: proximal gradient with restart (the L1 models);
+  :func:`minimize_lars`: the Lasso's exact path on a Gram matrix;
   :mod:`~ortlearn.training.svm_dual` (liblinear's duals) and
   :mod:`~ortlearn.training.quantile` (the pinball linear program by smoothing);
   every solver returns a :class:`SolverResult`.
@@ -42,6 +43,7 @@ from .device import (
 )
 from .engine import TrainingEngine
 from .fista import gram_largest_eigenvalue, largest_eigenvalue, minimize_fista
+from .lars import minimize_lars
 from .lbfgs import loss_and_gradient, minimize_lbfgs
 from .policy import default_session_options
 from .result import SolverResult
@@ -65,6 +67,7 @@ __all__ = [
     "make_session",
     "make_session_options",
     "minimize_fista",
+    "minimize_lars",
     "minimize_lbfgs",
     "parse_device",
     "resolve_num_threads",
