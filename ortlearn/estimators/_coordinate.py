@@ -163,7 +163,7 @@ class OrtElasticNet(MultiOutputMixin, RegressorMixin, BaseOrtFullBatch):
     >>> y = X @ [2.0, 0.0, -1.0, 0.0] + 0.1 * rng.randn(50)
     >>> reg = OrtElasticNet(alpha=0.1, l1_ratio=0.9).fit(X, y)
     >>> reg.coef_.round(2)
-    array([ 1.91, -0.  , -0.86,  0.  ])
+    array([ 1.91,  0.  , -0.86,  0.  ])
     """
 
     _parameter_constraints: dict = {
@@ -434,7 +434,7 @@ class OrtLasso(OrtElasticNet):
     >>> y = X @ [2.0, 0.0, -1.0, 0.0] + 0.1 * rng.randn(50)
     >>> reg = OrtLasso(alpha=0.1).fit(X, y)
     >>> reg.coef_.round(2)
-    array([ 1.92, -0.  , -0.86,  0.  ])
+    array([ 1.92,  0.  , -0.86,  0.  ])
     """
 
     _parameter_constraints: dict = {
