@@ -1,4 +1,4 @@
-"""Linear SVMs trained with ortlearn's L-BFGS: ``OrtLinearSVC``, ``OrtLinearSVR``.
+"""Linear SVMs trained with onnxruntime: ``OrtLinearSVC``, ``OrtLinearSVR``.
 
 The objectives of liblinear (:class:`sklearn.svm.LinearSVC`,
 :class:`sklearn.svm.LinearSVR`), where the intercept is one more,
@@ -13,7 +13,12 @@ weight of the row's class for two classes; for more, one-vs-rest problem
 not at all, as liblinear does).
 
 The squared losses (``'squared_hinge'``, ``'squared_epsilon_insensitive'``)
-are smooth: L-BFGS on the primal. The others are not; their liblinear dual is
+are smooth and piecewise quadratic: Newton's method on the primal for dense data
+of up to :data:`NEWTON_MAX_FEATURES` features
+(:func:`~ortlearn.training.minimize_squared_margin`: onnxruntime forms
+``X~^T W X~`` over the rows inside the margin at each iteration; liblinear's
+primal solver is a Newton method too), L-BFGS on the primal otherwise (sparse,
+wider). The others are not smooth; their liblinear dual is
 a bounded quadratic program, smooth, solved by L-BFGS-B with the gradient
 from onnxruntime:
 
@@ -25,6 +30,7 @@ from onnxruntime:
 
 from __future__ import annotations
 
+import warnings
 from numbers import Integral, Real
 
 import numpy as np
@@ -33,7 +39,10 @@ from sklearn.base import RegressorMixin
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.class_weight import compute_class_weight
 
-from ..training import minimize_lbfgs
+from ..exceptions import ConvergenceWarning
+from ..log import user_stacklevel
+from ..training import minimize_lbfgs, minimize_squared_margin
+from ..training.result import MAX_ITER
 from ..training.sparse import is_sparse
 from ..training.svm_dual import solve_svm_dual
 from ._callbacks import iteration_hook
@@ -58,6 +67,10 @@ _FTOL = 64 * np.finfo(float).eps
 #: objective at ``w~ = X~^T (a y)`` needs a more accurate dual than liblinear's
 #: coordinate descent stops at (its ``tol`` is on another quantity).
 _DUAL_GTOL_FACTOR = 1e-4
+
+#: Up to this many features (with the intercept's column) a dense primal is solved by
+#: Newton's method, whose iterations solve a (p, p) system; above, by L-BFGS.
+NEWTON_MAX_FEATURES = 512
 
 
 class _BaseOrtLinearSVM(BaseOrtFullBatch):
@@ -121,6 +134,17 @@ class _BaseOrtLinearSVM(BaseOrtFullBatch):
                 callback=hook and callback,
                 label=LABEL, loss_output=LOSS, **options)
             coef = result.weights
+        elif not is_sparse(X) and n_features <= NEWTON_MAX_FEATURES:
+            epsilon = score_params.get("epsilon")
+            result = minimize_squared_margin(
+                X, Y if epsilon is not None else 2.0 * Y - 1.0, cost, epsilon=epsilon,
+                tol=self.tol, max_iter=self.max_iter, device=str(self.device),
+                verbose=int(self.verbose), callback=iteration_hook(self, self._attributes))
+            if result.status == MAX_ITER:
+                warnings.warn("Liblinear failed to converge, increase the number of "
+                              f"iterations (max_iter={self.max_iter}).", ConvergenceWarning,
+                              stacklevel=user_stacklevel())
+            coef = result.weights
         else:
             model = svm_primal_objective(n_features, n_outputs, cost, self._smooth_loss,
                                       **score_params)
@@ -132,7 +156,7 @@ class _BaseOrtLinearSVM(BaseOrtFullBatch):
         self._weights = {COEF: coef}
         self.loss_ = float(result.loss)
         self.train_losses_ = [self.loss_]
-        self.n_iter_ = int(result.n_iter)
+        self.n_iter_ = int(np.max(result.n_iter))
         self.__dict__.update(self._attributes(coef))
 
     def _attributes(self, coef):
@@ -144,7 +168,7 @@ class _BaseOrtLinearSVM(BaseOrtFullBatch):
 
 @fill_doc
 class OrtLinearSVC(FullBatchClassifierMixin, _BaseOrtLinearSVM):
-    """Linear support vector classification (one-vs-rest) trained with onnxruntime and L-BFGS.
+    """Linear support vector classification (one-vs-rest) trained with onnxruntime.
 
     Minimises liblinear's objective of :class:`sklearn.svm.LinearSVC`, one
     binary problem per class (one for two classes)::
@@ -153,10 +177,11 @@ class OrtLinearSVC(FullBatchClassifierMixin, _BaseOrtLinearSVM):
         + sum_i C_ik * loss(s_ik * (x_i . coef_k + intercept_k))
 
     with ``s_ik = +1`` for the rows of class ``k``, ``-1`` otherwise. The
-    intercept is penalised, as there. ``'squared_hinge'`` (smooth): L-BFGS on
-    this objective; ``'hinge'``: L-BFGS-B on liblinear's dual (a bounded
-    quadratic program), the gradient from onnxruntime. All classes are solved
-    in one graph.
+    intercept is penalised, as there. ``'squared_hinge'`` (smooth): Newton's
+    method on this objective, one problem after the other (L-BFGS, all
+    problems in one graph, for sparse or wide data); ``'hinge'``: L-BFGS-B on
+    liblinear's dual (a bounded quadratic program), the gradient from
+    onnxruntime.
 
     Parameters
     ----------
@@ -167,8 +192,8 @@ class OrtLinearSVC(FullBatchClassifierMixin, _BaseOrtLinearSVM):
         ``'squared_hinge'`` is solved in the primal whatever its value (same
         minimum); ``'hinge'`` in the dual (``dual=False`` raises, as there).
     tol : float, default=1e-4
-        ``gtol`` of L-BFGS-B (the primal's largest projected gradient
-        component); the dual's is ``tol * 1e-4``.
+        The primal's largest gradient component at the end (``gtol`` of
+        L-BFGS-B on sparse or wide data); the dual's is ``tol * 1e-4``.
     C : float, default=1.0
         Weight of the losses.
     multi_class : {'ovr'}, default='ovr'
@@ -181,11 +206,11 @@ class OrtLinearSVC(FullBatchClassifierMixin, _BaseOrtLinearSVM):
         Multiplies ``C`` for the rows of a class (positive rows only in a
         one-vs-rest problem, as liblinear).
     verbose : int, default=0
-        > 0 prints the loss after each L-BFGS iteration.
+        > 0 prints the loss after each Newton or L-BFGS iteration.
     random_state : int, RandomState instance or None, default=None
         Unused (accepted, as there: the order of liblinear's coordinate descent).
     max_iter : int, default=1000
-        Maximum number of L-BFGS iterations.
+        Maximum number of iterations (Newton's: of each problem).
     {device}
 
     Attributes
@@ -194,7 +219,7 @@ class OrtLinearSVC(FullBatchClassifierMixin, _BaseOrtLinearSVM):
     coef_ : ndarray of shape (1, n_features) or (n_classes, n_features)
     intercept_ : ndarray of shape (1,) or (n_classes,)
     n_iter_ : int
-        L-BFGS iterations run (all classes together).
+        Iterations run (all classes together).
     loss_ : float
         Objective (primal, or dual for ``'hinge'``) at the returned weights.
     {fitted}
@@ -293,23 +318,25 @@ class OrtLinearSVC(FullBatchClassifierMixin, _BaseOrtLinearSVM):
 
 @fill_doc
 class OrtLinearSVR(RegressorMixin, _BaseOrtLinearSVM):
-    """Linear support vector regression trained with onnxruntime and L-BFGS.
+    """Linear support vector regression trained with onnxruntime.
 
     Minimises liblinear's objective of :class:`sklearn.svm.LinearSVR`::
 
         1/2 * (||coef||^2 + (intercept / intercept_scaling)^2)
         + C * sum_i w_i * loss(y_i - x_i . coef - intercept)
 
-    ``'squared_epsilon_insensitive'`` (smooth): L-BFGS on this objective;
-    ``'epsilon_insensitive'``: L-BFGS-B on liblinear's dual (a bounded
-    quadratic program), the gradient from onnxruntime.
+    ``'squared_epsilon_insensitive'`` (smooth): Newton's method on this
+    objective (L-BFGS for sparse or wide data); ``'epsilon_insensitive'``:
+    L-BFGS-B on liblinear's dual (a bounded quadratic program), the gradient
+    from onnxruntime.
 
     Parameters
     ----------
     epsilon : float, default=0.0
         Half-width of the insensitive band.
     tol : float, default=1e-4
-        ``gtol`` of L-BFGS-B (the primal's); the dual's is ``tol * 1e-4``.
+        The primal's largest gradient component at the end; the dual's
+        projected gradient's is ``tol * 1e-4``.
     C : float, default=1.0
     loss : {'epsilon_insensitive', 'squared_epsilon_insensitive'}, \
 default='epsilon_insensitive'
@@ -325,7 +352,7 @@ default='epsilon_insensitive'
     random_state : int, RandomState instance or None, default=None
         Unused (accepted, as there).
     max_iter : int, default=1000
-        Maximum number of L-BFGS iterations.
+        Maximum number of iterations.
     {device}
     Attributes
     ----------

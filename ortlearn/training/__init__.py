@@ -9,6 +9,7 @@
   evaluator alone, for solvers driven on the host);
   :func:`minimize_fista`: proximal gradient with restart (the L1 models);
   :func:`minimize_lars`: the Lasso's exact path on a Gram matrix;
+  :func:`minimize_squared_margin`: Newton's method on the linear SVMs' squared margins;
   :mod:`~ortlearn.training.svm_dual` (liblinear's duals) and
   :mod:`~ortlearn.training.quantile` (the pinball linear program by smoothing);
   every solver returns a :class:`SolverResult`.
@@ -45,6 +46,7 @@ from .engine import TrainingEngine
 from .fista import gram_largest_eigenvalue, largest_eigenvalue, minimize_fista
 from .lars import minimize_lars
 from .lbfgs import loss_and_gradient, minimize_lbfgs
+from .newton import minimize_squared_margin
 from .policy import default_session_options
 from .result import SolverResult
 from .session import TrainingSession
@@ -68,6 +70,7 @@ __all__ = [
     "make_session_options",
     "minimize_fista",
     "minimize_lars",
+    "minimize_squared_margin",
     "minimize_lbfgs",
     "parse_device",
     "resolve_num_threads",

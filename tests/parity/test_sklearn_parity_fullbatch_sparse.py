@@ -55,8 +55,10 @@ CASES = [  # (estimator, target kind)
     (lambda: ortlearn.OrtHuberRegressor(), "continuous"),
     (lambda: ortlearn.OrtLasso(alpha=0.01, tol=1e-8), "continuous"),
     (lambda: ortlearn.OrtElasticNet(alpha=0.02, tol=1e-8), "continuous"),
-    (lambda: ortlearn.OrtLinearSVC(), "multiclass"),
-    (lambda: ortlearn.OrtLinearSVR(loss="squared_epsilon_insensitive"), "continuous"),
+    # dense: Newton's method to its minimum; sparse: L-BFGS, to it at this tol
+    (lambda: ortlearn.OrtLinearSVC(tol=1e-8), "multiclass"),
+    (lambda: ortlearn.OrtLinearSVR(loss="squared_epsilon_insensitive", tol=1e-8),
+     "continuous"),
     (lambda: ortlearn.OrtQuantileRegressor(alpha=0.01), "continuous"),
     (lambda: ortlearn.OrtMLPClassifier(hidden_layer_sizes=(8,), solver="lbfgs", max_iter=30,
                                        random_state=0), "multiclass"),
