@@ -13,7 +13,7 @@ with the margin ``m_i(z) = 1 - s_i z`` (labels ``s_i = +-1``) or ``|y_i - z| - e
     g = w + X^T W (X w - t),   H = I + X^T W X,   W = diag(2 c_i [i in A])
 
 onnxruntime forms ``X^T W X`` and ``X^T W t`` in one pass
-(:func:`~ortlearn.training.normal_equations.weighted_products`), scipy solves ``H w' = X^T W t``
+(:func:`~ortlearn.training.normal_equations.weighted_products`), numpy solves ``H w' = X^T W t``
 (the minimiser of the quadratic of this active set), and a backtracking search on
 ``f`` from ``w`` towards ``w'`` keeps the descent: once the active set stops changing
 the step is exact. liblinear's primal solver is a Newton method too (TRON); this one
@@ -25,7 +25,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
-import scipy.linalg
 
 from ..log import verbose_log
 from .normal_equations import weighted_products
@@ -113,7 +112,9 @@ def minimize_squared_margin(X, S, cost, *, epsilon=None, tol: float, max_iter: i
             if np.abs(gradient).max() <= tol:
                 converged[k] = True
                 break
-            target = scipy.linalg.solve(identity + gram, rhs[:, 0], assume_a="pos")
+            # I + X^T W X: symmetric, eigenvalues >= 1 (a small system: numpy's LAPACK
+            # call without scipy's checks)
+            target = np.linalg.solve(identity + gram, rhs[:, 0])
             step, direction = 1.0, target - w
             slope = float(gradient @ direction)
             for _ in range(MAX_BACKTRACKS):
