@@ -59,7 +59,7 @@ from ..training import (
 from ..training.normal_equations import GRAM_MAX_FEATURES, weighted_products
 from ..training.result import CALLBACK
 from ..training.sparse import is_sparse
-from ._callbacks import fit_task, iteration_hook
+from ._callbacks import iteration_hook
 from ._docs import fill_doc
 from ._fullbatch import BaseOrtFullBatch, center_data
 from ._objective import COEF, LABEL, SAMPLE_WEIGHT, linear_objective
@@ -220,9 +220,7 @@ class OrtElasticNet(MultiOutputMixin, RegressorMixin, BaseOrtFullBatch):
         """
         if np.isscalar(sample_weight):
             sample_weight = None
-        X, y, sample_weight = self._prepare_fit(X, y, sample_weight)
-        with fit_task(self, X, y, sample_weight):
-            return self._fit_validated(X, y, sample_weight)
+        return self._fit(X, y, sample_weight)
 
     def _fit_validated(self, X, y, sample_weight):
         n_samples, n_features = X.shape

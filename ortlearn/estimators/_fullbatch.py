@@ -102,6 +102,10 @@ class BaseOrtFullBatch(CallbackSupportMixin, BaseEstimator):
         self : object
             The fitted estimator.
         """
+        return self._fit(X, y, sample_weight)
+
+    def _fit(self, X, y, sample_weight):
+        """The fit on the whole data set, the parameters validated."""
         self._check_params()
         X, y, sample_weight = self._prepare_fit(X, y, sample_weight)
         with fit_task(self, X, y, sample_weight):

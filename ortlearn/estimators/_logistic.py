@@ -23,7 +23,6 @@ from __future__ import annotations
 from numbers import Integral, Real
 
 import numpy as np
-from sklearn.base import _fit_context
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.class_weight import compute_class_weight
 
@@ -278,27 +277,11 @@ default='optimal'
                              "penalty at its default).")
         return "elasticnet", ratio
 
-    @_fit_context(prefer_skip_nested_validation=True)
-    def fit(self, X, y, sample_weight=None):
-        """Fit the model with the solver named by ``solver``.
-
-        Parameters
-        ----------
-        X : array-like or sparse matrix of shape (n_samples, n_features)
-            Training data.
-        y : array-like of shape (n_samples,)
-            Class labels.
-        sample_weight : array-like of shape (n_samples,), default=None
-            Weights of the samples (ones by default).
-
-        Returns
-        -------
-        self : object
-            The fitted estimator.
-        """
+    def _fit(self, X, y, sample_weight):
+        """L-BFGS on the whole data, or the mini-batch solvers through OrtLinearClassifier."""
         if self.solver not in MINI_BATCH_SOLVERS:
             self.__dict__.pop("estimator_", None)
-            return super().fit(X, y, sample_weight)
+            return super()._fit(X, y, sample_weight)
         return self._fit_mini_batch(X, y, sample_weight)
 
     def _fit_mini_batch(self, X, y, sample_weight):

@@ -56,31 +56,17 @@ _NOT_SMOOTH = {"hinge", "perceptron", "epsilon_insensitive"}
 class BaseOrtSGD(BaseOrtLinear):
     """Shared parameters and hooks of the SGD estimators (not for direct use)."""
 
+    # BaseOrtLinear's, with scikit-learn SGD's ranges, losses' epsilon and average, and
+    # without the MLP rules' momentum
     _parameter_constraints: dict = {
-        "penalty": [StrOptions({"l2", "l1", "elasticnet"}), None],
-        "alpha": [Interval(Real, 0, None, closed="left")],
+        **{name: constraint for name, constraint in BaseOrtLinear._parameter_constraints.items()
+           if name not in ("momentum", "nesterovs_momentum")},
         "l1_ratio": [Interval(Real, 0, 1, closed="both"), None],
-        "fit_intercept": ["boolean"],
-        "max_iter": [Interval(Integral, 1, None, closed="left")],
         "tol": [Interval(Real, 0, None, closed="left"), None],
-        "shuffle": ["boolean"],
-        "verbose": ["verbose"],
         "epsilon": [Interval(Real, 0, None, closed="left")],
-        "random_state": ["random_state"],
         "learning_rate": [StrOptions({"constant", "optimal", "invscaling", "adaptive",
                                       "pa1", "pa2"})],
-        "eta0": [Interval(Real, 0, None, closed="neither")],
-        "power_t": [Interval(Real, None, None, closed="neither")],
-        "early_stopping": ["boolean"],
-        "validation_fraction": [Interval(Real, 0, 1, closed="neither")],
-        "n_iter_no_change": [Interval(Integral, 1, None, closed="left")],
-        "warm_start": ["boolean"],
         "average": [Interval(Integral, 0, None, closed="neither"), "boolean"],
-        "batch_size": [StrOptions({"auto"}), Interval(Integral, 1, None, closed="left")],
-        "solver": [StrOptions({"sgd", "adam", "adamw", "lbfgs"})],
-        "beta_1": [Interval(Real, 0, 1, closed="left")],
-        "beta_2": [Interval(Real, 0, 1, closed="left")],
-        "device": [str],
     }
 
     #: the parameters added to scikit-learn's: a model pickled before they existed
