@@ -134,6 +134,20 @@ class PooledMax(nn.Module):
         return self.head(values.flatten(1))
 
 
+class WindowedPool(nn.Module):
+    """``AdaptiveAvgPool2d`` to a size that does not divide the map's (24 x 24 to 5 x 7):
+    the dynamo exporter sums each window's elements one scalar-index Gather at a time."""
+
+    def __init__(self, dim=4):
+        super().__init__()
+        self.conv = nn.Conv2d(3, dim, 3, padding=1)
+        self.pool = nn.AdaptiveAvgPool2d((5, 7))
+        self.head = nn.Linear(dim * 35, 2)
+
+    def forward(self, x):
+        return self.head(self.pool(F.relu(self.conv(x))).flatten(1))
+
+
 class PooledConv(nn.Module):
     """A convolution, ``AvgPool2d`` and ``interpolate(scale_factor=2)``: every dimension
     of ORTModule's export is symbolic, these resample along spatial axes."""
@@ -180,6 +194,8 @@ BLOCKS = {
     "unet_decoder": (UNetDecoder, lambda seed=1: _image(4, seed=seed)),
     "pool_and_max": (PooledMax, lambda seed=1: _image(3, seed=seed)),
     "avgpool_interpolate": (PooledConv, lambda seed=1: _image(3, seed=seed)),
+    "adaptive_pool_uneven_windows": (WindowedPool,
+                                     lambda seed=1: _image(3, size=24, seed=seed)),
     "avgpool_interpolate_nearest": (lambda: PooledConv("nearest"),
                                     lambda seed=1: _image(3, seed=seed)),
     "namedtuple_output": (NamedOutput, lambda seed=1: torch.randn(

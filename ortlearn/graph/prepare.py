@@ -31,6 +31,7 @@ import onnx.inliner
 from onnx import TensorProto, helper, numpy_helper
 
 from .builder import GraphBuilder
+from .gathered_sums import gathered_sums_as_reductions
 from .model import FLOAT_TYPES, load_model, opset_of
 from .nodes import attr, constant_values, rewritten
 from .values import shape_of, value_info_map
@@ -555,6 +556,7 @@ def prepare_for_gradient(model: onnx.ModelProto, wrt: Sequence[str] = ()) -> boo
         changed = True
     changed = fold_constant_ifs(model, wrt) > 0 or changed
     changed = sequences_as_splits(model) > 0 or changed
+    changed = gathered_sums_as_reductions(model) > 0 or changed
     return fold_static_operands(model, wrt) > 0 or changed
 
 
