@@ -20,7 +20,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from .nodes import constant_values, rewritten
+from .nodes import constant_values, readers, rewritten
 
 __all__ = ["MIN_LEAVES", "gathered_sums_as_reductions"]
 
@@ -56,7 +56,7 @@ def _element(name: str, producers: dict, constants: dict):
     return name, tuple(sorted(mapped)), gathers
 
 
-def _tree(root, producers: dict, readers: dict, outputs: set):
+def _tree(root, producers: dict, reading: dict, outputs: set):
     """The ``Add`` nodes of the tree under ``root`` and its leaves (values)."""
     adds, leaves, stack = [], [], [root]
     while stack:
@@ -65,7 +65,7 @@ def _tree(root, producers: dict, readers: dict, outputs: set):
         for value in node.input:
             child = producers.get(value)
             if (child is not None and child.op_type == "Add" and value not in outputs
-                    and len(readers.get(value, ())) == 1):
+                    and len(reading.get(value, ())) == 1):
                 stack.append(child)
             else:
                 leaves.append(value)
@@ -98,17 +98,14 @@ def gathered_sums_as_reductions(model: onnx.ModelProto) -> int:
     if sum(n.op_type == "Gather" for n in nodes) < MIN_LEAVES:
         return 0
     producers = {o: n for n in nodes for o in n.output if o}
-    readers: dict = {}
-    for node in nodes:
-        for name in node.input:
-            readers.setdefault(name, []).append(node)
+    reading = readers(nodes)
     outputs = {o.name for o in graph.output}
     constants = constant_values(graph)
     replaced, dropped, taken, chains = {}, set(), set(), []
     for node in reversed(nodes):  # the roots first: a subtree is never rewritten alone
         if node.op_type != "Add" or id(node) in taken:
             continue
-        adds, leaves = _tree(node, producers, readers, outputs)
+        adds, leaves = _tree(node, producers, reading, outputs)
         taken.update(id(a) for a in adds)
         if len(leaves) < MIN_LEAVES:
             continue

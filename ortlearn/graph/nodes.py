@@ -17,6 +17,15 @@ from .model import finalize_model
 from .values import value_info_map
 
 
+def readers(nodes) -> dict:
+    """``{value: [the nodes reading it, in order]}``."""
+    out: dict = {}
+    for node in nodes:
+        for value in node.input:
+            out.setdefault(value, []).append(node)
+    return out
+
+
 def rewritten(nodes, replaced: dict, dropped: set) -> list:
     """``nodes`` with ``replaced[id(node)]`` (a list) for a node, those of ``dropped`` left out
     (what a rewrite that replaces some nodes by others returns)."""

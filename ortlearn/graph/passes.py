@@ -27,7 +27,7 @@ from onnx import TensorProto, helper
 from .builder import GraphBuilder
 from .format import UPDATED_SUFFIX
 from .model import FLOAT_TYPES, finalize_model, onnx_to_np_dtype, opset_of
-from .nodes import attr, constant_values, needed_nodes, rewritten
+from .nodes import attr, constant_values, needed_nodes, readers, rewritten
 from .shapes import refine_shapes
 from .values import elem_type_of, shape_of, value_info_map
 
@@ -280,7 +280,7 @@ def expands_as_broadcasts(nodes: list, graph: GraphView) -> list:
     new one). The graph's outputs keep their shapes.
     """
     shapes, outputs = graph.shapes, graph.outputs
-    consumers = _consumers(nodes)
+    consumers = readers(nodes)
     # output of a Shape node -> the value it measures
     measured = {node.output[0]: node.input[0] for node in nodes
                 if node.op_type == "Shape" and not node.attribute}
@@ -317,15 +317,6 @@ def expands_as_broadcasts(nodes: list, graph: GraphView) -> list:
     return out
 
 
-def _consumers(nodes) -> dict:
-    """``{value: [nodes reading it]}``."""
-    consumers = {}
-    for node in nodes:
-        for value in node.input:
-            consumers.setdefault(value, []).append(node)
-    return consumers
-
-
 def _sole_use(consumers: dict, value: str, node, outputs) -> bool:
     """Whether ``node`` is the only reader of ``value``, which is no graph output."""
     users = consumers.get(value, [])
@@ -342,7 +333,7 @@ def negations_folded(nodes: list, graph: GraphView) -> list:
     """
     constants, outputs = graph.constants, graph.outputs
     producer = {o: node for node in nodes for o in node.output}
-    consumers = _consumers(nodes)
+    consumers = readers(nodes)
     folded = {}  # id of the Mul or Div -> (negated constant node, new node)
     dropped = set()
     for node in nodes:
@@ -379,7 +370,7 @@ def common_factors(nodes: list, graph: GraphView) -> list:
     """
     outputs = graph.outputs
     producer = {o: node for node in nodes for o in node.output}
-    consumers = _consumers(nodes)
+    consumers = readers(nodes)
     factored, dropped = {}, set()
     for node in nodes:
         if node.op_type not in ("Add", "Sub") or len(node.input) != 2:

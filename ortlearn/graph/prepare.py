@@ -33,7 +33,7 @@ from onnx import TensorProto, helper, numpy_helper
 from .builder import GraphBuilder
 from .gathered_sums import gathered_sums_as_reductions
 from .model import FLOAT_TYPES, load_model, opset_of
-from .nodes import attr, constant_values, rewritten
+from .nodes import attr, constant_values, readers, rewritten
 from .values import shape_of, value_info_map
 
 __all__ = [
@@ -579,10 +579,7 @@ def sequences_as_splits(model: onnx.ModelProto) -> int:
     """
     graph = model.graph
     nodes = list(graph.node)
-    readers: dict = {}
-    for node in nodes:
-        for name in node.input:
-            readers.setdefault(name, []).append(node)
+    reading = readers(nodes)
     outputs = {o.name for o in graph.output}
     constants = _Constants(model, nodes, ())
     b = GraphBuilder(opset_of(model) or 18, used_names=graph_names(graph))
@@ -592,7 +589,7 @@ def sequences_as_splits(model: onnx.ModelProto) -> int:
         if node.op_type != "SplitToSequence" or node.domain not in ("", "ai.onnx"):
             continue
         seq = node.output[0]
-        users = readers.get(seq, [])
+        users = reading.get(seq, [])
         indices = [constants.get(u.input[1]) if u.op_type == "SequenceAt" else None
                    for u in users]
         if (seq in outputs or not users or any(i is None or np.ndim(i) or int(i) < 0
