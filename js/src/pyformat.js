@@ -263,19 +263,35 @@ export function pyJsonLoads(text) {
     }
   };
   const NUMBER = /-?(?:0|[1-9]\d*)(\.\d+)?([eE][+-]?\d+)?/y;
+  // The members of an object or array after its opening bracket: `member()` reads one,
+  // commas separate them, `close` ends them.
+  const members = (close, member) => {
+    i++;
+    ws();
+    if (text[i] === close) {
+      i++;
+      return;
+    }
+    for (;;) {
+      member();
+      ws();
+      if (text[i] === ',') {
+        i++;
+      } else if (text[i] === close) {
+        i++;
+        return;
+      } else {
+        fail(`expected ',' or '${close}'`);
+      }
+    }
+  };
   const value = () => {
     ws();
     if (i >= n) fail('unexpected end');
     const c = text[i];
     if (c === '{') {
-      i++;
       const map = new Map();
-      ws();
-      if (text[i] === '}') {
-        i++;
-        return map;
-      }
-      for (;;) {
+      members('}', () => {
         ws();
         if (text[i] !== '"') fail('expected a key');
         const key = string();
@@ -283,37 +299,13 @@ export function pyJsonLoads(text) {
         if (text[i] !== ':') fail("expected ':'");
         i++;
         map.set(key, value());
-        ws();
-        if (text[i] === ',') {
-          i++;
-        } else if (text[i] === '}') {
-          i++;
-          return map;
-        } else {
-          fail("expected ',' or '}'");
-        }
-      }
+      });
+      return map;
     }
     if (c === '[') {
-      i++;
       const list = [];
-      ws();
-      if (text[i] === ']') {
-        i++;
-        return list;
-      }
-      for (;;) {
-        list.push(value());
-        ws();
-        if (text[i] === ',') {
-          i++;
-        } else if (text[i] === ']') {
-          i++;
-          return list;
-        } else {
-          fail("expected ',' or ']'");
-        }
-      }
+      members(']', () => list.push(value()));
+      return list;
     }
     if (c === '"') return string();
     for (const [word, v] of [['true', true], ['false', false], ['null', null], ['NaN', NaN],

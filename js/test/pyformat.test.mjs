@@ -69,6 +69,14 @@ test('pyJsonLoads keeps key order, ints exact, and Python\'s extensions', () => 
   for (const bad of ['{', '[1,]', '{"a" 1}', '"\u0001"', '01', '[1] x', 'tru']) {
     assert.throws(() => pyJsonLoads(bad), SyntaxError, bad);
   }
+  assert.deepEqual(pyJsonLoads(' [ ] '), []);
+  assert.equal(pyJsonLoads('{ }').size, 0);
+  const nested = pyJsonLoads('[[1], {"a": [], "b": {}}]');
+  assert.deepEqual(nested[0], [1n]);
+  assert.deepEqual([...nested[1].entries()], [['a', []], ['b', new Map()]]);
+  // an object and an array say which closing bracket they expected, and where
+  assert.throws(() => pyJsonLoads('[1 2]'), /expected ',' or '\]' at character 3/);
+  assert.throws(() => pyJsonLoads('{"a": 1 "b": 2}'), /expected ',' or '\}' at character 8/);
 });
 
 test('comparePyStr orders by code point, as Python sorts str', () => {

@@ -926,7 +926,7 @@ class BaseOrtEstimator(CallbackSupportMixin, BaseEstimator, ABC):
         Returns
         -------
         pathlib.Path
-            The page, ``directory/index.html``.
+            What :func:`ortlearn.web.write_page` writes: ``directory/index.html``.
 
         Raises
         ------
