@@ -4,13 +4,16 @@ there, run the WebGPU tests, and time WebGPU against the same machine's CPU.
 ::
 
     python benchmarks/gpu.py OUT [--wheels DIR] [--scale 0.25] [--reps 3] [--threads N]
+                                 [--contenders ortlearn_adam,ortlearn_adam_cpu]
 
-``OUT`` receives six files: ``environment.json`` (the GPU, onnxruntime,
+``OUT`` receives seven files: ``environment.json`` (the GPU, onnxruntime,
 the WebGPU device), ``tests.log`` (``pytest tests/training/test_webgpu.py``),
 ``placement.txt`` (the provider of every node of W2's and W3's steps),
-``bench.log`` (every benchmark's output), ``summary.json`` and ``summary.md``
-(per run: ortlearn's seconds per epoch on WebGPU and on the CPU, their ratio,
-and the other contenders), in well under ten minutes at the default scale.
+``profile.txt`` (the time of a step and the time an epoch adds to its steps,
+W2's and W20's models; a copy to the device and back), ``bench.log`` (every
+benchmark's output), ``summary.json`` and ``summary.md`` (per run: ortlearn's
+seconds per epoch on WebGPU and on the CPU, their ratio, and the other
+contenders), in well under ten minutes at the default scale.
 
 Prepare the wheels on a machine with a registry, for the GPU machine's
 Python (3.12 and x86-64 here) and beside what its image has (onnx,
@@ -123,6 +126,60 @@ def placement(device: str, out: Path, timeout: float) -> None:
     (out / "placement.txt").write_text("\n".join(lines) + "\n")
 
 
+#: A child process splits an epoch's time into a cost per step and a cost per epoch
+#: (``partial_fit`` epochs of 8 and 32 batches: the slope and the intercept), and times a
+#: copy of a small array to the device and back (the waits a step must not hold).
+_PROFILE = """
+import sys, time, warnings
+import numpy as np
+import onnxruntime as ort
+from sklearn.datasets import make_regression
+from ortlearn import OrtMLPRegressor
+from ortlearn.training import parse_device
+warnings.simplefilter("ignore")
+device = sys.argv[1]
+print("model, batch: ms per step, ms per epoch besides its steps (median of 5 epochs)")
+for hidden, features, batch in [((100,), 100, 256), ((100,), 100, 1024), ((512, 512), 200, 512)]:
+    times = {}
+    for steps in (8, 32):
+        X, y = make_regression(steps * batch, features, random_state=0)
+        X, y = X.astype(np.float32), (y / y.std()).astype(np.float32)
+        est = OrtMLPRegressor(hidden, batch_size=batch, random_state=0, device=device)
+        est.partial_fit(X, y)
+        runs = []
+        for _ in range(5):
+            start = time.perf_counter()
+            est.partial_fit(X, y)
+            runs.append(time.perf_counter() - start)
+        times[steps] = float(np.median(runs))
+    step = (times[32] - times[8]) / 24
+    print(f"{hidden} batch {batch}: {step * 1e3:.3f} ms per step, "
+          f"{(times[8] - 8 * step) * 1e3:.2f} ms per epoch", flush=True)
+where = parse_device(device)
+value = ort.OrtValue.ortvalue_from_shape_and_type([256], np.int32, where.ort_device_type,
+                                                  where.index)
+host = np.arange(256, dtype=np.int32)
+for name, call in (("copy to the device", lambda: value.update_inplace(host)),
+                   ("copy to the host", value.numpy)):
+    call()
+    start = time.perf_counter()
+    for _ in range(100):
+        call()
+    print(f"{name} (1 KiB): {(time.perf_counter() - start) * 1e4:.1f} us")
+"""
+
+
+def profile(device: str, out: Path, timeout: float) -> None:
+    """``profile.txt``: the cost of a step and of an epoch, and of a copy each way."""
+    try:
+        done = subprocess.run([sys.executable, "-c", _PROFILE, device], cwd=REPO,
+                              capture_output=True, text=True, timeout=timeout)
+        text = done.stdout + (done.stderr[-3000:] if done.returncode else "")
+    except subprocess.TimeoutExpired as exc:
+        text = f"(stopped after {timeout:.0f} s)\n{exc.stdout or ''}"
+    (out / "profile.txt").write_text(text)
+
+
 def _run(command: list, log, timeout: float, env: dict | None = None) -> int:
     """Run ``command`` in the repository, its output appended to ``log``; its exit status."""
     log.write(f"\n$ {' '.join(command)}\n")
@@ -144,7 +201,7 @@ def bench(args, out: Path) -> list:
             command = [sys.executable, "-m", "benchmarks", "--workloads", workload,
                        "--device", args.device, "--reps", str(args.reps), "--threads",
                        str(args.threads), "--scale", str(args.scale), "--pause", "0.1",
-                       "--contenders", CONTENDERS, "--out", str(folder)]
+                       "--contenders", args.contenders, "--out", str(folder)]
             if batch:
                 command += ["--batch", str(batch)]
             started = time.perf_counter()
@@ -194,6 +251,8 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1,
                         help="CPU threads of the CPU runs (default: every core)")
     parser.add_argument("--timeout", type=float, default=120, help="seconds per benchmark run")
+    parser.add_argument("--contenders", default=CONTENDERS,
+                        help=f"the contenders timed (default: {CONTENDERS})")
     args = parser.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -216,6 +275,7 @@ def main(argv=None) -> int:
                       "tests/training/test_webgpu.py"], log, args.timeout)
     print(f"tests/training/test_webgpu.py: exit status {tests}", flush=True)
     placement(args.device, out, args.timeout)
+    profile(args.device, out, args.timeout)
     rows = bench(args, out)
     (out / "summary.json").write_text(json.dumps({"environment": env, "tests": tests,
                                                   "runs": rows}, indent=1))

@@ -40,6 +40,7 @@ __all__ = [
     "column_sums_as_products",
     "common_factors",
     "expands_as_broadcasts",
+    "index_wraps_as_wheres",
     "log_softmax_decomposed",
     "batch_norm_in_training_mode",
     "masks_as_products",
@@ -463,10 +464,48 @@ def log_softmax_decomposed(nodes: list, graph: GraphView) -> list:
     return out
 
 
+def index_wraps_as_wheres(nodes: list, graph: GraphView) -> list:
+    """``Mod(i, n)`` of the indices ``i`` of a ``Gather`` or ``GatherElements`` along an
+    axis of length ``n`` as ``Where(i < 0, i + n, i)``.
+
+    Such indices lie in ``[-n, n)`` (onnxruntime refuses others), where the
+    two are the same integers. The gradient of a ``GatherElements`` counts
+    negative indices from the end with that ``Mod``, an operator some GPU
+    providers (WebGPU) lack: the step would copy the indices to the host and
+    back.
+    """
+    constants, shapes = graph.constants, graph.shapes
+    lengths = {}  # indices -> the lengths of the axes they index
+    for node in nodes:
+        if node.op_type in ("Gather", "GatherElements") and node.domain in ("", "ai.onnx"):
+            dims = shapes.get(node.input[0])
+            if dims:
+                n = dims[attr(node, "axis", 0) % len(dims)]
+                lengths.setdefault(node.input[1], set()).add(n)
+    out = []
+    for node in nodes:
+        n = constants.get(node.input[1]) if node.op_type == "Mod" else None
+        if (n is None or node.domain not in ("", "ai.onnx") or n.shape != ()
+                or n.dtype.kind != "i" or lengths.get(node.input[0]) != {int(n)} or n <= 0):
+            out.append(node)
+            continue
+        i, name = node.input[0], node.output[0]
+        zero = name + ".zero"
+        out.append(helper.make_node("Constant", [], [zero], name=zero,
+                                    value=onnx.numpy_helper.from_array(np.zeros((), n.dtype))))
+        out.append(helper.make_node("Less", [i, zero], [name + ".negative"],
+                                    name=name + ".negative"))
+        out.append(helper.make_node("Add", [i, node.input[1]], [name + ".wrapped"],
+                                    name=name + ".wrapped"))
+        out.append(helper.make_node("Where", [name + ".negative", name + ".wrapped", i], [name],
+                                    name=name))
+    return out
+
+
 #: The rewrites of a training step on a GPU provider: no CPU-tuned rewrite (a column
 #: sum stays a ``ReduceSum``, whose row of ones would be shape arithmetic on the
-#: host), and the operators some providers lack (WebGPU's ``Sum``, ``LogSoftmax``)
-#: written with the ones they have.
+#: host), and the operators some providers lack (WebGPU's ``Sum``, ``LogSoftmax``,
+#: ``Mod``) written with the ones they have.
 GPU_NODES = (
     Pass("masks_as_products", masks_as_products),
     Pass("expands_as_broadcasts", expands_as_broadcasts),
@@ -475,6 +514,7 @@ GPU_NODES = (
     Pass("unused_nodes_removed", unused_nodes_removed),
     Pass("sums_as_adds", sums_as_adds),
     Pass("log_softmax_decomposed", log_softmax_decomposed),
+    Pass("index_wraps_as_wheres", index_wraps_as_wheres),
 )
 
 

@@ -10,9 +10,10 @@ writes the spare one, then the halves swap (:class:`BufferPairs`); a value
 proven safe has one buffer, bound as both (``in_place``).
 :class:`StepBuffers` adds what the fused engine needs: one ``IOBinding``
 per parity bound once, inputs bound once, and small per-epoch inputs copied
-into buffers bound once. :class:`StepFeeds` feeds a host-fed step (one
-batch a call, its row numbers and scalars written into fixed device buffers)
-and replays the provider's recording of it (graph capture).
+into buffers bound once. :class:`StepFeeds` feeds a table-fed step (the
+epoch's batches and scalars written once per epoch into fixed device
+buffers, read at the step's batch number) and replays the provider's
+recording of it (graph capture).
 
 On the CPU, onnxruntime reads and writes numpy arrays in place, so pairs
 created with ``shared=True`` hold numpy arrays: reading one back costs no
@@ -28,6 +29,7 @@ import numpy as np
 import onnxruntime as ort
 
 from ..graph import elem_type_of, onnx_to_np_dtype, shape_of
+from .fused import STEP_IN_EPOCH
 
 __all__ = ["BufferPairs", "StepBuffers", "StepFeeds", "carried_types", "device_value",
            "host_copy", "is_state", "layout_part", "state_values", "weight_values"]
@@ -241,16 +243,20 @@ class StepBuffers(BufferPairs):
 
 
 class StepFeeds:
-    """The per-batch inputs of a host-fed step, written before each run into fixed buffers.
+    """The batches of a table-fed step, written once per epoch into fixed device buffers.
 
-    A host-fed step (:func:`~ortlearn.training.fused.build_fused_step` with
-    ``host_fed=True``) reads the row numbers of its batch, the batch's size
-    and the optimizer's scalars of the step. Each is a device buffer bound
-    once, written in place before a run: one ``IOBinding`` per batch size and
-    parity of the carried buffers, each bound to the same data. With graph
-    capture, the provider records the run of the first batch size at its
-    first run (graph ids 0 and 1, one per parity) and replays it afterwards;
-    the other sizes (an epoch's last, smaller batch) run unrecorded.
+    A table-fed step (:func:`~ortlearn.training.fused.build_fused_step` with
+    ``batch_table=True``) reads row ``k`` of three tables, ``k`` being its
+    carried batch number: the row numbers of the batches (int32, one row per
+    batch), their sizes and the optimizer's scalars of each step. The epoch's
+    full batches, all of one size, are one table written before the first
+    step, so that a step is one call and no copy to the device (each copy
+    waits for the GPU); each batch of another size (the epoch's last,
+    smaller one) is a table of its own, ``k`` set back to 0. Each table is a
+    device buffer bound once: one ``IOBinding`` per table shape and parity of
+    the carried buffers. With graph capture, the provider records the run of
+    the first table shape at its first run (graph ids 0 and 1, one per
+    parity) and replays it afterwards; the other shapes run unrecorded.
 
     Parameters
     ----------
@@ -258,9 +264,9 @@ class StepFeeds:
     buffers : StepBuffers
         The carried values.
     layout : ortlearn.training.fused.FusedLayout
-        A host-fed step's layout.
+        A table-fed step's layout.
     dtypes : dict of str to numpy.dtype
-        The dtype of each per-step input.
+        The dtype of each table but the row numbers'.
     capture : bool
         Whether the session records its runs (``enableGraphCapture``).
     """
@@ -273,8 +279,10 @@ class StepFeeds:
         self.dtypes = dtypes
         self.capture = capture
         self._data = {}
-        self._bound = {}  # (batch size, parity) -> (IOBinding, {input: OrtValue}, RunOptions)
-        self._recorded_size = None
+        self._tables = {}  # (batches, batch size) -> {input: OrtValue}
+        self._bound = {}  # (batches, batch size, parity) -> (IOBinding, RunOptions)
+        self._recorded = None  # the table shape recorded
+        self._first_batch = np.zeros((), buffers.counters[STEP_IN_EPOCH].dtype)
 
     def bind_data(self, values: dict) -> None:
         """Bind the data (``{graph input: OrtValue}``) every run gathers its rows from."""
@@ -286,51 +294,68 @@ class StepFeeds:
 
     def _release(self) -> None:
         # a recording replays the buffers it was made with: new data needs a new one
-        for (size, parity) in self._bound:
-            if self.capture and size == self._recorded_size:
-                self.session.release_captured_graph(parity)
+        if self.capture and self._recorded is not None:
+            for parity in (0, 1):
+                if (*self._recorded, parity) in self._bound:
+                    self.session.release_captured_graph(parity)
         self._bound.clear()
-        self._recorded_size = None
+        self._recorded = None
 
-    def _binding(self, size: int, parity: int):
-        key = (size, parity)
+    def _binding(self, shape: tuple, parity: int):
+        key = (*shape, parity)
         if key not in self._bound:
+            if shape not in self._tables:
+                batch, *others = self.layout.epoch_inputs
+                tables = {batch: np.zeros(shape, np.int32)}
+                tables.update((name, np.zeros(shape[0], self.dtypes[name])) for name in others)
+                self._tables[shape] = {name: device_value(value, self.buffers.device)
+                                       for name, value in tables.items()}
             binding = self.session.io_binding()
             pairs = self.buffers.pairs
             for name, output in self.layout.carried.items():
                 binding.bind_ortvalue_input(name, pairs[name][parity])
                 binding.bind_ortvalue_output(output, pairs[name][1 - parity])
-            for name, value in self._data.items():
+            for name, value in {**self._data, **self._tables[shape]}.items():
                 binding.bind_ortvalue_input(name, value)
-            batch, *scalars = self.layout.epoch_inputs
-            feeds = {batch: device_value(np.zeros(size, np.int64), self.buffers.device)}
-            feeds.update((name, device_value(np.zeros((), self.dtypes[name]),
-                                             self.buffers.device)) for name in scalars)
-            for name, value in feeds.items():
-                binding.bind_ortvalue_input(name, value)
-            if self.capture and self._recorded_size in (None, size):
-                self._recorded_size = size
+            if self.capture and self._recorded in (None, shape):
+                self._recorded = shape
                 graph_id = str(parity)
             else:
                 graph_id = self._UNRECORDED
             options = ort.RunOptions()
             options.add_run_config_entry("gpu_graph_id", graph_id)
-            self._bound[key] = (binding, feeds, options)
+            self._bound[key] = (binding, options)
         return self._bound[key]
 
     def run_epoch(self, order: np.ndarray, starts, sizes, step_values: dict) -> None:
         """Run one step per batch: batch ``i`` is ``order[starts[i]:starts[i] + sizes[i]]``.
 
-        ``step_values`` holds, for each per-step input but the row numbers,
-        one value per batch.
+        ``step_values`` holds, for each table but the row numbers, one value
+        per batch. The carried batch number must be 0 (``reset_counters``).
         """
-        for i, (start, size) in enumerate(zip(starts.tolist(), sizes.tolist())):
-            rows = order[start:start + size]
-            values = {name: np.asarray(v[i], self.dtypes[name]) for name, v in step_values.items()}
+        starts, sizes = starts.tolist(), sizes.tolist()
+        full = next((i for i, s in enumerate(sizes) if s != sizes[0]), len(sizes))
+        groups = [(0, full)] + [(i, i + 1) for i in range(full, len(sizes))]
+        for first, end in groups:
+            shape = (end - first, sizes[first])
+            batch, *others = self.layout.epoch_inputs
+            tables = {batch: order[starts[first]:starts[first] + shape[0] * shape[1]]}
+            tables.update((name, step_values[name][first:end]) for name in others)
+            if first:
+                self.buffers.live(STEP_IN_EPOCH).update_inplace(self._first_batch)
+            self._run_group(shape, tables)
+
+    def _run_group(self, shape: tuple, tables: dict) -> None:
+        self._binding(shape, self.buffers.parity)
+        for name, value in self._tables[shape].items():
+            value.update_inplace(np.ascontiguousarray(
+                tables[name], self.dtypes.get(name, np.int32)).reshape(value.shape()))
+        for _ in range(shape[0]):
+            binding, options = self._binding(shape, self.buffers.parity)
             try:
-                self._step(rows, values)
+                self.session.run_with_iobinding(binding, options)
             except Exception as exc:
-                if not (self.capture and size == self._recorded_size):
+                if not (self.capture and shape == self._recorded):
                     raise
                 # The provider could not record the step (a node it placed on the
                 # CPU): from now on it runs unrecorded. The run wrote only spare buffers.
@@ -338,16 +363,10 @@ class StepFeeds:
                               f"({exc}); it runs without graph capture.", RuntimeWarning)
                 self.capture = False
                 self._bound.clear()
-                self._recorded_size = None
-                self._step(rows, values)
+                self._recorded = None
+                binding, options = self._binding(shape, self.buffers.parity)
+                self.session.run_with_iobinding(binding, options)
             self.buffers.swap()
-
-    def _step(self, rows: np.ndarray, values: dict) -> None:
-        binding, feeds, options = self._binding(len(rows), self.buffers.parity)
-        feeds[self.layout.epoch_inputs[0]].update_inplace(rows)
-        for name, value in values.items():
-            feeds[name].update_inplace(value)
-        self.session.run_with_iobinding(binding, options)
 
 
 # ------------------------------------------------ a layout's values in buffers

@@ -3,7 +3,7 @@
 :func:`batch_multiples` infers a step's shapes for two batch sizes and
 finds the ``Size`` and ``Shape`` values that scale with the rows; the
 epoch's ``Loop`` computes them once per epoch
-(:func:`~ortlearn.training.fused.build_fused_epoch`), and a host-fed step
+(:func:`~ortlearn.training.fused.build_fused_epoch`), and a table-fed step
 computes each ``Size`` from its ``rows`` input (:func:`sizes_from_rows`).
 """
 
@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from ..graph import attr, elem_type_of, onnx_to_np_dtype, shape_of
+from ..graph import attr, elem_type_of, shape_of
 from ..graph.passes import GraphView
 
 __all__ = ["PROBE_ROWS", "batch_multiples", "sizes_from_rows"]
@@ -82,10 +82,10 @@ def batch_multiples(model: onnx.ModelProto, nodes, layout) -> dict:
     return found
 
 
-def sizes_from_rows(model, nodes, layout, rows_input: str) -> list:
-    """``nodes`` of a host-fed step, each ``Size`` that is ``coef * rows`` computed from
-    the input ``rows_input`` (the batch's rows), each the same for every batch a
-    constant (:func:`batch_multiples`).
+def sizes_from_rows(model, nodes, layout, rows_value: str, dtype) -> list:
+    """``nodes`` of a table-fed step, each ``Size`` that is ``coef * rows`` computed from
+    the value ``rows_value`` (the batch's rows, a float of ``dtype``), each the same
+    for every batch a constant (:func:`batch_multiples`).
 
     ``Size`` is a CPU operator on GPU providers: its value would be copied to
     the device at each step (a wait for the GPU, and no graph capture). The
@@ -104,16 +104,14 @@ def sizes_from_rows(model, nodes, layout, rows_input: str) -> list:
                                         value=onnx.numpy_helper.from_array(
                                             np.array(const, dtype=np.int64))))
             continue
-        rows = rows_input
+        rows = rows_value
         if coef != 1:
             factor = name + ".coef"
-            dtype = next(onnx_to_np_dtype(elem_type_of(i)) for i in model.graph.input
-                         if i.name == rows_input)
             out.append(helper.make_node("Constant", [], [factor], name=factor,
                                         value=onnx.numpy_helper.from_array(
                                             np.array(coef, dtype=dtype))))
             rows = name + ".rows"
-            out.append(helper.make_node("Mul", [rows_input, factor], [rows], name=rows))
+            out.append(helper.make_node("Mul", [rows_value, factor], [rows], name=rows))
         out.append(helper.make_node("Cast", [rows], [name], to=TensorProto.INT64, name=name))
     return out
 

@@ -133,13 +133,13 @@ class TrainingEngine:
         deterministic kernels. The CPU kernels are deterministic for a given
         number of threads already (the option only slows them down, with
         the same weights bit for bit), so the CPU ignores it.
-    host_fed : bool, default=None
-        Feed each step its batch from the host (one call per batch, the row
-        numbers and the optimizer's scalars written into fixed device
-        buffers, no float64 value; ``build_fused_step(host_fed=True)``).
-        None: on WebGPU only, whose provider would run the other step's
-        ``Slice`` bounds and float64 loss sum on the CPU; there the step is
-        recorded once and replayed (``ORTLEARN_WEBGPU_GRAPH_CAPTURE``).
+    batch_table : bool, default=None
+        Read each step's batch from a table of row numbers written once per
+        epoch (one call per batch, no float64 value, int32 indices;
+        ``build_fused_step(batch_table=True)``). None: on WebGPU only, whose
+        provider would run the other step's ``Slice`` bounds and float64
+        loss sum on the CPU; there the step is recorded once and replayed
+        (``ORTLEARN_WEBGPU_GRAPH_CAPTURE``).
 
     Attributes
     ----------
@@ -218,7 +218,7 @@ class TrainingEngine:
 
     def __init__(self, loss_model, trainable, optimizer, device="cpu", input_names=None,
                  loss_output="loss", initial_weights=None, session_options=None,
-                 epoch_loop="auto", batch_size=None, deterministic=False, host_fed=None):
+                 epoch_loop="auto", batch_size=None, deterministic=False, batch_table=None):
         if not isinstance(optimizer, Optimizer):
             raise TypeError("optimizer must be an ortlearn.optim.SGD, Adam or AdamW instance, "
                             f"got {type(optimizer).__name__}.")
@@ -242,10 +242,11 @@ class TrainingEngine:
         self.optimizer = optimizer
         self.device = device
         self._device = parse_device(device)
-        self._host_fed = self._device.kind == "webgpu" if host_fed is None else bool(host_fed)
-        if self._host_fed and epoch_loop is True:
-            raise ValueError("A host-fed step runs one batch a call: epoch_loop=True is not "
-                             "possible with host_fed=True or on WebGPU.")
+        self._batch_table = (self._device.kind == "webgpu" if batch_table is None
+                             else bool(batch_table))
+        if self._batch_table and epoch_loop is True:
+            raise ValueError("A table-fed step runs one batch a call: epoch_loop=True is not "
+                             "possible with batch_table=True or on WebGPU.")
         inits = {i.name: i for i in model.graph.initializer}
         self._initial = {n: numpy_helper.to_array(inits[n]) for n in self.trainable}
         # inputs bound once: fits differing only in them share one compiled step
@@ -292,7 +293,7 @@ class TrainingEngine:
             feeds = StepFeeds(session, buffers, layout, {
                 ROWS: zeros[layout.loss_sum].dtype,
                 **dict.fromkeys(layout.scalars.values(), layout.scalar_dtype)},
-                capture) if layout.host_fed else None
+                capture) if layout.batch_table else None
             self._steps[loop] = _Step(session, layout, buffers, feeds)
         if current is None:
             self._current = loop
@@ -326,7 +327,7 @@ class TrainingEngine:
             model, layout = build_fused_step(
                 self._model, self.trainable, self.input_names, self.optimizer,
                 self.loss_output, self._epoch_ordered(), flat=not self._large(),
-                host_fed=self._host_fed, passes=GPU_NODES
+                batch_table=self._batch_table, passes=GPU_NODES
                 if self._device.ort_device_type == "webgpu" else CHEAPER_NODES)
         session, capture = self._step_session(model)
         # a recording replays one fit's buffers: its session is that fit's alone
@@ -343,13 +344,14 @@ class TrainingEngine:
             return None
         return (model_digest(self._model), tuple(self.trainable), tuple(self.input_names),
                 self.loss_output, self.optimizer.type, repr(sorted(self.optimizer.hyper.items())),
-                loop, self._large(), self._host_fed, str(self._device), options.enable_mem_pattern,
-                options.intra_op_num_threads, options.use_deterministic_compute,
+                loop, self._large(), self._batch_table, str(self._device),
+                options.enable_mem_pattern, options.intra_op_num_threads,
+                options.use_deterministic_compute,
                 options.get_session_config_entry("session.intra_op.allow_spinning"))
 
     def _step_session(self, model) -> tuple:
         """The session of a step graph, and whether the provider records it (WebGPU)."""
-        if self._host_fed and webgpu.default_graph_capture():
+        if self._batch_table and webgpu.default_graph_capture():
             try:
                 return make_session(model, self._device, self._session_options, True), True
             except Exception as exc:  # a node the provider left to the CPU
@@ -360,7 +362,7 @@ class TrainingEngine:
     def _epoch_ordered(self) -> list[str]:
         """Data inputs of at most ``EPOCH_ORDERED_ROW_BYTES`` per row (labels, weights)."""
         names = []
-        if self._host_fed:
+        if self._batch_table:
             return names
         for name in self.input_names:
             shape = self.input_shapes[name]
@@ -397,7 +399,7 @@ class TrainingEngine:
     def _choose_loop(self, batch_rows: int) -> bool:
         if self._epoch_loop != "auto":
             return self._epoch_loop
-        if self._host_fed:
+        if self._batch_table:
             # one batch a call (on WebGPU, a Loop would run on the CPU and copy every
             # carried value to and from the GPU at each iteration)
             return False

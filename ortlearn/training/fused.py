@@ -31,12 +31,13 @@ The step runs ``k -> k + 1``: the engine feeds the outputs of one step as
 the inputs of the next (ping-pong buffers), so a step needs no host value.
 
 On a GPU whose provider computes neither float64 nor ``Slice`` bounds on the
-device (WebGPU), ``build_fused_step(host_fed=True)`` builds a step that the
-host feeds per batch instead: ``batch`` (the int64 row numbers of the batch),
-``rows`` and the optimizer's scalars of the step (0-d, in the weights'
-dtype), written into fixed device buffers before each run; no ``k``, and the
-loss sum in the loss's own dtype. Nothing in it needs the CPU, so the
-provider can record it once and replay it (graph capture).
+device (WebGPU), ``build_fused_step(batch_table=True)`` reads its batch from a
+table instead: ``batch`` (the int32 row numbers of the batches, one row per
+batch, shape (n_batches, batch_rows)) replaces ``order``, ``starts`` and
+``ends``; ``k`` is int32; ``rows`` and the loss sum are in the loss's own
+dtype. Nothing in it needs the CPU, so the provider can record it once and
+replay it (graph capture), and a step needs no copy to the device: the host
+writes the tables once per epoch.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ from ..graph import (
     load_model,
     needed_nodes,
     node_reads,
+    onnx_to_np_dtype,
     opset_of,
     prune_model,
     shape_of,
@@ -69,8 +71,10 @@ __all__ = ["FusedLayout", "build_fused_epoch", "build_fused_step", "eval_graph",
            "in_place_safe", "strip_weights"]
 
 ORDER, STARTS, ENDS, ROWS = "fused.order", "fused.starts", "fused.ends", "fused.rows"
-#: The row numbers of the batch, in a host-fed step.
+#: The row numbers of each batch, a table of one row per batch, in a table-fed step.
 BATCH = "fused.batch"
+#: The number of rows of the step's batch (a float, in the dtype of ``ROWS``).
+BATCH_ROWS = "fused.batch_rows"
 SCALAR = "fused.scalar."
 STEP_IN_EPOCH, LOSS_SUM = "fused.k", "fused.loss_sum"
 #: The batch number inside the epoch's Loop (the iteration count).
@@ -89,8 +93,8 @@ class FusedLayout:
         Data input of the loss graph -> graph input holding all its rows.
     epoch_inputs : tuple of str
         ``order``, ``starts``, ``ends``, ``rows`` then the values of
-        :attr:`scalars` (set once per epoch); in a host-fed step, ``batch``,
-        ``rows`` then the values of :attr:`scalars`, all set before each step.
+        :attr:`scalars` (set once per epoch); in a table-fed step, ``batch``,
+        ``rows`` then the values of :attr:`scalars`.
     carried : dict of str to str
         Carried input -> the output holding its next value (weights,
         optimizer states, ``loss_sum`` and, in step mode, ``k``).
@@ -119,8 +123,9 @@ class FusedLayout:
         Carried weights and optimizer states whose next value may be written
         over them (:func:`in_place_safe`; step mode only): one buffer each
         instead of a ping-pong pair.
-    host_fed : bool
-        Whether the host feeds each step its batch (``build_fused_step(host_fed=True)``).
+    batch_table : bool
+        Whether the step reads its batch from a table of row numbers
+        (``build_fused_step(batch_table=True)``).
     """
 
     data: dict
@@ -134,7 +139,7 @@ class FusedLayout:
     scalars: dict = field(default_factory=dict)
     scalar_dtype: np.dtype = np.dtype(np.float64)
     in_place: tuple = ()
-    host_fed: bool = False
+    batch_table: bool = False
 
 
 def _state_name(param: str, state: str) -> str:
@@ -142,18 +147,20 @@ def _state_name(param: str, state: str) -> str:
 
 
 def _step_nodes(model: onnx.ModelProto, trainable, input_names, optimizer, loss_output: str,
-                in_loop: bool, epoch_ordered=(), flat: bool = True, host_fed: bool = False):
+                in_loop: bool, epoch_ordered=(), flat: bool = True, batch_table: bool = False):
     """Nodes of one step appended to ``model`` (a copy), with the carried output names.
 
     ``model``'s trainable initializers become inputs, its data inputs are
     replaced by ``Gather`` of the full data. The batch number ``k`` is the
-    Loop's iteration count ``in_loop``, else a carried value ``k -> k + 1``;
-    ``host_fed`` steps have none (the host feeds the batch's values).
+    Loop's iteration count ``in_loop``, else a carried value ``k -> k + 1``
+    (int32 in a ``batch_table`` step, which reads row ``k`` of a table of batches).
     Returns the graph inputs to add and ``{carried input: output}``.
     """
-    if host_fed and (in_loop or epoch_ordered):
-        raise ValueError("A host-fed step runs one batch a call, with no epoch-ordered input.")
+    if batch_table and (in_loop or epoch_ordered):
+        raise ValueError("A table-fed step runs one batch a call, with no epoch-ordered input.")
     k = LOOP_ITERATION if in_loop else STEP_IN_EPOCH
+    # int32 where int64 is not native (WebGPU): the batch number and the row numbers
+    index_type = TensorProto.INT32 if batch_table else TensorProto.INT64
     graph = model.graph
     inits = {i.name: i for i in graph.initializer}
     declared = {i.name: i for i in graph.input}
@@ -169,8 +176,10 @@ def _step_nodes(model: onnx.ModelProto, trainable, input_names, optimizer, loss_
     scalar_inputs = {s: SCALAR + s for s in optimizer.scalar_names}
     for name in (ORDER, STARTS, ENDS, ROWS, *scalar_inputs.values(), LOSS_SUM, k):
         b.reserve(name)
-    if host_fed:
-        rows = b.reserve(BATCH)
+    if batch_table:
+        # batch k's row numbers are row k of a table: a Gather, not a Slice whose
+        # computed bounds a GPU provider reads on the CPU
+        rows = b.op("Gather", [b.reserve(BATCH), k])
     else:
         # Batch k is order[starts[k]:ends[k]].
         start = b.op("Gather", [STARTS, k])
@@ -190,11 +199,8 @@ def _step_nodes(model: onnx.ModelProto, trainable, input_names, optimizer, loss_
             dims = ["n_rows"] + list(dims[1:]) if dims else None
             b.op("Gather", [data[name], rows], outputs=[name], axis=0)
         inputs.append(helper.make_tensor_value_info(data[name], elem_type_of(info), dims))
-    if host_fed:
-        step_scalars, n_rows = dict(scalar_inputs), ROWS
-    else:
-        step_scalars = {s: b.op("Gather", [name, k]) for s, name in scalar_inputs.items()}
-        n_rows = b.op("Gather", [ROWS, k])
+    step_scalars = {s: b.op("Gather", [name, k]) for s, name in scalar_inputs.items()}
+    n_rows = b.op("Gather", [ROWS, k], outputs=[b.reserve(BATCH_ROWS)])
     flat = _flat_offsets(params, optimizer) if flat else {}
     prologue, views = b.nodes, _flat_weight_views(b, flat)
     b.nodes = []
@@ -206,22 +212,21 @@ def _step_nodes(model: onnx.ModelProto, trainable, input_names, optimizer, loss_
     scalar_elem = elem_types.pop() if len(elem_types) == 1 else TensorProto.DOUBLE
     loss_info = next(o for o in graph.output if o.name == loss_output)
     # the running sum: float64 unless the step must stay on a device without it
-    sum_elem = elem_type_of(loss_info) if host_fed else TensorProto.DOUBLE
-    if host_fed:
-        inputs += [scalar(BATCH, TensorProto.INT64, ["batch_rows"]), scalar(ROWS, sum_elem, [])]
-        inputs += [scalar(name, scalar_elem, []) for name in scalar_inputs.values()]
+    sum_elem = elem_type_of(loss_info) if batch_table else TensorProto.DOUBLE
+    if batch_table:
+        inputs += [scalar(BATCH, index_type, ["n_batches", "batch_rows"])]
     else:
         inputs += [scalar(ORDER, TensorProto.INT64, ["n_epoch_rows"]),
                    scalar(STARTS, TensorProto.INT64, ["n_batches", 1]),
-                   scalar(ENDS, TensorProto.INT64, ["n_batches", 1]),
-                   scalar(ROWS, TensorProto.DOUBLE, ["n_batches"])]
-        inputs += [scalar(name, scalar_elem, ["n_batches"]) for name in scalar_inputs.values()]
+                   scalar(ENDS, TensorProto.INT64, ["n_batches", 1])]
+    inputs += [scalar(ROWS, sum_elem, ["n_batches"])]
+    inputs += [scalar(name, scalar_elem, ["n_batches"]) for name in scalar_inputs.values()]
     weights = {p.name: FLAT if flat else p.name for p in params}
     states = {p.name: {s: _state_name(weights[p.name], s) for s in optimizer.state_names}
               for p in params}
     carried_inputs = [scalar(LOSS_SUM, sum_elem, [])]
-    if not in_loop and not host_fed:
-        carried_inputs.append(scalar(k, TensorProto.INT64, []))
+    if not in_loop:
+        carried_inputs.append(scalar(k, index_type, []))
     if flat:
         size = sum(int(np.prod(p.dims, dtype=np.int64)) for p in params)
         for name in (FLAT, *states[params[0].name].values()):
@@ -259,8 +264,9 @@ def _step_nodes(model: onnx.ModelProto, trainable, input_names, optimizer, loss_
         # data only: it would compute the loss (a penalty reading a weight) last.
         # The flat layout's Concat of the gradients is such a join already.
         step_scalars = _after(b, [batch_loss, *(grads[n] for n in trainable)], step_scalars)
-    if not in_loop and not host_fed:
-        b.op("Add", [k, b.const(1, dtype=np.int64)], outputs=[b.reserve(k + _NEXT)])
+    if not in_loop:
+        one = b.const(1, dtype=onnx.helper.tensor_dtype_to_np_dtype(index_type))
+        b.op("Add", [k, one], outputs=[b.reserve(k + _NEXT)])
         carried[k] = k + _NEXT
     # Carried inputs that are new names are claimed; optimizer.build reserves
     # the names of their next values.
@@ -278,12 +284,12 @@ def _step_nodes(model: onnx.ModelProto, trainable, input_names, optimizer, loss_
                         scalars=step_scalars, scalar_elem_type=scalar_elem)
     b.add_to_graph(graph)
     carried.update(updated)
-    step_inputs = (BATCH, ROWS) if host_fed else (ORDER, STARTS, ENDS, ROWS)
+    step_inputs = (BATCH, ROWS) if batch_table else (ORDER, STARTS, ENDS, ROWS)
     layout = FusedLayout(data, (*step_inputs, *scalar_inputs.values()), carried,
                          weights, states, LOSS_SUM, flat,
                          tuple(n for n in input_names if n in epoch_ordered), scalar_inputs,
                          np.dtype(onnx.helper.tensor_dtype_to_np_dtype(scalar_elem)),
-                         host_fed=host_fed)
+                         batch_table=batch_table)
     return inputs, carried_inputs, layout
 
 
@@ -352,7 +358,7 @@ def _flat_update(b: GraphBuilder, optimizer, params, grads, step_scalars: dict,
 
 
 def _step_model(loss_model, trainable, input_names, optimizer, loss_output: str,
-                in_loop: bool, epoch_ordered, flat: bool = True, host_fed: bool = False):
+                in_loop: bool, epoch_ordered, flat: bool = True, batch_table: bool = False):
     """A copy of ``loss_model`` holding the nodes of one step (:func:`_step_nodes`).
 
     Returns ``(model, data and epoch inputs, {carried input: its ValueInfo}, layout)``.
@@ -361,7 +367,7 @@ def _step_model(loss_model, trainable, input_names, optimizer, loss_output: str,
     model.CopyFrom(loss_model)
     inputs, carried_inputs, layout = _step_nodes(model, trainable, input_names, optimizer,
                                                  loss_output, in_loop, epoch_ordered, flat,
-                                                 host_fed)
+                                                 batch_table)
     return model, inputs, {i.name: i for i in carried_inputs}, layout
 
 
@@ -377,7 +383,7 @@ def _value_infos(infos, names, suffix: str = "") -> list:
 
 def build_fused_step(loss_model: onnx.ModelProto, trainable, input_names, optimizer,
                      loss_output: str = "loss", epoch_ordered=(), flat: bool = True,
-                     host_fed: bool = False, passes=CHEAPER_NODES
+                     batch_table: bool = False, passes=CHEAPER_NODES
                      ) -> tuple[onnx.ModelProto, FusedLayout]:
     """The graph of one training step (one ORT call per mini-batch).
 
@@ -406,11 +412,11 @@ def build_fused_step(loss_model: onnx.ModelProto, trainable, input_names, optimi
         copy of the weights (the slices of a flat buffer) nor of the gradients
         (their ``Concat``), and every weight written in place
         (:attr:`FusedLayout.in_place`), for large models.
-    host_fed : bool, default=False
-        The host feeds each step its batch's row numbers, its size and the
-        optimizer's scalars (see the module's docstring): a step with no
-        float64 value, no batch counter and no ``Slice``, for a GPU whose
-        provider would run those on the CPU. Not with ``epoch_ordered``.
+    batch_table : bool, default=False
+        Read the batch's row numbers from a table of one row per batch (see
+        the module's docstring): a step with no float64 value, no ``Slice``
+        and int32 indices, for a GPU whose provider would run those on the
+        CPU. Not with ``epoch_ordered``.
     passes : sequence of ortlearn.graph.passes.Pass, default=CHEAPER_NODES
         The rewrites of the step's nodes (``GPU_NODES`` for a GPU provider).
 
@@ -422,15 +428,16 @@ def build_fused_step(loss_model: onnx.ModelProto, trainable, input_names, optimi
         Its input and output names.
     """
     model, _, infos, layout = _step_model(loss_model, trainable, input_names, optimizer,
-                                          loss_output, False, epoch_ordered, flat, host_fed)
+                                          loss_output, False, epoch_ordered, flat, batch_table)
     graph = model.graph
     outputs = _value_infos(infos, layout.carried)
     for info, name in zip(outputs, layout.carried.values()):
         info.name = name
     kept = list(layout.carried.values())
     nodes = needed_nodes(graph.node, kept)
-    if host_fed:
-        nodes = sizes_from_rows(model, nodes, layout, ROWS)
+    if batch_table:
+        rows_type = next(elem_type_of(i) for i in graph.input if i.name == ROWS)
+        nodes = sizes_from_rows(model, nodes, layout, BATCH_ROWS, onnx_to_np_dtype(rows_type))
     nodes = run_passes(model, nodes, kept, passes)
     del graph.node[:]
     graph.node.extend(nodes)

@@ -16,13 +16,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks import gpu  # noqa: E402
 
 
-def test_the_gpu_check_runs_and_writes_its_six_files(tmp_path, monkeypatch):
+def test_the_gpu_check_runs_and_writes_its_seven_files(tmp_path, monkeypatch):
     monkeypatch.setattr(gpu, "RUNS", [("W3", "W3", None, {})])
     assert gpu.main([str(tmp_path), "--device", "cpu", "--scale", "0.01", "--reps", "1",
                      "--threads", "1", "--timeout", "300"]) == 0
     files = {p.name for p in tmp_path.iterdir()}
-    assert files == {"environment.json", "tests.log", "placement.txt", "bench.log",
-                     "summary.json", "summary.md"}
+    assert files == {"environment.json", "tests.log", "placement.txt", "profile.txt",
+                     "bench.log", "summary.json", "summary.md"}
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["tests"] == 0, (tmp_path / "tests.log").read_text()[-2000:]
     (run,) = summary["runs"]
@@ -31,6 +31,8 @@ def test_the_gpu_check_runs_and_writes_its_six_files(tmp_path, monkeypatch):
     placement = (tmp_path / "placement.txt").read_text()
     assert "W2's step" in placement and "W3's step" in placement
     assert "| W3 |" in (tmp_path / "summary.md").read_text()
+    profile = (tmp_path / "profile.txt").read_text()
+    assert profile.count("ms per step") == 4 and "copy to the host" in profile, profile
     assert "onnxruntime" in json.loads((tmp_path / "environment.json").read_text())
 
 

@@ -15,6 +15,7 @@ from ortlearn.graph.passes import (
     column_sums_as_products,
     common_factors,
     expands_as_broadcasts,
+    index_wraps_as_wheres,
     log_softmax_decomposed,
     masks_as_products,
     negations_folded,
@@ -312,3 +313,32 @@ def test_log_softmax_is_written_with_the_operators_gpus_have(opset, axis):
     np.testing.assert_allclose(got, shifted - np.log(np.exp(shifted).sum(axis=axis,
                                                                           keepdims=True)),
                                rtol=1e-14, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.int32])
+def test_the_wrap_of_gather_indices_is_written_without_mod(dtype):
+    """Indices of a GatherElements along an axis of 5 lie in [-5, 5): their Mod 5 becomes a
+    Where; a Mod by another number is no such wrap and stays."""
+    elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    five, three = (numpy_helper.from_array(np.array(v, dtype), n) for v, n in ((5, "five"),
+                                                                            (3, "three")))
+    nodes = [helper.make_node("GatherElements", ["x", "i"], ["picked"], axis=1),
+             helper.make_node("Mod", ["i", "five"], ["wrapped"]),
+             helper.make_node("Mod", ["i", "three"], ["other"])]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.DOUBLE, [6, 5]),
+                     helper.make_tensor_value_info("i", elem, [6, 1])],
+        [helper.make_tensor_value_info("picked", TensorProto.DOUBLE, [6, 1]),
+         helper.make_tensor_value_info("wrapped", elem, [6, 1]),
+         helper.make_tensor_value_info("other", elem, [6, 1])], [five, three])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 8
+    rewritten = _run(index_wraps_as_wheres, model)
+    assert [n.op_type for n in rewritten].count("Mod") == 1
+    assert {"Where", "Less", "Add"} <= {n.op_type for n in rewritten}
+    feeds = {"x": np.random.RandomState(0).randn(6, 5),
+             "i": np.array([[-5], [-3], [-1], [0], [2], [4]], dtype)}
+    got = run_onnx(_with_nodes(model, rewritten), feeds)
+    for ours, theirs in zip(got, run_onnx(model, feeds)):
+        np.testing.assert_array_equal(ours, theirs)
+    assert got[1].ravel().tolist() == [0, 2, 4, 0, 2, 4]

@@ -1,14 +1,15 @@
-"""Training on WebGPU: the host-fed step, its engine path, the device's errors.
+"""Training on WebGPU: the table-fed step, its engine path, the device's errors.
 
 WebGPU's provider computes no float64 and runs ``Slice`` bounds on the
-CPU, so on it the engine runs a *host-fed* step: one call per batch, the
-batch's row numbers and the optimizer's scalars written into fixed device
-buffers, the loss sum in the loss's dtype, the step recorded once and
-replayed (graph capture). :class:`HostMemoryWebGPU` takes that path with
-onnxruntime's CPU provider, so it runs on every machine, bit for bit against
-the CPU's own path: the same kernels compute the same operations on the same
-values (the weights, the gradients and the update); only the running loss
-sum is in float32 for a float32 loss. The tests marked ``webgpu`` need a GPU
+CPU, so on it the engine runs a *table-fed* step: one call per batch, the
+epoch's row numbers and the optimizer's scalars written once per epoch into
+fixed device buffers (tables read at the step's batch number), the loss sum
+in the loss's dtype, the step recorded once and replayed (graph capture).
+:class:`HostMemoryWebGPU` takes that path with onnxruntime's CPU provider,
+so it runs on every machine, bit for bit against the CPU's own path: the
+same kernels compute the same operations on the same values (the weights,
+the gradients and the update); only the running loss sum is in float32 for
+a float32 loss. The tests marked ``webgpu`` need a GPU
 and the ``onnxruntime-ep-webgpu`` wheel (``benchmarks/gpu.py`` runs them on one).
 """
 
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 from sklearn.datasets import load_digits
 from test_engine_gpu_paths import (
@@ -33,7 +35,7 @@ from ortlearn.optim import SGD, Adam, AdamW
 from ortlearn.training import Batches, TrainingEngine, webgpu
 from ortlearn.training import engine as _engine
 from ortlearn.training.device import make_session, make_session_options, parse_device
-from ortlearn.training.fused import BATCH, ROWS, build_fused_step
+from ortlearn.training.fused import BATCH, ROWS, STEP_IN_EPOCH, build_fused_step
 
 
 @dataclass(frozen=True)
@@ -56,11 +58,11 @@ def _engine_on(device, loss_model, optimizer, **kwargs):
 @pytest.mark.parametrize("weighted", [False, True])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("optimizer", [SGD, lambda: SGD(momentum=0.9), Adam, AdamW])
-def test_host_fed_step_trains_as_the_cpu_bit_for_bit(optimizer, dtype, weighted):
+def test_batch_table_step_trains_as_the_cpu_bit_for_bit(optimizer, dtype, weighted):
     loss_model, arrays = _problem(dtype, weighted)
     engine = _engine_on(HostMemoryWebGPU(), loss_model, optimizer())
     reference = _engine_on("cpu", loss_model, optimizer())
-    assert engine._steps[False].layout.host_fed and engine._steps[False].feeds is not None
+    assert engine._steps[False].layout.batch_table and engine._steps[False].feeds is not None
     losses = [_train(e, arrays) for e in (engine, reference)]
     _assert_same_training(engine, reference)
     # the loss sum of a float32 loss is a float32 sum of at most N // 8 + 1 terms
@@ -69,15 +71,49 @@ def test_host_fed_step_trains_as_the_cpu_bit_for_bit(optimizer, dtype, weighted)
     assert np.isfinite(losses[0]).all() and losses[0][2] < losses[0][0]
 
 
-def test_host_fed_step_needs_no_cpu_kernel():
-    """No float64 value, no computed Slice bounds (the provider reads them on the host), no
-    batch counter, no control flow: every node of the step can stay on the GPU."""
+def test_batch_table_step_trains_batches_of_any_sizes_bit_for_bit():
+    """Batches of uneven sizes: each size other than the first one's is a table of its own."""
+    loss_model, arrays = _problem(np.float32, weighted=False)
+    engine = _engine_on(HostMemoryWebGPU(), loss_model, Adam())
+    reference = _engine_on("cpu", loss_model, Adam())
+    rows = np.random.RandomState(0).permutation(N)
+    batches = [rows[:8], rows[8:16], rows[16:21], rows[21:29], rows[29:30], rows[30:]]
+    for e in (engine, reference):
+        e.set_learning_rate(0.02)
+    for _ in range(2):
+        losses = [e.train_epoch(arrays, batches) for e in (engine, reference)]
+        np.testing.assert_allclose(losses[0], losses[1], rtol=len(batches) * 2.0 ** -24)
+    _assert_same_training(engine, reference)
+
+
+def test_batch_table_epoch_copies_to_the_device_whatever_its_batches(monkeypatch):
+    """Each copy to a GPU waits for it: an epoch writes its tables once, not per step."""
+    loss_model, arrays = _problem(np.float32, weighted=False)
+    engine = _engine_on(HostMemoryWebGPU(), loss_model, Adam())
+    copies = []
+    update = ort.OrtValue.update_inplace
+    monkeypatch.setattr(ort.OrtValue, "update_inplace",
+                        lambda self, array: copies.append(1) or update(self, array))
+    counts = []
+    for batch in (15, 3, 1):  # 3, 15 and 45 steps
+        engine.train_epoch(arrays, Batches(np.arange(N), batch))
+        copies.clear()
+        engine.train_epoch(arrays, Batches(np.arange(N), batch))
+        counts.append(len(copies))
+    assert counts[0] == counts[1] == counts[2] <= 8, counts
+
+
+def test_batch_table_step_needs_no_cpu_kernel():
+    """No float64 value, no computed Slice bounds (the provider reads them on the host), int32
+    batch numbers and row numbers, no control flow: every node of the step can stay on the
+    GPU."""
     loss_model, _ = _problem(np.float32, weighted=True)
     model, layout = build_fused_step(loss_model, TRAINABLE, ["X", "label", "weight"], Adam(),
-                                     host_fed=True)
-    assert layout.host_fed and layout.epoch_inputs[:2] == (BATCH, ROWS)
+                                     batch_table=True)
+    assert layout.batch_table and layout.epoch_inputs[:2] == (BATCH, ROWS)
     types = {i.name: i.type.tensor_type.elem_type for i in model.graph.input}
-    assert types[BATCH] == onnx.TensorProto.INT64
+    assert types[BATCH] == types[STEP_IN_EPOCH] == onnx.TensorProto.INT32
+    assert STEP_IN_EPOCH in layout.carried
     inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True).graph
     values = list(inferred.input) + list(inferred.value_info) + list(inferred.output)
     assert not [v.name for v in values if v.type.tensor_type.elem_type == onnx.TensorProto.DOUBLE]
@@ -89,13 +125,13 @@ def test_host_fed_step_needs_no_cpu_kernel():
     assert slices and all(set(n.input[1:]) <= constants for n in slices)
     with pytest.raises(ValueError, match="epoch-ordered"):
         build_fused_step(loss_model, TRAINABLE, ["X", "label", "weight"], Adam(),
-                         epoch_ordered=["label"], host_fed=True)
+                         epoch_ordered=["label"], batch_table=True)
 
 
 @pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
 @pytest.mark.parametrize("cls", [OrtMLPRegressor, OrtMLPClassifier])
-def test_mlp_fits_through_the_host_fed_step(cls, monkeypatch):
-    """An estimator's fit on the host-fed path: the weights of the CPU's bit for bit, and a
+def test_mlp_fits_through_the_batch_table_step(cls, monkeypatch):
+    """An estimator's fit on the table-fed path: the weights of the CPU's bit for bit, and a
     step without ``Size`` (a CPU operator on GPU providers: its value comes from ``rows``)."""
     X, y = load_digits(return_X_y=True)
     X = (X / 16.0).astype(np.float32)
@@ -119,7 +155,7 @@ def test_mlp_fits_through_the_host_fed_step(cls, monkeypatch):
     monkeypatch.setattr(_base, "TrainingEngine", on_host_memory_webgpu)
     monkeypatch.setattr(_engine, "build_fused_step", kept)
     fit = cls(**params).fit(X, y)
-    assert engines and all(e._host_fed for e in engines)
+    assert engines and all(e._batch_table for e in engines)
     for ours, theirs in zip(fit.coefs_ + fit.intercepts_,
                             reference.coefs_ + reference.intercepts_):
         np.testing.assert_array_equal(ours, theirs)
@@ -175,10 +211,10 @@ def test_float64_is_refused_on_webgpu():
         webgpu.check_float32({"coef": np.dtype(np.float32), "X": np.dtype(np.float64)})
 
 
-def test_host_fed_refuses_an_epoch_loop():
+def test_batch_table_refuses_an_epoch_loop():
     loss_model, _ = _problem(np.float32)
     with pytest.raises(ValueError, match="epoch_loop=True"):
-        _engine_on("cpu", loss_model, Adam(), host_fed=True, epoch_loop=True)
+        _engine_on("cpu", loss_model, Adam(), batch_table=True, epoch_loop=True)
 
 
 def test_the_device_says_what_is_missing():
@@ -235,3 +271,25 @@ def test_webgpu_engine_keeps_its_buffers_on_the_gpu():
     assert step.session.get_providers()[0] == webgpu.EP_NAME
     assert {v.device_name() for v in step.buffers.pairs[step.layout.loss_sum]} == {"webgpu"}
     assert step.feeds.capture  # the provider recorded the step: no node needed the CPU
+
+
+def test_classifier_step_holds_only_operators_webgpu_has():
+    """The MLP classifier's step as built for WebGPU: the label gradient's index wrap is a
+    Where (WebGPU has no Mod), the log-softmax and the gradient sums are written with the
+    operators it has, and the batch's size comes from the rows table."""
+    from sklearn.neural_network import MLPClassifier
+
+    from ortlearn.convert import to_train_onnx
+    from ortlearn.estimators._objective import LOSS, input_names, mlp_objective
+    from ortlearn.graph.passes import GPU_NODES
+
+    X, y = load_digits(return_X_y=True)
+    X = (X / 16.0).astype(np.float32)
+    mlp = MLPClassifier((16,), max_iter=1).fit(X[:100], y[:100])
+    loss = mlp_objective(to_train_onnx(mlp, X), "multiclass", alpha=1e-4, weighted=False)
+    trainable = [i.name for i in loss.graph.initializer if i.name.startswith(("coef", "inter"))]
+    model, _ = build_fused_step(loss, trainable, input_names(False), Adam(), LOSS,
+                                batch_table=True, passes=GPU_NODES)
+    ops = {n.op_type for n in model.graph.node}
+    assert not ops & {"Mod", "Size", "Sum", "LogSoftmax", "Loop", "If"}, ops
+    assert {"GatherElements", "Where"} <= ops
