@@ -198,6 +198,8 @@ BLOCKS = {
                                      lambda seed=1: _image(3, size=24, seed=seed)),
     "avgpool_interpolate_nearest": (lambda: PooledConv("nearest"),
                                     lambda seed=1: _image(3, seed=seed)),
+    "avgpool_interpolate_bicubic": (lambda: PooledConv("bicubic"),
+                                    lambda seed=1: _image(3, seed=seed)),
     "namedtuple_output": (NamedOutput, lambda seed=1: torch.randn(
         4, 6, generator=torch.Generator().manual_seed(seed))),
 }

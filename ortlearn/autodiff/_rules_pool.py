@@ -282,10 +282,38 @@ def _nearest_index(coords, nearest_mode):
     raise NotImplementedError(nearest_mode)
 
 
+def _cubic_matrix(coords, n_in, a, exclude_outside):
+    """``[n_out, n_in]`` matrix of ONNX's cubic convolution (Keys' kernel of coefficient ``a``).
+
+    Each output reads the four inputs around its source coordinate; an input
+    past an edge reads the edge, or with ``exclude_outside`` weighs nothing and
+    the other weights are renormalised to sum to one.
+    """
+    coords = coords.astype(np.float64)
+    floor = np.floor(coords)
+    t = (coords - floor)[:, None]
+    distance = np.concatenate([1 + t, t, 1 - t, 2 - t], axis=1)  # to floor - 1 .. floor + 2
+    near = ((a + 2) * distance - (a + 3)) * distance * distance + 1
+    far = ((a * distance - 5 * a) * distance + 8 * a) * distance - 4 * a
+    weights = np.where(distance <= 1, near, far)
+    index = floor.astype(np.int64)[:, None] + np.arange(-1, 3)
+    if exclude_outside:
+        weights = np.where((index < 0) | (index >= n_in), 0.0, weights)
+        weights /= weights.sum(axis=1, keepdims=True)
+    matrix = np.zeros((len(coords), n_in))
+    np.add.at(matrix, (np.repeat(np.arange(len(coords)), 4), np.clip(index, 0, n_in - 1).ravel()),
+              weights.ravel())
+    return matrix
+
+
 def _resize_matrix(node, n_in, n_out, scale, dtype):
-    """``[n_out, n_in]`` matrix of a 1-D nearest or linear resize, as onnxruntime computes it."""
+    """``[n_out, n_in]`` matrix of a 1-D nearest, linear or cubic resize, as onnxruntime
+    computes it."""
     coords = _source_coordinates(attr(node, "coordinate_transformation_mode", "half_pixel"),
                                  n_in, n_out, scale, dtype)
+    if attr(node, "mode", "nearest") == "cubic":
+        return _cubic_matrix(coords, n_in, attr(node, "cubic_coeff_a", -0.75),
+                             attr(node, "exclude_outside", 0))
     a = np.zeros((n_out, n_in))
     rows = np.arange(n_out)
     if attr(node, "mode", "nearest") == "nearest":
@@ -366,17 +394,17 @@ def _resize(ctx, node, grads):
     x, y = node.input[0], node.output[0]
     mode = attr(node, "mode", "nearest")
     transform = attr(node, "coordinate_transformation_mode", "half_pixel")
-    if mode not in ("nearest", "linear"):
+    if mode not in ("nearest", "linear", "cubic"):
         raise NotImplementedError(
-            f"Resize node {node.name!r}: no gradient for mode={mode!r}; use mode 'linear' "
-            "or 'nearest' (torch: F.interpolate with mode 'bilinear' or 'nearest').")
+            f"Resize node {node.name!r}: no gradient for mode={mode!r}; use mode 'linear', "
+            "'cubic' or 'nearest'.")
     if transform == "tf_crop_and_resize":
         raise NotImplementedError(
             f"Resize node {node.name!r}: no gradient for coordinate_transformation_mode="
             "'tf_crop_and_resize'; crop with Slice, then resize with another mode.")
     rank = ctx.rank(x, node)
     scales, out_shape, kept = _resize_scales(ctx, node, rank)
-    if attr(node, "antialias", 0) and mode == "linear" and any(s < 1 for s in scales):
+    if attr(node, "antialias", 0) and mode != "nearest" and any(s < 1 for s in scales):
         raise NotImplementedError(
             f"Resize node {node.name!r}: no gradient for antialias=1 when downsampling; "
             "set antialias=0.")

@@ -383,11 +383,44 @@ def test_resize_trilinear_torch(align):
     compare_exported(Up(), randn(1, 2, 2, 3, 2), reference=True)
 
 
+@pytest.mark.parametrize("transform", ["half_pixel", "pytorch_half_pixel", "asymmetric",
+                                       "half_pixel_symmetric"])
+@pytest.mark.parametrize("attrs", [{}, dict(cubic_coeff_a=-0.5), dict(exclude_outside=1)])
+@pytest.mark.parametrize("shape, scales", [((1, 2, 4, 5), [1, 1, 2, 0.5]),
+                                           ((1, 1, 3, 4), [1, 1, 4, 2])])
+def test_resize_cubic(transform, attrs, shape, scales):
+    """Keys' cubic convolution: the four inputs around each source coordinate, the edges
+    read past the border or, with exclude_outside, dropped and the weights renormalised.
+    onnx's reference evaluator computes the source coordinates in float32: scales and
+    transformations here keep them exact (align_corners: the test below)."""
+    check_op([_scales(scales), node("Resize", ["X", "", "scales"], mode="cubic",
+                                    coordinate_transformation_mode=transform, **attrs)],
+             {"X": randn(*shape)}, opset=19, reference=True, float32=False)
+
+
+@pytest.mark.parametrize("transform", TRANSFORMS + ["half_pixel_symmetric"])
+@pytest.mark.parametrize("exclude_outside", [0, 1])
+def test_resize_cubic_onnxruntime(transform, exclude_outside):
+    # onnxruntime's own float32 bicubic forward, to sizes whose ratio is no simple fraction
+    check_op([node("Resize", ["X", "", "", "sizes"], mode="cubic",
+                   coordinate_transformation_mode=transform, exclude_outside=exclude_outside)],
+             {"X": randn(2, 1, 5, 4)}, {"sizes": _ints([2, 1, 7, 3])}, opset=19,
+             dtype=np.float32)
+
+
+@pytest.mark.parametrize("align", [False, True])
+def test_resize_bicubic_torch(align):
+    class Up(torch.nn.Module):
+        def forward(self, t):
+            return F.interpolate(t, scale_factor=(2, 1.5), mode="bicubic", align_corners=align)
+    compare_exported(Up(), randn(2, 2, 3, 4), reference=True)
+
+
 @pytest.mark.parametrize("attrs, match", [
-    (dict(mode="cubic"), "mode='cubic'"),
     (dict(mode="linear", coordinate_transformation_mode="tf_crop_and_resize"),
      "tf_crop_and_resize"),
     (dict(mode="linear", antialias=1), "antialias"),
+    (dict(mode="cubic", antialias=1), "antialias"),
 ])
 def test_resize_refused(attrs, match):
     roi = const_node("roi", np.asarray([0, 0, 0, 0, 1, 1, 1, 1], np.float32))
