@@ -219,6 +219,8 @@ class ORTModule(torch.nn.Module):
 
     # ------------------------------------------------------------------ the call
 
+    # torch.compile does not trace into it: onnxruntime runs the whole forward and backward
+    @torch.compiler.disable
     def forward(self, *inputs, **kwargs):
         """Run the module's forward in ONNX Runtime (the first call exports it).
 

@@ -478,6 +478,29 @@ def test_gradient_of_the_input():
     torch.testing.assert_close(x.grad, ref_x.grad, rtol=1e-5, atol=1e-6)
 
 
+def test_torch_compile_of_an_ortmodule_runs_it_in_onnxruntime():
+    """torch.compile does not trace into ORTModule (it recursed through its guards): the
+    compiled module's call runs the ONNX graphs, with torch's gradients."""
+    model = ORTModule(_mlp(), exporter=TS)
+    compiled = torch.compile(model)
+    reference = _mlp()
+    x = _x(5, 4)
+    for module in (compiled, reference):
+        module(x).pow(2).sum().backward()
+    _assert_grads_close(_grads(model), _grads(reference))
+    assert model.export_count == 1 and model._fallback_reason is None
+
+
+def test_double_backward_raises_rather_than_dropping_the_graph():
+    """The backward runs in onnxruntime: a gradient of the gradient does not exist, and
+    asking for one raises instead of returning gradients without their graph."""
+    model = ORTModule(_mlp(), exporter=TS)
+    loss = model(_x(5, 4)).pow(2).sum()
+    grads = torch.autograd.grad(loss, list(model.parameters()), create_graph=True)
+    with pytest.raises(RuntimeError, match="differentiate twice"):
+        sum(g.pow(2).sum() for g in grads).backward()
+
+
 def test_output_modified_in_place_before_backward_raises():
     """Tanh's gradient reads its output; changing that output before the backward must
     fail as in torch, not give a wrong gradient."""
