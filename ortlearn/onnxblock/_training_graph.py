@@ -28,6 +28,7 @@ from ..graph.format import (
     UPDATED_FROZEN_KEY,
 )
 from ..graph.passes import add_running_statistics_updates, running_statistics
+from .export_checks import tied_parameter_hint
 
 
 def split_parameters(model: onnx.ModelProto, requires_grad: Sequence[str],
@@ -50,7 +51,8 @@ def split_parameters(model: onnx.ModelProto, requires_grad: Sequence[str],
         inputs = sorted(i.name for i in model.graph.input if i.name not in inits)
         raise ValueError(
             f"Parameters {unknown} are neither initializers nor graph inputs of the model; "
-            f"its initializers are {sorted(inits)}, its graph inputs {inputs}.")
+            f"its initializers are {sorted(inits)}, its graph inputs {inputs}."
+            f"{tied_parameter_hint(model, requires_grad, frozen)}")
     not_float = [f"{n} ({TensorProto.DataType.Name(inits[n].data_type)})"
                  for n in requires_grad if inits[n].data_type not in FLOAT_TYPES]
     if not_float:

@@ -32,7 +32,7 @@ from onnx import numpy_helper
 
 from ..graph import FLOAT_TYPES, attr, initializer_map
 
-__all__ = ["RECIPE", "check_exported_model"]
+__all__ = ["RECIPE", "check_exported_model", "tied_parameter_hint"]
 
 #: How to export a torch module for training (both exporters).
 RECIPE = ("export for training with torch.onnx.export(model.train(), args, dynamo=True, "
@@ -77,6 +77,19 @@ def _rewritten_nodes(model: onnx.ModelProto) -> list[str]:
     return out
 
 
+def tied_parameter_hint(model: onnx.ModelProto, requires_grad, frozen) -> str:
+    """For a torch export, the sentence that explains a parameter name missing from the graph
+    by a tie (empty for other models)."""
+    if model.producer_name != "pytorch":
+        return ""
+    unnamed = sorted(set(initializer_map(model.graph)) - set(requires_grad) - set(frozen))
+    return (" torch exports a tied parameter (one tensor under two names, such as an "
+            "embedding and a language-model head) under one of its names, which need not be "
+            "the one named_parameters() lists (dict(module.named_parameters("
+            "remove_duplicate=False)) lists them all): pass the name the graph has; the "
+            f"initializers named in neither list are {unnamed}.")
+
+
 def _check_folded_parameters(model, requires_grad, frozen) -> None:
     inits = initializer_map(model.graph)
     unknown = [n for n in [*requires_grad, *frozen] if n not in inits]
@@ -96,7 +109,8 @@ def _check_folded_parameters(model, requires_grad, frozen) -> None:
         f"{' and '.join(evidence)}: the exporter folded these torch parameters away "
         "(a Linear weight transposed into a renamed constant, a BatchNorm merged into the "
         f"Conv or Gemm before it), so they cannot be trained under their torch names. "
-        f"{RECIPE[0].upper()}{RECIPE[1:]}. The model's initializers are {sorted(inits)}.")
+        f"{RECIPE[0].upper()}{RECIPE[1:]}. The model's initializers are {sorted(inits)}."
+        f"{tied_parameter_hint(model, requires_grad, frozen)}")
 
 
 def _warn_fused_weights(model, requires_grad) -> None:

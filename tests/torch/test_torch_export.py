@@ -295,6 +295,32 @@ def test_unknown_name_without_exporter_constants_keeps_the_generic_error():
     assert "folded" not in str(info.value)
 
 
+class _TiedHead(nn.Module):
+    """An embedding whose weight is also the output layer's (a language model's head)."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb, self.head = nn.Embedding(10, 4), nn.Linear(4, 10, bias=False)
+        self.head.weight = self.emb.weight
+
+    def forward(self, ids):
+        return self.head(torch.tanh(self.emb(ids)))
+
+
+def test_a_tied_parameter_under_its_other_name_is_explained():
+    """The dynamo exporter names the tied weight ``head.weight`` where named_parameters()
+    says ``emb.weight``: the error says it may be an alias and names the candidates."""
+    torch.manual_seed(0)
+    module = _TiedHead()
+    onx = _quiet_export(module, (torch.randint(0, 10, (2, 3)),), dynamo=True).model_proto
+    names = [n for n, _ in module.named_parameters()]
+    assert names == ["emb.weight"] and "head.weight" in {i.name for i in onx.graph.initializer}
+    with pytest.raises(ValueError, match=r"tied parameter.*in neither list are \['head.weight'"):
+        artifacts.build_artifacts(onx, requires_grad=names, loss=artifacts.LossType.MSELoss)
+    artifacts.build_artifacts(onx, requires_grad=["head.weight"],
+                              loss=artifacts.LossType.MSELoss)
+
+
 def test_sklearn_model_is_silent(linear_onnx):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
