@@ -86,20 +86,45 @@ def build_graphs(exported: Exported, output_spec: TreeSpec, wrt: Sequence[str], 
     updated = {name: o.name for name, o in zip(updated, model.graph.output[len(outputs):])}
     mode = "training" if train else "inference"
     _save(save_prefix, f"torch_exported_{mode}", exported.model)
+    _save(save_prefix, f"pre_grad_optimized_{mode}", model)
     options = make_session_options()
     options.log_severity_level = int(log_level)
     inputs = [*exported.inputs, *exported.weights]
     if not wrt:
+        _save(save_prefix, f"optimized_{mode}", model)
         _save(save_prefix, f"forward_{mode}", model)
         return Graphs(exported, output_spec, make_session(model, device, options), None,
                       inputs, outputs, updated)
     fb = build_forward_backward(model, list(wrt), differentiable_outputs=outputs)
     forward, backward = rewrite_model(fb.forward), rewrite_model(fb.backward)
+    if save_prefix is not None:
+        _save(save_prefix, f"optimized_{mode}", _gradient_graph(fb, forward, backward))
     _save(save_prefix, f"forward_{mode}", forward)
     _save(save_prefix, f"backward_{mode}", backward)
     return Graphs(exported, output_spec, make_session(forward, device, options),
                   make_session(backward, device, options), inputs, outputs, updated,
                   fb.saved, fb.cotangents, fb.reused_inputs, fb.gradients)
+
+
+def _gradient_graph(fb, forward: onnx.ModelProto, backward: onnx.ModelProto) -> onnx.ModelProto:
+    """The forward and backward graphs as one (onnxruntime-training's "optimized" training
+    model, for reading): inputs, then the outputs' cotangents; outputs, then the gradients."""
+    first = onnx.ModelProto()
+    first.CopyFrom(forward)
+    # the backward's reads of the forward's inputs connect through outputs of the forward
+    for name in fb.reused_inputs:
+        first.graph.node.append(onnx.helper.make_node("Identity", [name], [f"{name}.reused"]))
+        first.graph.output.append(onnx.helper.make_empty_tensor_value_info(f"{name}.reused"))
+    io_map = [(s, s) for s in fb.saved] + [(f"{n}.reused", n) for n in fb.reused_inputs]
+    merged = onnx.compose.merge_models(first, backward, io_map, prefix2="backward.")
+    # each gradient named after its weight, as onnxruntime-training names them
+    names = {f"backward.{g}": f"{w}_grad" for w, g in fb.gradients.items()}
+    for output in merged.graph.output:
+        if output.name in names:
+            merged.graph.node.append(onnx.helper.make_node("Identity", [output.name],
+                                                           [names[output.name]]))
+            output.name = names[output.name]
+    return merged
 
 
 def _save(prefix: str | None, what: str, model: onnx.ModelProto) -> None:

@@ -46,10 +46,14 @@ class DebugOptions:
     ----------
     log_level : LogLevel, default=LogLevel.WARNING
     save_onnx : bool, default=False
-        Write the exported graph and the forward and backward graphs of each
-        mode (``<onnx_prefix>_torch_exported_<mode>.onnx``,
-        ``<onnx_prefix>_forward_<mode>.onnx``, ``<onnx_prefix>_backward_<mode>.onnx``)
-        into ``$ORTMODULE_SAVE_ONNX_PATH`` or the working directory.
+        Write the graphs of each mode into ``$ORTMODULE_SAVE_ONNX_PATH`` or
+        the working directory, under onnxruntime-training's names
+        (``<onnx_prefix>_torch_exported_<mode>.onnx``,
+        ``<onnx_prefix>_pre_grad_optimized_<mode>.onnx``,
+        ``<onnx_prefix>_optimized_<mode>.onnx``: in training, the gradient
+        graph) and the forward and backward graphs ortlearn runs
+        (``<onnx_prefix>_forward_<mode>.onnx``,
+        ``<onnx_prefix>_backward_<mode>.onnx``).
     onnx_prefix : str, default=''
         Required when ``save_onnx`` is set: the start of the files' names, in
         that folder (a path, ``..`` or a separator raises a ``ValueError``:

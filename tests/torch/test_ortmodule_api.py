@@ -563,15 +563,32 @@ def test_save_onnx_writes_loadable_graphs(tmp_path, monkeypatch):
     model.eval()
     with torch.no_grad():
         model(_x(5, 4))
+    # onnxruntime-training's names (torch_exported, pre_grad_optimized, optimized), then the
+    # two graphs ortlearn runs
     assert sorted(os.listdir(tmp_path)) == sorted(
-        ["mlp_torch_exported_training.onnx", "mlp_forward_training.onnx",
-         "mlp_backward_training.onnx", "mlp_torch_exported_inference.onnx",
-         "mlp_forward_inference.onnx"])
+        f"mlp_{what}_{mode}.onnx" for mode in ("training", "inference")
+        for what in ("torch_exported", "pre_grad_optimized", "optimized", "forward",
+                     *(("backward",) if mode == "training" else ())))
     for path in tmp_path.iterdir():
         onnx.checker.check_model(onnx.load(path), full_check=True)
     backward = onnx.load(tmp_path / "mlp_backward_training.onnx")
     assert [o.name for o in backward.graph.output] and all(
         o.type.tensor_type.elem_type == onnx.TensorProto.FLOAT for o in backward.graph.output)
+    # the optimized training graph is the forward and the backward in one: fed the inputs,
+    # the weights and the output's cotangent, it returns torch's gradients
+    optimized = onnx.load(tmp_path / "mlp_optimized_training.onnx")
+    reference, x = _mlp(), _x(5, 4)
+    reference(x).sum().backward()
+    weights = {n: p.detach().numpy() for n, p in reference.named_parameters()}
+    names = [i.name for i in optimized.graph.input]
+    feeds = {n: weights[n] if n in weights else x.numpy() for n in names[:-1]}
+    feeds[names[-1]] = np.ones((5, 3), np.float32)
+    session = ort.InferenceSession(optimized.SerializeToString(),
+                                   providers=["CPUExecutionProvider"])
+    got = dict(zip([o.name for o in optimized.graph.output], session.run(None, feeds)))
+    for name, param in reference.named_parameters():
+        np.testing.assert_allclose(got[f"{name}_grad"], param.grad.numpy(), rtol=1e-5,
+                                   atol=1e-6)
 
 
 # --------------------------------------------------------------------------- fallback
