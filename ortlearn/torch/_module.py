@@ -16,6 +16,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from ..training.device import parse_device
+from ._cache import cache_dir, cache_key, load_export, store_export
 from ._export import (
     EXPORTERS,
     Exported,
@@ -381,17 +382,27 @@ class ORTModule(torch.nn.Module):
                        "torch.where or torch.cond")
                 failures.append((exporter, why, None))
                 continue
-            try:
-                exported = export_call(module, tensors, call_spec, n_outputs, train=train,
-                                       exporter=exporter)
-            except Exception as exc:  # noqa: BLE001 - any exporter failure means fallback
-                failures.append((exporter, f"torch.onnx.export failed ({_first_line(exc)})",
-                                 exc))
-                self._log(logging.INFO, "The %s exporter failed: %s", exporter, exc)
-                continue
-            self.export_count += 1
-            self._log(logging.INFO, "Exported %s (%s mode) with the %s exporter.",
-                      type(module).__name__, "train" if train else "eval", exporter)
+            folder = cache_dir()
+            key = cache_key(module, tensors, call_spec, exporter) if folder else None
+            exported = load_export(folder, key) if folder else None
+            if exported is not None:
+                self._log(logging.INFO, "Loaded the %s export of %s (%s mode) from %s.",
+                          exporter, type(module).__name__, "train" if train else "eval",
+                          folder)
+            else:
+                try:
+                    exported = export_call(module, tensors, call_spec, n_outputs, train=train,
+                                           exporter=exporter)
+                except Exception as exc:  # noqa: BLE001 - any exporter failure: fallback
+                    failures.append((exporter, "torch.onnx.export failed "
+                                     f"({_first_line(exc)})", exc))
+                    self._log(logging.INFO, "The %s exporter failed: %s", exporter, exc)
+                    continue
+                self.export_count += 1
+                self._log(logging.INFO, "Exported %s (%s mode) with the %s exporter.",
+                          type(module).__name__, "train" if train else "eval", exporter)
+                if folder:
+                    store_export(folder, key, exported)
             wrt = self._wrt(exported, tensors, self._weight_table.tensors(exported.weights))
             try:
                 graphs = self._build(exported, output_spec, wrt, train, device)

@@ -591,6 +591,63 @@ def test_save_onnx_writes_loadable_graphs(tmp_path, monkeypatch):
                                    atol=1e-6)
 
 
+def _scaled(factor):
+    class Scaled(nn.Module):  # one name and repr, another forward for each factor
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.lin = nn.Linear(4, 3)
+
+        def forward(self, x):
+            return self.lin(x) * factor
+    return Scaled()
+
+
+def test_cache_dir_reuses_an_export_across_instances(tmp_path, monkeypatch):
+    """ORTMODULE_CACHE_DIR: a second instance of the same module (other weights) loads the
+    first one's export and trains as torch; what changes the export is another key."""
+    monkeypatch.setenv("ORTMODULE_CACHE_DIR", str(tmp_path))
+    first = ORTModule(_mlp(0), exporter=TS)
+    first(_x(5, 4)).sum().backward()
+    assert first.export_count == 1 and len(os.listdir(tmp_path)) == 1
+    again, reference = ORTModule(_mlp(3), exporter=TS), _mlp(3)
+    for module in (again, reference):
+        module(_x(5, 4)).pow(2).sum().backward()
+    assert again.export_count == 0 and again._fallback_reason is None
+    _assert_grads_close(_grads(again), _grads(reference))
+    # another width, dtype, mode, exporter input, or forward: a new export each
+    others = [(ORTModule(nn.Sequential(nn.Linear(4, 9), nn.Tanh(), nn.Linear(9, 3)),
+                         exporter=TS), _x(5, 4)),
+              (ORTModule(_mlp(dtype=torch.float64), exporter=TS), _x(5, 4, dtype=torch.float64)),
+              (ORTModule(_mlp().eval(), exporter=TS), _x(5, 4)),
+              (ORTModule(_mlp(), exporter=TS), _x(5, 4).requires_grad_()),
+              (ORTModule(_scaled(2.0), exporter=TS), _x(5, 4)),
+              (ORTModule(_scaled(3.0), exporter=TS), _x(5, 4))]
+    for module, x in others:
+        module(x).sum().backward()
+        assert module.export_count == 1, module
+    assert len(os.listdir(tmp_path)) == 1 + len(others)
+    torch.testing.assert_close(others[-1][0](_x(5, 4)), _scaled(3.0)(_x(5, 4)))
+
+
+def test_cache_dir_damaged_or_unwritable_warns_and_exports(tmp_path, monkeypatch):
+    monkeypatch.setenv("ORTMODULE_CACHE_DIR", str(tmp_path))
+    ORTModule(_mlp(), exporter=TS)(_x(5, 4))
+    (path,) = tmp_path.iterdir()
+    path.write_bytes(b"not an onnx model")
+    model = ORTModule(_mlp(), exporter=TS)
+    with pytest.warns(RuntimeWarning, match="could not read the cached export"):
+        model(_x(5, 4))
+    assert model.export_count == 1 and model._fallback_reason is None
+    blocked = tmp_path / "a_file"
+    blocked.write_text("")
+    monkeypatch.setenv("ORTMODULE_CACHE_DIR", str(blocked / "cache"))
+    model = ORTModule(_mlp(), exporter=TS)
+    with pytest.warns(RuntimeWarning, match="could not keep its export"):
+        model(_x(5, 4))
+    assert model.export_count == 1 and model._fallback_reason is None
+
+
 # --------------------------------------------------------------------------- fallback
 
 
