@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 import numpy as np
-from onnx import numpy_helper
+from onnx import TensorProto, numpy_helper
 
 from ..graph import attr, onnx_to_np_dtype, optional_input
 from ..graph.format import PADDING_IDX_KEY
@@ -170,8 +170,42 @@ def _gather(ctx, node, grads):
         extra = ctx.rank(x, node) - 1  # the row's own axes
         g = ctx.mask_where(b.op("Not", [b.unsqueeze(hit, list(range(-extra, 0)))
                                         if extra else hit]), g, x)
-    picked = ctx.b.op(node.op_type, [ctx.positions(x), indices], axis=attr(node, "axis", 0))
+    picked = _row_positions(ctx, node) if node.op_type == "Gather" else None
+    if picked is None:
+        picked = ctx.b.op(node.op_type, [ctx.positions(x), indices], axis=attr(node, "axis", 0))
     return [ctx.scatter_flat(x, picked, g, accumulate=True), None]
+
+
+def _row_positions(ctx, node) -> str | None:
+    """The flat positions of the elements an axis-0 ``Gather`` picks, from its indices alone:
+    ``i * k + arange(k)`` for each index ``i`` (negative ones counted from the end), ``k``
+    the static size of a row.
+
+    The same positions as gathering a tensor of every element's position, without that
+    tensor: on a wide table (an embedding, a first layer reading sparse rows) it is the
+    size of the table, written and read at each step. None when the table's shape or the
+    indices' rank is not known.
+    """
+    x, indices = node.input
+    shape = ctx.shape(x)
+    if (not shape or not all(isinstance(d, int) for d in shape)
+            or attr(node, "axis", 0) % len(shape) != 0 or ctx.shape(indices) is None):
+        return None
+    b = ctx.b
+    index = indices if ctx.dtype(indices) == TensorProto.INT64 else b.cast(
+        indices, TensorProto.INT64)
+    # Where rather than Mod: some GPU providers lack Mod (graph.passes.index_wraps_as_wheres)
+    index = b.op("Where", [b.op("Less", [index, b.const(np.int64(0))]),
+                           b.op("Add", [index, b.const(np.int64(shape[0]))]), index])
+    row = int(np.prod(shape[1:], dtype=np.int64))
+    if row != 1:
+        index = b.op("Mul", [index, b.const(np.int64(row))])
+    if len(shape) == 1:
+        return index
+    offsets = b.const(np.arange(row, dtype=np.int64).reshape(shape[1:]), hint="offsets")
+    rank = ctx.rank(indices)
+    return b.op("Add", [b.unsqueeze(index, list(range(rank, rank + len(shape) - 1))),
+                        offsets])
 
 
 @register_gradient("Expand")

@@ -240,6 +240,21 @@ def test_gather(opset, axis, indices):
              consts={"I": np.array(indices, dtype=np.int64)}, opset=opset)
 
 
+@pytest.mark.parametrize("dtype", [np.int64, np.int32])
+@pytest.mark.parametrize("shape, indices", [
+    ((5,), [[4, -1], [0, 2]]), ((5, 3), [-5, 4, 4, 0]), ((4, 2, 3), [[1, -1, 1], [0, 3, 2]])])
+def test_gather_rows_scatter_from_the_indices_alone(shape, indices, dtype):
+    """An axis-0 Gather (an embedding, a layer reading sparse rows): the gradient scatters
+    to ``i * row + arange(row)``, computed from the indices (negative and repeated ones
+    included), not gathered from a position for every element of the table."""
+    nodes = [node("Gather", ["X", "I"], axis=0)]
+    consts = {"I": np.array(indices, dtype=dtype)}
+    check_op(nodes, {"X": randn(*shape)}, consts=consts)
+    model, feeds = loss_model(nodes, {"X": randn(*shape)}, consts=consts)
+    ops = [n.op_type for n in analytic_gradient(model, feeds, ["X"])[1].graph.node]
+    assert "ScatterElements" in ops and "Range" not in ops
+
+
 @pytest.mark.parametrize("opset", [13, 18])
 @pytest.mark.parametrize("axis, index, shape", [
     (0, 1, (3, 4)), (1, -1, (2, 3, 4)), (2, 0, (2, 3, 2)), (0, 0, (1, 3))])
