@@ -53,6 +53,8 @@ COEF, INTERCEPT = "coef", "intercept"
 DATA_SCALE, L2 = "data_scale", "l2_strength"
 #: liblinear's dual variables (the regression's in two halves) and the per-row costs
 COST, DUAL, DUAL_NEG = "cost", "dual", "dual_negative"
+#: The diagonal term of the squared hinge's dual, ``1 / (4 C_i)`` per row.
+DUAL_DIAG = "dual_diagonal"
 #: quantile regression's coefficients, split in two non-negative halves
 POS, NEG = "coef_positive", "coef_negative"
 #: the L2 penalty's strength of the mini-batch objectives, a hyper-parameter input of
@@ -565,14 +567,17 @@ def svm_primal_objective(n_features, n_outputs, cost, score, **score_params):
                             extra_weights={COST: cost.ravel() if n_outputs == 1 else cost})
 
 
-def svm_dual_objective(n_features, n_samples, n_outputs, epsilon=None):
+def svm_dual_objective(n_features, n_samples, n_outputs, epsilon=None, squared=False):
     """liblinear's dual of the hinge (``epsilon=None``) or epsilon-insensitive loss.
 
     Inputs ``X`` (N, n_features), ``y`` (N, n_outputs): signs in {-1, 1} (hinge)
     or targets; trained ``dual`` (and ``dual_negative`` for the regression).
+    ``squared``: the squared hinge's dual, with the input ``dual_diagonal``
+    (N, n_outputs), ``1 / (4 C_i)``: ``+ sum_i a_i^2 / (4 C_i)`` (liblinear's
+    ``D_ii = 1 / (2 C_i)`` in ``a^T (Q + D) a / 2``), and no upper bound on ``a``.
     """
     f64 = np.float64
-    b = GraphBuilder(used_names=["X", LABEL, DUAL, DUAL_NEG, LOSS], prefix="dual_")
+    b = GraphBuilder(used_names=["X", LABEL, DUAL, DUAL_NEG, DUAL_DIAG, LOSS], prefix="dual_")
     inits = [numpy_helper.from_array(np.zeros((n_samples, n_outputs), f64), DUAL)]
     if epsilon is None:
         signed = b.op("Mul", [DUAL, LABEL])
@@ -586,11 +591,17 @@ def svm_dual_objective(n_features, n_samples, n_outputs, epsilon=None):
     w = b.op("MatMul", [b.op("Transpose", ["X"], perm=[1, 0]), signed])
     half = b.op("Mul", [b.const(0.5, f64), b.reduce("ReduceSum", b.op("Mul", [w, w]),
                                                     keepdims=0)])
+    inputs = [helper.make_tensor_value_info("X", TensorProto.DOUBLE, ["N", n_features]),
+              helper.make_tensor_value_info(LABEL, TensorProto.DOUBLE, ["N", n_outputs])]
+    if squared:
+        diagonal = b.reduce("ReduceSum", b.op("Mul", [DUAL_DIAG, b.op("Mul", [DUAL, DUAL])]),
+                            keepdims=0)
+        half = b.op("Add", [half, diagonal])
+        inputs.append(helper.make_tensor_value_info(DUAL_DIAG, TensorProto.DOUBLE,
+                                                    ["N", n_outputs]))
     b.op("Sub", [half, linear], outputs=[LOSS])
     graph = helper.make_graph(
-        b.nodes, "dual",
-        [helper.make_tensor_value_info("X", TensorProto.DOUBLE, ["N", n_features]),
-         helper.make_tensor_value_info(LABEL, TensorProto.DOUBLE, ["N", n_outputs])],
+        b.nodes, "dual", inputs,
         [helper.make_tensor_value_info(LOSS, TensorProto.DOUBLE, [])], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", DEFAULT_OPSET)])
     return finalize_model(model)

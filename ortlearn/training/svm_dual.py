@@ -16,7 +16,8 @@ import numpy as np
 from .lbfgs import minimize_lbfgs
 from .result import CALLBACK, CONVERGED, MAX_ITER, SolverResult
 
-__all__ = ["POLISH_BANDS", "POLISH_ROUNDS", "polish", "primal_value", "solve_svm_dual"]
+__all__ = ["POLISH_BANDS", "POLISH_ROUNDS", "polish", "polish_squared_hinge", "primal_value",
+           "solve_svm_dual"]
 
 
 #: Widths of the band of margins taken as "on the margin" by the polish.
@@ -81,8 +82,54 @@ def polish(X, Y, cost, coef, epsilon):
     return best
 
 
+def polish_squared_hinge(gram, signs, cost, dual_of_margins):
+    """The exact dual of the squared hinge where an approximate one identified its support.
+
+    The dual ``min a^T (Q + D) a / 2 - sum(a)``, ``a >= 0``, with ``Q = S G S``
+    (``G`` the rows' Gram matrix, ``S`` the signs) and ``D = 1 / (2 C)``, is a
+    linear system on the rows whose ``a_i > 0`` (the support: the rows inside
+    the margin): ``(Q + D)_FF a_F = 1``. ``dual_of_margins`` gives each
+    column's approximate ``a`` (``2 C max(0, 1 - margin)``, the optimality
+    condition); the support is taken from it, solved, and kept while it is
+    consistent: every ``a_F > 0`` and every other row outside the margin
+    (gradient ``(Q a)_i - 1 >= 0``), for up to :data:`POLISH_ROUNDS` supports.
+    A column whose support never settles keeps its approximate ``a``.
+
+    Parameters
+    ----------
+    gram : numpy.ndarray of shape (n_samples, n_samples)
+    signs, cost : numpy.ndarray of shape (n_samples, n_problems)
+    dual_of_margins : numpy.ndarray of shape (n_samples, n_problems)
+
+    Returns
+    -------
+    numpy.ndarray of shape (n_samples, n_problems)
+        The dual variables.
+    """
+    result = dual_of_margins.copy()
+    for k in range(signs.shape[1]):
+        s, c = signs[:, k], cost[:, k]
+        hessian = np.outer(s, s) * gram
+        hessian[np.diag_indices_from(hessian)] += np.divide(0.5, c, out=np.zeros_like(c),
+                                                            where=c > 0)
+        support = (dual_of_margins[:, k] > 0) & (c > 0)
+        for _ in range(POLISH_ROUNDS):
+            a = np.zeros_like(c)
+            if support.any():
+                block = hessian[np.ix_(support, support)]
+                a[support] = np.linalg.lstsq(block, np.ones(support.sum()), rcond=None)[0]
+            gradient = hessian @ a - 1.0
+            outside = ~support & (c > 0)
+            if (a[support] > 0).all() and (gradient[outside] >= -1e-12).all():
+                result[:, k] = a
+                break
+            support = ((a > 0) & support) | (outside & (gradient < 0))
+    return result
+
+
 def solve_svm_dual(model, trainable, X, Y, cost, epsilon=None, *, primal, tol, callback=None,
-                   label="y", loss_output="loss", **lbfgs_options):
+                   label="y", loss_output="loss", diagonal=None, n_features=None,
+                   **lbfgs_options):
     """Each column of ``Y`` a problem: L-BFGS-B on its dual, then the exact polish.
 
     Parameters
@@ -110,6 +157,13 @@ def solve_svm_dual(model, trainable, X, Y, cost, epsilon=None, *, primal, tol, c
         ends every problem there, unpolished.
     label, loss_output : str, default='y', 'loss'
         The label input and the loss output of ``model``.
+    diagonal : tuple of (str, numpy.ndarray), default=None
+        The squared hinge's dual: ``(input name, 1 / (4 C))`` of shape
+        ``(n_samples, n_problems)``, fed to ``model``; its dual variables have no
+        upper bound, and its primal is smooth: no polish.
+    n_features : int, default=None
+        The length of ``w~`` when ``X`` is not the data itself (a factor of
+        the rows' Gram matrix); None: ``X.shape[1]``.
     **lbfgs_options
         More options of :func:`~ortlearn.training.minimize_lbfgs` (``max_iter``,
         ``ftol``, ``maxls``, ``device``, ``verbose``, ``remedy``).
@@ -123,11 +177,17 @@ def solve_svm_dual(model, trainable, X, Y, cost, epsilon=None, *, primal, tol, c
         ``status``: ``'callback'`` when ``callback`` asked to stop, else
         ``'converged'`` or ``'max_iter'``.
     """
-    n_features, n_problems = X.shape[1], Y.shape[1]
+    n_features, n_problems = n_features or X.shape[1], Y.shape[1]
     coef, n_iter, loss, stopped = np.zeros((n_features, n_problems)), 0, 0.0, False
     converged = True
     for k in range(n_problems):
-        bounds = {name: (0.0, cost[:, [k]]) for name in trainable}
+        # the squared hinge's a_i is unbounded, and 0 where the row weighs nothing
+        high = np.where(cost[:, [k]] > 0, np.inf, 0.0) if diagonal else cost[:, [k]]
+        bounds = {name: (0.0, high) for name in trainable}
+        arrays, names = [X, np.ascontiguousarray(Y[:, [k]])], ["X", label]
+        if diagonal:
+            arrays.append(np.ascontiguousarray(diagonal[1][:, [k]]))
+            names.append(diagonal[0])
 
         def stop(weights, k=k):
             nonlocal stopped
@@ -135,7 +195,7 @@ def solve_svm_dual(model, trainable, X, Y, cost, epsilon=None, *, primal, tol, c
             return stopped
 
         result = minimize_lbfgs(
-            model, trainable, None, [X, np.ascontiguousarray(Y[:, [k]])], ["X", label],
+            model, trainable, None, arrays, names,
             loss_output=loss_output, bounds=bounds, tol=tol,
             callback=None if callback is None else stop, **lbfgs_options)
         coef[:, k] = primal(result.weights, k)
@@ -143,7 +203,7 @@ def solve_svm_dual(model, trainable, X, Y, cost, epsilon=None, *, primal, tol, c
         converged &= bool(result.converged)
         if stopped:
             return SolverResult(coef, n_iter, loss, False, CALLBACK)
-    for _ in range(POLISH_ROUNDS):  # each round's partition from the last's w~
+    for _ in range(0 if diagonal else POLISH_ROUNDS):  # each round's partition from the last's w~
         polished = polish(X, Y, cost, coef, epsilon)
         if np.array_equal(polished, coef):
             break

@@ -13,6 +13,7 @@ import warnings
 
 import numpy as np
 import pytest
+import scipy.sparse
 from counterparts import (
     RTOL,
     assert_reaches,
@@ -29,6 +30,7 @@ from sklearn.svm import LinearSVC, LinearSVR
 from sklearn.utils.class_weight import compute_class_weight
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
+import ortlearn.estimators._svm as svm_module
 from ortlearn.estimators import (
     OrtElasticNet,
     OrtLasso,
@@ -36,6 +38,7 @@ from ortlearn.estimators import (
     OrtLinearSVR,
     OrtQuantileRegressor,
 )
+from ortlearn.training.svm_dual import polish_squared_hinge
 
 PAIRS = [
     (OrtLasso, Lasso),
@@ -198,6 +201,47 @@ def test_svc_objective(dataset, params, weighted):
     assert isinstance(ort.n_iter_, int)
     assert_array_equal(ort.classes_, sk.classes_)
     assert np.mean(ort.predict(X) == sk.predict(X)) >= 0.98
+
+
+def _wide_rows(sparse):
+    """Fewer rows than columns: 60 rows of 3 000 sparse columns, or 40 dense rows of 600."""
+    rng = np.random.default_rng(0)
+    if sparse:
+        X = scipy.sparse.random(60, 3000, density=0.01, format="csr", random_state=0)
+    else:
+        X = rng.standard_normal((40, 600))
+    return X, np.arange(X.shape[0]) % 3
+
+
+@pytest.mark.parametrize("sparse", [True, False])
+@pytest.mark.parametrize("params, weighted", [
+    ({}, False),
+    ({"C": 0.1, "class_weight": "balanced", "intercept_scaling": 2.0}, True),
+    ({"fit_intercept": False}, False),
+])
+def test_svc_wide_data_solves_the_squared_hinge_dual(sparse, params, weighted, monkeypatch):
+    """Fewer rows than columns (scikit-learn's dual='auto' rule): the squared hinge's dual
+    through the rows' Gram matrix, its support solved exactly, reaches liblinear's minimum
+    (3 classes, weighted rows, one of them weighing nothing); dual=False solves the primal,
+    to the same minimum."""
+    X, y = _wide_rows(sparse)
+    sw, weights = sample_weights(len(y), weighted)
+    if weighted:
+        sw[3] = weights[3] = 0.0
+    polished = []
+    monkeypatch.setattr(svm_module, "polish_squared_hinge",
+                        lambda *a: polished.append(1) or polish_squared_hinge(*a))
+    ort, sk = fit_both(OrtLinearSVC, LinearSVC, X, y, sw, tol=1e-8, max_iter=100_000,
+                       **params)
+    args = (X, y, params.get("C", 1.0), "squared_hinge", params.get("class_weight"),
+            params.get("intercept_scaling", 1.0), weights)
+    assert polished and ort.coef_.shape == (3, X.shape[1])
+    assert abs(_svc_objective(ort, *args) - _svc_objective(sk, *args)) <= 1e-9 * abs(
+        _svc_objective(sk, *args))
+    assert abs(ort.loss_ - _svc_objective(sk, *args)) <= 1e-9 * abs(_svc_objective(sk, *args))
+    primal, _ = fit_both(OrtLinearSVC, LinearSVC, X, y, sw, dual=False, **params)
+    assert len(polished) == 1
+    assert_reaches(_svc_objective(primal, *args), _svc_objective(sk, *args))
 
 
 @pytest.mark.parametrize("dataset", ["breast_cancer", "iris"])
