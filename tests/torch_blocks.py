@@ -119,33 +119,40 @@ class UNetDecoder(nn.Module):
         return self.conv(torch.cat([up, x], dim=1))
 
 
-class PooledMax(nn.Module):
+class _ConvPoolHead(nn.Module):
+    """A convolution, ``AdaptiveAvgPool2d`` to ``grid`` and a linear head of ``head_in``
+    features; the subclasses say what reaches the head."""
+
+    def __init__(self, grid, head_in, dim=4):
+        super().__init__()
+        self.conv = nn.Conv2d(3, dim, 3, padding=1)
+        self.pool = nn.AdaptiveAvgPool2d(grid)
+        self.head = nn.Linear(dim * head_in, 2)
+
+    def pooled(self, x):
+        return self.pool(F.relu(self.conv(x)))
+
+
+class PooledMax(_ConvPoolHead):
     """``AdaptiveAvgPool2d`` to a grid larger than 1x1, ``torch.max`` over a dimension."""
 
     def __init__(self, dim=4):
-        super().__init__()
-        self.conv = nn.Conv2d(3, dim, 3, padding=1)
-        self.pool = nn.AdaptiveAvgPool2d((2, 3))
-        self.head = nn.Linear(dim * 3, 2)
+        super().__init__((2, 3), 3, dim)
 
     def forward(self, x):
-        pooled = self.pool(F.relu(self.conv(x)))  # (N, dim, 2, 3)
-        values, _ = torch.max(pooled, dim=2)
+        values, _ = torch.max(self.pooled(x), dim=2)  # (N, dim, 2, 3) -> (N, dim, 3)
         return self.head(values.flatten(1))
 
 
-class WindowedPool(nn.Module):
+class WindowedPool(_ConvPoolHead):
     """``AdaptiveAvgPool2d`` to a size that does not divide the map's (24 x 24 to 5 x 7):
     the dynamo exporter sums each window's elements one scalar-index Gather at a time."""
 
     def __init__(self, dim=4):
-        super().__init__()
-        self.conv = nn.Conv2d(3, dim, 3, padding=1)
-        self.pool = nn.AdaptiveAvgPool2d((5, 7))
-        self.head = nn.Linear(dim * 35, 2)
+        super().__init__((5, 7), 35, dim)
 
     def forward(self, x):
-        return self.head(self.pool(F.relu(self.conv(x))).flatten(1))
+        return self.head(self.pooled(x).flatten(1))
 
 
 class PooledConv(nn.Module):
