@@ -146,13 +146,26 @@ def _structure_key(estimator, weights: dict, dtype, n_features: int, target_opse
             np.asarray(w).nbytes for w in weights.values()) > _CONVERTED_MAX_WEIGHT_BYTES:
         return None
     fitted = [_fingerprint(getattr(estimator, name, None)) for name in _STRUCTURAL_ATTRIBUTES]
-    return (type(estimator).__module__, type(estimator).__qualname__,
-            _fingerprint(estimator.get_params(deep=False)),
+    params = {name: value for name, value in estimator.get_params(deep=False).items()
+              if name not in _TRAINING_ONLY_PARAMS}
+    return (type(estimator).__module__, type(estimator).__qualname__, _fingerprint(params),
             tuple((name, np.shape(w), np.asarray(w).dtype.str) for name, w in weights.items()),
             tuple(fitted), _is_multilabel(estimator), np.dtype(dtype).str, n_features,
             target_opset)
 
 
+#: Parameters skl2onnx's converters of :data:`SUPPORTED_ESTIMATORS` never read (they read
+#: the fitted weights, ``loss``, ``activation``, ``solver`` and ``multi_class``): fits that
+#: differ only in these (a search's grid, seeds, folds) share one conversion. Any other
+#: parameter keys the graph, so a parameter a later converter reads converts anew.
+_TRAINING_ONLY_PARAMS = frozenset({
+    "alpha", "average", "batch_size", "beta_1", "beta_2", "C", "class_weight", "copy_X",
+    "dual", "early_stopping", "epsilon", "eta0", "intercept_scaling", "l1_ratio",
+    "learning_rate", "learning_rate_init", "max_fun", "max_iter", "momentum",
+    "n_iter_no_change", "n_jobs", "nesterovs_momentum", "penalty", "positive", "power_t",
+    "precompute", "random_state", "selection", "shuffle", "tol", "validation_fraction",
+    "verbose", "warm_start",
+})
 #: Fitted attributes (besides the weights) the converted graph depends on.
 _STRUCTURAL_ATTRIBUTES = ("classes_", "out_activation_", "n_outputs_", "n_layers_")
 
