@@ -5,8 +5,8 @@ Usage::
     python -m benchmarks.edge [--hidden 64] [--batch 32] [--steps 300] [--reps 5]
                               [--threads 1] [--out benchmark_results]
 
-An ``OrtMLPClassifier`` fitted one epoch on digits is exported (``export_artifacts``, the
-optimizer model in its tensor layout); then, ``--reps`` times and alternately, the same
+An ``OrtMLPClassifier`` fitted one epoch on digits is exported (``export_web``: the optimizer
+model in its flat layout, three vectors a step); then, ``--reps`` times and alternately, the same
 ``--steps`` steps (``lazy_reset_grad``, a training step on a batch, an optimizer step) run in
 Python with ``ortlearn.TrainingSession`` and in Node with ``js/``'s ``TrainingSession`` on
 onnxruntime-node (``js/tools/train_steps.mjs --time``). Each side times its own loop, after 3
@@ -37,13 +37,11 @@ WARMUP = 3
 
 def export(directory: Path, hidden: int, batch: int):
     """The artifacts of a digits MLP and the batches of the run: ``(batches, file)``."""
-    import onnx
     from safetensors.numpy import save_file
     from sklearn.datasets import load_digits
     from sklearn.exceptions import ConvergenceWarning
 
     from ortlearn import OrtMLPClassifier
-    from ortlearn.optim import unpack_optimizer_model
 
     X, y = load_digits(return_X_y=True)
     X = (X / 16).astype(np.float32)
@@ -51,9 +49,8 @@ def export(directory: Path, hidden: int, batch: int):
         warnings.simplefilter("ignore", ConvergenceWarning)
         est = OrtMLPClassifier(hidden_layer_sizes=(hidden,), batch_size=batch, max_iter=1,
                                random_state=0).fit(X, y)
-    est.export_artifacts(directory)
-    path = directory / "optimizer_model.onnx"
-    onnx.save(unpack_optimizer_model(onnx.load(path)), path)
+    # what `python -m ortlearn export-web` writes: the optimizer model in the flat layout
+    est.export_web(directory, X, y)
     rng = np.random.default_rng(0)
     batches = []
     for _ in range(16):

@@ -2,8 +2,8 @@
 // onnxruntime-node / onnxruntime-web InferenceSession, for ortlearn's training artifacts
 // (doc/artifacts_format.md). It mirrors ortlearn's Python TrainingSession
 // (ortlearn/training/session.py): gradient accumulation with a lazy reset, the optimizer
-// model in its tensor layout, the checkpoint, the federated-learning buffer calls and the
-// inference model export.
+// model in its tensor or flat layout, the checkpoint, the federated-learning buffer calls and
+// the inference model export.
 //
 // The library imports no onnxruntime package: the caller passes the `ort` namespace
 // (`import * as ort from 'onnxruntime-node'` or 'onnxruntime-web'), so one source runs in Node
@@ -26,6 +26,8 @@ const UPDATED_SUFFIX = '.updated';
 const TRAINING_METADATA_KEY = 'ortlearn.training';
 const OPTIMIZER_METADATA_KEY = 'ortlearn.optimizer';
 const SEQUENCE_INPUTS = ['params', 'gradients', 'first_order_moments', 'second_order_moments'];
+// the one parameter of the flat layout: every parameter end to end
+const FLAT_PARAMS = 'params';
 const DEFAULT_LEARNING_RATE = 1e-3;
 const LAST_STEP = 2n ** 63n - 1n;
 const FLOAT32_MAX = 3.4028234663852886e38;
@@ -153,6 +155,11 @@ function isTensorLike(v) {
 function usesWebGpu(options) {
   const eps = options?.executionProviders ?? [];
   return eps.some((ep) => (typeof ep === 'string' ? ep : ep?.name) === 'webgpu');
+}
+
+/** A tensor's values on the host: a CPU tensor's own array, without a wait. */
+async function hostData(tensor) {
+  return tensor.location === 'cpu' ? tensor.data : tensor.getData();
 }
 
 /** Release a tensor we own once replaced: frees GPU memory; a CPU one is left to the GC. */
@@ -378,7 +385,10 @@ export class TrainingSession {
   async _attachOptimizer(optimizerModel) {
     const bytes = asModelBytes(optimizerModel, 'optimizer');
     const io = readGraphIO(bytes);
-    const sequences = io.inputs.filter((i) => i.kind === 'sequence' || SEQUENCE_INPUTS.includes(i.name));
+    const meta = parseJsonMetadata(readMetadata(bytes), OPTIMIZER_METADATA_KEY, 'optimizer');
+    // the flat layout's one vector is called 'params', as the sequence of all parameters
+    const sequences = io.inputs.filter((i) => i.kind === 'sequence'
+      || (meta?.layout !== 'flat' && SEQUENCE_INPUTS.includes(i.name)));
     if (sequences.length) {
       throw new Error('The optimizer model is in the sequence layout (its inputs '
         + `${JSON.stringify(sequences.map((i) => i.name))} are tensor sequences, onnxruntime-`
@@ -387,7 +397,6 @@ export class TrainingSession {
         + 'ARTIFACTS_DIR`, or in Python `onnx.save(ortlearn.optim.unpack_optimizer_model('
         + 'onnx.load("optimizer_model.onnx")), "optimizer_model.onnx")`.');
     }
-    const meta = parseJsonMetadata(readMetadata(bytes), OPTIMIZER_METADATA_KEY, 'optimizer');
     if (meta === null) {
       throw new Error(`The optimizer model has no metadata_props[${JSON.stringify(OPTIMIZER_METADATA_KEY)}]: `
         + 'it was not written by ortlearn.artifacts.generate_artifacts.');
@@ -396,6 +405,7 @@ export class TrainingSession {
       params: stringList(meta.params ?? [], 'the optimizer metadata\'s params'),
       states: stringList(meta.states ?? [], 'the optimizer metadata\'s states'),
       hyper: meta.hyper && typeof meta.hyper === 'object' ? meta.hyper : {},
+      flat: meta.layout === 'flat',
     };
     const trainable = this._trainLayout.trainable;
     if ([...layout.params].sort().join('\u0000') !== [...trainable].sort().join('\u0000')) {
@@ -405,23 +415,31 @@ export class TrainingSession {
     }
     const inputs = new Map(io.inputs.map((i) => [i.name, i]));
     const outputs = new Set(io.outputs.map((o) => o.name));
-    const wanted = [LEARNING_RATE, STEP, ...trainable.flatMap((p) => [p, `${p}${GRADIENT_SUFFIX}`,
+    const updatedNames = layout.flat ? [FLAT_PARAMS] : trainable;
+    const wanted = [LEARNING_RATE, STEP, ...updatedNames.flatMap((p) => [p, `${p}${GRADIENT_SUFFIX}`,
       ...layout.states.map((s) => `${p}.${s}`)])];
-    const wantedOut = trainable.flatMap((p) => [`${p}${UPDATED_SUFFIX}`,
+    const wantedOut = updatedNames.flatMap((p) => [`${p}${UPDATED_SUFFIX}`,
       ...layout.states.map((s) => `${p}.${s}${UPDATED_SUFFIX}`)]);
     const missing = [...wanted.filter((n) => !inputs.has(n)), ...wantedOut.filter((n) => !outputs.has(n))];
     if (missing.length) {
       throw new Error(`The optimizer model lacks the inputs or outputs ${JSON.stringify(missing)}.`);
     }
     const saved = this._checkSavedOptimizer(layout);
-    /** @type {Map<string, Map<string, OrtTensor>>} */
-    this._optStates = new Map(trainable.map((p) => {
-      const { dtype, shape } = this._paramTypes.get(p);
-      return [p, new Map(layout.states.map((s) => {
-        const value = saved?.states.get(p).get(s);
-        return [s, value ? this._tensor(dtype, value.data.slice(), [...shape]) : this._zeros(dtype, shape)];
-      }))];
-    }));
+    let sessionOptions = this._sessionOptions;
+    if (layout.flat) {
+      this._flat = this._flatLayout(layout, meta.shapes, inputs.get(FLAT_PARAMS).dtype, saved);
+      // the updated vector is cut into the parameters' views on the host
+      sessionOptions = { ...sessionOptions, preferredOutputLocation: 'cpu' };
+    } else {
+      /** @type {Map<string, Map<string, OrtTensor>>} */
+      this._optStates = new Map(trainable.map((p) => {
+        const { dtype, shape } = this._paramTypes.get(p);
+        return [p, new Map(layout.states.map((s) => {
+          const value = saved?.states.get(p).get(s);
+          return [s, value ? this._tensor(dtype, value.data.slice(), [...shape]) : this._zeros(dtype, shape)];
+        }))];
+      }));
+    }
     this._step = saved ? BigInt(saved.step) : 0n;
     const lr = saved ? saved.learningRate : (typeof layout.hyper.lr === 'number'
       ? layout.hyper.lr : DEFAULT_LEARNING_RATE);
@@ -440,7 +458,57 @@ export class TrainingSession {
     this._lrTensor = this._tensor('float32', new Float32Array([lr]), this._scalarShape[LEARNING_RATE]);
     this._optimizerLayout = layout;
     this._optimizerBytes = bytes;
-    this._optimizer = await this._ort.InferenceSession.create(bytes, this._sessionOptions);
+    this._optimizer = await this._ort.InferenceSession.create(bytes, sessionOptions);
+  }
+
+  /**
+   * Where each parameter lies in the flat layout's vector, and its optimizer states as vectors.
+   * @returns {{names: string[], offsets: number[], sizes: number[], dtype: string,
+   *   gradient: ArrayLike<number>, views: OrtTensor[], states: Map<string, OrtTensor>}}
+   */
+  _flatLayout(layout, shapes, dtype, saved) {
+    if (!Array.isArray(shapes) || shapes.length !== layout.params.length) {
+      throw new Error('The flat optimizer model\'s metadata lacks the parameters\' "shapes" (one '
+        + 'per parameter): write it with ortlearn.optim.build_optimizer_model(..., layout="flat").');
+    }
+    const offsets = [];
+    const sizes = [];
+    let total = 0;
+    layout.params.forEach((p, i) => {
+      const { dtype: own, shape } = this._paramTypes.get(p);
+      if (own !== dtype || !Array.isArray(shapes[i]) || shapes[i].join() !== shape.join()
+          || shapes[i].length !== shape.length) {
+        throw new Error(`The flat optimizer model holds ${p} as ${dtype} [${shapes[i]}]; the training `
+          + `model declares ${own} [${shape}]. Export the optimizer model of these artifacts again.`);
+      }
+      offsets.push(total);
+      sizes.push(sizeOf(shape));
+      total += sizeOf(shape);
+    });
+    const { array } = DTYPES.get(dtype);
+    const states = new Map(layout.states.map((s) => {
+      const data = new array(total);
+      if (saved) layout.params.forEach((p, i) => data.set(saved.states.get(p).get(s).data, offsets[i]));
+      return [s, this._tensor(dtype, data, [total])];
+    }));
+    return {
+      names: layout.params, offsets, sizes, dtype, gradient: new array(total), views: [], states,
+    };
+  }
+
+  /** The optimizer state of each parameter: `[param, state, OrtTensor]` (views in the flat layout). */
+  * _optimizerStates() {
+    if (!this._flat) {
+      for (const [p, st] of this._optStates) for (const [s, tensor] of st) yield [p, s, tensor];
+      return;
+    }
+    const { names, offsets, sizes, states } = this._flat;
+    for (const [i, p] of names.entries()) {
+      const { dtype, shape } = this._paramTypes.get(p);
+      for (const [s, vector] of states) {
+        yield [p, s, this._tensor(dtype, vector.data.subarray(offsets[i], offsets[i] + sizes[i]), [...shape])];
+      }
+    }
   }
 
   _checkSavedOptimizer(layout) {
@@ -547,7 +615,8 @@ export class TrainingSession {
       throw new TypeError(`${what} takes its inputs as an object {name: ort.Tensor} or an array `
         + `in the order ${JSON.stringify(names)}.`);
     }
-    const declared = new Map(io.inputs.map((i) => [i.name, i]));
+    io.byName ??= new Map(io.inputs.map((i) => [i.name, i]));
+    const declared = io.byName;
     const symbols = new Map();
     const out = {};
     for (const name of names) {
@@ -617,29 +686,35 @@ export class TrainingSession {
       this._requireValues('runTrainStep');
       const layout = this._trainLayout;
       const user = this._userFeeds(feeds, layout, this._trainIO, 'runTrainStep');
-      const inputs = { ...user };
-      for (const name of [...layout.trainable, ...layout.frozen]) inputs[name] = this._params.get(name);
-      for (const name of layout.trainable) inputs[`${name}${GRAD_BUFFER_SUFFIX}`] = this._grads.get(name);
+      // the names of a step, made once: a step of a small model takes tens of microseconds
+      const names = layout.stepNames ??= {
+        params: [...layout.trainable, ...layout.frozen],
+        buffers: layout.trainable.map((n) => `${n}${GRAD_BUFFER_SUFFIX}`),
+        gradOut: layout.trainable.map((n) => `${n}${GRAD_OUTPUT_SUFFIX}`),
+        updatedOut: layout.updated.map((n) => `${n}${UPDATED_SUFFIX}`),
+        inputGradOut: layout.inputGrads.map((n) => `${n}${GRAD_OUTPUT_SUFFIX}`),
+      };
+      names.fetches ??= [...layout.userOutputs, ...names.gradOut, ...names.updatedOut,
+        ...names.inputGradOut];
+      const inputs = user;
+      for (const name of names.params) inputs[name] = this._params.get(name);
+      layout.trainable.forEach((n, i) => { inputs[names.buffers[i]] = this._grads.get(n); });
       for (const name of layout.inputGrads) {
         // an input's gradient is the step's own: its buffer is zeros
         inputs[`${name}${GRAD_BUFFER_SUFFIX}`] = this._zeros(user[name].type, user[name].dims);
       }
       inputs[LAZY_RESET_GRAD] = this._resetPending ? this._resetTrue : this._resetFalse;
-      const gradOut = layout.trainable.map((n) => `${n}${GRAD_OUTPUT_SUFFIX}`);
-      const updatedOut = layout.updated.map((n) => `${n}${UPDATED_SUFFIX}`);
-      const inputGradOut = layout.inputGrads.map((n) => `${n}${GRAD_OUTPUT_SUFFIX}`);
-      const results = await this._trainSess.run(inputs,
-        [...layout.userOutputs, ...gradOut, ...updatedOut, ...inputGradOut]);
+      const results = await this._trainSess.run(inputs, names.fetches);
       layout.trainable.forEach((n, i) => {
         drop(this._grads.get(n));
-        this._grads.set(n, results[gradOut[i]]);
+        this._grads.set(n, results[names.gradOut[i]]);
       });
       layout.updated.forEach((n, i) => {
         drop(this._params.get(n));
-        this._params.set(n, results[updatedOut[i]]);
+        this._params.set(n, results[names.updatedOut[i]]);
       });
       for (const t of this._inputGrads.values()) drop(t);
-      this._inputGrads = new Map(layout.inputGrads.map((n, i) => [n, results[inputGradOut[i]]]));
+      this._inputGrads = new Map(layout.inputGrads.map((n, i) => [n, results[names.inputGradOut[i]]]));
       this._resetPending = false;
       return Object.fromEntries(layout.userOutputs.map((n) => [n, results[n]]));
     });
@@ -687,6 +762,11 @@ export class TrainingSession {
         [LEARNING_RATE]: this._lrTensor,
         [STEP]: this._tensor('int64', new BigInt64Array([this._step + 1n]), this._scalarShape[STEP]),
       };
+      if (this._flat) {
+        await this._flatOptimizerStep(feeds);
+        this._step += 1n;
+        return;
+      }
       const fetches = [];
       for (const p of layout.params) {
         feeds[p] = this._params.get(p);
@@ -707,6 +787,38 @@ export class TrainingSession {
         }
       }
       this._step += 1n;
+    });
+  }
+
+  /**
+   * One run of a flat-layout optimizer model: three vectors cross into onnxruntime whatever
+   * the number of parameters; the parameters become views of the updated vector.
+   */
+  async _flatOptimizerStep(feeds) {
+    const flat = this._flat;
+    const { names, offsets, sizes, dtype } = flat;
+    const total = flat.gradient.length;
+    // the last update's vector, unless a parameter was replaced since (loadParametersBuffer)
+    let vector = flat.vector;
+    if (!vector || names.some((p, i) => this._params.get(p) !== flat.views[i])) {
+      vector = new (DTYPES.get(dtype).array)(total);
+      for (const [i, p] of names.entries()) vector.set(await hostData(this._params.get(p)), offsets[i]);
+    }
+    for (const [i, p] of names.entries()) flat.gradient.set(await hostData(this._grads.get(p)), offsets[i]);
+    feeds[FLAT_PARAMS] = this._tensor(dtype, vector, [total]);
+    feeds[`${FLAT_PARAMS}${GRADIENT_SUFFIX}`] = this._tensor(dtype, flat.gradient, [total]);
+    for (const [s, tensor] of flat.states) feeds[`${FLAT_PARAMS}.${s}`] = tensor;
+    const fetches = [`${FLAT_PARAMS}${UPDATED_SUFFIX}`,
+      ...[...flat.states.keys()].map((s) => `${FLAT_PARAMS}.${s}${UPDATED_SUFFIX}`)];
+    const results = await this._optimizer.run(feeds, fetches);
+    for (const s of flat.states.keys()) flat.states.set(s, results[`${FLAT_PARAMS}.${s}${UPDATED_SUFFIX}`]);
+    flat.vector = results[fetches[0]].data;
+    flat.views = names.map((p, i) => {
+      drop(this._params.get(p));
+      const view = this._tensor(dtype, flat.vector.subarray(offsets[i], offsets[i] + sizes[i]),
+        [...this._paramTypes.get(p).shape]);
+      this._params.set(p, view);
+      return view;
     });
   }
 
@@ -909,13 +1021,10 @@ export class TrainingSession {
     }
     if (this._optimizer) {
       const states = new Map();
-      for (const [p, st] of this._optStates) {
+      for (const [p, s, tensor] of this._optimizerStates()) {
         const { dtype, shape } = this._paramTypes.get(p);
-        const out = new Map();
-        for (const [s, tensor] of st) {
-          out.set(s, { dtype, shape: [...shape], data: (await tensor.getData()).slice() });
-        }
-        states.set(p, out);
+        if (!states.has(p)) states.set(p, new Map());
+        states.get(p).set(s, { dtype, shape: [...shape], data: (await tensor.getData()).slice() });
       }
       this._state.optimizerState = {
         step: this._step <= BigInt(Number.MAX_SAFE_INTEGER) ? Number(this._step) : this._step,
@@ -976,6 +1085,7 @@ export class TrainingSession {
     for (const t of this._grads.values()) drop(t);
     for (const t of this._inputGrads.values()) drop(t);
     if (this._optStates) for (const st of this._optStates.values()) for (const t of st.values()) drop(t);
+    if (this._flat) for (const t of this._flat.states.values()) drop(t);
     this._trainSess = this._evalSess = this._optimizer = null;
   }
 }

@@ -212,6 +212,11 @@ class Optimizer(ABC):
     #: Sequence inputs the optimizer model declares even when no state fills
     #: them (onnxruntime-training's SGD model declares ``first_order_moments``).
     declared_sequences: tuple[str, ...] = ()
+    #: Whether :meth:`update_nodes` updates each element from the same element of the
+    #: parameter, gradient and states and the step's scalars only: then one vector of every
+    #: parameter updates as each would (the optimizer model's flat layout). A rule that
+    #: reads a parameter as a whole (a norm, a trust ratio) leaves it False.
+    elementwise: bool = False
 
     def state_sequences(self) -> dict[str, str]:
         """Name of the optimizer model's sequence input holding each state.

@@ -1,6 +1,7 @@
 """``optimizer_model.onnx``: an update rule written as onnxruntime-training's optimizer model
 (the sequence layout, ``doc/artifacts_format.md``), and unpacked to the tensor layout the
-training session runs.
+training session runs; or, for an update applied element by element, in the flat layout
+(every parameter in one vector) that runtimes paying a price per tensor crossing run.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from ..graph import (
     DEFAULT_OPSET,
     GraphBuilder,
     finalize_model,
+    opset_of,
 )
 from ..graph.format import (
     GRADIENT_SUFFIX,
@@ -30,7 +32,9 @@ from ..graph.format import (
 from .base import Optimizer
 
 #: Layouts of the optimizer model (see :func:`build_optimizer_model`).
-LAYOUTS = ("sequence", "tensors")
+LAYOUTS = ("sequence", "tensors", "flat")
+#: The one parameter of the flat layout: every parameter, flattened, end to end.
+FLAT_PARAMS = PARAMS_SEQUENCE
 
 
 def _check_params(optimizer, params) -> None:
@@ -47,11 +51,14 @@ def _check_clashes(names: Sequence[str]) -> None:
         raise ValueError(f"Parameter names clash with other optimizer inputs: {clashes}.")
 
 
-def _metadata(model: onnx.ModelProto, optimizer: Optimizer, names, layout: str) -> None:
+def _metadata(model: onnx.ModelProto, optimizer: Optimizer, names, layout: str,
+              shapes=None) -> None:
     meta = {"type": optimizer.type, "params": list(names), "states": list(optimizer.state_names),
             "hyper": optimizer.hyper, "layout": layout}
     if layout == "sequence":
         meta["sequences"] = optimizer.state_sequences()
+    if shapes is not None:
+        meta["shapes"] = [list(shape) for shape in shapes]
     helper.set_model_props(model, {OPTIMIZER_METADATA_KEY: json.dumps(meta)})
 
 
@@ -88,6 +95,18 @@ def build_optimizer_model(optimizer: Optimizer, params: Mapping[str, tuple[int, 
     ``p.<state>``; outputs ``p.updated`` then ``p.<state>.updated``. Its
     parameters may mix float and double; a sequence holds one element type.
 
+    ``layout='flat'``, for an optimizer whose update is
+    :attr:`~Optimizer.elementwise`, is the tensor layout of one parameter,
+    ``params``: every parameter flattened (row-major) and put end to end in
+    the order of ``params``, its gradient and states likewise. Inputs
+    ``learning_rate``, ``step``, ``params``, ``params.gradient``,
+    ``params.<state>``; outputs ``params.updated``, ``params.<state>.updated``.
+    The update is the same, element for element: three tensors cross into
+    the runtime whatever the number of parameters, which is what a runtime
+    that pays for each crossing (onnxruntime-node, onnxruntime-web) needs.
+    The parameters share one element type and have static shapes, written
+    in the metadata (``"shapes"``).
+
     ``metadata_props['ortlearn.optimizer']`` holds ``{"type", "params",
     "states", "hyper", "layout"}`` (and ``"sequences"``, the sequence of each
     state) as JSON.
@@ -101,7 +120,7 @@ def build_optimizer_model(optimizer: Optimizer, params: Mapping[str, tuple[int, 
         ``{name: (elem_type, shape)}`` in the order of the trainable
         parameters; ``elem_type`` is ``TensorProto.FLOAT`` or ``DOUBLE``,
         ``shape`` a list of ints, symbolic names or None (dynamic dims).
-    layout : {'sequence', 'tensors'}, default='sequence'
+    layout : {'sequence', 'tensors', 'flat'}, default='sequence'
         The form of the inputs and outputs.
     opset : int, default=DEFAULT_OPSET
         The model's ai.onnx opset (13 or more): generate_artifacts gives the
@@ -116,8 +135,9 @@ def build_optimizer_model(optimizer: Optimizer, params: Mapping[str, tuple[int, 
     ------
     ValueError
         If ``params`` is empty, two inputs would share a name, the layout is
-        unknown, or (sequence layout) the parameters do not share one
-        element type.
+        unknown, or (sequence and flat layouts) the parameters do not share
+        one element type, or (flat layout) a shape is not static or the
+        update is not element by element.
     TypeError
         If a parameter is not float or double, or ``optimizer`` is not an
         :class:`Optimizer`.
@@ -137,9 +157,51 @@ def build_optimizer_model(optimizer: Optimizer, params: Mapping[str, tuple[int, 
     _check_params(optimizer, params)
     if layout == "tensors":
         return _tensor_model(optimizer, params, opset)
+    if layout == "flat":
+        return _flat_model(optimizer, params, opset)
     if layout != "sequence":
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}.")
     return _sequence_model(optimizer, params, opset)
+
+
+def _one_element_type(params, layout: str) -> int:
+    elem_types = {params[p][0] for p in params}
+    if len(elem_types) > 1:
+        found = {p: TensorProto.DataType.Name(params[p][0]) for p in params}
+        raise ValueError(
+            f"The {layout} layout of the optimizer model holds the parameters in one tensor "
+            f"{'sequence' if layout == 'sequence' else 'vector'}, of one element type; the "
+            f"parameters have {found}. Give them one type (cast the model's initializers), or "
+            "build the model with layout='tensors'.")
+    return elem_types.pop()
+
+
+def _flat_model(optimizer: Optimizer, params, opset: int) -> onnx.ModelProto:
+    if not optimizer.elementwise:
+        raise ValueError(
+            f"{optimizer.type} does not declare its update element by element "
+            "(Optimizer.elementwise): updating one vector of every parameter could differ "
+            "from updating each; build the model with layout='tensors'.")
+    if optimizer.clip_grad is not None:
+        raise ValueError(
+            "The flat layout would sum the squares of clip_grad's global norm in another "
+            "order than the tensor layout (another rounding); build the model with "
+            "layout='tensors'.")
+    elem = _one_element_type(params, "flat")
+    shapes = [list(shape) for _, shape in params.values()]
+    dynamic = {p: shape for p, shape in zip(params, shapes)
+               if not all(isinstance(d, (int, np.integer)) and d >= 0 for d in shape)}
+    if dynamic:
+        raise ValueError(f"The flat layout needs static parameter shapes (it writes where each "
+                         f"parameter lies in the vector); got {dynamic}.")
+    if opset < 14 and any(0 in shape for shape in shapes):
+        raise ValueError("A parameter without elements is cut out of the flat vector by a "
+                         "Reshape with allowzero, which needs opset 14 or more.")
+    size = sum(int(np.prod(shape, dtype=np.int64)) for shape in shapes)
+    model = _tensor_model(optimizer, {FLAT_PARAMS: (elem, [size])}, opset)
+    del model.metadata_props[:]
+    _metadata(model, optimizer, list(params), "flat", shapes)
+    return model
 
 
 def _tensor_model(optimizer: Optimizer, params, opset: int) -> onnx.ModelProto:
@@ -176,15 +238,7 @@ def _finish(builder, inputs, outputs, optimizer, names, layout,
 
 def _sequence_model(optimizer: Optimizer, params, opset: int) -> onnx.ModelProto:
     names = list(params)
-    elem_types = {params[p][0] for p in names}
-    if len(elem_types) > 1:
-        found = {p: TensorProto.DataType.Name(params[p][0]) for p in names}
-        raise ValueError(
-            "The optimizer model passes the parameters as one tensor sequence (onnxruntime-"
-            f"training's layout), which holds one element type; the parameters have {found}. "
-            "Give them one type (cast the model's initializers), or build the model with "
-            "layout='tensors'.")
-    elem = elem_types.pop()
+    elem = _one_element_type(params, "sequence")
     states, updated_names = _names(optimizer, names)
     sequences = optimizer.state_sequences()
     declared = list(dict.fromkeys([*sequences.values(), *optimizer.declared_sequences]))
@@ -249,7 +303,7 @@ def _constant_ints(graph: onnx.GraphProto) -> dict[str, int]:
 
 
 def unpack_optimizer_model(model: onnx.ModelProto) -> onnx.ModelProto:
-    """The tensor layout of a sequence-layout optimizer model: the same update, no sequences.
+    """The tensor layout of a sequence- or flat-layout optimizer model: the same update.
 
     Each ``SequenceAt(<sequence input>, <constant i>)`` becomes a graph input
     (the tensor it extracted), each ``SequenceConstruct`` feeding a graph
@@ -258,7 +312,12 @@ def unpack_optimizer_model(model: onnx.ModelProto) -> onnx.ModelProto:
     :class:`~ortlearn.training.TrainingSession` runs on tensors bound in
     place on the device (``IOBinding`` has no sequence of device tensors:
     a sequence would be copied through the host at every step). A model
-    already in the tensor layout is returned unchanged.
+    already in the tensor layout is returned unchanged. A flat-layout model
+    (:func:`build_optimizer_model`) gets a tensor-layout front and back: each
+    parameter, gradient and state is flattened into the vector the update
+    reads (``Reshape``, ``Concat``) and each result cut out of the one it
+    writes (``Split``, ``Reshape``), copies that leave every value as the
+    flat update computes it.
 
     Parameters
     ----------
@@ -278,6 +337,9 @@ def unpack_optimizer_model(model: onnx.ModelProto) -> onnx.ModelProto:
         ``SequenceConstruct``.
     """
     graph = model.graph
+    meta = json.loads(_metadata_of(model) or "{}")
+    if meta.get("layout") == "flat":
+        return _unflattened(model, meta)
     seq_inputs = {i.name: i.type.sequence_type.elem_type.tensor_type.elem_type
                   for i in graph.input if i.type.HasField("sequence_type")}
     if not seq_inputs:
@@ -327,12 +389,62 @@ def unpack_optimizer_model(model: onnx.ModelProto) -> onnx.ModelProto:
     for prop in model.metadata_props:
         if prop.key != OPTIMIZER_METADATA_KEY:
             unpacked.metadata_props.add(key=prop.key, value=prop.value)
-    meta = json.loads(_metadata_of(model) or "{}")
     if meta:  # the file now says what it holds: a reader picks the layout from it
         meta["layout"] = "tensors"
         meta.pop("sequences", None)
         unpacked.metadata_props.add(key=OPTIMIZER_METADATA_KEY, value=json.dumps(meta))
     return unpacked
+
+
+def _unflattened(model: onnx.ModelProto, meta: dict) -> onnx.ModelProto:
+    """The tensor layout around the update of a flat-layout model (see
+    :func:`unpack_optimizer_model`)."""
+    graph = model.graph
+    names, shapes, states = meta["params"], meta["shapes"], meta["states"]
+    declared = {i.name: i for i in graph.input}
+    elem = declared[FLAT_PARAMS].type.tensor_type.elem_type
+    into = ["", GRADIENT_SUFFIX, *(f".{s}" for s in states)]  # suffixes of the inputs
+    out_of = [UPDATED_SUFFIX, *(f".{s}{UPDATED_SUFFIX}" for s in states)]
+    inputs = [declared[LEARNING_RATE], declared[STEP]]
+    inputs += [helper.make_tensor_value_info(f"{p}{suffix}", elem, shape)
+               for p, shape in zip(names, shapes) for suffix in into]
+    outputs = [helper.make_tensor_value_info(f"{p}{suffix}", elem, shape)
+               for p, shape in zip(names, shapes) for suffix in out_of]
+    inner = {v for node in graph.node for v in (*node.input, *node.output)}
+    b = GraphBuilder(opset=opset_of(model), prefix="flat_",
+                     used_names=[v.name for v in inputs + outputs] + sorted(inner))
+    # the vectors keep no name of the flat file: a parameter may be called 'params'
+    vector = {f"{FLAT_PARAMS}{suffix}": b.unique_name(f"vector{suffix}")
+              for suffix in into + out_of}
+    row = b.ints([-1], hint="row")
+    for suffix in into:
+        parts = [b.op("Reshape", [f"{p}{suffix}", row]) for p in names]
+        b.op("Concat", parts, outputs=[vector[f"{FLAT_PARAMS}{suffix}"]], axis=0)
+    for node in graph.node:
+        copy = onnx.NodeProto()
+        copy.CopyFrom(node)
+        copy.input[:] = [vector.get(x, x) for x in node.input]
+        copy.output[:] = [vector.get(x, x) for x in node.output]
+        b.nodes.append(copy)
+    sizes = b.ints([int(np.prod(shape, dtype=np.int64)) for shape in shapes], hint="sizes")
+    for suffix in out_of:
+        flat = vector[f"{FLAT_PARAMS}{suffix}"]
+        parts = b.op("Split", [flat, sizes], n_outputs=len(names), axis=0) \
+            if len(names) > 1 else [flat]
+        for p, shape, part in zip(names, shapes, parts):
+            b.op("Reshape", [part, b.ints(shape, hint="shape")], outputs=[f"{p}{suffix}"],
+                 **({"allowzero": 1} if 0 in shape else {}))
+    unpacked = helper.make_model(
+        helper.make_graph(b.nodes, graph.name, inputs, outputs,
+                          initializer=list(graph.initializer)),
+        opset_imports=[helper.make_opsetid("", b.opset)], producer_name=model.producer_name)
+    for prop in model.metadata_props:
+        if prop.key != OPTIMIZER_METADATA_KEY:
+            unpacked.metadata_props.add(key=prop.key, value=prop.value)
+    tensors = {k: v for k, v in meta.items() if k != "shapes"}
+    unpacked.metadata_props.add(key=OPTIMIZER_METADATA_KEY,
+                                value=json.dumps({**tensors, "layout": "tensors"}))
+    return finalize_model(unpacked)
 
 
 def _metadata_of(model: onnx.ModelProto) -> str | None:

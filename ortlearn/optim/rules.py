@@ -64,6 +64,8 @@ class SGD(Optimizer):
     ['learning_rate', 'step', 'W', 'W.gradient', 'W.momentum']
     """
 
+    elementwise = True
+
     def __init__(self, momentum: float = 0.0, nesterov: bool = False, weight_decay: float = 0.0,
                  clip_grad: float | None = None):
         super().__init__(clip_grad)
@@ -105,6 +107,7 @@ class _AdamBase(Optimizer):
     """Moments and bias corrections shared by :class:`Adam` and :class:`AdamW`."""
 
     state_names = ("exp_avg", "exp_avg_sq")
+    elementwise = True
 
     def __init__(self, beta_1, beta_2, epsilon, weight_decay, clip_grad):
         super().__init__(clip_grad)

@@ -22,6 +22,7 @@ from ortlearn.optim import (
     InvScaling,
     LinearLR,
     Optimal,
+    PlainSGD,
     TorchAdamW,
     build_optimizer_model,
     clip_grad_norm,
@@ -322,6 +323,71 @@ def test_sequence_layout_needs_one_element_type():
         build_optimizer_model(AdamW(), spec)
     with pytest.raises(ValueError, match="layout must be one of"):
         build_optimizer_model(AdamW(), spec, layout="seq")
+
+
+#: A matrix, a vector, a scalar, a parameter without elements and one named as the vector
+FLAT_SPEC = {"W": (TensorProto.FLOAT, [4, 3]), "b": (TensorProto.FLOAT, [3]),
+             "scale": (TensorProto.FLOAT, []), "empty": (TensorProto.FLOAT, [2, 0]),
+             "params": (TensorProto.FLOAT, [2])}
+
+
+@pytest.mark.parametrize("optimizer", [SGD(), SGD(momentum=0.9, nesterov=True, weight_decay=0.01),
+                                       Adam(), AdamW(weight_decay=0.1), TorchAdamW()],
+                         ids=["sgd", "nesterov", "adam", "adamw", "torch_adamw"])
+def test_flat_layout_updates_as_the_tensor_layout(rng, optimizer):
+    """Every parameter in one vector (three tensors cross, whatever the parameters); unpacked
+    as TrainingSession runs it, each step's parameters and states are the tensor layout's,
+    bit for bit."""
+    flat = build_optimizer_model(optimizer, FLAT_SPEC, layout="flat")
+    onnx.checker.check_model(flat, full_check=True)
+    states = list(optimizer.state_names)
+    vectors = ["params", "params.gradient", *[f"params.{s}" for s in states]]
+    assert [i.name for i in flat.graph.input] == ["learning_rate", "step", *vectors]
+    assert [o.name for o in flat.graph.output] == [
+        "params.updated", *[f"params.{s}.updated" for s in states]]
+    assert [d.dim_value for d in flat.graph.input[2].type.tensor_type.shape.dim] == [18]
+    meta = json.loads({p.key: p.value for p in flat.metadata_props}["ortlearn.optimizer"])
+    assert meta["layout"] == "flat" and meta["params"] == list(FLAT_SPEC)
+    assert meta["shapes"] == [[4, 3], [3], [], [2, 0], [2]]
+    wrapped = unpack_optimizer_model(flat)
+    onnx.checker.check_model(wrapped, full_check=True)
+    tensors = build_optimizer_model(optimizer, FLAT_SPEC, layout="tensors")
+    for io in ("input", "output"):
+        assert ([v.name for v in getattr(wrapped.graph, io)]
+                == [v.name for v in getattr(tensors.graph, io)])
+    sessions = [ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+                for m in (wrapped, tensors)]
+    names = [o.name for o in tensors.graph.output]
+    start = {p: np.asarray(rng.standard_normal(shape), np.float32)
+             for p, (_, shape) in FLAT_SPEC.items()}
+    start.update({f"{p}.{s}": np.zeros_like(v) for p, v in list(start.items()) for s in states})
+    carried = [dict(start), dict(start)]
+    for step in range(1, 6):
+        grads = {f"{p}.gradient": np.asarray(rng.standard_normal(shape), np.float32)
+                 for p, (_, shape) in FLAT_SPEC.items()}
+        for sess, values in zip(sessions, carried):
+            feeds = {"learning_rate": np.array(0.05, np.float32),
+                     "step": np.array(step, np.int64), **values, **grads}
+            for name, value in zip(names, sess.run(names, feeds)):
+                values[name.removesuffix(".updated")] = value
+        for name in start:
+            np.testing.assert_array_equal(carried[0][name], carried[1][name])
+    assert not np.array_equal(carried[0]["W"], start["W"])
+
+
+def test_flat_layout_refusals():
+    one = {"w": (TensorProto.FLOAT, [3])}
+    with pytest.raises(ValueError, match="PlainSGD does not declare its update element by"):
+        build_optimizer_model(PlainSGD(l1=0.1), one, layout="flat")
+    with pytest.raises(ValueError, match="clip_grad's global norm.*layout='tensors'"):
+        build_optimizer_model(AdamW(clip_grad=1.0), one, layout="flat")
+    with pytest.raises(ValueError, match="flat layout .* one element type.*'b': 'DOUBLE'"):
+        build_optimizer_model(Adam(), {**one, "b": (TensorProto.DOUBLE, [1])}, layout="flat")
+    with pytest.raises(ValueError, match=r"static parameter shapes.*\{'w': \['n', 3\]\}"):
+        build_optimizer_model(Adam(), {"w": (TensorProto.FLOAT, ["n", 3])}, layout="flat")
+    with pytest.raises(ValueError, match="allowzero, which needs opset 14"):
+        build_optimizer_model(Adam(), {"w": (TensorProto.FLOAT, [0, 3])}, layout="flat",
+                              opset=13)
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])

@@ -34,11 +34,9 @@ def test_the_directory_holds_what_the_page_loads(js_dir, tmp_path):
                  "lib/index.js", "lib/training_session.js",
                  *[f"ort/{f}" for f in ORT_WEB_FILES]]:
         assert (out / name).is_file(), name
-    # the optimizer model in its tensor layout, which onnxruntime's JS API can feed
-    optimizer = onnx.load(out / "optimizer_model.onnx")
-    assert not any(i.type.HasField("sequence_type") for i in optimizer.graph.input)
-    meta = json.loads({p.key: p.value for p in optimizer.metadata_props}["ortlearn.optimizer"])
-    assert meta["layout"] == "tensors"
+    # Adam in the flat layout: no sequence (onnxruntime's JS API feeds none), three vectors
+    assert _optimizer_layout(out) == ("flat", ["params", "params.gradient", "params.exp_avg",
+                                               "params.exp_avg_sq"])
     # the data as the training model reads it: float32 rows and class indices
     data = load_file(str(out / "data.safetensors"))
     assert data["X_train"].dtype == np.float32 and data["X_train"].shape == (100, 4)
@@ -65,6 +63,18 @@ def test_a_regressor_and_an_sgd_classifier_export(js_dir, tmp_path):
     Xi, yi = _iris()
     OrtSGDClassifier(max_iter=2, random_state=0).fit(Xi, yi).export_web(tmp_path / "sgd", Xi, yi)
     assert (tmp_path / "sgd" / "index.html").is_file()
+    # scikit-learn's SGD update (its L1 part for the coefficients only) is not element by
+    # element over every parameter: the tensor layout
+    layout, inputs = _optimizer_layout(tmp_path / "sgd")
+    assert layout == "tensors" and inputs[:2] == ["coef", "coef.gradient"]
+
+
+def _optimizer_layout(directory):
+    """The layout the optimizer model's metadata names, and its inputs after lr and step."""
+    optimizer = onnx.load(directory / "optimizer_model.onnx")
+    assert not any(i.type.HasField("sequence_type") for i in optimizer.graph.input)
+    meta = json.loads({p.key: p.value for p in optimizer.metadata_props}["ortlearn.optimizer"])
+    return meta["layout"], [i.name for i in optimizer.graph.input][2:]
 
 
 def test_errors(js_dir, tmp_path):
