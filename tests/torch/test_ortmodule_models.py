@@ -17,46 +17,18 @@ import torch
 import transformers
 from torch_blocks import BLOCKS
 
+from benchmarks.first_call import TRANSFORMERS
 from ortlearn.torch import DebugOptions, ORTModule
 
 
-def _tokens(seed):
-    generator = torch.Generator().manual_seed(seed)
-    return {"input_ids": torch.randint(0, 64, (2, 8), generator=generator)}
+def _transformers_case(make, make_inputs):
+    return (lambda: make(transformers)), (lambda seed: make_inputs(torch, seed))
 
-
-def _pixels(seed):
-    return {"pixel_values": torch.randn(2, 3, 32, 32,
-                                        generator=torch.Generator().manual_seed(seed))}
-
-
-TRANSFORMERS = {
-    # RMSNorm, rotary position embeddings, grouped-query attention, SwiGLU
-    "llama": (lambda: transformers.LlamaForCausalLM(transformers.LlamaConfig(
-        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-        use_cache=False)), _tokens),
-    # a fused QKV projection split in three
-    "gpt2": (lambda: transformers.GPT2LMHeadModel(transformers.GPT2Config(
-        vocab_size=64, n_embd=32, n_layer=2, n_head=4, n_positions=64, resid_pdrop=0.0,
-        embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False)), _tokens),
-    "bert": (lambda: transformers.BertForSequenceClassification(transformers.BertConfig(
-        vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-        intermediate_size=64, max_position_embeddings=64, hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0)), _tokens),
-    # depthwise convolutions, LayerNorm over the channels, mean pooling
-    "convnext": (lambda: transformers.ConvNextForImageClassification(transformers.ConvNextConfig(
-        num_channels=3, hidden_sizes=[8, 16], depths=[1, 1], num_stages=2, num_labels=3,
-        image_size=32)), _pixels),
-    # BatchNorm, residual blocks, adaptive average pooling
-    "resnet": (lambda: transformers.ResNetForImageClassification(transformers.ResNetConfig(
-        num_channels=3, embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], num_labels=3,
-        layer_type="basic")), _pixels),
-}
 
 #: name -> (make, make_input(seed), AdamW steps, learning rate); a transformers export
 #: takes seconds: fewer steps
-CASES = {**{f"transformers_{k}": (*v, 4, 1e-3) for k, v in TRANSFORMERS.items()},
+CASES = {**{f"transformers_{k}": (*_transformers_case(*v), 4, 1e-3)
+            for k, v in TRANSFORMERS.items()},
          **{k: (*v, 20, 1e-2) for k, v in BLOCKS.items()}}
 
 
