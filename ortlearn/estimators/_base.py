@@ -699,10 +699,14 @@ class BaseOrtEstimator(CallbackSupportMixin, BaseEstimator, ABC):
     def _tol(self) -> float:
         return -np.inf if self.tol is None else self.tol
 
+    def _loss_tol(self) -> float:
+        """The drop of the epoch's training loss that counts as an improvement."""
+        return self._tol()
+
     def _update_no_improvement(self, engine, loss: float, validation) -> None:
         """Count epochs without improvement; keep the best weights when early stopping."""
         if validation is None:
-            if loss > self.best_loss_ - self._tol():
+            if loss > self.best_loss_ - self._loss_tol():
                 self._no_improvement_count += 1
             else:
                 self._no_improvement_count = 0

@@ -205,7 +205,10 @@ _COMMON_DOC = """
         ``early_stopping``); None never stops early. The objective is the
         mean of the per-update losses with their sample and class weights
         and the L2 term (scikit-learn sums the unweighted losses and adds
-        the L1 term).
+        the L1 term). With more than two classes the objective sums the
+        one-vs-all columns' and must drop by ``tol`` times their number
+        (scikit-learn stops each column when its own loss stops dropping by
+        ``tol``).
     shuffle : bool, default=True
     verbose : int, default=0
     epsilon : float, default=0.1
@@ -351,7 +354,8 @@ class OrtSGDClassifier(OrtClassifierMixin, BaseOrtSGD):
     More classes: one-vs-all as scikit-learn, one column of scores per
     class and, for each, the binary loss of "this class or not"; the
     objective is their sum (the columns are trained together, on one
-    shuffled order, and stop together). With sample weights ``w`` and the
+    shuffled order, and stop together: when the sum stops dropping by ``tol``
+    per column, see ``tol``). With sample weights ``w`` and the
     class weights ``c`` of each column (of the positive class on its rows,
     1 elsewhere; for two classes those of each class)::
 
@@ -464,6 +468,13 @@ class OrtSGDClassifier(OrtClassifierMixin, BaseOrtSGD):
         if first or not incremental:
             self._expanded_class_weight = compute_class_weight(
                 self.class_weight, classes=self.classes_, y=y)
+
+    def _loss_tol(self) -> float:
+        # scikit-learn stops each one-vs-all column when its own loss stops dropping by
+        # tol; the columns here stop together, when their summed loss stops dropping by
+        # tol per column: tol on the sum would wait for the last column's noise to settle
+        n_columns = len(self.classes_) if self._kind() == "multiclass" else 1
+        return n_columns * super()._loss_tol()
 
     def _column_weights(self, kind):
         cw = self._expanded_class_weight
