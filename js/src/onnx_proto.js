@@ -18,7 +18,8 @@ const GRAPH = {
   sparse_initializer: 15,
 };
 const NODE = { input: 1, output: 2, name: 3, op_type: 4, attribute: 5, domain: 7 };
-const ATTRIBUTE = { name: 1, g: 6, graphs: 11 };
+const ATTRIBUTE = { name: 1, i: 3, g: 6, graphs: 11, type: 20 };
+const ATTRIBUTE_INT = 2; // AttributeProto.AttributeType.INT
 const VALUE_INFO = { name: 1, type: 2 };
 const TYPE = { tensor_type: 1, sequence_type: 4, map_type: 5, sparse_tensor_type: 8, optional_type: 9 };
 const TENSOR_TYPE = { elem_type: 1, shape: 2 };
@@ -468,6 +469,78 @@ export function exportForInferencing(evalModelBytes, parameters, graphOutputName
     }
   }
   return message(out);
+}
+
+// ---------------------------------------------------------------- flat training model
+
+/** A NodeProto whose attributes are ints. */
+function encodeNode(opType, inputs, outputs, attributes = {}) {
+  return message([
+    ...inputs.map((i) => bytesField(NODE.input, i)),
+    ...outputs.map((o) => bytesField(NODE.output, o)),
+    bytesField(NODE.name, outputs[0]),
+    bytesField(NODE.op_type, opType),
+    ...Object.entries(attributes).map(([name, value]) => bytesField(NODE.attribute, message([
+      bytesField(ATTRIBUTE.name, name), varintField(ATTRIBUTE.i, value),
+      varintField(ATTRIBUTE.type, ATTRIBUTE_INT)]))),
+  ]);
+}
+
+/**
+ * The training model reading its trainable parameters, and their gradient buffers, as one
+ * vector each and writing the accumulated gradients as one (the optimizer model's flat
+ * layout): `Split` and `Reshape` in front of its nodes give each parameter and buffer its
+ * name and shape back, `Reshape` and `Concat` behind them join the gradients. Copies only:
+ * every value the model computes is the same. The other inputs and outputs are kept.
+ * @param {Uint8Array|ArrayBuffer} trainModelBytes
+ * @param {object} flat
+ * @param {string[]} flat.params the trainable parameters, in the vectors' order
+ * @param {number[][]} flat.shapes their shapes (no dimension of 0)
+ * @param {string} flat.dtype their element type
+ * @param {{params: string, buffer: string, gradient: string}} flat.names the vectors' names
+ * @param {string} bufferSuffix the gradient buffers' suffix (`<p><bufferSuffix>`)
+ * @param {string} outputSuffix the accumulated gradients' suffix
+ * @returns {Uint8Array}
+ */
+export function flatTrainingModel(trainModelBytes, { params, shapes, dtype, names },
+  bufferSuffix, outputSuffix) {
+  const buf = asBytes(trainModelBytes, 'the training model');
+  const top = readFields(buf);
+  const graph = graphField(buf);
+  const fields = readFields(buf, graph.vStart, graph.vEnd);
+  const sizes = shapes.map((shape) => shape.reduce((a, d) => a * d, 1));
+  const total = sizes.reduce((a, n) => a + n, 0);
+  const bufferOf = (p) => `${p}${bufferSuffix}`;
+  const gradientOf = (p) => `${p}${outputSuffix}`;
+  const dropped = new Set([...params, ...params.map(bufferOf)]);
+  const droppedOut = new Set(params.map(gradientOf));
+  const ns = `${names.params}/`; // the names of the values added: under the vector's name
+  const int64 = (name, values) => bytesField(GRAPH.initializer, encodeTensor(name, {
+    dtype: 'int64', shape: [values.length], data: BigInt64Array.from(values, BigInt),
+  }));
+  const initializers = [int64(`${ns}sizes`, sizes), int64(`${ns}row`, [-1]),
+    ...shapes.map((shape, i) => int64(`${ns}shape${i}`, shape))];
+  const front = [];
+  for (const [vector, nameOf] of [[names.params, (p) => p], [names.buffer, bufferOf]]) {
+    const parts = params.length > 1 ? params.map((_, i) => `${vector}/part${i}`) : [vector];
+    if (params.length > 1) front.push(encodeNode('Split', [vector, `${ns}sizes`], parts, { axis: 0 }));
+    params.forEach((p, i) => front.push(encodeNode('Reshape', [parts[i], `${ns}shape${i}`], [nameOf(p)])));
+  }
+  const rows = params.map((_, i) => `${names.gradient}/row${i}`);
+  const back = params.map((p, i) => encodeNode('Reshape', [gradientOf(p), `${ns}row`], [rows[i]]));
+  back.push(encodeNode('Concat', rows, [names.gradient], { axis: 0 }));
+  const parts = front.map((node) => bytesField(GRAPH.node, node));
+  for (const f of fields) {
+    if (f.wire === 2 && f.num === GRAPH.input && dropped.has(readValueInfo(buf, f).name)) continue;
+    if (f.wire === 2 && f.num === GRAPH.output && droppedOut.has(readValueInfo(buf, f).name)) continue;
+    parts.push(buf.subarray(f.start, f.end));
+  }
+  parts.push(...back.map((node) => bytesField(GRAPH.node, node)), ...initializers,
+    bytesField(GRAPH.input, encodeValueInfo(names.params, dtype, [total])),
+    bytesField(GRAPH.input, encodeValueInfo(names.buffer, dtype, [total])),
+    bytesField(GRAPH.output, encodeValueInfo(names.gradient, dtype, [total])));
+  return message(top.map((f) => (f.start === graph.start ? bytesField(MODEL.graph, message(parts))
+    : buf.subarray(f.start, f.end))));
 }
 
 /** A length-delimited field's bytes under another field number. */

@@ -12,7 +12,7 @@
 import { CheckpointState } from './checkpoint.js';
 import { pyFloatRepr } from './pyformat.js';
 import {
-  exportForInferencing, isOrtFormat, readGraphIO, readMetadata,
+  exportForInferencing, flatTrainingModel, isOrtFormat, readGraphIO, readMetadata,
 } from './onnx_proto.js';
 import { DTYPES, asBytes, sizeOf } from './safetensors.js';
 
@@ -28,6 +28,12 @@ const OPTIMIZER_METADATA_KEY = 'ortlearn.optimizer';
 const SEQUENCE_INPUTS = ['params', 'gradients', 'first_order_moments', 'second_order_moments'];
 // the one parameter of the flat layout: every parameter end to end
 const FLAT_PARAMS = 'params';
+// the vectors of the training model made flat (flatTrainingModel) next to the flat optimizer
+const FLAT_TRAINING = {
+  params: 'ortlearn.flat.params',
+  buffer: `ortlearn.flat.params${GRAD_BUFFER_SUFFIX}`,
+  gradient: `ortlearn.flat.params${GRAD_OUTPUT_SUFFIX}`,
+};
 const DEFAULT_LEARNING_RATE = 1e-3;
 const LAST_STEP = 2n ** 63n - 1n;
 const FLOAT32_MAX = 3.4028234663852886e38;
@@ -245,7 +251,9 @@ export class TrainingSession {
       options.preferredOutputLocation = 'gpu-buffer';
     }
     session._sessionOptions = options;
-    session._trainSess = await ort.InferenceSession.create(trainBytes, options);
+    session._flatTraining = session._flatTrainingModel(optimizerModel, options);
+    session._trainSess = await ort.InferenceSession.create(
+      session._flatTraining?.bytes ?? trainBytes, options);
     session._evalSess = session._evalBytes
       ? await ort.InferenceSession.create(session._evalBytes, options) : null;
     session._initParameters();
@@ -275,6 +283,38 @@ export class TrainingSession {
         + `${missingOut.length ? `the outputs ${JSON.stringify(missingOut)}` : ''}. Pass the `
         + 'training_model.onnx that ortlearn.artifacts.generate_artifacts wrote.');
     }
+  }
+
+  /**
+   * With a flat optimizer model and the tensors on the host, the training model rewritten to
+   * read the parameters and gradient buffers as the flat vectors and write the gradients as
+   * one (`flatTrainingModel`): 5 tensors cross into a step and 2 out, not 3 a parameter, and
+   * the vectors go from one model to the other as they are. Null where it does not apply
+   * (the optimizer model is checked when it is attached).
+   * @returns {{bytes: Uint8Array, total: number}|null}
+   */
+  _flatTrainingModel(optimizerModel, options) {
+    if (optimizerModel === undefined || optimizerModel === null || usesWebGpu(options)) return null;
+    let meta;
+    try {
+      const bytes = asModelBytes(optimizerModel, 'optimizer');
+      meta = parseJsonMetadata(readMetadata(bytes), OPTIMIZER_METADATA_KEY, 'optimizer');
+    } catch {
+      return null;
+    }
+    const params = meta?.layout === 'flat' && Array.isArray(meta.params) ? meta.params : [];
+    const trainable = this._trainLayout.trainable;
+    if (!params.length || params.length !== trainable.length
+        || !params.every((p) => this._paramTypes.has(p) && trainable.includes(p))) return null;
+    const types = params.map((p) => this._paramTypes.get(p));
+    const shapes = types.map((t) => t.shape);
+    const taken = new Set([...this._trainIO.inputs, ...this._trainIO.outputs].map((v) => v.name));
+    if (types.some((t) => t.dtype !== types[0].dtype) || shapes.some((sh) => sh.includes(0))
+        || Object.values(FLAT_TRAINING).some((n) => taken.has(n))) return null;
+    const bytes = flatTrainingModel(this._trainBytes,
+      { params, shapes, dtype: types[0].dtype, names: FLAT_TRAINING },
+      GRAD_BUFFER_SUFFIX, GRAD_OUTPUT_SUFFIX);
+    return { bytes, params };
   }
 
   /** Compare the checkpoint with the models' parameter inputs (Python's check_matches). */
@@ -491,8 +531,11 @@ export class TrainingSession {
       if (saved) layout.params.forEach((p, i) => data.set(saved.states.get(p).get(s).data, offsets[i]));
       return [s, this._tensor(dtype, data, [total])];
     }));
+    // with the flat training model, the accumulated gradients come as this vector
+    const gradients = this._flatTraining ? this._tensor(dtype, new array(total), [total]) : null;
     return {
       names: layout.params, offsets, sizes, dtype, gradient: new array(total), views: [], states,
+      gradients,
     };
   }
 
@@ -687,10 +730,12 @@ export class TrainingSession {
       const layout = this._trainLayout;
       const user = this._userFeeds(feeds, layout, this._trainIO, 'runTrainStep');
       // the names of a step, made once: a step of a small model takes tens of microseconds
+      const flat = this._flatTraining ? this._flat : null;
       const names = layout.stepNames ??= {
-        params: [...layout.trainable, ...layout.frozen],
+        params: flat ? layout.frozen : [...layout.trainable, ...layout.frozen],
         buffers: layout.trainable.map((n) => `${n}${GRAD_BUFFER_SUFFIX}`),
-        gradOut: layout.trainable.map((n) => `${n}${GRAD_OUTPUT_SUFFIX}`),
+        gradOut: flat ? [FLAT_TRAINING.gradient]
+          : layout.trainable.map((n) => `${n}${GRAD_OUTPUT_SUFFIX}`),
         updatedOut: layout.updated.map((n) => `${n}${UPDATED_SUFFIX}`),
         inputGradOut: layout.inputGrads.map((n) => `${n}${GRAD_OUTPUT_SUFFIX}`),
       };
@@ -698,17 +743,26 @@ export class TrainingSession {
         ...names.inputGradOut];
       const inputs = user;
       for (const name of names.params) inputs[name] = this._params.get(name);
-      layout.trainable.forEach((n, i) => { inputs[names.buffers[i]] = this._grads.get(n); });
+      if (flat) {
+        inputs[FLAT_TRAINING.params] = await this._flatParameters();
+        inputs[FLAT_TRAINING.buffer] = flat.gradients;
+      } else {
+        layout.trainable.forEach((n, i) => { inputs[names.buffers[i]] = this._grads.get(n); });
+      }
       for (const name of layout.inputGrads) {
         // an input's gradient is the step's own: its buffer is zeros
         inputs[`${name}${GRAD_BUFFER_SUFFIX}`] = this._zeros(user[name].type, user[name].dims);
       }
       inputs[LAZY_RESET_GRAD] = this._resetPending ? this._resetTrue : this._resetFalse;
       const results = await this._trainSess.run(inputs, names.fetches);
-      layout.trainable.forEach((n, i) => {
-        drop(this._grads.get(n));
-        this._grads.set(n, results[names.gradOut[i]]);
-      });
+      if (flat) {
+        flat.gradients = results[FLAT_TRAINING.gradient];
+      } else {
+        layout.trainable.forEach((n, i) => {
+          drop(this._grads.get(n));
+          this._grads.set(n, results[names.gradOut[i]]);
+        });
+      }
       layout.updated.forEach((n, i) => {
         drop(this._params.get(n));
         this._params.set(n, results[names.updatedOut[i]]);
@@ -796,26 +850,49 @@ export class TrainingSession {
    */
   async _flatOptimizerStep(feeds) {
     const flat = this._flat;
-    const { names, offsets, sizes, dtype } = flat;
+    const { names, offsets, dtype } = flat;
     const total = flat.gradient.length;
-    // the last update's vector, unless a parameter was replaced since (loadParametersBuffer)
-    let vector = flat.vector;
-    if (!vector || names.some((p, i) => this._params.get(p) !== flat.views[i])) {
-      vector = new (DTYPES.get(dtype).array)(total);
-      for (const [i, p] of names.entries()) vector.set(await hostData(this._params.get(p)), offsets[i]);
+    feeds[FLAT_PARAMS] = await this._flatParameters();
+    if (flat.gradients) {
+      feeds[`${FLAT_PARAMS}${GRADIENT_SUFFIX}`] = flat.gradients;
+    } else {
+      for (const [i, p] of names.entries()) flat.gradient.set(await hostData(this._grads.get(p)), offsets[i]);
+      feeds[`${FLAT_PARAMS}${GRADIENT_SUFFIX}`] = this._tensor(dtype, flat.gradient, [total]);
     }
-    for (const [i, p] of names.entries()) flat.gradient.set(await hostData(this._grads.get(p)), offsets[i]);
-    feeds[FLAT_PARAMS] = this._tensor(dtype, vector, [total]);
-    feeds[`${FLAT_PARAMS}${GRADIENT_SUFFIX}`] = this._tensor(dtype, flat.gradient, [total]);
     for (const [s, tensor] of flat.states) feeds[`${FLAT_PARAMS}.${s}`] = tensor;
     const fetches = [`${FLAT_PARAMS}${UPDATED_SUFFIX}`,
       ...[...flat.states.keys()].map((s) => `${FLAT_PARAMS}.${s}${UPDATED_SUFFIX}`)];
     const results = await this._optimizer.run(feeds, fetches);
     for (const s of flat.states.keys()) flat.states.set(s, results[`${FLAT_PARAMS}.${s}${UPDATED_SUFFIX}`]);
-    flat.vector = results[fetches[0]].data;
+    this._setFlatParameters(results[fetches[0]]);
+  }
+
+  /**
+   * The trainable parameters as the flat vector: the last update's, unless a parameter was
+   * replaced since (loadParametersBuffer), then gathered.
+   * @returns {Promise<OrtTensor>}
+   */
+  async _flatParameters() {
+    const flat = this._flat;
+    const { names, offsets, dtype } = flat;
+    if (flat.vector && names.every((p, i) => this._params.get(p) === flat.views[i])) {
+      return flat.vector;
+    }
+    const total = flat.gradient.length;
+    const data = new (DTYPES.get(dtype).array)(total);
+    for (const [i, p] of names.entries()) data.set(await hostData(this._params.get(p)), offsets[i]);
+    this._setFlatParameters(this._tensor(dtype, data, [total]));
+    return flat.vector;
+  }
+
+  /** Make `vector` the trainable parameters: each one a view of its part. */
+  _setFlatParameters(vector) {
+    const flat = this._flat;
+    const { names, offsets, sizes, dtype } = flat;
+    flat.vector = vector;
     flat.views = names.map((p, i) => {
       drop(this._params.get(p));
-      const view = this._tensor(dtype, flat.vector.subarray(offsets[i], offsets[i] + sizes[i]),
+      const view = this._tensor(dtype, vector.data.subarray(offsets[i], offsets[i] + sizes[i]),
         [...this._paramTypes.get(p).shape]);
       this._params.set(p, view);
       return view;

@@ -2,7 +2,8 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import * as ort from 'onnxruntime-node';
 import {
-  exportForInferencing, readFields, readGraphIO, readMetadata, isOrtFormat, inputNames, outputNames,
+  exportForInferencing, flatTrainingModel, readFields, readGraphIO, readMetadata, isOrtFormat,
+  inputNames, outputNames,
 } from '../src/onnx_proto.js';
 import { linearEvalModel, linearTrainingModel, node, graph, model } from '../testing/onnx_builder.mjs';
 
@@ -89,4 +90,38 @@ test('exportForInferencing keeps needed initializers and drops the others', () =
   const io = readGraphIO(out);
   assert.deepEqual(io.initializers, ['k']);
   assert.deepEqual(io.outputs.map((o) => o.name), ['y1']);
+});
+
+test('flatTrainingModel: the parameters and gradient buffers in, the gradients out, as vectors', async () => {
+  const names = { params: 'flat.p', buffer: 'flat.p_grad.accumulation.buffer', gradient: 'flat.p_grad.accumulation.out' };
+  const flat = flatTrainingModel(linearTrainingModel(), {
+    params: ['W', 'b'], shapes: [[2, 1], [1]], dtype: 'float32', names,
+  }, '_grad.accumulation.buffer', '_grad.accumulation.out');
+  const io = readGraphIO(flat);
+  assert.deepEqual(io.inputs.map((i) => [i.name, i.shape]), [['X', ['N', 2]], ['y', ['N', 1]],
+    ['lazy_reset_grad', []], ['flat.p', [3]], ['flat.p_grad.accumulation.buffer', [3]]]);
+  assert.deepEqual(io.outputs.map((o) => o.name), ['loss', 'pred', 'flat.p_grad.accumulation.out']);
+  assert.deepEqual(readMetadata(flat), readMetadata(linearTrainingModel()));
+  // the same numbers as the model it rewrites, accumulating or not
+  const X = new ort.Tensor('float32', new Float32Array([1, 2, 3, -1, 0.5, 4]), [3, 2]);
+  const y = new ort.Tensor('float32', new Float32Array([1, -1, 2]), [3, 1]);
+  const one = (v, dims) => new ort.Tensor('float32', new Float32Array(v), dims);
+  const reference = await ort.InferenceSession.create(linearTrainingModel());
+  const flattened = await ort.InferenceSession.create(flat);
+  for (const reset of [true, false]) {
+    const flag = new ort.Tensor('bool', new Uint8Array([reset ? 1 : 0]), []);
+    const want = await reference.run({
+      X, y, W: one([1.5, -2], [2, 1]), b: one([0.5], [1]), lazy_reset_grad: flag,
+      'W_grad.accumulation.buffer': one([0.25, 1], [2, 1]), 'b_grad.accumulation.buffer': one([-3], [1]),
+    });
+    const got = await flattened.run({
+      X, y, 'flat.p': one([1.5, -2, 0.5], [3]), 'flat.p_grad.accumulation.buffer': one([0.25, 1, -3], [3]),
+      lazy_reset_grad: flag,
+    });
+    assert.deepEqual([...got.loss.data], [...want.loss.data]);
+    assert.deepEqual([...got['flat.p_grad.accumulation.out'].data],
+      [...want['W_grad.accumulation.out'].data, ...want['b_grad.accumulation.out'].data]);
+  }
+  await reference.release();
+  await flattened.release();
 });
