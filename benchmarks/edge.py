@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.report import pyplot, save_figure
+from benchmarks.report import finish_figure, pyplot
 
 JS = Path(__file__).resolve().parents[1] / "js"
 WARMUP = 3
@@ -126,11 +126,8 @@ def main(argv=None) -> int:
     ax.bar(["Python", "Node"], [p * 1e3, n * 1e3], color=["tab:blue", "tab:orange"])
     for i, values in enumerate((python, node)):
         ax.plot([i] * len(values), np.array(values) * 1e3, "k.", label="repetitions" if i else None)
-    ax.set_ylabel("ms per training + optimizer step")
-    ax.set_title(f"Same artifacts, same batches (ratio {n / p:.2f})", fontsize=9)
-    ax.legend(fontsize=8)
-    save_figure(fig, out / "edge.png", dpi=120)
-    print(f"plot written to {out / 'edge.png'}")
+    finish_figure(fig, ax, out / "edge.png", ylabel="ms per training + optimizer step",
+                  title=f"Same artifacts, same batches (ratio {n / p:.2f})")
     return 0
 
 

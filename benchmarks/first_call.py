@@ -35,7 +35,7 @@ import time
 import warnings
 from pathlib import Path
 
-from benchmarks.report import pyplot, save_figure
+from benchmarks.report import finish_figure, pyplot
 
 
 def _tokens(torch, seed):
@@ -204,11 +204,8 @@ def main(argv=None) -> int:
         ax.bar([v + (i - 1.5) * width for v in x], [r[key] or 0 for r in results.values()],
                width, label=key)
     ax.set_xticks(list(x), list(results))
-    ax.set_ylabel("seconds")
-    ax.set_title("ORTModule's first step against the exporter alone", fontsize=9)
-    ax.legend(fontsize=8)
-    save_figure(fig, out / "first_call.png", dpi=120)
-    print(f"plot written to {out / 'first_call.png'}")
+    finish_figure(fig, ax, out / "first_call.png", ylabel="seconds",
+                  title="ORTModule's first step against the exporter alone")
     return 0
 
 

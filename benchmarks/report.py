@@ -136,6 +136,15 @@ def save_figure(fig, path, dpi: int = 110) -> bool:
     return True
 
 
+def finish_figure(fig, ax, path, *, ylabel: str, title: str) -> None:
+    """Label ``ax``, show its legend, write ``fig`` to ``path`` and say where."""
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=8)
+    save_figure(fig, path, dpi=120)
+    print(f"plot written to {path}")
+
+
 def write_chart(result: dict, path) -> bool:
     """Bar chart of the median times, one panel per workload (False without matplotlib)."""
     plt = pyplot()
