@@ -14,7 +14,8 @@ BLAS and onnxruntime on one thread for both (``threadpoolctl`` and
   otherwise) on a scikit-learn data set: the whole ``fit``, conversion, graph
   building and session creation included; the ratio ortlearn / scikit-learn
   (the target is at most 1.0) and each side's test score;
-* **rows**: the same fits on ``make_regression`` / ``make_classification``
+* **rows**: the same fits (but of the Huber, Poisson, quantile and MLP regressors)
+  on ``make_regression`` / ``make_classification``
   data of 20 features at ``--sizes`` rows (the ratio against the rows: where
   the crossovers are), and on a sparse CSR matrix (``--sparse-rows`` x 2000,
   0.5 % non-zeros) for the linear families;
@@ -63,6 +64,7 @@ class Pair:
     data: str
     search: dict | None = None  # the grid of the search table, when it has a row
     sparse: bool = True  # a row of the sparse case (the linear families)
+    rows: bool = True  # rows of the synthetic data at each size
 
     def make(self) -> tuple:
         return self.ours(), self.theirs()
@@ -119,6 +121,26 @@ def _pairs() -> list[Pair]:
              _estimator(ort, "OrtMLPClassifier", (32,), **mlp),
              _estimator("sklearn.neural_network", "MLPClassifier", (32,), **mlp),
              "breast_cancer", {"alpha": [1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0]}, sparse=False),
+        # the other families with a scikit-learn counterpart (the rows table: the fast ones)
+        Pair("elastic_net", "OrtElasticNet(alpha=0.1) / ElasticNet(alpha=0.1)",
+             _estimator(ort, "OrtElasticNet", alpha=0.1),
+             _estimator(lm, "ElasticNet", alpha=0.1), "diabetes"),
+        Pair("linear_svr", "OrtLinearSVR() / LinearSVR()", _estimator(ort, "OrtLinearSVR"),
+             _estimator("sklearn.svm", "LinearSVR"), "diabetes"),
+        Pair("huber", "OrtHuberRegressor() / HuberRegressor()",
+             _estimator(ort, "OrtHuberRegressor"), _estimator(lm, "HuberRegressor"),
+             "diabetes", sparse=False, rows=False),
+        Pair("poisson", "OrtPoissonRegressor() / PoissonRegressor()",
+             _estimator(ort, "OrtPoissonRegressor"), _estimator(lm, "PoissonRegressor"),
+             "diabetes", sparse=False, rows=False),
+        Pair("quantile", "OrtQuantileRegressor() / QuantileRegressor()",
+             _estimator(ort, "OrtQuantileRegressor"), _estimator(lm, "QuantileRegressor"),
+             "diabetes", sparse=False, rows=False),
+        Pair("mlp_regressor", "OrtMLPRegressor((32,), max_iter=50) / MLPRegressor(...)",
+             _estimator(ort, "OrtMLPRegressor", hidden_layer_sizes=(32,), **mlp),
+             _estimator("sklearn.neural_network", "MLPRegressor", hidden_layer_sizes=(32,),
+                        **mlp),
+             "diabetes", sparse=False, rows=False),
     ]
 
 
@@ -191,7 +213,7 @@ def fit_table(pairs, reps: int) -> list[dict]:
 def rows_table(pairs, sizes, reps: int, sparse_rows: int | None) -> list[dict]:
     """The fits on synthetic data of ``sizes`` rows, then the sparse case."""
     rows = []
-    for pair in pairs:
+    for pair in (p for p in pairs if p.rows):
         for n_rows in sizes:
             rows.append(_fit_row(pair, _synthetic(pair.task, n_rows), reps,
                                  f"make_{pair.task}", rows=n_rows, sparse=False))
