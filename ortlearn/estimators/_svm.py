@@ -390,7 +390,8 @@ class OrtLinearSVR(RegressorMixin, _BaseOrtLinearSVM):
     ``'squared_epsilon_insensitive'`` (smooth): Newton's method on this
     objective (L-BFGS for sparse or wide data); ``'epsilon_insensitive'``:
     L-BFGS-B on liblinear's dual (a bounded quadratic program), the gradient
-    from onnxruntime.
+    from onnxruntime, stopped once the exact solution on the partition of
+    rows it reached is certified the minimum (a duality gap).
 
     Parameters
     ----------

@@ -537,7 +537,7 @@ def _stalled_at_start(result, x0: np.ndarray, box, tol: float) -> float | None:
         return None
     gradient = np.array(result.jac, dtype=np.float64)
     if box is not None:  # at a bound, a component pointing outwards is not a descent
-        low, high = (np.array(side, dtype=np.float64) for side in zip(*box))
+        low, high = box.lb, box.ub
         gradient[(result.x <= low) & (gradient > 0)] = 0.0
         gradient[(result.x >= high) & (gradient < 0)] = 0.0
     top = float(np.max(np.abs(gradient))) if gradient.size else 0.0
@@ -555,8 +555,9 @@ def _finite_or_raise(result: SolverResult, remedy: str) -> SolverResult:
     raise error
 
 
-def _flat_bounds(bounds: dict, weights: dict) -> list[tuple[float, float]]:
-    """``{name: (low, high)}`` -> one ``(low, high)`` per flattened weight, scipy's form."""
+def _flat_bounds(bounds: dict, weights: dict) -> scipy.optimize.Bounds:
+    """``{name: (low, high)}`` -> the bounds of the flattened weights, as arrays (scipy
+    converts a list of pairs one pair at a time, in Python)."""
     unknown = sorted(set(bounds) - set(weights))
     if unknown:
         raise ValueError(f"bounds name unknown weight(s) {unknown}; trained weights: "
@@ -568,7 +569,7 @@ def _flat_bounds(bounds: dict, weights: dict) -> list[tuple[float, float]]:
         high = np.inf if high is None else high
         lows.append(np.broadcast_to(np.asarray(low, dtype=np.float64), value.shape).ravel())
         highs.append(np.broadcast_to(np.asarray(high, dtype=np.float64), value.shape).ravel())
-    return list(zip(np.concatenate(lows), np.concatenate(highs)))
+    return scipy.optimize.Bounds(np.concatenate(lows), np.concatenate(highs))
 
 
 def _message(result) -> str:

@@ -6,7 +6,9 @@ bounds ``0 <= a_i <= C_i``), one run per problem as liblinear (the curvature pai
 independent problems mixed in one run slow it down several times). A first-order method
 reaches the minimum of a degenerate dual slowly; the primal is then polished exactly
 (:func:`polish`): the approximate solution tells which rows are on the margin, and there the
-optimality conditions are linear.
+optimality conditions are linear. The polish is tried along the way too: once its primal
+meets the optimality conditions (:func:`is_primal_minimum`), L-BFGS-B stops there, long
+before its own tolerance on a dual that flattens out.
 """
 
 from __future__ import annotations
@@ -16,8 +18,8 @@ import numpy as np
 from .lbfgs import minimize_lbfgs
 from .result import CALLBACK, CONVERGED, MAX_ITER, SolverResult
 
-__all__ = ["POLISH_BANDS", "POLISH_ROUNDS", "polish", "polish_squared_hinge", "primal_value",
-           "solve_svm_dual"]
+__all__ = ["POLISH_BANDS", "POLISH_ROUNDS", "is_primal_minimum", "polish", "polish_dual",
+           "polish_squared_hinge", "primal_value", "solve_svm_dual"]
 
 
 #: Widths of the band of margins taken as "on the margin" by the polish.
@@ -26,6 +28,18 @@ POLISH_BANDS = (1e-1, 1e-2, 1e-3, 1e-4, 1e-5, 1e-6, 1e-7)
 
 #: At most this many polish rounds (each from the partition of the previous one's w~).
 POLISH_ROUNDS = 20
+
+#: L-BFGS-B's iterations before the first try of the polish, and at least between two
+#: (then a quarter of the iterations made: the tries cost a bounded share of the run).
+POLISH_EVERY = 10
+
+#: Rounds of the active-set polish tried along L-BFGS-B's run (a row joins or leaves the
+#: kink a round): from the partition of its tenth iteration it usually finds the minimum.
+TRY_ROUNDS = 40
+
+#: Relative tolerance of :func:`is_primal_minimum` and :func:`polish_dual` (rounding of
+#: float64 least squares).
+CERTIFY_RTOL = 1e-9
 
 
 def primal_value(X, Y, cost, coef, epsilon):
@@ -80,6 +94,152 @@ def polish(X, Y, cost, coef, epsilon):
             if np.isfinite(value) and value < best_value[k]:
                 best[:, k], best_value[k] = candidate, value
     return best
+
+
+def is_primal_minimum(X, y, cost, w, epsilon, rtol: float = CERTIFY_RTOL) -> bool:
+    """Whether ``w`` minimises the primal of one problem to ``rtol``: a duality gap.
+
+    At the minimum ``w = A^T beta``, each ``beta_i`` in the subgradient of its row's loss:
+    ``C_i`` (times the residual's sign for the epsilon-insensitive loss) on the rows whose
+    loss is positive, 0 on those whose loss is 0 around them, between on the rows at the
+    kink. ``beta`` is built so from ``w`` (the rows at the kink, within ``rtol``, by least
+    squares, then clipped to their bounds: a feasible dual point), and ``w`` is accepted
+    when the primal at ``w`` exceeds the dual at ``beta`` by at most ``rtol`` of it: no
+    ``w`` can do better by more.
+
+    Parameters
+    ----------
+    X : numpy.ndarray of shape (n_samples, n_features)
+    y : numpy.ndarray of shape (n_samples,)
+        Signs in {-1, 1} (hinge) or targets (``epsilon`` given).
+    cost : numpy.ndarray of shape (n_samples,)
+    w : numpy.ndarray of shape (n_features,)
+    epsilon : float or None
+    rtol : float, default=CERTIFY_RTOL
+
+    Returns
+    -------
+    bool
+    """
+    raw = X @ w
+    if epsilon is None:
+        A, gap = X * y[:, None], 1.0 - y * raw  # gap > 0: inside the margin, loss > 0
+        signed, low, high, band = cost, np.zeros_like(cost), cost, rtol
+    else:
+        residual = y - raw
+        A, gap = X, np.abs(residual) - epsilon
+        signed = cost * np.sign(residual)
+        # at the kink beta_i is between 0 and C_i sign(r_i); of either sign where epsilon is 0
+        low = np.minimum(0.0, signed) if epsilon > 0 else -cost
+        high = np.maximum(0.0, signed) if epsilon > 0 else cost
+        band = rtol * (1.0 + float(np.abs(y).max(initial=0.0)))
+    kink, active = np.abs(gap) <= band, gap > band
+    beta = np.where(active, signed, 0.0)
+    if kink.any():
+        rest = w - A[active].T @ signed[active]
+        beta[kink] = np.clip(np.linalg.lstsq(A[kink].T, rest, rcond=None)[0],
+                             low[kink], high[kink])
+    gain = np.ones_like(cost) if epsilon is None else y
+    penalty = 0.0 if epsilon is None else epsilon * np.abs(beta).sum()
+    dual = float(gain @ beta - penalty - 0.5 * np.sum((A.T @ beta) ** 2))
+    primal = float(primal_value(X, y[:, None], cost[:, None], w[:, None], epsilon)[0])
+    return primal - dual <= rtol * (1.0 + abs(primal))
+
+
+def polish_dual(X, y, cost, dual, epsilon, rounds: int = POLISH_ROUNDS):
+    """``w~`` of one problem solved exactly on the partition of rows its approximate dual gives.
+
+    The dual variable ``b_i`` of a row is at a bound where the row's loss is positive
+    (``C_i``; ``-C_i`` below the band of the epsilon-insensitive loss), 0 where its loss
+    is 0 around it, and strictly between on the rows at the kink (the margin, or an edge of
+    the band), where the primal's residual is fixed: ``A_F w~ = t_F`` with ``w~ = A^T b``,
+    a linear system in the kink rows' ``b_F``. Solved from the partition of ``dual`` (what
+    L-BFGS-B reached), then, while the solution breaks a condition (a ``b_F`` beyond its
+    bounds, a bound row whose residual says otherwise), from the corrected partition, for up
+    to ``rounds`` rounds (an active-set method). Returns ``w~`` when the conditions hold,
+    else None.
+
+    Parameters
+    ----------
+    X : numpy.ndarray of shape (n_samples, n_features)
+    y : numpy.ndarray of shape (n_samples,)
+        Signs in {-1, 1} (hinge) or targets (``epsilon`` given).
+    cost : numpy.ndarray of shape (n_samples,)
+    dual : numpy.ndarray of shape (n_samples,)
+        The approximate dual: ``a`` (hinge), or ``p - m`` (epsilon-insensitive).
+    epsilon : float or None
+    rounds : int, default=POLISH_ROUNDS
+
+    Returns
+    -------
+    numpy.ndarray of shape (n_features,) or None
+    """
+    hinge = epsilon is None
+    A = X * y[:, None] if hinge else X
+    low = np.zeros_like(cost) if hinge else -cost
+    tol = CERTIFY_RTOL * (1.0 + float(cost.max(initial=0.0)))
+    b = np.clip(dual, low, cost)
+    free = (b > low + tol) & (b < cost - tol) & (np.abs(b) > tol)
+    b[~free] = np.where(b[~free] >= cost[~free] - tol, cost[~free],
+                        np.where(b[~free] <= low[~free] + tol, low[~free], 0.0))
+    side = np.where(b < 0, -1.0, 1.0)  # of the band's edge a kink row is on (epsilon > 0)
+    scale = 1.0 + (1.0 if hinge else float(np.abs(y).max(initial=0.0)))
+    if free.sum() > X.shape[1]:
+        # More kink rows than features (their equations would fix more than w~ has
+        # values): the dual is still on its way; the rows farthest from a bound stay, the
+        # others go to their nearest (the rounds below move back those that must not).
+        values = np.stack([low, np.zeros_like(cost), cost])
+        nearest = values[np.argmin(np.abs(values - b), axis=0), np.arange(len(b))]
+        distance = np.where(free, np.abs(b - nearest) / np.maximum(cost, tol), -1.0)
+        snapped = free & (distance < np.sort(distance)[-X.shape[1]])
+        b[snapped], free[snapped] = nearest[snapped], False
+    for _ in range(rounds):
+        w = A[~free].T @ b[~free]
+        if free.any():
+            target = np.ones(free.sum()) if hinge else y[free] - side[free] * epsilon
+            A_free = A[free]
+            b[free] = np.linalg.lstsq(A_free @ A_free.T, target - A_free @ w, rcond=None)[0]
+            w = w + A_free.T @ b[free]
+        # each kink row's range: [0, C] (hinge), its side's half (epsilon > 0), [-C, C] else
+        if hinge or epsilon == 0:
+            lo, hi = low, cost
+        else:
+            lo, hi = np.where(side < 0, -cost, 0.0), np.where(side < 0, 0.0, cost)
+        leaving = free & ((b < lo - tol) | (b > hi + tol))
+        score = A @ w if hinge else y - X @ w  # margins, or residuals
+        band = CERTIFY_RTOL * scale
+        # by how much each bound row's margin or residual says it should not be at its bound
+        if hinge:
+            excess = np.where(b == cost, score - 1, np.where(b == 0, 1 - score, 0.0))
+        else:
+            excess = np.where(b == cost, epsilon - score, np.where(
+                b == -cost, score + epsilon, np.where(b == 0, np.abs(score) - epsilon, 0.0)))
+        excess = np.where(free, 0.0, excess)
+        # the kink rows' own equations (least squares where they cannot all hold)
+        if hinge:
+            off = np.where(free, score - 1, 0.0)
+        else:
+            off = np.where(free, score - side * epsilon, 0.0)
+        if not leaving.any() and excess.max(initial=0.0) <= band and np.abs(off).max() <= band:
+            return w
+        if not leaving.any() and excess.max(initial=0.0) <= band:
+            # more kink rows than their equations allow: the worst goes to the bound its
+            # margin or residual points to
+            worst = int(np.argmax(np.abs(off)))
+            if hinge:
+                b[worst] = cost[worst] if off[worst] < 0 else 0.0
+            else:
+                b[worst] = (cost[worst] if score[worst] > epsilon
+                            else -cost[worst] if score[worst] < -epsilon else 0.0)
+            free[worst] = False
+            continue
+        b[leaving] = np.clip(b[leaving], lo[leaving], hi[leaving])
+        free &= ~leaving
+        if excess.max(initial=0.0) > band:  # the worst bound row joins the kink, one a round
+            worst = int(np.argmax(excess))
+            side[worst] = 1.0 if hinge or score[worst] >= 0 else -1.0
+            free[worst] = True
+    return None
 
 
 def polish_squared_hinge(gram, signs, cost, dual_of_margins):
@@ -181,6 +341,7 @@ def solve_svm_dual(model, trainable, X, Y, cost, epsilon=None, *, primal, tol, c
     coef, n_iter, loss, stopped = np.zeros((n_features, n_problems)), 0, 0.0, False
     converged = True
     for k in range(n_problems):
+        minimum = None  # the polished w~ of problem k once it is certified
         # the squared hinge's a_i is unbounded, and 0 where the row weighs nothing
         high = np.where(cost[:, [k]] > 0, np.inf, 0.0) if diagonal else cost[:, [k]]
         bounds = {name: (0.0, high) for name in trainable}
@@ -189,20 +350,35 @@ def solve_svm_dual(model, trainable, X, Y, cost, epsilon=None, *, primal, tol, c
             arrays.append(np.ascontiguousarray(diagonal[1][:, [k]]))
             names.append(diagonal[0])
 
+        tries = {"iteration": 0, "next": POLISH_EVERY}
+
         def stop(weights, k=k):
-            nonlocal stopped
-            stopped = bool(callback(weights, k, coef))
-            return stopped
+            nonlocal stopped, minimum
+            if callback is not None and callback(weights, k, coef):
+                stopped = True
+                return True
+            tries["iteration"] += 1
+            if diagonal or tries["iteration"] < tries["next"]:
+                return False
+            tries["next"] = tries["iteration"] + max(POLISH_EVERY, tries["iteration"] // 4)
+            values = [np.asarray(weights[name])[:, 0] for name in trainable]
+            w = polish_dual(X, Y[:, k], cost[:, k],
+                            values[0] - values[1] if len(values) == 2 else values[0], epsilon,
+                            rounds=TRY_ROUNDS)
+            if w is not None and is_primal_minimum(X, Y[:, k], cost[:, k], w, epsilon):
+                minimum = w
+                return True
+            return False
 
         result = minimize_lbfgs(
             model, trainable, None, arrays, names,
-            loss_output=loss_output, bounds=bounds, tol=tol,
-            callback=None if callback is None else stop, **lbfgs_options)
-        coef[:, k] = primal(result.weights, k)
+            loss_output=loss_output, bounds=bounds, tol=tol, callback=stop, **lbfgs_options)
         n_iter, loss = max(n_iter, result.n_iter), loss + result.loss
-        converged &= bool(result.converged)
         if stopped:
+            coef[:, k] = primal(result.weights, k)
             return SolverResult(coef, n_iter, loss, False, CALLBACK)
+        coef[:, k] = primal(result.weights, k) if minimum is None else minimum
+        converged &= minimum is not None or bool(result.converged)
     for _ in range(0 if diagonal else POLISH_ROUNDS):  # each round's partition from the last's w~
         polished = polish(X, Y, cost, coef, epsilon)
         if np.array_equal(polished, coef):
