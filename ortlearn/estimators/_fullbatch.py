@@ -257,12 +257,18 @@ class FullBatchClassifierMixin(ClassifierMixin):
     def _encode_labels(self, y):
         """``classes_`` and the index of each row's class in it."""
         check_classification_targets(y)
-        encoder = LabelEncoder().fit(y)
-        classes = encoder.classes_
+        y = np.asarray(y)
+        if y.dtype.kind in "biuf":
+            # LabelEncoder's classes and codes, without its input checks (made just above)
+            classes, codes = np.unique(y, return_inverse=True)
+            codes = codes.reshape(-1)
+        else:  # labels of Python objects: LabelEncoder's ordering and its mixed-type error
+            encoder = LabelEncoder().fit(y)
+            classes, codes = encoder.classes_, encoder.transform(y)
         if len(classes) < 2:
             raise ValueError("This solver needs samples of at least 2 classes in the data, "
                              f"but the data contains only one class: {classes[0]!r}")
-        return classes, encoder.transform(y)
+        return classes, codes
 
     def _label_output(self, b: GraphBuilder, raw: str) -> tuple:
         """The ``label`` output (one of ``classes_``) of the inference graph."""
