@@ -7,11 +7,12 @@ structure: the code of the ``forward`` of every module class in it and the
 values it closes over (a changed ``forward`` is a new key), the names,
 shapes and dtypes of its parameters and buffers, the call's tensors (shape,
 dtype, whether they require a gradient) and schema, each submodule's
-train/eval mode, the exporter, and the versions of torch, onnx and ortlearn.
-A file is written whole under a temporary name, then renamed: readers never
-see half of one. Code that ``forward`` calls outside the module classes'
-``forward`` (a helper function, another method) is not in the key: delete
-the folder after changing it.
+train/eval mode, the exporter, whether the dimensions are symbolic, and the
+versions of torch, onnx and ortlearn. A file is written whole under a
+temporary name, then renamed: readers never see half of one. Code that
+``forward`` calls outside the module classes' ``forward`` (a helper
+function, another method) is not in the key: delete the folder after
+changing it.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ def _forward(cls: type) -> list:
 
 
 def cache_key(module: torch.nn.Module, tensors: Sequence[torch.Tensor], call_spec: TreeSpec,
-              exporter: str) -> str:
+              exporter: str, dynamic: bool = True) -> str:
     """A hex digest of everything the export of this call depends on (see the module)."""
     classes = {type(m) for m in module.modules()}
     parts = {
@@ -72,6 +73,7 @@ def cache_key(module: torch.nn.Module, tensors: Sequence[torch.Tensor], call_spe
         "call": [(list(t.shape), str(t.dtype), bool(t.requires_grad)) for t in tensors],
         "schema": repr(call_spec),
         "exporter": exporter,
+        "dynamic": dynamic,
         "versions": [torch.__version__, onnx.__version__, __version__],
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()

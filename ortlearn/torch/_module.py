@@ -101,10 +101,15 @@ class ORTModule(torch.nn.Module):
     (``from onnxruntime.training import ORTModule`` becomes
     ``from ortlearn.torch import ORTModule``).
 
-    The first call exports the module (torch's dynamo exporter, the
-    TorchScript one if it fails), builds with :mod:`ortlearn.autodiff` a
-    forward graph that also returns what the backward needs and a backward
-    graph, and opens their sessions; later calls reuse them. The module is
+    The first call exports the module for the shapes of its tensors (torch's
+    dynamo exporter, the TorchScript one if it fails), builds with
+    :mod:`ortlearn.autodiff` a forward graph that also returns what the
+    backward needs and a backward graph, and opens their sessions; later
+    calls reuse them. The first call with other shapes (a smaller last batch,
+    another sequence length) exports it again with symbolic dimensions, which
+    serves every shape after, as ``torch.compile`` makes a dimension dynamic
+    once it changed (the exporters take about twice as long with symbolic
+    dimensions). The module is
     exported again when the call's schema changes (the number, dtypes and
     ranks of the tensors, the other arguments, train or eval mode: each mode
     has its graphs) and when what the export assumed of the module changed:
@@ -327,7 +332,10 @@ class ORTModule(torch.nn.Module):
                 self._log(logging.INFO, "Exporting %s again: %s changed.",
                           type(module).__name__, changed)
                 self._weight_table.refresh()
-            *export, built = self._export(tensors, call_spec, train, device)
+            # The first export is for this call's shapes (the exporters take about twice
+            # as long with symbolic ones); once the shapes change, one for every shape.
+            dynamic = any(not exported.accepts(tensors) for exported, _, _ in schema.exports)
+            *export, built = self._export(tensors, call_spec, train, device, dynamic)
             schema.exports.append(tuple(export))
             index = len(schema.exports) - 1
             schema.graphs[(index, built[0])] = built[1]
@@ -365,11 +373,11 @@ class ORTModule(torch.nn.Module):
         return tuple(name for name, t in zip(exported.inputs + exported.weights,
                                              [*tensors, *weights]) if t.requires_grad)
 
-    def _export(self, tensors, call_spec, train: bool, device):
+    def _export(self, tensors, call_spec, train: bool, device, dynamic: bool):
         """``(exported, output spec, guard, (wrt, graphs))``: the export of this call and its
-        graphs. With ``exporter='auto'``, an export whose graphs cannot be built (an
-        operator without a gradient rule, a graph onnxruntime refuses) is tried with
-        the next exporter."""
+        graphs, with symbolic dimensions if ``dynamic``, else for these shapes. With
+        ``exporter='auto'``, an export whose graphs cannot be built (an operator without
+        a gradient rule, a graph onnxruntime refuses) is tried with the next exporter."""
         module = self._original_module
         output_spec, n_outputs, reads, branches = _probe(module, tensors, call_spec)
         guard = Guard(module, reads)
@@ -383,7 +391,7 @@ class ORTModule(torch.nn.Module):
                 failures.append((exporter, why, None))
                 continue
             folder = cache_dir()
-            key = cache_key(module, tensors, call_spec, exporter) if folder else None
+            key = cache_key(module, tensors, call_spec, exporter, dynamic) if folder else None
             exported = load_export(folder, key) if folder else None
             if exported is not None:
                 self._log(logging.INFO, "Loaded the %s export of %s (%s mode) from %s.",
@@ -392,15 +400,16 @@ class ORTModule(torch.nn.Module):
             else:
                 try:
                     exported = export_call(module, tensors, call_spec, n_outputs, train=train,
-                                           exporter=exporter)
+                                           exporter=exporter, dynamic=dynamic)
                 except Exception as exc:  # noqa: BLE001 - any exporter failure: fallback
                     failures.append((exporter, "torch.onnx.export failed "
                                      f"({_first_line(exc)})", exc))
                     self._log(logging.INFO, "The %s exporter failed: %s", exporter, exc)
                     continue
                 self.export_count += 1
-                self._log(logging.INFO, "Exported %s (%s mode) with the %s exporter.",
-                          type(module).__name__, "train" if train else "eval", exporter)
+                self._log(logging.INFO, "Exported %s (%s mode) with the %s exporter %s.",
+                          type(module).__name__, "train" if train else "eval", exporter,
+                          "with symbolic dimensions" if dynamic else "for the call's shapes")
                 if folder:
                     store_export(folder, key, exported)
             wrt = self._wrt(exported, tensors, self._weight_table.tensors(exported.weights))

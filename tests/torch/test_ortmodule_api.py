@@ -103,8 +103,9 @@ def test_debug_options_validation():
 
 
 def test_dynamo_default_exporter_gradients_and_export_rules(caplog):
-    """The default exporter: gradients equal torch's; a new batch size or sequence length
-    reuses the export (every axis symbolic), another rank or dtype does not."""
+    """The default exporter: gradients equal torch's; the first call is exported for its
+    shapes, the first other batch size or sequence length once more with every axis
+    symbolic, which serves every shape after; another rank or dtype is another schema."""
     caplog.set_level("INFO", logger="ortlearn.torch")
     model = ORTModule(_mlp(), DebugOptions(log_level=LogLevel.INFO))
     x = _x(2, 5, 4).requires_grad_()
@@ -113,21 +114,27 @@ def test_dynamo_default_exporter_gradients_and_export_rules(caplog):
     assert model.export_count == 1
     _assert_grads_close(_grads(model), _torch_step(_mlp(), ref_x))
     torch.testing.assert_close(x.grad, ref_x.grad, rtol=1e-5, atol=1e-6)
-    for shape in [(3, 5, 4), (2, 9, 4), (1, 1, 4)]:
+    model(_x(2, 5, 4, seed=3))
+    assert model.export_count == 1
+    for shape in [(3, 5, 4), (2, 9, 4), (1, 1, 4), (2, 5, 4)]:
         out = model(_x(*shape))
         torch.testing.assert_close(out, _mlp()(_x(*shape)), rtol=1e-5, atol=1e-6)
-    assert model.export_count == 1
+    assert model.export_count == 2
     # Rank 2: another schema, exported from a leaf whose .grad is set (torch.export's
     # guards fail on such a leaf: the exporter must get a fresh one).
     x = _x(6, 4).requires_grad_()
     x.grad = torch.ones_like(x)
     _, caught = _recorded(lambda: model(x).sum().backward())
-    assert caught == [] and model.export_count == 2
+    assert caught == [] and model.export_count == 3
     torch.testing.assert_close(x.grad, 1 + _torch_grad_of_input(_mlp(), x.detach()))
-    exports = [r.getMessage() for r in caplog.records if "xport" in r.getMessage()]
-    assert exports == ["Exported Sequential (train mode) with the dynamo exporter."] * 2
     model(_x(11, 4))
-    assert model.export_count == 2
+    model(_x(2, 4))
+    assert model.export_count == 4
+    exports = [r.getMessage() for r in caplog.records if "xport" in r.getMessage()]
+    shapes = "Exported Sequential (train mode) with the dynamo exporter for the call's shapes."
+    symbolic = ("Exported Sequential (train mode) with the dynamo exporter with symbolic "
+                "dimensions.")
+    assert exports == [shapes, symbolic] * 2
 
 
 def test_dynamo_double_after_first_call():
@@ -222,8 +229,9 @@ def test_nested_outputs_kwargs_and_integer_outputs(exporter):
     torch.testing.assert_close(extra.grad, ref_extra.grad, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(x.grad, ref_x.grad, rtol=1e-5, atol=1e-6)
     assert model.export_count == 1
-    model(_x(9, 4), 2.0, mode="sum", extra=extra)  # another batch size
-    assert model.export_count == 1
+    model(_x(9, 4), 2.0, mode="sum", extra=extra)  # another batch size: symbolic
+    model(_x(2, 4), 2.0, mode="sum", extra=extra)
+    assert model.export_count == 2
 
 
 def test_constant_arguments_are_part_of_the_schema():
@@ -261,14 +269,15 @@ def test_changed_dtype_exports_once_more():
     model = ORTModule(_mlp(), exporter=TS)
     model(_x(5, 4))
     model(_x(7, 4))
-    assert model.export_count == 1
+    assert model.export_count == 2  # the shapes of the first call, then symbolic ones
     model.to(torch.float64)
     out = model(_x(5, 4, dtype=torch.float64))
-    assert out.dtype == torch.float64 and model.export_count == 2
+    assert out.dtype == torch.float64 and model.export_count == 3
     torch.testing.assert_close(out, _mlp(dtype=torch.float64)(_x(5, 4, dtype=torch.float64)),
                                rtol=1e-12, atol=1e-12)
     model(_x(3, 4, dtype=torch.float64))
-    assert model.export_count == 2
+    model(_x(9, 4, dtype=torch.float64))
+    assert model.export_count == 4
 
 
 def test_inputs_on_another_device_raise():
@@ -681,7 +690,7 @@ def test_index_out_of_range_raises_torchs_index_error():
         warnings.simplefilter("error")
         model(torch.tensor([1, 2]))
         with pytest.raises(IndexError, match="index out of range.*idx=10"):
-            model(torch.tensor([10]))
+            model(torch.tensor([10, 1]))  # the shapes of the export: in onnxruntime
     assert model.export_count == 1
 
 

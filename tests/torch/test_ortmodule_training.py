@@ -225,7 +225,9 @@ def test_adam_steps_follow_torch(trained, case):
     name, _, dtype = case
     run = trained(*case)
     rtol = RTOL[dtype]
-    assert run.export_count == 1
+    # batches of 4 to 6 rows: the first one's shapes, then symbolic dimensions (the
+    # recurrent model's batches all have 3)
+    assert run.export_count == (1 if name == "recurrent" else 2)
     assert run.ort._fallback_reason is None
     assert run.warnings == []
     ort_losses, ref_losses = map(np.array, run.losses)
@@ -399,7 +401,8 @@ def test_dropout_training_converges_on_digits():
     one time in four. Hence 16 LeNets trained at once (:class:`LeNets`) and the
     comparison of their mean accuracies: over 4 seeds the difference (onnxruntime
     minus torch) was -0.003, +0.010, -0.003 and +0.002. Train and eval modes alternate
-    each epoch: one export per mode.
+    each epoch: in train mode an export for the first batch's shapes and one with
+    symbolic dimensions (the last batch is smaller), in eval mode one.
     """
     digits = load_digits()
     x = torch.tensor(digits.data / 16.0, dtype=torch.float32).reshape(-1, 1, 8, 8)
@@ -413,7 +416,7 @@ def test_dropout_training_converges_on_digits():
         warnings.simplefilter("error")
         got = _fit_digits(wrapped, data, seed=0)
     expected = _fit_digits(ref, data, seed=0)
-    assert wrapped.export_count == 2
+    assert wrapped.export_count == 3
     assert float(got[-1].mean()) >= float(expected[-1].mean()) - 0.01
     assert float(got[-1].mean()) >= 0.92 and float(got[-1].min()) >= 0.85  # chance: 0.1
 
@@ -425,7 +428,7 @@ def test_dropout_training_converges_on_digits():
 def test_batchnorm_train_eval(trained, exporter):
     """After training, eval mode normalises with the running statistics (outputs equal
     torch's eval outputs, statistics untouched); train mode again updates them as torch
-    does; one export per mode."""
+    does; eval mode is one export more (the training batches of 4 to 6 rows made two)."""
     run = trained("lenet", exporter, F32)
     ort, ref = run.ort, run.ref
     ort.train()
@@ -469,7 +472,7 @@ def test_batchnorm_train_eval(trained, exporter):
     assert not torch.equal(ort.get_buffer("bn1.running_mean"), stats["bn1.running_mean"])
     got, expected = eval_outputs()
     _assert_close(got, expected, 1e-4, "eval outputs after more training")
-    assert ort.export_count == 2
+    assert ort.export_count == 3
     assert ort._fallback_reason is None
     ort.train()
     ref.train()
