@@ -4,7 +4,7 @@ Public names are imported lazily (skl2onnx and scikit-learn take a while to
 import); ``from ortlearn import X`` works for every name in ``__all__``.
 """
 
-from importlib import import_module
+from .lazy import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -42,14 +42,4 @@ _SUBMODULES = {"artifacts", "onnxblock", "api", "autodiff", "optim", "convert", 
 
 __all__ = sorted(_LAZY) + sorted(_SUBMODULES)
 
-
-def __getattr__(name):
-    if name in _SUBMODULES:
-        return import_module(f"ortlearn.{name}")
-    if name in _LAZY:
-        return getattr(import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'ortlearn' has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, _SUBMODULES)

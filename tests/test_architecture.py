@@ -2,9 +2,12 @@
 
 - No module imports another ortlearn package's private (underscore) module or name.
 - The floors: a package imports only from its own floor or below.
+- A full-batch estimator's fit imports only what it runs (its cold start).
 """
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,7 +19,7 @@ ROOT = Path(ortlearn.__file__).parent
 #: Floor of each package (top-level modules are packages of their own): a module
 #: may import from its own floor or a lower one, never from a higher one.
 FLOORS = {
-    "exceptions": 0, "graph": 0, "log": 0,
+    "exceptions": 0, "graph": 0, "log": 0, "lazy": 0,
     "autodiff": 1,
     "convert": 2, "loss": 2, "optim": 2, "fileio": 0, "web": 0,
     "training": 3,
@@ -235,3 +238,38 @@ def test_no_module_reads_another_packages_private_attributes():
                     and _package(bound[node.value.id]) != _package(module)):
                 offences.append(f"{_where(path, node.lineno)}: {node.value.id}.{node.attr}")
     assert not offences, "\n".join(offences)
+
+
+#: What a full-batch estimator's fit must not import: skl2onnx and the conversion (which
+#: import much of scikit-learn), the mini-batch engine and the update rules.
+_NOT_FOR_FULL_BATCH = ("skl2onnx", "ortlearn.convert.conversion", "ortlearn.training.engine",
+                       "ortlearn.optim", "sklearn.neural_network", "sklearn.ensemble")
+
+
+def test_full_batch_fits_import_only_what_they_run():
+    """The packages import their public names when first used (``ortlearn.lazy``): the first
+    fit of a full-batch estimator in a process pays for its solver's modules, not for
+    skl2onnx's import and the mini-batch engine (what its cold start is made of)."""
+    code = """
+import sys
+import numpy as np
+from ortlearn.estimators import (OrtElasticNet, OrtHuberRegressor, OrtLasso, OrtLinearSVC,
+    OrtLinearSVR, OrtPoissonRegressor, OrtQuantileRegressor, OrtRidge)
+X = np.random.default_rng(0).random((40, 3))
+y = X @ [1.0, 2.0, 3.0] + 1.0
+for est in (OrtRidge(), OrtLasso(alpha=0.01), OrtElasticNet(alpha=0.01), OrtHuberRegressor(),
+            OrtPoissonRegressor(), OrtQuantileRegressor(), OrtLinearSVR()):
+    est.fit(X, y)
+OrtLinearSVC().fit(X, y > y.mean())
+print(sorted(name for name in NAMES if name in sys.modules))
+""".replace("NAMES", repr(_NOT_FOR_FULL_BATCH))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=ROOT.parent)
+    assert out.stdout.split("\n")[-2] == "[]", out.stdout
+    # the same names do come with a mini-batch estimator (the test can fail)
+    code = code.replace("OrtLinearSVC().fit(X, y > y.mean())",
+                        "from ortlearn.estimators import OrtSGDRegressor; "
+                        "OrtSGDRegressor(max_iter=2).fit(X, y)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=ROOT.parent)
+    assert out.stdout.split("\n")[-2] == repr(sorted(_NOT_FOR_FULL_BATCH)), out.stdout

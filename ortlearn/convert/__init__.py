@@ -50,18 +50,24 @@ The modules of the package:
 re-exported here.
 """
 
-from ..graph import get_train_initializer
-from .conversion import RAW_PREDICTIONS as RAW_PREDICTIONS  # public, not in __all__
-from .conversion import RAW_SCORES as RAW_SCORES  # public, not in __all__ (as before)
-from .conversion import to_train_onnx
-from .lowering import lower_ml_operators
-from .weights import (
-    SUPPORTED_ESTIMATORS,
-    SUPPORTED_PREPROCESSORS,
-    get_weights,
-    init_template,
-    set_weights,
-)
+from ..lazy import lazy_exports
+
+# public name -> the module defining it, imported when first used (the conversion's
+# modules import much of scikit-learn; a constant of them should not)
+_LAZY = {
+    "get_train_initializer": "ortlearn.graph",
+    "RAW_PREDICTIONS": "ortlearn.convert.conversion",  # public, not in __all__
+    "RAW_SCORES": "ortlearn.convert.conversion",  # public, not in __all__
+    "to_train_onnx": "ortlearn.convert.conversion",
+    "lower_ml_operators": "ortlearn.convert.lowering",
+    "SUPPORTED_ESTIMATORS": "ortlearn.convert.weights",
+    "SUPPORTED_PREPROCESSORS": "ortlearn.convert.weights",
+    "get_weights": "ortlearn.convert.weights",
+    "init_template": "ortlearn.convert.weights",
+    "set_weights": "ortlearn.convert.weights",
+}
+
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)
 
 __all__ = [
     "SUPPORTED_ESTIMATORS",

@@ -22,24 +22,28 @@
   shared between copies of fitted estimators (``doc/scaling_out.rst``).
 """
 
-from ._averaging import (
-    average_estimators,
-    average_training_states,
-    get_training_state,
-    set_training_state,
-)
-from ._coordinate import OrtElasticNet, OrtLasso
-from ._glm import OrtGammaRegressor, OrtPoissonRegressor, OrtTweedieRegressor
-from ._huber import OrtHuberRegressor
-from ._linear import OrtLinearClassifier, OrtLinearRegressor
-from ._logistic import OrtLogisticRegression
-from ._mlp import OrtMLPClassifier, OrtMLPRegressor
-from ._quantile import OrtQuantileRegressor
-from ._ridge import OrtRidge
-from ._session_cache import session_cache_info
-from ._sgd import OrtSGDClassifier, OrtSGDRegressor
-from ._svm import OrtLinearSVC, OrtLinearSVR
-from .gradient_optimizer import OrtGradientOptimizer
+from ..lazy import lazy_exports
+
+# public name -> the module defining it, imported when first used: a fit imports its own
+# family's modules (the full-batch solvers need neither skl2onnx nor the training engine)
+_LAZY = {
+    "average_estimators": "._averaging", "average_training_states": "._averaging",
+    "get_training_state": "._averaging", "set_training_state": "._averaging",
+    "OrtElasticNet": "._coordinate", "OrtLasso": "._coordinate",
+    "OrtGammaRegressor": "._glm", "OrtPoissonRegressor": "._glm", "OrtTweedieRegressor": "._glm",
+    "OrtHuberRegressor": "._huber",
+    "OrtLinearClassifier": "._linear", "OrtLinearRegressor": "._linear",
+    "OrtLogisticRegression": "._logistic",
+    "OrtMLPClassifier": "._mlp", "OrtMLPRegressor": "._mlp",
+    "OrtQuantileRegressor": "._quantile",
+    "OrtRidge": "._ridge",
+    "session_cache_info": "._session_cache",
+    "OrtSGDClassifier": "._sgd", "OrtSGDRegressor": "._sgd",
+    "OrtLinearSVC": "._svm", "OrtLinearSVR": "._svm",
+    "OrtGradientOptimizer": ".gradient_optimizer",
+}
+
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)
 
 __all__ = [
     "OrtElasticNet",

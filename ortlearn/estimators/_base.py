@@ -67,16 +67,10 @@ from ..training.sparse import (
     rows_as_gathers,
     sparse_epoch,
 )
-from ._callbacks import current_task, fit_task
+from ._callbacks import CallbackSupportMixin, current_task, fit_task
 from ._objective import LOSS, SAMPLE_WEIGHT, input_names, label_dtype
 from ._session_cache import _SessionCache, serialized
 from ._validation import check_in_range, check_sample_weight
-
-try:  # scikit-learn >= 1.9: set_callbacks(ProgressBar(), ScoringMonitor(...))
-    from sklearn.callback import CallbackSupportMixin
-except ImportError:  # pragma: no cover
-    class CallbackSupportMixin:
-        """No callbacks before scikit-learn 1.9."""
 
 __all__ = ["BaseOrtEstimator"]
 

@@ -14,7 +14,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import contextmanager
 
-__all__ = ["FitTask", "current_task", "fit_task", "iteration_hook"]
+__all__ = ["CallbackSupportMixin", "FitTask", "current_task", "fit_task", "iteration_hook"]
+
+try:  # scikit-learn >= 1.9: set_callbacks(ProgressBar(), ScoringMonitor(...))
+    from sklearn.callback import CallbackSupportMixin
+except ImportError:  # pragma: no cover
+    class CallbackSupportMixin:
+        """No callbacks before scikit-learn 1.9."""
 
 #: Where the task of the fit in progress is kept on the estimator (gone after the fit).
 _TASK = "_callback_task"

@@ -33,10 +33,9 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 
 from ..graph import GraphBuilder, finalize_model
 from ..graph.model import DEFAULT_OPSET
-from ..training import minimize_lbfgs
+from ..training.lbfgs import minimize_lbfgs
 from ..training.sparse import is_sparse
-from ._base import CallbackSupportMixin
-from ._callbacks import fit_task, iteration_hook
+from ._callbacks import CallbackSupportMixin, fit_task, iteration_hook
 from ._objective import (
     COEF,
     DATA_SCALE,

@@ -34,7 +34,6 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from ..convert import RAW_PREDICTIONS
 from ..graph import DEFAULT_OPSET, GraphBuilder, finalize_model, load_model, needed_nodes
 from ..graph.format import HYPER_PREFIX
 from ..loss import elementwise_loss, penalty_terms
@@ -260,6 +259,10 @@ def mlp_objective(model, kind: str, alpha: float, sum_in_float64: bool = False,
         raise ValueError("loss='poisson' is a regressor's loss.")
     model, b, pred, elem, n_outputs, dtype = _start(model, kind)
     if loss == "poisson":
+        # here, not at import: the conversion's modules import much of scikit-learn, which
+        # the full-batch estimators (building their objectives from _objective) never need
+        from ..convert import RAW_PREDICTIONS
+
         if not any(RAW_PREDICTIONS in node.output for node in model.graph.node):
             raise ValueError(
                 f"loss='poisson' needs the value {RAW_PREDICTIONS!r} (the log of the "

@@ -30,26 +30,30 @@ The engine and the session keep their device buffers in one implementation
 :mod:`~ortlearn.training.checks`.
 """
 
-from ._buffers import device_value, host_copy
-from .batches import Batches
-from .checkpoint import CheckpointState
-from .checks import conform_state
-from .device import (
-    Device,
-    cuda_available,
-    make_session,
-    make_session_options,
-    parse_device,
-    resolve_num_threads,
-)
-from .engine import TrainingEngine
-from .fista import gram_largest_eigenvalue, largest_eigenvalue, minimize_fista
-from .lars import minimize_lars
-from .lbfgs import loss_and_gradient, minimize_lbfgs
-from .newton import minimize_squared_margin
-from .policy import default_session_options
-from .result import SolverResult
-from .session import TrainingSession
+from ..lazy import lazy_exports
+
+# public name -> the module defining it: imported when first used (a fit of a full-batch
+# estimator needs its solver, not the engine and the sessions of the others)
+_LAZY = {
+    "device_value": "._buffers", "host_copy": "._buffers",
+    "Batches": ".batches",
+    "CheckpointState": ".checkpoint",
+    "conform_state": ".checks",
+    "Device": ".device", "cuda_available": ".device", "make_session": ".device",
+    "make_session_options": ".device", "parse_device": ".device",
+    "resolve_num_threads": ".device",
+    "TrainingEngine": ".engine",
+    "gram_largest_eigenvalue": ".fista", "largest_eigenvalue": ".fista",
+    "minimize_fista": ".fista",
+    "minimize_lars": ".lars",
+    "loss_and_gradient": ".lbfgs", "minimize_lbfgs": ".lbfgs",
+    "minimize_squared_margin": ".newton",
+    "default_session_options": ".policy",
+    "SolverResult": ".result",
+    "TrainingSession": ".session",
+}
+
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)
 
 __all__ = [
     "Batches",
