@@ -90,6 +90,8 @@ class _Schema:
 
     exports: list = field(default_factory=list)  # (Exported, output spec, Guard)
     graphs: dict = field(default_factory=dict)  # (export index, wrt) -> Graphs
+    #: why the export with symbolic dimensions failed (then each shape is exported alone)
+    symbolic_failure: str | None = None
 
 
 class ORTModule(torch.nn.Module):
@@ -332,10 +334,7 @@ class ORTModule(torch.nn.Module):
                 self._log(logging.INFO, "Exporting %s again: %s changed.",
                           type(module).__name__, changed)
                 self._weight_table.refresh()
-            # The first export is for this call's shapes (the exporters take about twice
-            # as long with symbolic ones); once the shapes change, one for every shape.
-            dynamic = any(not exported.accepts(tensors) for exported, _, _ in schema.exports)
-            *export, built = self._export(tensors, call_spec, train, device, dynamic)
+            *export, built = self._export_for(schema, tensors, call_spec, train, device)
             schema.exports.append(tuple(export))
             index = len(schema.exports) - 1
             schema.graphs[(index, built[0])] = built[1]
@@ -347,6 +346,26 @@ class ORTModule(torch.nn.Module):
             graphs = self._build(exported, output_spec, wrt, train, device)
             schema.graphs[(index, wrt)] = graphs
         return graphs, weights
+
+    def _export_for(self, schema: _Schema, tensors, call_spec, train: bool, device):
+        """:meth:`_export` of a call of ``schema``: for this call's shapes at first (the
+        exporters take about twice as long with symbolic ones), with symbolic dimensions
+        once the shapes changed, or, where that export fails (a size read as a number:
+        ``ignore_index=x.size(1)``), for each new shape, up to ``MAX_EXPORTS_PER_SCHEMA``."""
+        shapes_changed = any(not exported.accepts(tensors) for exported, _, _ in schema.exports)
+        if shapes_changed and schema.symbolic_failure is None:
+            try:
+                return self._export(tensors, call_spec, train, device, dynamic=True)
+            except _Unsupported as exc:
+                schema.symbolic_failure = str(exc)
+                self._log(logging.INFO, "The export with symbolic dimensions failed (%s); "
+                          "exporting for each shape.", exc)
+        if shapes_changed and len(schema.exports) >= MAX_EXPORTS_PER_SCHEMA:
+            raise _Unsupported(
+                f"the input shapes changed {len(schema.exports)} times and the module cannot "
+                f"be exported with symbolic dimensions ({schema.symbolic_failure}); keep the "
+                "shapes fixed (pad the batches) or make the sizes forward reads tensors")
+        return self._export(tensors, call_spec, train, device, dynamic=False)
 
     def _specialize(self, schema: _Schema, tensors, train: bool, device) -> int | None:
         """The index of a new entry of ``schema``: an export specialized to these tensors'

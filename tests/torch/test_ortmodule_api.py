@@ -137,6 +137,44 @@ def test_dynamo_default_exporter_gradients_and_export_rules(caplog):
     assert exports == [shapes, symbolic] * 2
 
 
+class _SizeAsIgnoreIndex(nn.Module):
+    """onnxruntime-training's cross-entropy test: a size of the input read as a number."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.embedding = nn.Embedding(32, 16, padding_idx=1)
+
+    def forward(self, tokens, positions):
+        output = torch.transpose(self.embedding(tokens), 0, 1)
+        return nn.CrossEntropyLoss(ignore_index=output.size(1))(output, positions)
+
+
+def test_a_module_without_a_symbolic_export_is_exported_for_each_shape():
+    """``ignore_index=x.size(1)``: no export with symbolic dimensions builds (both exporters
+    fail); each new length is exported for its shapes, with torch's gradients, up to
+    ``MAX_EXPORTS_PER_SCHEMA`` shapes, then the module runs in torch with a warning."""
+    from ortlearn.torch import MAX_EXPORTS_PER_SCHEMA
+
+    model, ref = ORTModule(_SizeAsIgnoreIndex()), _SizeAsIgnoreIndex()
+    lengths = [20, 27, 20, *range(5, 5 + MAX_EXPORTS_PER_SCHEMA - 2)]
+    for i, n in enumerate(lengths):
+        generator = torch.Generator().manual_seed(i)
+        tokens = torch.randint(32, (n,), generator=generator)
+        positions = torch.randint(n, (16,), generator=generator)
+        for m in (model, ref):
+            m.zero_grad()
+        _, caught = _recorded(lambda: model(tokens, positions).backward())
+        assert caught == []  # in onnxruntime
+        ref(tokens, positions).backward()
+        torch.testing.assert_close(model.module.embedding.weight.grad,
+                                   ref.embedding.weight.grad, rtol=1e-5, atol=1e-6)
+    assert model.export_count == len(set(lengths)) == MAX_EXPORTS_PER_SCHEMA
+    out, caught = _recorded(lambda: model(torch.arange(3), torch.arange(16) % 3))
+    assert any("cannot be exported with symbolic dimensions" in str(w.message) for w in caught)
+    torch.testing.assert_close(out, ref(torch.arange(3), torch.arange(16) % 3))
+
+
 def test_dynamo_double_after_first_call():
     """``.double()`` after a float32 call: the next call exports again (a new dtype) and
     the gradients are float64 ones, as torch's."""
