@@ -500,23 +500,30 @@ class ORTModule(torch.nn.Module):
 
     def named_parameters(self, prefix: str = "", recurse: bool = True,
                          remove_duplicate: bool = True):
-        """The wrapped module's ``named_parameters`` (same names)."""
+        """The wrapped module's ``named_parameters`` (same names), then those registered on
+        the wrapper itself (``register_parameter``)."""
         yield from self._original_module.named_parameters(
             prefix=prefix, recurse=recurse, remove_duplicate=remove_duplicate)
+        yield from _own(self._parameters, prefix)
 
     def parameters(self, recurse: bool = True):
-        """The wrapped module's parameters: give them to the optimizer."""
-        yield from self._original_module.parameters(recurse=recurse)
+        """The wrapped module's parameters (and the wrapper's own): give them to the
+        optimizer."""
+        for _, parameter in self.named_parameters(recurse=recurse):
+            yield parameter
 
     def named_buffers(self, prefix: str = "", recurse: bool = True,
                       remove_duplicate: bool = True):
-        """The wrapped module's ``named_buffers`` (same names)."""
+        """The wrapped module's ``named_buffers`` (same names), then those registered on
+        the wrapper itself (``register_buffer``)."""
         yield from self._original_module.named_buffers(
             prefix=prefix, recurse=recurse, remove_duplicate=remove_duplicate)
+        yield from _own(self._buffers, prefix)
 
     def buffers(self, recurse: bool = True):
-        """The wrapped module's buffers."""
-        yield from self._original_module.buffers(recurse=recurse)
+        """The wrapped module's buffers, and the wrapper's own."""
+        for _, buffer in self.named_buffers(recurse=recurse):
+            yield buffer
 
     def named_children(self):
         """The wrapped module's ``named_children``."""
@@ -576,6 +583,13 @@ class ORTModule(torch.nn.Module):
     def _replicate_for_data_parallel(self):
         raise NotImplementedError("ORTModule does not support torch.nn.DataParallel; use "
                                   "one ORTModule per process (DistributedDataParallel).")
+
+
+def _own(tensors: dict, prefix: str):
+    """``(name, tensor)`` of the tensors a wrapper registered on itself."""
+    for name, tensor in tensors.items():
+        if tensor is not None:
+            yield (f"{prefix}.{name}" if prefix else name), tensor
 
 
 def _wrapped_keys(module, state_dict, prefix, *args) -> None:

@@ -344,6 +344,14 @@ def test_module_property_and_delegation():
     assert names == ["1.running_mean", "1.running_var", "1.num_batches_tracked"]
     assert all(a is b for a, b in zip(bn.buffers(), bn.module.buffers()))
     assert bn.get_buffer("1.running_var") is bn.module[1].running_var
+    # registered on the wrapper itself (onnxruntime-training's test_named_buffers): listed
+    # after the wrapped module's
+    bn.register_buffer("extra", torch.ones(2))
+    bn.register_parameter("scale", nn.Parameter(torch.ones(1)))
+    assert [n for n, _ in bn.named_buffers()] == [*names, "extra"]
+    assert list(bn.buffers())[-1] is bn.extra and len(list(bn.buffers())) == 4
+    assert [n for n, _ in bn.named_parameters(prefix="m")][-1] == "m.scale"
+    assert list(bn.parameters())[-1] is bn.scale
 
 
 class _WithMethods(nn.Module):
