@@ -254,13 +254,14 @@ def test_full_batch_fits_import_only_what_they_run():
 import sys
 import numpy as np
 from ortlearn.estimators import (OrtElasticNet, OrtHuberRegressor, OrtLasso, OrtLinearSVC,
-    OrtLinearSVR, OrtPoissonRegressor, OrtQuantileRegressor, OrtRidge)
+    OrtLinearSVR, OrtLogisticRegression, OrtPoissonRegressor, OrtQuantileRegressor, OrtRidge)
 X = np.random.default_rng(0).random((40, 3))
 y = X @ [1.0, 2.0, 3.0] + 1.0
 for est in (OrtRidge(), OrtLasso(alpha=0.01), OrtElasticNet(alpha=0.01), OrtHuberRegressor(),
             OrtPoissonRegressor(), OrtQuantileRegressor(), OrtLinearSVR()):
     est.fit(X, y)
 OrtLinearSVC().fit(X, y > y.mean())
+OrtLogisticRegression().fit(X, y > y.mean())
 print(sorted(name for name in NAMES if name in sys.modules))
 """.replace("NAMES", repr(_NOT_FOR_FULL_BATCH))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -9,14 +9,12 @@ the penalty is part of the objective (its L1 part a subgradient). ``BaseOrtSGD``
 
 from __future__ import annotations
 
-from numbers import Integral, Real
-
-from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted
 
 from ..optim import SGD, Adam, TorchAdamW
 from ..optim.schedules import Adaptive, Constant, InvScaling, Optimal
 from ._base import BaseOrtEstimator
+from ._constraints import LINEAR_CONSTRAINTS
 
 __all__ = ["BaseOrtLinear"]
 
@@ -26,31 +24,7 @@ _L1_RATIO = {"l2": 0.0, "l1": 1.0, None: 0.0}
 class BaseOrtLinear(BaseOrtEstimator):
     """Shared parameters and hooks of the linear models (not for direct use)."""
 
-    _parameter_constraints: dict = {
-        "penalty": [StrOptions({"l2", "l1", "elasticnet"}), None],
-        "alpha": [Interval(Real, 0, None, closed="left")],
-        "l1_ratio": [Interval(Real, 0, 1, closed="both")],
-        "fit_intercept": ["boolean"],
-        "max_iter": [Interval(Integral, 1, None, closed="left")],
-        "tol": [Interval(Real, None, None, closed="neither"), None],
-        "shuffle": ["boolean"],
-        "verbose": ["verbose"],
-        "random_state": ["random_state"],
-        "learning_rate": [StrOptions({"constant", "optimal", "invscaling", "adaptive"})],
-        "eta0": [Interval(Real, 0, None, closed="neither")],
-        "power_t": [Interval(Real, None, None, closed="neither")],
-        "early_stopping": ["boolean"],
-        "validation_fraction": [Interval(Real, 0, 1, closed="neither")],
-        "n_iter_no_change": [Interval(Integral, 1, None, closed="left")],
-        "warm_start": ["boolean"],
-        "solver": [StrOptions({"sgd", "adam", "adamw", "lbfgs"})],
-        "batch_size": [StrOptions({"auto"}), Interval(Integral, 1, None, closed="left")],
-        "momentum": [Interval(Real, 0, 1, closed="both")],
-        "nesterovs_momentum": ["boolean"],
-        "beta_1": [Interval(Real, 0, 1, closed="left")],
-        "beta_2": [Interval(Real, 0, 1, closed="left")],
-        "device": [str],
-    }
+    _parameter_constraints: dict = dict(LINEAR_CONSTRAINTS)
 
     #: SGD stops once the count of epochs without improvement reaches n_iter_no_change.
     _stop_after_exceeding = False

@@ -27,9 +27,9 @@ from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.class_weight import compute_class_weight
 
 from ..loss import elementwise_loss
+from ._constraints import LINEAR_CONSTRAINTS
 from ._docs import fill_doc
 from ._fullbatch import BaseOrtFullBatch, FullBatchClassifierMixin
-from ._linear import OrtLinearClassifier
 from ._objective import COEF, INTERCEPT, linear_objective
 from ._validation import check_sample_weight, with_defaults
 
@@ -192,8 +192,7 @@ default='optimal'
         "warm_start": ["boolean"],
         "n_jobs": [None, Integral],
         "device": [str],
-        **{name: OrtLinearClassifier._parameter_constraints[name]
-           for name in _MINI_BATCH_PARAMS},
+        **{name: LINEAR_CONSTRAINTS[name] for name in _MINI_BATCH_PARAMS},
     }
 
     def __init__(self, penalty="deprecated", *, C=1.0, l1_ratio=0.0, dual=False, tol=1e-4,
@@ -303,6 +302,9 @@ default='optimal'
                       fit_intercept=self.fit_intercept, max_iter=self.max_iter, tol=self.tol,
                       verbose=self.verbose, random_state=self.random_state,
                       warm_start=self.warm_start, device=self.device)
+        # here, not at import: a fit with L-BFGS needs none of the mini-batch engine
+        from ._linear import OrtLinearClassifier
+
         inner = getattr(self, "estimator_", None)
         if not (self.warm_start and inner is not None):
             inner = OrtLinearClassifier()
