@@ -77,6 +77,54 @@ class _RunGraphs(torch.autograd.Function):
         return (None, *(by_input.get(name) for name in graphs.inputs))
 
 
+class _SignedMethod:
+    """A method that, read on an ORTModule, shows the wrapped module's own method's
+    signature and docstring (``inspect.signature(model.forward)``, which the callers that
+    pick the arguments to pass read).
+
+    The bound object is made on each read, as Python's bound methods are: stored on the
+    instance it would make a reference cycle, and a dropped module, sessions included,
+    would wait for the garbage collector.
+    """
+
+    def __init__(self, function):
+        self._function = function
+        functools.update_wrapper(self, function)
+
+    def __set_name__(self, owner, name):
+        self._name = name
+
+    def __get__(self, instance, owner=None):
+        if instance is None:
+            return self._function
+        return _BoundSigned(self._function, instance, self._name)
+
+
+class _BoundSigned:
+    __slots__ = ("__func__", "__self__", "_name")
+
+    def __init__(self, function, instance, name):
+        self.__func__, self.__self__, self._name = function, instance, name
+
+    def __call__(self, *args, **kwargs):
+        return self.__func__(self.__self__, *args, **kwargs)
+
+    @property
+    def __wrapped__(self):
+        return getattr(self.__self__._original_module, self._name)
+
+    @property
+    def __doc__(self):
+        return self.__wrapped__.__doc__
+
+    @property
+    def __name__(self):
+        return self._name
+
+    def __repr__(self):
+        return f"<bound method ORTModule.{self._name} of {self.__self__!r}>"
+
+
 #: Exports of one call schema for a module that keeps changing (an attribute forward reads
 #: set at every step): beyond, the module runs in torch (torch.compile's cache limit idea).
 MAX_EXPORTS_PER_SCHEMA = 8
@@ -186,7 +234,6 @@ class ORTModule(torch.nn.Module):
         # a parent module's load_state_dict reaches the wrapped module through this one:
         # its keys have no "_original_module." (state_dict gives the wrapped module's)
         super().register_load_state_dict_pre_hook(_wrapped_keys)
-        self._signed_forward()
         self._initialized = True
 
     # ------------------------------------------------------------------ attributes
@@ -217,17 +264,10 @@ class ORTModule(torch.nn.Module):
         else:
             super().__delattr__(name)
 
-    def _signed_forward(self) -> None:
-        """``forward`` with the wrapped module's signature and docstring
-        (``inspect.signature(model.forward)``), per instance."""
-        call = functools.partial(ORTModule.forward, self)
-        forward = functools.update_wrapper(lambda *args, **kwargs: call(*args, **kwargs),
-                                           self._original_module.forward)
-        self.__dict__["forward"] = forward
-
     # ------------------------------------------------------------------ the call
 
     # torch.compile does not trace into it: onnxruntime runs the whole forward and backward
+    @_SignedMethod
     @torch.compiler.disable
     def forward(self, *inputs, **kwargs):
         """Run the module's forward in ONNX Runtime (the first call exports it).
@@ -572,13 +612,12 @@ class ORTModule(torch.nn.Module):
         # exports again on its first call.
         state = dict(self.__dict__)
         state["_schemas"] = {}
-        del state["_lock"], state["forward"]
+        del state["_lock"]
         return state
 
     def __setstate__(self, state):
         super().__setstate__(state)
         self.__dict__["_lock"] = threading.RLock()
-        self._signed_forward()
 
     def _replicate_for_data_parallel(self):
         raise NotImplementedError("ORTModule does not support torch.nn.DataParallel; use "

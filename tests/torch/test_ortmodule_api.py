@@ -396,6 +396,27 @@ def test_attributes_methods_and_signature_are_the_wrapped_modules():
     torch.testing.assert_close(copied(x), inner(x))
 
 
+def test_a_dropped_module_is_freed_without_the_garbage_collector():
+    """Its sessions and weights go with the last reference (no reference cycle), and a kept
+    ``model.forward`` keeps the module, as a bound method does."""
+    import gc
+    import weakref
+
+    model = ORTModule(_WithMethods(), exporter=TS)
+    model(_x(3, 4)).sum().backward()
+    forward = model.forward
+    alive = weakref.ref(model)
+    gc.disable()
+    try:
+        del model
+        assert alive() is not None
+        torch.testing.assert_close(forward(_x(3, 4)), alive()._original_module(_x(3, 4)))
+        del forward
+        assert alive() is None
+    finally:
+        gc.enable()
+
+
 def test_a_module_holding_an_ortmodule_saves_and_loads_its_state_dict():
     torch.manual_seed(0)
 
