@@ -127,6 +127,9 @@ class BaseOrtEstimator(CallbackSupportMixin, BaseEstimator, ABC):
         inputs ``input_names(weighted)``, loss output ``'loss'``, the update
         rule of ``_optimizer()``, and ``self._optimizer_state`` loaded when it
         is not None (``partial_fit`` continues the optimizer).
+    ``_epoch_rows(n_samples, batch_size) -> int``
+        Before each epoch: the rows of its mini-batches (``batch_size``, the
+        fit's, unless the subclass changes it from epoch to epoch).
     ``_run_epoch(engine, train, batches) -> float``
         One pass over the data. ``train`` is the list of arrays fed to the
         graph (X, encoded y, and the sample weights when the graph reads
@@ -244,6 +247,9 @@ class BaseOrtEstimator(CallbackSupportMixin, BaseEstimator, ABC):
             warnings.warn(f"Got batch_size={self.batch_size} larger than the {n_samples} "
                           "samples; it is clipped.", stacklevel=user_stacklevel())
         return int(np.clip(self.batch_size, 1, n_samples))
+
+    def _epoch_rows(self, n_samples: int, batch_size: int) -> int:
+        return batch_size
 
     # ------------------------------------------------------------------- data
     def _kind(self) -> str:
@@ -644,11 +650,15 @@ class BaseOrtEstimator(CallbackSupportMixin, BaseEstimator, ABC):
         task = current_task(self)
 
         def train_epoch(number: int) -> float:
+            nonlocal batches
             if task is not None:
                 task.begin_subtask("epoch")
             if self.shuffle:
                 # In place: the rows and draws of sklearn's order[permutation(n)], no copy.
                 self._random_state.shuffle(order)
+            rows = self._epoch_rows(n_samples, batch_size)
+            if rows != len(batches[0]):
+                batches = Batches(order, rows)
             return self._run_epoch(engine, train, batches)
 
         def after_epoch(number: int, loss: float) -> bool:

@@ -9,14 +9,16 @@ and L2 part, :func:`ova_sgd_objective`) and :class:`~ortlearn.optim.PlainSGD`
 (the step, the average and the cumulative L1 penalty) give its coefficients
 to rounding.
 
-The default, ``batch_size='auto'``, updates the weights once per 32 rows:
-one onnxruntime step costs tens of microseconds whatever its rows, where
-scikit-learn's Cython loop spends well under one per sample, so one row per
-step is tens of times slower. Each update steps its rows as the per-sample
-loop would (:func:`~ortlearn.optim.per_sample_rates`: the mean gradient at
-``n`` times the rate of the first row's sample count), so the schedules,
-``t_``, ``average`` and the cumulative L1 penalty keep counting samples and
-a fit follows scikit-learn's path, taken 32 rows at a time.
+The default, ``batch_size='auto'``, updates the weights once per 32 rows
+(a regressor's, per more rows in later epochs as the schedule's rate
+decays: up to 256, keeping 64 updates an epoch): one onnxruntime step costs tens of
+microseconds whatever its rows, where scikit-learn's Cython loop spends well
+under one per sample, so one row per step is tens of times slower. Each
+update steps its rows as the per-sample loop would
+(:func:`~ortlearn.optim.per_sample_rates`: the mean gradient at ``n`` times
+the rate of the first row's sample count), so the schedules, ``t_``,
+``average`` and the cumulative L1 penalty keep counting samples and a fit
+follows scikit-learn's path, taken a batch at a time.
 
 ``solver`` picks the training of the same objective: ``'sgd'`` (the default) is
 scikit-learn's rule above; ``'adam'``, ``'adamw'`` and ``'lbfgs'`` are
@@ -30,7 +32,7 @@ import math
 from numbers import Integral, Real
 
 import numpy as np
-from sklearn.base import _fit_context
+from sklearn.base import _fit_context, is_classifier
 from sklearn.linear_model import SGDClassifier, SGDRegressor
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.class_weight import compute_class_weight
@@ -49,6 +51,8 @@ _REGRESSION_LOSSES = {"squared_error", "huber", "epsilon_insensitive",
                       "squared_epsilon_insensitive"}
 _CLASSIFICATION_LOSSES = {"hinge", "log_loss", "modified_huber", "squared_hinge",
                           "perceptron"} | _REGRESSION_LOSSES
+#: ``batch_size='auto'``: the most rows an update, the fewest updates an epoch
+_MAX_AUTO_ROWS, _MIN_UPDATES = 256, 64
 #: losses whose derivative jumps: L-BFGS's curvature pairs mean nothing across the kinks
 _NOT_SMOOTH = {"hinge", "perceptron", "epsilon_insensitive"}
 
@@ -101,9 +105,28 @@ class BaseOrtSGD(BaseOrtLinear):
             raise ValueError("l1_ratio must be set when penalty is 'elasticnet'")
         return super()._l1_ratio()
 
-    #: rows per update of ``batch_size='auto'``: per-sample rates (per_sample_rates)
-    #: keep scikit-learn's path and scores; larger batches score worse on classifiers
+    #: rows per update of ``batch_size='auto'`` at the start of a fit: per-sample rates
+    #: (per_sample_rates) keep scikit-learn's path and scores
     _auto_batch_size = 32
+
+    def _epoch_rows(self, n_samples: int, batch_size: int) -> int:
+        """``'auto'``: more rows an update as the schedule's rate decays.
+
+        An update of ``n`` rows steps ``n`` times the rate of its first row: with ``n``
+        grown by the rate's decay since the first sample, no update steps further than
+        the first 32-row ones, while a step's fixed cost is paid fewer times. At most
+        ``_MAX_AUTO_ROWS`` rows and at least ``_MIN_UPDATES`` updates an epoch: with
+        fewer, an epoch's loss drops less than the ``tol`` rule expects. Regressors only:
+        the classifiers' margin losses change their epochs' losses with the batch size,
+        and the ``tol`` rule then runs more epochs to lower held-out scores.
+        """
+        if (self.batch_size != "auto" or not self._per_sample_rule() or self.average
+                or is_classifier(self)):
+            return batch_size
+        schedule = self._schedule
+        growth = schedule.learning_rate(1) / schedule.learning_rate(max(int(self.t_), 1))
+        rows = min(batch_size * growth, _MAX_AUTO_ROWS, n_samples // _MIN_UPDATES)
+        return max(batch_size, int(rows) // batch_size * batch_size)
 
     def _average_start(self) -> int:
         """The first averaged update: the one that learns sample ``average`` (True is 1,
@@ -234,7 +257,8 @@ _COMMON_DOC = """
         an optimizer state of :class:`~ortlearn.optim.PlainSGD`, updated in
         the training graph.
     batch_size : int or 'auto', default='auto'
-        ortlearn's addition. Rows per update (``'auto'``: 32). 1 is
+        ortlearn's addition. Rows per update (``'auto'``: 32; a regressor's
+        grow up to 256 in later epochs as a decaying schedule's rate falls). 1 is
         scikit-learn's per-sample SGD, to rounding. An update of ``n`` rows
         descends their mean gradient at ``n`` times the rate of its first
         row's sample count: the per-sample path, with each row's gradient

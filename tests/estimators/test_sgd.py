@@ -132,3 +132,45 @@ def test_linear_regressor_is_the_sgd_model_with_mlp_rules():
     assert reg.t_ == 3 * len(y)  # MLP's count: from 0
     sgd = _fit_quietly(OrtSGDRegressor(max_iter=3, random_state=0), X, y)
     assert sgd.t_ == 3 * len(y) + 1  # scikit-learn SGD's: from 1
+
+
+def _epoch_rows(monkeypatch, estimator, X, y):
+    """``(rows per update, updates, t_)`` of each epoch of a fit."""
+    seen = []
+    run_epoch = type(estimator)._run_epoch
+
+    def recording(self, engine, train, batches):
+        seen.append((len(batches[0]), len(batches), int(self.t_)))
+        return run_epoch(self, engine, train, batches)
+
+    monkeypatch.setattr(type(estimator), "_run_epoch", recording)
+    _fit_quietly(estimator, X, y)
+    return seen
+
+
+def test_auto_batches_grow_as_the_rate_decays(monkeypatch):
+    """An update of n rows steps n times its first row's rate: 'auto' takes more rows as
+    the schedule decays, never stepping further than its first 32-row update, and keeps at
+    least 64 updates an epoch; the held-out score is scikit-learn's."""
+    from sklearn.datasets import make_regression
+    from sklearn.linear_model import SGDRegressor
+    from sklearn.model_selection import train_test_split
+
+    X, y = make_regression(20_000, 10, noise=10, random_state=0)
+    X = StandardScaler().fit_transform(X)
+    y = (y - y.mean()) / y.std()
+    X_train, X_test, y_train, y_test = train_test_split(X, y, random_state=0)
+    ours = OrtSGDRegressor(random_state=0)
+    seen = _epoch_rows(monkeypatch, ours, X_train, y_train)
+    first_rate = ours._schedule.learning_rate(1)
+    assert seen[0][0] == 32 and max(rows for rows, _, _ in seen) > 32
+    for rows, updates, t in seen:
+        assert rows % 32 == 0 and 32 <= rows <= 256
+        assert rows == 32 or (updates >= 64 and rows * ours._schedule.learning_rate(t)
+                              <= 32 * first_rate)
+    theirs = SGDRegressor(random_state=0).fit(X_train, y_train)
+    assert abs(ours.score(X_test, y_test) - theirs.score(X_test, y_test)) < 0.005
+    for fixed in (dict(learning_rate="constant"), dict(average=True), dict(batch_size=32)):
+        rows = {rows for rows, _, _ in _epoch_rows(
+            monkeypatch, OrtSGDRegressor(random_state=0, max_iter=3, **fixed), X_train, y_train)}
+        assert rows == {32}, fixed
