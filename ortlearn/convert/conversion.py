@@ -207,6 +207,11 @@ def _convert(estimator, weights: dict, X, dtype, target_opset: int) -> onnx.Mode
         if getattr(final, "out_activation_", None) == "exp":
             _exp_output(model, list(weights)[-1])
     _name_batch_dimension(model)
+    # Without the nodes no output reads (a converter's spare Constant), which onnxruntime
+    # would warn about at every load.
+    kept = needed_nodes(model.graph.node, [o.name for o in model.graph.output])
+    del model.graph.node[:]
+    model.graph.node.extend(kept)
     del model.opset_import[:]
     model.opset_import.append(helper.make_opsetid("", target_opset))
     return finalize_model(model)

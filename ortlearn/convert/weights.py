@@ -239,7 +239,7 @@ def set_weights(estimator, weights: dict, *, copy: bool = True) -> None:
 # templates
 
 
-def init_template(estimator, X, y):
+def init_template(estimator, X, y, *, check_input: bool = True):
     """A clone of ``estimator`` with the weights scikit-learn starts ``fit`` from.
 
     Nothing is trained: the weights are those scikit-learn would draw at the
@@ -263,6 +263,10 @@ def init_template(estimator, X, y):
         Training data (gives the number of features and the dtype).
     y : array-like of shape (n_samples,) or (n_samples, n_outputs)
         Targets (give the number of outputs, or the classes).
+    check_input : bool, default=True
+        Validate the estimator's parameters, ``X`` and ``y`` as its ``fit``
+        does. False skips what a caller has checked already (a fit of the same
+        parameters on the same data): ``X`` must then be a 2-D float array.
 
     Returns
     -------
@@ -289,37 +293,47 @@ def init_template(estimator, X, y):
         Xt = X
         for _, step in template.steps[:-1]:
             Xt = step.fit_transform(Xt, y)
-        _init_final(template.steps[-1][1], Xt, y)
+        _init_final(template.steps[-1][1], Xt, y, check_input)
     else:
-        _init_final(template, X, y)
+        _init_final(template, X, y, check_input)
     return template
 
 
-def _init_final(est, X, y) -> None:
+def _init_final(est, X, y, check_input: bool) -> None:
     if isinstance(est, _MLP):
-        _init_mlp(est, X, y)
+        _init_mlp(est, X, y, check_input)
     else:
-        _init_linear(est, X, y)
+        _init_linear(est, X, y, check_input)
 
 
-def _init_mlp(est, X, y) -> None:
+def _init_mlp(est, X, y, check_input: bool) -> None:
     """The first steps of ``BaseMultilayerPerceptron._fit``, without training."""
     _sklearn_private.check_mlp_hooks(est)
-    _sklearn_private.validate_params(est)
+    if check_input:
+        _sklearn_private.validate_params(est)
     hidden = est.hidden_layer_sizes
     hidden = list(hidden) if hasattr(hidden, "__iter__") else [hidden]
     if any(h <= 0 for h in hidden):
         raise ValueError(f"hidden_layer_sizes must be > 0, got {hidden}.")
-    X, y = _sklearn_private.mlp_validate_input(est, X, y)
+    if check_input or is_classifier(est):
+        # a classifier's also fits its label binarizer, which predict reads
+        X, y = _sklearn_private.mlp_validate_input(est, X, y)
+    else:
+        y = np.asarray(y)
+        est.n_features_in_ = X.shape[1]
     y = y.reshape(-1, 1) if y.ndim == 1 else y
     layer_units = [X.shape[1], *hidden, y.shape[1]]
     _sklearn_private.mlp_initialize(est, y, layer_units, X.dtype)
 
 
-def _init_linear(est, X, y) -> None:
-    _sklearn_private.validate_params(est)
-    X, y = validate_data(est, X, y, dtype=(np.float64, np.float32), multi_output=True,
-                         y_numeric=not is_classifier(est))
+def _init_linear(est, X, y, check_input: bool) -> None:
+    if check_input:
+        _sklearn_private.validate_params(est)
+        X, y = validate_data(est, X, y, dtype=(np.float64, np.float32), multi_output=True,
+                             y_numeric=not is_classifier(est))
+    else:
+        y = np.asarray(y)
+        est.n_features_in_ = X.shape[1]
     n_features = X.shape[1]
     if is_classifier(est):
         est.classes_ = np.unique(y)

@@ -47,7 +47,7 @@ from sklearn.utils.validation import (
 
 from ..convert import get_weights, init_template, set_weights, to_train_onnx
 from ..exceptions import ConvergenceError, ConvergenceWarning
-from ..graph import initializers_to_inputs, prune_model
+from ..graph import initializers_to_inputs
 from ..log import user_stacklevel, verbose_log
 from ..training import (
     Batches,
@@ -518,12 +518,12 @@ class BaseOrtEstimator(CallbackSupportMixin, BaseEstimator, ABC):
             X0 = np.zeros((len(self.classes_), X.shape[1]), dtype=self._dtype)
             # multilabel (y an indicator matrix): a row per label, one label each
             y0 = np.eye(len(self.classes_), dtype=np.int64) if y.ndim == 2 else self.classes_
-            template = init_template(self._make_counterpart(), X0, y0)
-        elif is_sparse(X):
-            # The initial weights depend on the shapes only: one dense row stands for X.
-            template = init_template(self._make_counterpart(), X[:1].toarray(), y[:1])
+            template = init_template(self._make_counterpart(), X0, y0, check_input=False)
         else:
-            template = init_template(self._make_counterpart(), X, y)
+            # The initial weights depend on the shapes only: one dense row stands for X
+            # (validated already).
+            row = X[:1].toarray() if is_sparse(X) else X[:1]
+            template = init_template(self._make_counterpart(), row, y[:1], check_input=False)
         self.estimator_ = template
         # what _check_architecture compares a warm start or partial_fit with
         self._fitted_architecture = self._architecture()
@@ -547,10 +547,7 @@ class BaseOrtEstimator(CallbackSupportMixin, BaseEstimator, ABC):
     def _inference_model(self) -> onnx.ModelProto:
         """``to_train_onnx`` of ``estimator_`` (the trained inference graph)."""
         sample = np.zeros((1, self.n_features_in_), dtype=self._dtype)
-        model = to_train_onnx(self.estimator_, sample, dtype=self._dtype)
-        # Without the nodes no output reads (a converter's spare Constant), which
-        # onnxruntime would warn about at every load.
-        return prune_model(model, [o.name for o in model.graph.output])
+        return to_train_onnx(self.estimator_, sample, dtype=self._dtype)
 
     def _loss_model(self, sum_in_float64: bool = False, weighted: bool = True):
         model = self._objective(self._inference_model(), self._kind(), sum_in_float64,

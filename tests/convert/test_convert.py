@@ -384,6 +384,33 @@ def test_init_template_linear_zeros(case):
         assert not np.any(outputs[0])
 
 
+@pytest.mark.parametrize("case", list(CASES))
+def test_init_template_without_checks_is_the_same_template(case):
+    """check_input=False (a caller that validated the parameters and the data) skips
+    scikit-learn's checks and builds the same template: weights, shapes, fitted
+    attributes."""
+    factory, dataset = CASES[case]
+    X, y = _data(dataset)
+    estimator = factory()
+    if "random_state" in estimator.get_params():
+        estimator.set_params(random_state=2)
+    checked = init_template(estimator, X, y)
+    unchecked = init_template(estimator, X, y, check_input=False)
+    for name in ("coefs_", "intercepts_", "coef_", "intercept_", "classes_",
+                 "n_features_in_", "n_outputs_", "out_activation_"):
+        if hasattr(checked, name):
+            got, expected = getattr(unchecked, name), getattr(checked, name)
+            if isinstance(expected, list):  # an MLP's layers
+                assert len(got) == len(expected)
+                for a, b in zip(got, expected):
+                    np.testing.assert_array_equal(a, b)
+            else:
+                np.testing.assert_array_equal(got, expected)
+        else:
+            assert not hasattr(unchecked, name), name
+    np.testing.assert_array_equal(unchecked.predict(X), checked.predict(X))
+
+
 # -- weights write-back ---------------------------------------------------------
 
 
