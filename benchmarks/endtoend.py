@@ -125,8 +125,9 @@ def _pairs() -> list[Pair]:
         Pair("elastic_net", "OrtElasticNet(alpha=0.1) / ElasticNet(alpha=0.1)",
              _estimator(ort, "OrtElasticNet", alpha=0.1),
              _estimator(lm, "ElasticNet", alpha=0.1), "diabetes"),
+        # its default loss is solved in the dual, which refuses a CSR X (a dense Gram matrix)
         Pair("linear_svr", "OrtLinearSVR() / LinearSVR()", _estimator(ort, "OrtLinearSVR"),
-             _estimator("sklearn.svm", "LinearSVR"), "diabetes"),
+             _estimator("sklearn.svm", "LinearSVR"), "diabetes", sparse=False),
         Pair("huber", "OrtHuberRegressor() / HuberRegressor()",
              _estimator(ort, "OrtHuberRegressor"), _estimator(lm, "HuberRegressor"),
              "diabetes", sparse=False, rows=False),
@@ -375,8 +376,10 @@ def main(argv=None) -> int:
         pairs = [p for p in pairs if p.key in wanted]
     from threadpoolctl import threadpool_limits
 
-    import ortlearn  # noqa: F401  imported before the limits apply to its libraries
+    from benchmarks._env import load_threaded_libraries
     from ortlearn.training.device import NUM_THREADS_ENV
+
+    load_threaded_libraries()
 
     threads = os.environ.get(NUM_THREADS_ENV)
     os.environ[NUM_THREADS_ENV] = threads or "1"  # the child of the cold table inherits it
