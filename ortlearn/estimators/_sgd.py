@@ -51,8 +51,10 @@ _REGRESSION_LOSSES = {"squared_error", "huber", "epsilon_insensitive",
                       "squared_epsilon_insensitive"}
 _CLASSIFICATION_LOSSES = {"hinge", "log_loss", "modified_huber", "squared_hinge",
                           "perceptron"} | _REGRESSION_LOSSES
-#: ``batch_size='auto'``: the most rows an update, the fewest updates an epoch
+#: ``batch_size='auto'``: the most rows an update, the fewest updates an epoch, and the
+#: schedules whose rate decays with the samples learned (the batches grow with them)
 _MAX_AUTO_ROWS, _MIN_UPDATES = 256, 64
+_DECAYING = ("invscaling", "optimal")
 #: losses whose derivative jumps: L-BFGS's curvature pairs mean nothing across the kinks
 _NOT_SMOOTH = {"hinge", "perceptron", "epsilon_insensitive"}
 
@@ -121,7 +123,7 @@ class BaseOrtSGD(BaseOrtLinear):
         and the ``tol`` rule then runs more epochs to lower held-out scores.
         """
         if (self.batch_size != "auto" or not self._per_sample_rule() or self.average
-                or is_classifier(self)):
+                or is_classifier(self) or self.learning_rate not in _DECAYING):
             return batch_size
         schedule = self._schedule
         growth = schedule.learning_rate(1) / schedule.learning_rate(max(int(self.t_), 1))

@@ -170,7 +170,9 @@ def test_auto_batches_grow_as_the_rate_decays(monkeypatch):
                               <= 32 * first_rate)
     theirs = SGDRegressor(random_state=0).fit(X_train, y_train)
     assert abs(ours.score(X_test, y_test) - theirs.score(X_test, y_test)) < 0.005
-    for fixed in (dict(learning_rate="constant"), dict(average=True), dict(batch_size=32)):
+    # 'adaptive' divides its rate by 5 at each plateau (tol=10: every epoch is one)
+    for fixed in (dict(learning_rate="constant"), dict(average=True), dict(batch_size=32),
+                  dict(learning_rate="adaptive", tol=10.0, n_iter_no_change=1)):
         rows = {rows for rows, _, _ in _epoch_rows(
-            monkeypatch, OrtSGDRegressor(random_state=0, max_iter=3, **fixed), X_train, y_train)}
+            monkeypatch, OrtSGDRegressor(random_state=0, max_iter=4, **fixed), X_train, y_train)}
         assert rows == {32}, fixed
