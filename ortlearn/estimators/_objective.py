@@ -438,16 +438,18 @@ def ova_sgd_objective(model, kind: str, loss: str, alpha_l2: float = 0.0,
         label = b.op("Sub", [b.op("Mul", [b.const(2.0, dtype), column]), b.const(1.0, dtype)])
     score = _MARGIN_SCORES.get(loss, loss)
     kwargs = {"epsilon": epsilon} if loss in _EPSILON_LOSSES else {}
-    per_elem = elementwise_loss(b, score, pred, label, dtype, **kwargs)
     if score == "squared_error":
-        per_elem = b.op("Mul", [b.const(0.5, dtype), per_elem])
-        # Linear beyond |p - y| = MAX_DLOSS, where scikit-learn clips the derivative:
-        # a diverging fit grows its weights linearly, finite, as scikit-learn's does.
-        # A Where, not the Huber score, whose gradient cancels eps * g terms (1e-4 off).
-        excess = b.op("Abs", [b.op("Sub", [pred, label])])
-        limit = b.const(_MAX_DLOSS, dtype)
-        tail = b.op("Sub", [b.op("Mul", [limit, excess]), b.const(0.5 * _MAX_DLOSS ** 2, dtype)])
-        per_elem = b.op("Where", [b.op("LessOrEqual", [excess, limit]), per_elem, tail])
+        # 0.5 r^2, linear beyond |r| = MAX_DLOSS, where scikit-learn clips the derivative
+        # (a diverging fit grows its weights linearly, finite, as scikit-learn's does):
+        # 0.5 c (2 r - c) with c = clip(r) is that function, and its gradient is c, r
+        # itself inside (2 r - c - c is exactly 0 there; the Huber score's gradient
+        # cancels eps * g terms, 1e-4 off); fewer nodes than a Where between the pieces.
+        r = b.op("Sub", [pred, label])
+        c = b.op("Clip", [r, b.const(-_MAX_DLOSS, dtype), b.const(_MAX_DLOSS, dtype)])
+        per_elem = b.op("Mul", [b.const(0.5, dtype),
+                                b.op("Mul", [c, b.op("Sub", [b.op("Add", [r, r]), c])])])
+    else:
+        per_elem = elementwise_loss(b, score, pred, label, dtype, **kwargs)
     if class_weight is not None and kind != "regressor":
         neg, pos = (np.asarray(c, dtype=dtype).reshape(1, -1) for c in class_weight)
         if not (np.all(neg == 1) and np.all(pos == 1)):

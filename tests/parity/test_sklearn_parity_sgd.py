@@ -233,6 +233,23 @@ def test_mini_batches(cancer):
     assert ours.score(X, y) > 0.95
 
 
+def test_a_diverging_squared_loss_clips_its_derivative_as_scikit_learn(diabetes):
+    """scikit-learn clips the squared loss's derivative at 1e12: a diverging fit's weights
+    grow linearly and stay finite. Here the residuals pass 1e12 and the weights 9e12."""
+    X, y = diabetes
+    X, y = X[:30], y[:30] * 1e11
+    params = dict(penalty=None, shuffle=False, max_iter=3, tol=None, learning_rate="constant",
+                  eta0=3.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        theirs = SGDRegressor(**params).fit(X, y)
+        ours = OrtSGDRegressor(batch_size=1, **params).fit(X, y)
+    assert np.abs(theirs.coef_).max() > 1e12
+    # the rounding of 90 updates of weights near 1e12 (without the clip: 1e76 apart)
+    np.testing.assert_allclose(ours.coef_, theirs.coef_, rtol=1e-9)
+    np.testing.assert_allclose(ours.intercept_, theirs.intercept_, rtol=1e-9)
+
+
 # ('optimal' is the same rule on another schedule; on the squared loss its first
 # rates diverge, per sample as per batch)
 @pytest.mark.parametrize("learning_rate", ["invscaling", "constant"])
