@@ -206,17 +206,29 @@ def _batch_normalization(ctx, node, grads):
 
 
 def _batch_norm_train(ctx, node, x, scale, rank, g):
-    """Batch statistics over every axis but 1; the running statistics do not reach Y."""
+    """Batch statistics over every axis but 1; the running statistics do not reach Y.
+
+    The means of the module's formula are the bias's and the scale's gradients over the
+    count ``M`` of a channel's elements: with ``s = sum(g)`` and ``t = sum(g * xhat)``
+    per channel, ``dx = scale * invstd * (g - (s + xhat * t) / M)``. The two sums serve
+    the three gradients: two passes over x's size fewer than the formula's means.
+    """
     b = ctx.b
     stats = _Stats(ctx, x, [0, *range(2, rank)], attr(node, "epsilon", 1e-5))
-    dx = dscale = dbias = None
-    if ctx.needs(x):
-        dx = _normalized_input_grad(ctx, stats, b.op("Mul", [g, _per_channel(ctx, scale, rank)]))
-    if ctx.needs(scale):
-        dscale = _channel_sum(ctx, b.op("Mul", [g, stats.xhat]), rank)
-    if ctx.needs(node.input[2]):
-        dbias = _channel_sum(ctx, g, rank)
-    return [dx, dscale, dbias]
+    needs_x, needs_scale, needs_bias = ctx.needs(x), ctx.needs(scale), ctx.needs(node.input[2])
+    dx = t = s = None
+    if needs_x or needs_scale:
+        t = _channel_sum(ctx, b.op("Mul", [g, stats.xhat]), rank)
+    if needs_x or needs_bias:
+        s = _channel_sum(ctx, g, rank)
+    if needs_x:
+        count = b.op("Div", [ctx.size_as(x, x), ctx.size_as(scale, x)])
+        mean_g, mean_gx = (_per_channel(ctx, b.op("Div", [total, count]), rank)
+                           for total in (s, t))
+        centered = b.op("Sub", [g, b.op("Add", [b.op("Mul", [stats.xhat, mean_gx]), mean_g])])
+        factor = b.op("Mul", [_per_channel(ctx, scale, rank), stats.invstd])
+        dx = b.op("Mul", [centered, factor])
+    return [dx, t if needs_scale else None, s if needs_bias else None]
 
 
 def _batch_norm_inference(ctx, node, rank, g):
