@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 from onnx import TensorProto
 
 from ..graph import attr, optional_input
@@ -64,6 +65,16 @@ def _per_channel(ctx, value: str, rank: int) -> str:
 def _channel_sum(ctx, value: str, rank: int) -> str:
     """``value`` (of x's shape, channels on axis 1) summed to a ``(C,)`` tensor."""
     return ctx.b.reduce("ReduceSum", value, [0, *range(2, rank)], keepdims=0)
+
+
+def _channel_count(ctx, x: str) -> str:
+    """The number of elements of a channel of ``x`` (all axes but 1), of x's type."""
+    shape = ctx.shape(x)
+    if shape is not None and all(isinstance(d, int) for d in shape):
+        return ctx.const(float(np.prod(shape) // shape[1]), like=x)
+    b = ctx.b
+    channels = b.op("Gather", [b.op("Shape", [x]), b.const(np.int64(1))])
+    return b.op("Div", [ctx.size_as(x, x), b.cast(channels, ctx.dtype(x))])
 
 
 def _check_unused_outputs(node, grads, first: int) -> None:
@@ -222,7 +233,7 @@ def _batch_norm_train(ctx, node, x, scale, rank, g):
     if needs_x or needs_bias:
         s = _channel_sum(ctx, g, rank)
     if needs_x:
-        count = b.op("Div", [ctx.size_as(x, x), ctx.size_as(scale, x)])
+        count = _channel_count(ctx, x)
         mean_g, mean_gx = (_per_channel(ctx, b.op("Div", [total, count]), rank)
                            for total in (s, t))
         centered = b.op("Sub", [g, b.op("Add", [b.op("Mul", [stats.xhat, mean_gx]), mean_g])])
