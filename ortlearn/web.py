@@ -27,10 +27,12 @@ __all__ = ["JS_DIR_ENV", "ORT_WEB_FILES", "find_js_dir", "write_page"]
 #: Environment variable naming the ``js/`` folder (default: the one of this checkout).
 JS_DIR_ENV = "ORTLEARN_JS_DIR"
 
-#: onnxruntime-web's files the page loads: the ES module of the WebAssembly build and its
-#: binary. Not the WebGPU build: its binary has no float64 kernels, not even on its CPU
-#: provider, and the optimizer models compute their bias corrections in float64.
-ORT_WEB_FILES = ("ort.wasm.min.mjs", "ort-wasm-simd-threaded.mjs", "ort-wasm-simd-threaded.wasm")
+#: onnxruntime-web's files the page loads: the ES modules and binaries of the WebAssembly
+#: build and of the WebGPU build (loaded where the browser has a WebGPU adapter and the
+#: models hold no float64 value: that build has no float64 kernel).
+ORT_WEB_FILES = ("ort.wasm.min.mjs", "ort-wasm-simd-threaded.mjs", "ort-wasm-simd-threaded.wasm",
+                 "ort.webgpu.min.mjs", "ort-wasm-simd-threaded.asyncify.mjs",
+                 "ort-wasm-simd-threaded.asyncify.wasm")
 
 _PAGE_FILES = ("index.html", "app.js")
 

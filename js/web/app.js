@@ -1,15 +1,12 @@
 // The page of `python -m ortlearn export-web`: trains the artifacts beside it with
-// onnxruntime-web's WebAssembly build, draws the loss of every step and the test score of every
-// epoch, and offers the trained inference model and checkpoint. window.ortlearn holds the
-// run's numbers (read by the test-suite). Not the WebGPU build: its binary has no float64
-// kernels, which the optimizer models' bias corrections use.
-import * as ort from './ort/ort.wasm.min.mjs';
+// onnxruntime-web (its WebGPU build where the browser has a WebGPU adapter and the models hold
+// no float64 value, which that build has no kernel for; its WebAssembly build otherwise),
+// draws the loss of every step and the test score of every epoch, and offers the trained
+// inference model and checkpoint. window.ortlearn holds the run's numbers (read by the
+// test-suite).
 import { CheckpointState, TrainingSession, parseSafetensors } from './lib/index.js';
 
-// One thread: several need a cross-origin isolated page (COOP/COEP headers), which a plain
-// static server does not send.
-ort.env.wasm.numThreads = 1;
-ort.env.wasm.wasmPaths = new URL('./ort/', import.meta.url).href;
+let ort; // the onnxruntime-web build of the backend (loadRuntime)
 
 const result = { done: false, error: null, backend: null, losses: [], epochs: [] };
 window.ortlearn = result;
@@ -149,13 +146,30 @@ async function evaluate(session, task, data) {
   return { model, value: score(task, outputs[task.prediction], data.y_test) };
 }
 
+async function webgpuAdapter() {
+  try {
+    return Boolean(navigator.gpu && await navigator.gpu.requestAdapter());
+  } catch {
+    return false;
+  }
+}
+
+async function loadRuntime(backend) {
+  ort = await import(backend === 'webgpu' ? './ort/ort.webgpu.min.mjs' : './ort/ort.wasm.min.mjs');
+  // One thread: several need a cross-origin isolated page (COOP/COEP headers), which a plain
+  // static server does not send.
+  ort.env.wasm.numThreads = 1;
+  ort.env.wasm.wasmPaths = new URL('./ort/', import.meta.url).href;
+}
+
 async function main() {
   const task = await (await fetch('task.json')).json();
   const [checkpoint, trainModel, evalModel, optimizerModel, dataBytes] = await Promise.all(
     ['checkpoint', 'training_model.onnx', 'eval_model.onnx', 'optimizer_model.onnx',
       'data.safetensors'].map(fetchBytes));
   const data = Object.fromEntries(parseSafetensors(dataBytes).tensors);
-  result.backend = 'wasm';
+  result.backend = task.webgpu && await webgpuAdapter() ? 'webgpu' : 'wasm';
+  await loadRuntime(result.backend);
   const scoreName = task.kind === 'regressor' ? 'R²' : 'accuracy';
   $('score-name').textContent = `test ${scoreName}`;
   $('what').textContent = `${task.estimator} exported by ortlearn: ${task.epochs} epochs of ` +

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+from onnx import TensorProto, numpy_helper
 from sklearn.base import clone, is_classifier
 from sklearn.exceptions import NotFittedError
 
@@ -83,7 +84,9 @@ def export_estimator_artifacts(estimator, directory, X=None, y=None, weighted=No
 def _web_optimizer_model(est, directory) -> onnx.ModelProto:
     """The optimizer model of the page: onnxruntime's JavaScript API feeds no tensor sequences,
     and each tensor crossing into it costs microseconds, so the flat layout where the update
-    allows it (three vectors a step), else the tensor layout."""
+    allows it (three vectors a step), else the tensor layout. With float32 parameters, its
+    step scalars (the learning rate, the bias corrections) are computed in float32:
+    onnxruntime-web's WebGPU build has no float64 kernel, not even on its CPU provider."""
     directory = Path(directory)
     written = onnx.load(directory / "optimizer_model.onnx")
     training = onnx.load(directory / "training_model.onnx")
@@ -91,10 +94,47 @@ def _web_optimizer_model(est, directory) -> onnx.ModelProto:
     params = {p: (elem_type_of(declared[p]), shape_of(declared[p]))
               for p in read_layout(training, "training").trainable}
     try:
-        return build_optimizer_model(est._optimizer(), params, layout="flat",
-                                     opset=opset_of(written))
+        model = build_optimizer_model(est._optimizer(), params, layout="flat",
+                                      opset=opset_of(written))
     except ValueError:  # an update not element by element, mixed dtypes: one tensor a parameter
-        return unpack_optimizer_model(written)
+        model = unpack_optimizer_model(written)
+    if all(elem == TensorProto.FLOAT for elem, _ in params.values()):
+        _float64_in_float32(model.graph)
+    return model
+
+
+def _float64_in_float32(graph: onnx.GraphProto) -> None:
+    """The float64 arithmetic of ``graph`` carried out in float32, in place: its casts to
+    float64, constants, initializers and declared values (subgraphs included)."""
+    for node in graph.node:
+        for attribute in node.attribute:
+            if node.op_type == "Cast" and attribute.name == "to" \
+                    and attribute.i == TensorProto.DOUBLE:
+                attribute.i = TensorProto.FLOAT
+            elif attribute.type == onnx.AttributeProto.TENSOR \
+                    and attribute.t.data_type == TensorProto.DOUBLE:
+                attribute.t.CopyFrom(_as_float32(attribute.t))
+            elif attribute.type == onnx.AttributeProto.GRAPH:
+                _float64_in_float32(attribute.g)
+    for init in graph.initializer:
+        if init.data_type == TensorProto.DOUBLE:
+            init.CopyFrom(_as_float32(init))
+    for value in [*graph.input, *graph.output, *graph.value_info]:
+        if value.type.tensor_type.elem_type == TensorProto.DOUBLE:
+            value.type.tensor_type.elem_type = TensorProto.FLOAT
+
+
+def _as_float32(tensor: onnx.TensorProto) -> onnx.TensorProto:
+    return numpy_helper.from_array(numpy_helper.to_array(tensor).astype(np.float32), tensor.name)
+
+
+def _without_float64(path: Path) -> bool:
+    """Whether the model at ``path`` holds no float64 value (the WebGPU build can run it)."""
+    model = onnx.load(path)
+    demoted = onnx.ModelProto()
+    demoted.CopyFrom(model)
+    _float64_in_float32(demoted.graph)
+    return demoted == model
 
 
 def export_estimator_web(estimator, directory, X, y, X_test=None, y_test=None, *, epochs=5,
@@ -133,5 +173,8 @@ def export_estimator_web(estimator, directory, X, y, X_test=None, y_test=None, *
         "epochs": epochs,
         "batch_size": est._batch_size(len(data["X_train"]), warn=False),
         "shuffle": bool(getattr(est, "shuffle", True)),
+        # the WebGPU build runs float32 models only
+        "webgpu": all(_without_float64(Path(directory) / name) for name in
+                      ("training_model.onnx", "eval_model.onnx", "optimizer_model.onnx")),
     }
     return write_page(directory, data, task, js_dir=js_dir)

@@ -45,7 +45,7 @@ def test_the_directory_holds_what_the_page_loads(js_dir, tmp_path):
     task = json.loads((out / "task.json").read_text())
     assert task == {"estimator": "OrtMLPClassifier", "kind": "multiclass", "classes": [0, 1, 2],
                     "prediction": "raw_scores", "epochs": 4, "batch_size": 100,
-                    "shuffle": True}
+                    "shuffle": True, "webgpu": True}
     # the fitted weights are the checkpoint's
     state = CheckpointState.load_checkpoint(str(out / "checkpoint"))
     np.testing.assert_array_equal(state.parameters["coefficient"].data, est.coefs_[0])
@@ -67,6 +67,34 @@ def test_a_regressor_and_an_sgd_classifier_export(js_dir, tmp_path):
     # element over every parameter: the tensor layout
     layout, inputs = _optimizer_layout(tmp_path / "sgd")
     assert layout == "tensors" and inputs[:2] == ["coef", "coef.gradient"]
+
+
+def _doubles(path) -> list[str]:
+    """The float64 values and casts to float64 of a model."""
+    model = onnx.load(path)
+    return ([i.name for i in model.graph.initializer if i.data_type == onnx.TensorProto.DOUBLE]
+            + [n.name or n.op_type for n in model.graph.node
+               if (n.op_type == "Cast" and n.attribute[0].i == onnx.TensorProto.DOUBLE) or any(
+                   a.type == onnx.AttributeProto.TENSOR
+                   and a.t.data_type == onnx.TensorProto.DOUBLE for a in n.attribute)])
+
+
+def test_the_page_trains_float32_models_in_webgpus_build(js_dir, tmp_path):
+    """onnxruntime-web's WebGPU build has no float64 kernel: with float32 parameters the
+    page's optimizer model computes its step scalars in float32, and the task says the
+    WebGPU build can run the models; a float64 model keeps its float64 scalars and the
+    WebAssembly build (the same steps as the Python TrainingSession's, tests/web)."""
+    X, y = _iris()
+    for dtype, webgpu in ((np.float32, True), (np.float64, False)):
+        out = tmp_path / np.dtype(dtype).name
+        est = OrtMLPClassifier(hidden_layer_sizes=(8,), max_iter=2, random_state=0)
+        est.fit(X.astype(dtype), y).export_web(out, X, y)
+        assert json.loads((out / "task.json").read_text())["webgpu"] is webgpu
+        assert (_doubles(out / "optimizer_model.onnx") == []) is webgpu
+        # the artifacts export_artifacts writes keep the optimizer's float64 scalars
+        exported = tmp_path / f"artifacts_{np.dtype(dtype).name}"
+        est.export_artifacts(exported)
+        assert _doubles(exported / "optimizer_model.onnx")
 
 
 def _optimizer_layout(directory):
