@@ -7,7 +7,9 @@ from __future__ import annotations
 import functools
 import http.server
 import json
+import os
 import threading
+from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
@@ -16,7 +18,7 @@ from safetensors.numpy import load_file
 
 from ortlearn import CheckpointState, TrainingSession
 from ortlearn.__main__ import export_web
-from tests.conftest import CHROMIUM_FLAGS
+from tests.conftest import CHROMIUM_FLAGS, require
 
 EPOCHS = 3
 
@@ -92,9 +94,17 @@ WEBGPU_FLAGS = [f for f in CHROMIUM_FLAGS if f != "--disable-gpu"] + [
     "--enable-unsafe-webgpu", "--enable-unsafe-swiftshader"]
 
 
+def _swiftshader(chromium: str) -> bool:
+    """Whether this Chromium ships SwiftShader's Vulkan (Debian's package: /usr/lib/chromium)."""
+    folders = {Path(os.path.realpath(chromium)).parent, Path("/usr/lib/chromium")}
+    return any((folder / "libvk_swiftshader.so").is_file() for folder in folders)
+
+
 @pytest.mark.parametrize("backend, flags", [("wasm", CHROMIUM_FLAGS), ("webgpu", WEBGPU_FLAGS)])
 def test_page_trains_in_chromium(served_page, chromium, tmp_path, backend, flags):
     sync_api = pytest.importorskip("playwright.sync_api", reason="the test extra's playwright")
+    if backend == "webgpu":
+        require(_swiftshader(chromium), "this Chromium ships no SwiftShader Vulkan for WebGPU")
     directory, url = served_page
     with sync_api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=chromium, args=flags)
