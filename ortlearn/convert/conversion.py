@@ -28,6 +28,7 @@ from ..graph import (
     needed_nodes,
     np_dtype_to_onnx,
     rename_value,
+    weight_stub,
 )
 from ..graph.cache import LRUCache
 from .lowering import _ML_DOMAIN, lower_ml_operators
@@ -42,7 +43,8 @@ RAW_SCORES = "raw_scores"
 RAW_PREDICTIONS = "raw_predictions"
 
 
-def to_train_onnx(estimator, X, dtype=None, target_opset: int = DEFAULT_OPSET) -> onnx.ModelProto:
+def to_train_onnx(estimator, X, dtype=None, target_opset: int = DEFAULT_OPSET,
+                  values: bool = True) -> onnx.ModelProto:
     """Convert a fitted scikit-learn estimator into an ONNX graph to train.
 
     skl2onnx converts the estimator (no ZipMap for classifiers); the
@@ -66,6 +68,12 @@ def to_train_onnx(estimator, X, dtype=None, target_opset: int = DEFAULT_OPSET) -
         takes X's dtype when it is float32 or float64, float32 otherwise.
     target_opset : int, default=DEFAULT_OPSET
         ai.onnx opset of the graph.
+    values : bool, default=True
+        False: the weights' initializers hold their names, types and shapes
+        but no values (:func:`~ortlearn.graph.weight_stub`), for a caller
+        that gives the values to the training session itself
+        (``initial_weights``): a large model's weights are then not copied
+        into the graph and every graph built from it.
 
     Returns
     -------
@@ -119,8 +127,9 @@ def to_train_onnx(estimator, X, dtype=None, target_opset: int = DEFAULT_OPSET) -
     model.CopyFrom(cached)
     # every initializer is a weight (the others are Constant nodes): this fit's values
     for init in model.graph.initializer:
-        init.CopyFrom(numpy_helper.from_array(np.asarray(weights[init.name], dtype=dtype),
-                                              init.name))
+        value = weights[init.name]
+        init.CopyFrom(numpy_helper.from_array(np.asarray(value, dtype=dtype), init.name)
+                      if values else weight_stub(init.name, init.data_type, np.shape(value)))
     return model
 
 

@@ -47,7 +47,7 @@ from sklearn.utils.validation import (
 
 from ..convert import get_weights, init_template, set_weights, to_train_onnx
 from ..exceptions import ConvergenceError, ConvergenceWarning
-from ..graph import initializers_to_inputs
+from ..graph import weights_to_inputs
 from ..log import user_stacklevel, verbose_log
 from ..training import (
     Batches,
@@ -544,13 +544,18 @@ class BaseOrtEstimator(CallbackSupportMixin, BaseEstimator, ABC):
         self.n_iter_ = 0
         self.t_ = 0
 
-    def _inference_model(self) -> onnx.ModelProto:
-        """``to_train_onnx`` of ``estimator_`` (the trained inference graph)."""
+    def _inference_model(self, values: bool = True) -> onnx.ModelProto:
+        """``to_train_onnx`` of ``estimator_`` (the trained inference graph); without
+        ``values``, the weights' initializers are stubs."""
         sample = np.zeros((1, self.n_features_in_), dtype=self._dtype)
-        return to_train_onnx(self.estimator_, sample, dtype=self._dtype)
+        return to_train_onnx(self.estimator_, sample, dtype=self._dtype, values=values)
 
-    def _loss_model(self, sum_in_float64: bool = False, weighted: bool = True):
-        model = self._objective(self._inference_model(), self._kind(), sum_in_float64,
+    def _loss_model(self, sum_in_float64: bool = False, weighted: bool = True,
+                    values: bool = False):
+        """The objective's graph and its trained weights' names. Without ``values`` the
+        weights are stubs: the training session takes ``get_weights(estimator_)`` as its
+        ``initial_weights``, and no graph holds a copy of them."""
+        model = self._objective(self._inference_model(values), self._kind(), sum_in_float64,
                                 weighted)
         return model, list(get_weights(self.estimator_))
 
@@ -571,6 +576,7 @@ class BaseOrtEstimator(CallbackSupportMixin, BaseEstimator, ABC):
             names = [*X_ROWS, *names[1:]]
         self._update_rows = self._batch_size(X.shape[0], warn=False)
         engine = TrainingEngine(model, trainable, self._optimizer(), device=str(device),
+                                initial_weights=get_weights(self.estimator_),
                                 input_names=names, loss_output=LOSS,
                                 batch_size=self._update_rows,
                                 deterministic=self.random_state is not None)
@@ -584,7 +590,8 @@ class BaseOrtEstimator(CallbackSupportMixin, BaseEstimator, ABC):
         names = input_names(weighted)
         try:
             result = minimize_lbfgs(
-                model, trainable, None, _graph_inputs(names, X, y_enc, sample_weight), names,
+                model, trainable, get_weights(self.estimator_),
+                _graph_inputs(names, X, y_enc, sample_weight), names,
                 device=str(device), max_iter=self.max_iter, tol=self._lbfgs_tol(),
                 verbose=int(self.verbose), loss_output=LOSS, max_fun=self._max_fun(),
                 deterministic=self.random_state is not None,
@@ -731,8 +738,8 @@ class BaseOrtEstimator(CallbackSupportMixin, BaseEstimator, ABC):
         """R² or accuracy of the weights ``state`` on the validation split."""
         session = self._runtime.validation_session
         if session is None:
-            model = self._inference_model()
-            initializers_to_inputs(model, list(state))
+            model = self._inference_model(values=False)
+            weights_to_inputs(model, list(state))
             session = make_session(model, "cpu")
             self._runtime.validation_session = session
         outputs = self._output_names()

@@ -71,7 +71,7 @@ def export_estimator_artifacts(estimator, directory, X=None, y=None, weighted=No
     if weighted is None:
         engine = est._runtime.engine
         weighted = engine is not None and SAMPLE_WEIGHT in engine.input_names
-    model, trainable = est._loss_model(weighted=bool(weighted))
+    model, trainable = est._loss_model(weighted=bool(weighted), values=True)
     weights = est.get_state()
     state = est._optimizer_state
     if state is None:

@@ -36,11 +36,13 @@ from .model import (
     check_model,
     finalize_model,
     invalid_model_errors,
+    is_weight_stub,
     load_model,
     make_model,
     np_dtype_to_onnx,
     onnx_to_np_dtype,
     opset_of,
+    weight_stub,
 )
 from .nodes import (
     attr,
@@ -52,6 +54,7 @@ from .nodes import (
     optional_input,
     prune_model,
     rename_value,
+    weights_to_inputs,
 )
 from .passes import set_inference_mode
 from .prepare import (
@@ -92,6 +95,7 @@ __all__ = [
     "initializer_map",
     "initializers_to_inputs",
     "invalid_model_errors",
+    "is_weight_stub",
     "load_model",
     "make_model",
     "needed_nodes",
@@ -109,4 +113,6 @@ __all__ = [
     "shape_matches",
     "shape_of",
     "value_info_map",
+    "weight_stub",
+    "weights_to_inputs",
 ]

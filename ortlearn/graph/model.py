@@ -114,15 +114,38 @@ _DEPRECATED = re.compile(r"Op registered for (\w+) is deprecated in domain_versi
 _UNCHECKED_DOMAIN = "ortlearn.deprecated_unchecked"
 
 
+def weight_stub(name: str, elem_type: int, shape: Sequence[int]) -> onnx.TensorProto:
+    """An initializer of a name, an element type and a shape without values: a weight
+    whose value a training session is given apart (see :func:`is_weight_stub`)."""
+    return onnx.TensorProto(name=name, data_type=elem_type, dims=shape)
+
+
+def is_weight_stub(tensor: onnx.TensorProto) -> bool:
+    """Whether an initializer is a :func:`weight_stub`: a shape that holds elements and no
+    value field (onnx's checker refuses it; :func:`check_model` reads it as an input)."""
+    if tensor.data_location == TensorProto.EXTERNAL or not tensor.dims or 0 in tensor.dims:
+        return False
+    return not {field.name for field, _ in tensor.ListFields()} & _VALUE_FIELDS
+
+
+_VALUE_FIELDS = frozenset(("raw_data", "float_data", "double_data", "int32_data", "int64_data",
+                           "uint64_data", "string_data"))
+
+
 def check_model(model: onnx.ModelProto, full_check: bool = False) -> None:
-    """:func:`onnx.checker.check_model`, but for :data:`TOLERATED_DEPRECATED_OPS`.
+    """:func:`onnx.checker.check_model`, but for :data:`TOLERATED_DEPRECATED_OPS` and
+    :func:`weight_stub` initializers.
 
     When the checker rejects only an operator version listed there as
     deprecated, the rest of the model is checked again, on a copy where
     those nodes belong to a domain the checker does not know (it checks
     their names and wiring, not their schema). Any other error raises, as
-    does a deprecation of another operator.
+    does a deprecation of another operator. Weight stubs are checked as the
+    graph inputs they stand for, on a copy (small: they hold no values).
     """
+    stubs = [i for i in model.graph.initializer if is_weight_stub(i)]
+    if stubs:
+        model = _stubs_as_inputs(model, stubs)
     tolerated: set[str] = set()
     while True:
         try:
@@ -135,6 +158,21 @@ def check_model(model: onnx.ModelProto, full_check: bool = False) -> None:
             if ("", op) not in TOLERATED_DEPRECATED_OPS or op in tolerated:
                 raise
             tolerated.add(op)
+
+
+def _stubs_as_inputs(model: onnx.ModelProto, stubs: list) -> onnx.ModelProto:
+    """A copy of ``model`` whose initializers ``stubs`` are graph inputs."""
+    names = {s.name for s in stubs}
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    graph = copy.graph
+    kept = [i for i in graph.initializer if i.name not in names]
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
+    declared = {i.name for i in graph.input}
+    graph.input.extend(helper.make_tensor_value_info(s.name, s.data_type, list(s.dims))
+                       for s in stubs if s.name not in declared)
+    return copy
 
 
 def _with_unchecked_ops(model: onnx.ModelProto, op_types: set[str]) -> onnx.ModelProto:

@@ -13,7 +13,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from .. import fileio
-from .model import finalize_model
+from .model import finalize_model, is_weight_stub
 from .values import value_info_map
 
 
@@ -46,21 +46,27 @@ def initializer_map(graph: onnx.GraphProto) -> dict[str, TensorProto]:
 def initializers_to_inputs(model: onnx.ModelProto, names: Sequence[str]) -> dict[str, np.ndarray]:
     """Turn the initializers ``names`` of ``model`` into graph inputs, in place.
 
-    Returns their values, in the order of ``names`` (feeds for a session).
+    Returns their values, in the order of ``names`` (feeds for a session); a
+    :func:`~ortlearn.graph.weight_stub` has none.
     """
+    wanted = set(names)
+    values = {init.name: numpy_helper.to_array(init) for init in model.graph.initializer
+              if init.name in wanted and not is_weight_stub(init)}
+    weights_to_inputs(model, names)
+    return {name: values[name] for name in names if name in values}
+
+
+def weights_to_inputs(model: onnx.ModelProto, names: Sequence[str]) -> None:
+    """Turn the initializers ``names`` of ``model`` into graph inputs of their type and
+    shape, in place, their values dropped."""
     graph = model.graph
     wanted = set(names)
-    values, kept = {}, []
-    for init in graph.initializer:
-        if init.name in wanted:
-            values[init.name] = numpy_helper.to_array(init)
-            graph.input.append(helper.make_tensor_value_info(init.name, init.data_type,
-                                                             list(init.dims)))
-        else:
-            kept.append(init)
+    moved = [i for i in graph.initializer if i.name in wanted]
+    kept = [i for i in graph.initializer if i.name not in wanted]
+    graph.input.extend(helper.make_tensor_value_info(i.name, i.data_type, list(i.dims))
+                       for i in moved)
     del graph.initializer[:]
     graph.initializer.extend(kept)
-    return {name: values[name] for name in names if name in values}
 
 
 def node_reads(node: onnx.NodeProto) -> set[str]:

@@ -33,7 +33,7 @@ import torch
 from onnx import helper, numpy_helper
 
 from ..autodiff import mark_padding_idx
-from ..graph import initializers_to_inputs, rename_value, shape_matches, shape_of
+from ..graph import rename_value, shape_matches, shape_of, weights_to_inputs
 
 __all__ = ["EXPORTERS", "Exported", "TreeSpec", "batchnorm_training_mode", "export_call",
            "flatten", "flatten_call", "quiet_exporters", "unflatten"]
@@ -364,7 +364,7 @@ def _weights_to_inputs(onx: onnx.ModelProto, module: torch.nn.Module) -> list[st
             rename_value(onx, old, new)
     _check_nothing_folded(onx, module, set(found.values()))
     _mark_padding_rows(onx, module)
-    initializers_to_inputs(onx, list(found.values()))
+    weights_to_inputs(onx, list(found.values()))
     return list(found.values())
 
 

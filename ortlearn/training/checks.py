@@ -16,7 +16,14 @@ from onnx import numpy_helper
 
 from ..autodiff import check_scalar_loss
 from ..exceptions import TrainingApiValueError
-from ..graph import CLASS_LABEL_GUARD, FLOAT_TYPES, shape_of, value_info_map
+from ..graph import (
+    CLASS_LABEL_GUARD,
+    FLOAT_TYPES,
+    is_weight_stub,
+    onnx_to_np_dtype,
+    shape_of,
+    value_info_map,
+)
 
 __all__ = [
     "check_class_labels",
@@ -28,6 +35,7 @@ __all__ = [
     "check_trainable",
     "conform_state",
     "data_inputs",
+    "initial_values",
     "replace_initializers",
 ]
 
@@ -100,10 +108,31 @@ def check_loss_output(model: onnx.ModelProto, loss_output: str) -> bool:
 def replace_initializers(model: onnx.ModelProto, weights: dict) -> None:
     """Overwrite initializer values in place (names, shapes and dtypes checked)."""
     inits = {i.name: i for i in model.graph.initializer}
-    current = {n: numpy_helper.to_array(inits[n]) for n in weights if n in inits}
+    current = {n: _like(inits[n]) for n in weights if n in inits}
     clean = conform_state(weights, current, partial=True)
     for name, value in clean.items():
         inits[name].CopyFrom(numpy_helper.from_array(value, name))
+
+
+def initial_values(model: onnx.ModelProto, trainable, initial_weights=None) -> dict:
+    """The value each weight of ``trainable`` starts from: its value in ``initial_weights``
+    (checked against the initializer's shape, cast to its dtype, not copied when it already
+    has it), else the initializer's. A :func:`~ortlearn.graph.weight_stub` (a weight whose
+    graph holds no value) must be given one: a large model's weights are then never
+    copied into the graph."""
+    inits = {i.name: i for i in model.graph.initializer}
+    given = conform_state(dict(initial_weights or {}), {n: _like(inits[n]) for n in trainable},
+                          partial=True)
+    missing = [n for n in trainable if n not in given and is_weight_stub(inits[n])]
+    if missing:
+        raise ValueError(f"Weights {missing} hold no value in the graph (weight stubs): "
+                         "give their values in initial_weights.")
+    return {n: given[n] if n in given else numpy_helper.to_array(inits[n]) for n in trainable}
+
+
+def _like(init: onnx.TensorProto) -> np.ndarray:
+    """A read-only array of the initializer's shape and dtype that copies nothing."""
+    return np.broadcast_to(np.zeros((), onnx_to_np_dtype(init.data_type)), tuple(init.dims))
 
 
 def conform_state(state, expected: dict, partial: bool = False) -> dict:

@@ -19,7 +19,6 @@ from typing import NamedTuple
 
 import numpy as np
 import onnxruntime as ort
-from onnx import numpy_helper
 
 from ..exceptions import ConvergenceError
 from ..graph import (
@@ -53,6 +52,7 @@ from .checks import (
     check_loss_output,
     check_trainable,
     conform_state,
+    initial_values,
     replace_initializers,
 )
 from .device import PROFILE_ENV, make_session, parse_device
@@ -236,8 +236,11 @@ class TrainingEngine:
         self.input_shapes = {n: shape_of(declared[n]) for n in self.input_names}
         # Inputs holding class indices of a cross-entropy loss: checked as data enters.
         self._label_marks = class_label_marks(model)
+        initial_weights = dict(initial_weights or {})
+        # the trained weights' starting values go to the session, not into the graph
+        starts = {n: initial_weights.pop(n) for n in self.trainable if n in initial_weights}
         if initial_weights:
-            replace_initializers(model, dict(initial_weights))
+            replace_initializers(model, initial_weights)
         self.loss_output = loss_output
         self.optimizer = optimizer
         self.device = device
@@ -247,8 +250,7 @@ class TrainingEngine:
         if self._batch_table and epoch_loop is True:
             raise ValueError("A table-fed step runs one batch a call: epoch_loop=True is not "
                              "possible with batch_table=True or on WebGPU.")
-        inits = {i.name: i for i in model.graph.initializer}
-        self._initial = {n: numpy_helper.to_array(inits[n]) for n in self.trainable}
+        self._initial = initial_values(model, self.trainable, starts)
         # inputs bound once: fits differing only in them share one compiled step
         self._hyper = {name: device_value(value, self._device)
                        for name, value in hyper_inputs(model).items()}
@@ -280,9 +282,10 @@ class TrainingEngine:
         current = self._steps.get(self._current) if hasattr(self, "_current") else None
         if loop not in self._steps:
             model, layout, session, capture = self._compiled(loop)
-            zeros = {name: np.zeros(shape, dtype) for name, (dtype, shape) in
-                     carried_types(model, layout.carried).items()}
-            counters = {name: zeros[name] for name in layout.carried
+            # read-only zeros that hold no memory: the buffers are the copies
+            zeros = {name: np.broadcast_to(np.zeros((), dtype), shape) for name, (dtype, shape)
+                     in carried_types(model, layout.carried).items()}
+            counters = {name: np.zeros_like(zeros[name]) for name in layout.carried
                         if name not in layout.weights.values() and not is_state(layout, name)}
             # One buffer, read and written by the step, for the values the graph
             # provably reads before it overwrites them (tested bit for bit on the CPU).
@@ -619,17 +622,23 @@ class TrainingEngine:
 
     def _epoch_end(self, loss: float) -> float:
         """``loss``, once it and the weights are checked finite (else :meth:`_diverged`)."""
-        finite = self._weight_copies()
-        if not (np.isfinite(loss) and all(np.isfinite(c).all() for c in finite[1].values())):
-            self._diverged(loss, finite)
-        self._last_finite = finite
+        _, layout, buffers, _ = self._steps[self._current]
+        live = {c: buffers.host(c) for c in set(layout.weights.values())}
+        if not (np.isfinite(loss) and all(np.isfinite(v).all() for v in live.values())):
+            self._diverged(loss, (layout, live))
+        self._keep_finite(layout, live)
         return loss
 
-    def _weight_copies(self) -> tuple:
-        """``(layout, {carried buffer: host copy})`` of the live weights, what a divergence
-        restores: one copy per buffer, cut into weights only if needed."""
-        _, layout, buffers, _ = self._steps[self._current]
-        return layout, {c: buffers.host_copy(c) for c in set(layout.weights.values())}
+    def _keep_finite(self, layout, live: dict) -> None:
+        """Copy the live weights (``{carried buffer: host value}``) as what a divergence
+        restores: into the arrays of the previous copy when the layout is the same (a large
+        model's weights are not held three times at the end of an epoch)."""
+        kept = getattr(self, "_last_finite", None)
+        if kept is not None and kept[0] is layout:
+            for name, value in live.items():
+                np.copyto(kept[1][name], value)
+            return
+        self._last_finite = layout, {c: np.array(v, copy=True) for c, v in live.items()}
 
     def _diverged(self, loss: float, reached: tuple) -> None:
         # Name what is not finite (the data were checked finite before training, so
@@ -735,7 +744,8 @@ class TrainingEngine:
         """
         clean = conform_state(state, self._initial)
         self._write_carried(clean)
-        self._last_finite = self._weight_copies()
+        _, layout, buffers, _ = self._steps[self._current]
+        self._keep_finite(layout, {c: buffers.host(c) for c in set(layout.weights.values())})
 
     def optimizer_state(self) -> dict:
         """Host copy of the optimizer state.

@@ -62,6 +62,8 @@ from ..graph import (
     opset_of,
     prune_model,
     shape_of,
+    weight_stub,
+    weights_to_inputs,
 )
 from ..graph.format import HYPER_PREFIX
 from ..graph.passes import CHEAPER_NODES, run_passes, set_inference_mode
@@ -751,8 +753,7 @@ def strip_weights(model: onnx.ModelProto, trainable) -> onnx.ModelProto:
     wanted = set(trainable)
     for init in model.graph.initializer:
         if init.name in wanted:
-            stub = onnx.TensorProto(name=init.name, data_type=init.data_type, dims=init.dims)
-            init.CopyFrom(stub)
+            init.CopyFrom(weight_stub(init.name, init.data_type, init.dims))
     if model.ByteSize() > EXTERNAL_DATA_THRESHOLD:
         return model
     return onnx.ModelProto.FromString(model.SerializeToString())
@@ -761,21 +762,9 @@ def strip_weights(model: onnx.ModelProto, trainable) -> onnx.ModelProto:
 def eval_graph(model: onnx.ModelProto, trainable: list[str], loss_output: str) -> onnx.ModelProto:
     """The loss graph with the weights as inputs, in inference mode, pruned to the loss."""
     model = load_model(model)
-    _weights_to_inputs(model, trainable)
+    weights_to_inputs(model, trainable)
     set_inference_mode(model)
     return prune_model(model, [loss_output])
-
-
-def _weights_to_inputs(model: onnx.ModelProto, trainable) -> None:
-    """The (stripped) initializers ``trainable`` as graph inputs, in place."""
-    wanted = set(trainable)
-    graph = model.graph
-    weights = [i for i in graph.initializer if i.name in wanted]
-    kept = [i for i in graph.initializer if i.name not in wanted]
-    graph.input.extend(onnx.helper.make_tensor_value_info(i.name, i.data_type, list(i.dims))
-                       for i in weights)
-    del graph.initializer[:]
-    graph.initializer.extend(kept)
 
 
 def hyper_inputs(model: onnx.ModelProto) -> dict:

@@ -31,7 +31,7 @@ from onnx import helper
 
 from ..autodiff import build_gradient
 from ..exceptions import ConvergenceError, ConvergenceWarning
-from ..graph import class_label_marks, initializers_to_inputs, load_model
+from ..graph import class_label_marks, initializers_to_inputs, load_model, weights_to_inputs
 from ..graph.cache import LRUCache, model_digest
 from ..log import user_stacklevel, verbose_log
 from .checks import (
@@ -39,7 +39,7 @@ from .checks import (
     check_input_names,
     check_loss_output,
     check_trainable,
-    conform_state,
+    initial_values,
 )
 from .device import make_session, make_session_options, parse_device, single_thread_blas
 from .result import CALLBACK, CONVERGED, INTERRUPTED, MAX_ITER, STALLED, SolverResult
@@ -185,9 +185,8 @@ loss_output, session_options, deterministic
     for name, value in initializers_to_inputs(model, frozen).items():
         input_names.append(name)
         arrays.append(value)
-    weights = initializers_to_inputs(model, trainable)
-    if initial_weights:
-        weights.update(conform_state(dict(initial_weights), weights, partial=True))
+    weights = initial_values(model, trainable, initial_weights)
+    weights_to_inputs(model, trainable)
     data_bytes = sum(a.nbytes for a in arrays) + (sparse[0].data.nbytes if sparse else 0)
     # the data inputs small enough for a transposed copy (_data_read_transposed)
     copyable = tuple(n for n, a in zip(input_names, arrays)

@@ -503,3 +503,21 @@ def test_wide_estimators_convert_from_a_narrow_probe_to_the_same_graph(monkeypat
     narrow = to_train_onnx(fitted, X)
     assert narrow == full
     assert fitted.n_features_in_ == 7  # the estimator converted is left alone
+
+
+def test_a_graph_without_values_holds_the_weights_names_types_and_shapes():
+    """values=False: the initializers are weight stubs, which the checker reads as the
+    graph inputs they stand for; the rest of the graph is the graph with values."""
+    from ortlearn.graph import check_model, is_weight_stub
+
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((30, 5))
+    fitted = LogisticRegression().fit(X, rng.integers(0, 3, 30))
+    full, stubbed = to_train_onnx(fitted, X), to_train_onnx(fitted, X, values=False)
+    check_model(stubbed)
+    assert [(i.name, i.data_type, list(i.dims)) for i in stubbed.graph.initializer] == [
+        (i.name, i.data_type, list(i.dims)) for i in full.graph.initializer]
+    assert all(is_weight_stub(i) for i in stubbed.graph.initializer)
+    assert not any(is_weight_stub(i) for i in full.graph.initializer)
+    assert stubbed.graph.node == full.graph.node
+    assert stubbed.ByteSize() < full.ByteSize()

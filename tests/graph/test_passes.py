@@ -20,6 +20,7 @@ from ortlearn.graph.passes import (
     masks_as_products,
     negations_folded,
     run_passes,
+    single_values_at_full_rank,
     sums_as_adds,
     unused_nodes_removed,
 )
@@ -258,7 +259,8 @@ def test_expand_through_a_product_with_one_value(factor_shape, expected_expands)
 def test_the_passes_run_in_their_order_each_on_the_nodes_of_the_previous():
     names = [p.name for p in CHEAPER_NODES]
     assert names == ["masks_as_products", "expands_as_broadcasts", "negations_folded",
-                     "common_factors", "unused_nodes_removed", "column_sums_as_products"]
+                     "common_factors", "single_values_at_full_rank", "unused_nodes_removed",
+                     "column_sums_as_products"]
     seen = []
 
     def recorder(name):
@@ -342,3 +344,43 @@ def test_the_wrap_of_gather_indices_is_written_without_mod(dtype):
     for ours, theirs in zip(got, run_onnx(model, feeds)):
         np.testing.assert_array_equal(ours, theirs)
     assert got[1].ravel().tolist() == [0, 2, 4, 0, 2, 4]
+
+
+@pytest.mark.parametrize("n", [10, 5000])
+def test_single_values_get_the_rank_of_the_column_they_broadcast_against(n):
+    """onnxruntime broadcasts a single value of a lower rank against an (n, 1) column one
+    row at a time; at the column's rank it does not. A constant is reshaped whatever the
+    size; a computed value (``s * s``) only against a large static column."""
+    c = numpy_helper.from_array(np.array(0.25), "c")
+    nodes = [helper.make_node("Constant", [], ["c"], value=c),
+             helper.make_node("Mul", ["s", "s"], ["s2"]),
+             helper.make_node("Mul", ["w", "c"], ["wc"]),           # a constant
+             helper.make_node("Mul", ["s2", "wc"], ["step"]),       # a computed value
+             helper.make_node("Sub", ["w", "step"], ["w.next"]),
+             helper.make_node("Add", ["row", "s2"], ["row1"])]      # (1, n): kept
+    model = _float_graph(nodes, {"w": [n, 1], "s": [], "row": [1, n]},
+                         {"w.next": [n, 1], "row1": [1, n]})
+    rewritten = _run(single_values_at_full_rank, model)
+    by_output = {node.output[0]: node for node in rewritten}
+    assert by_output["wc"].input[1] == "c.rank2"
+    assert list(by_output["c.rank2"].attribute[0].t.dims) == [1, 1]
+    assert by_output["row1"].input[1] == "s2"
+    large = n >= 4096
+    assert by_output["step"].input[0] == ("s2.rank2" if large else "s2")
+    assert ("Reshape" in [node.op_type for node in rewritten]) == large
+    rs = np.random.RandomState(0)
+    feeds = {"w": rs.randn(n, 1), "s": np.array(0.3), "row": rs.randn(1, n)}
+    expected = run_onnx(model, feeds)
+    got = run_onnx(_with_nodes(model, rewritten), feeds)
+    for a, b in zip(got, expected):
+        assert a.shape == b.shape
+        np.testing.assert_array_equal(a, b)  # the same products
+
+
+def test_a_single_value_of_the_full_rank_or_a_wider_tensor_is_left_alone():
+    nodes = [helper.make_node("Mul", ["w", "s"], ["a"]),   # s already (1, 1)
+             helper.make_node("Mul", ["v", "t"], ["b"])]   # v's last dimension is 3
+    model = _float_graph(nodes, {"w": [5000, 1], "s": [1, 1], "v": [5000, 3], "t": []},
+                         {"a": [5000, 1], "b": [5000, 3]})
+    assert [list(node.input) for node in _run(single_values_at_full_rank, model)] == [
+        ["w", "s"], ["v", "t"]]

@@ -95,7 +95,7 @@ def test_fused_adam_step_gathers_its_scalars(build):
     X = rs.randn(40, 4)
     est = OrtMLPRegressor(hidden_layer_sizes=(5,), random_state=0).partial_fit(
         X, X @ rs.randn(4))
-    loss, trainable = est._loss_model(weighted=False)
+    loss, trainable = est._loss_model(weighted=False, values=True)
     model, layout = build(loss, trainable, input_names(False), Adam())
     assert layout.scalars == {"lr_t": "fused.scalar.lr_t"}
     assert layout.epoch_inputs == ("fused.order", "fused.starts", "fused.ends", "fused.rows",

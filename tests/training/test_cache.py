@@ -115,7 +115,7 @@ def test_own_session_options_are_never_shared(builds):
     from ortlearn.training import TrainingEngine
     from ortlearn.training.device import make_session_options
 
-    model = _fit(*_data(1))._loss_model(weighted=False)
+    model = _fit(*_data(1))._loss_model(weighted=False, values=True)
     builds.clear()
     cache.COMPILED_STEPS.clear()
     for _ in range(2):

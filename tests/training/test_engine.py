@@ -208,3 +208,33 @@ def test_lbfgs_reaches_logistic_regression_objective(dtype):
     assert objective(weights["coef"], weights["intercept"]) == pytest.approx(expected, rel=rel)
     assert value == pytest.approx(expected / (C * n), rel=rel)
     assert weights["coef"].dtype == dtype
+
+
+@pytest.mark.filterwarnings("ignore:L-BFGS failed to converge")
+def test_weight_stubs_train_from_the_initial_weights_given(data, loss_model):
+    """A graph whose weights hold no values (to_train_onnx(values=False)) trains from the
+    initial weights given, as the graph holding them does; without them, a ValueError."""
+    from ortlearn.graph import weight_stub
+
+    X, y = data
+    start = {"coef": np.arange(N_FEATURES, dtype=np.float32).reshape(-1, 1) / 10,
+             "intercept": np.array([0.5], np.float32)}
+    stubbed = type(loss_model)()
+    stubbed.CopyFrom(loss_model)
+    for init in stubbed.graph.initializer:
+        if init.name in start:
+            init.CopyFrom(weight_stub(init.name, init.data_type, init.dims))
+    with pytest.raises(ValueError, match=r"\['coef', 'intercept'\] hold no value .* "
+                                         "initial_weights"):
+        TrainingEngine(stubbed, ["coef", "intercept"], SGD())
+    states = []
+    for model in (loss_model, stubbed):
+        engine = TrainingEngine(model, ["coef", "intercept"], SGD(), initial_weights=start)
+        engine.train_epoch([X, y], Batches.for_epoch(len(X), 8, np.random.RandomState(0)))
+        states.append(engine.get_state())
+    for name in start:
+        np.testing.assert_array_equal(states[0][name], states[1][name])
+    result = minimize_lbfgs(stubbed, ["coef", "intercept"], start, [X, y], max_iter=5)
+    expected = minimize_lbfgs(loss_model, ["coef", "intercept"], start, [X, y], max_iter=5)
+    for name in start:
+        np.testing.assert_array_equal(result.weights[name], expected.weights[name])

@@ -21,7 +21,7 @@ def _mlp_loss():
     y = X @ rs.randn(4) + 0.1 * rs.randn(60)
     est = OrtMLPRegressor(hidden_layer_sizes=(5,), random_state=0).partial_fit(
         X, y, sample_weight=np.ones(60))
-    model, trainable = est._loss_model(weighted=True)
+    model, trainable = est._loss_model(weighted=True, values=True)
     return model, trainable, input_names(True), [X, y.reshape(-1, 1), np.ones(60)]
 
 

@@ -4,6 +4,7 @@ import collections
 
 import numpy as np
 import pytest
+import scipy.sparse
 from onnx import AttributeProto
 
 from ortlearn.estimators import OrtMLPClassifier, OrtMLPRegressor
@@ -28,7 +29,7 @@ def _bodies(model):
 
 
 def _epoch_graph(est, weighted=False):
-    model, trainable = est._loss_model(weighted=weighted)
+    model, trainable = est._loss_model(weighted=weighted, values=True)
     engine = TrainingEngine(model, trainable, Adam(), input_names=input_names(weighted))
     return build_fused_epoch(engine._model, trainable, input_names(weighted), Adam(), "loss",
                              engine._epoch_ordered())
@@ -120,7 +121,7 @@ def test_epoch_loops_equal_one_call_per_batch_bit_for_bit(sizes):
     y = X @ rs.randn(3)
     est = OrtMLPRegressor(hidden_layer_sizes=(5,), random_state=0).partial_fit(
         X, y, sample_weight=np.ones(45))
-    model, trainable = est._loss_model(weighted=True)
+    model, trainable = est._loss_model(weighted=True, values=True)
     arrays = [X, y.reshape(-1, 1), rs.uniform(0.5, 2, 45)]
     batches = np.split(rs.permutation(45), np.cumsum(sizes)[:-1])
     results = []
@@ -155,3 +156,30 @@ def test_hoisting_moves_invariant_nodes_and_keeps_random_draws():
     assert list(outer.nodes[1].input) == ["outer", "two.per_epoch"]
     assert [n.op_type for n in body] == ["Constant", "RandomUniform", "Add", "Mul"]
     assert list(body[2].input) == ["scaled.per_epoch", "noise"]
+
+
+def test_a_wide_linear_step_broadcasts_no_lower_rank_value_against_its_weights():
+    """A linear model's weights are a column (n_features, 1): onnxruntime broadcasts a
+    single value of a lower rank against it one row at a time (20 times slower at 2 000 000
+    weights), so the step (SGD's update, the L2 penalty's gradient) gives such values
+    the column's rank (graph.passes.single_values_at_full_rank)."""
+    from ortlearn.estimators import OrtSGDRegressor
+    from ortlearn.graph import shape_of, value_info_map
+
+    n = 500_000  # hashed features: a large model (a step a call, a tensor per weight)
+    X = scipy.sparse.random(64, n, density=1e-4, format="csr", random_state=0)
+    engine = OrtSGDRegressor(max_iter=1, tol=None, random_state=0).partial_fit(
+        X, np.arange(64.0))._runtime.engine
+    step, _, _, _ = engine._compiled(engine._current)
+    infos = value_info_map(step)
+    weight = [n for n in step.graph.input if n.name == "coef"][0]
+    assert shape_of(weight) == [n, 1]
+    checked = 0
+    for node in step.graph.node:
+        if node.op_type not in ("Add", "Sub", "Mul", "Div"):
+            continue
+        shapes = [shape_of(infos[v]) if v in infos else None for v in node.input]
+        if [n, 1] in shapes:
+            checked += 1
+            assert all(s is not None and len(s) == 2 for s in shapes), (node, shapes)
+    assert checked >= 3  # the penalty's gradient, the rate times the gradient, the update

@@ -16,9 +16,9 @@ from ....autodiff import build_forward_backward, build_gradient
 from ....graph import (
     finalize_model,
     get_train_initializer,
-    initializers_to_inputs,
     load_model,
     value_info_map,
+    weights_to_inputs,
 )
 
 __all__ = ["DerivativeOptions", "onnx_derivative"]
@@ -134,7 +134,7 @@ def _derivative_forward(onx, weights, inputs, options):
     inputs = _default_inputs(model) if inputs is None else list(inputs)
     original_inputs = [i.name for i in model.graph.input]
     outputs = [o.name for o in model.graph.output]
-    initializers_to_inputs(model, weights)
+    weights_to_inputs(model, weights)
     by_name = {i.name: i for i in model.graph.input}
     ordered = [by_name[n] for n in original_inputs] + [by_name[w] for w in weights]
     del model.graph.input[:]

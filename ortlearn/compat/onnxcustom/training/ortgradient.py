@@ -14,7 +14,7 @@ import logging
 from onnx import TensorProto, numpy_helper
 
 from ....autodiff import build_forward_backward
-from ....graph import get_train_initializer, initializers_to_inputs, load_model, rename_value
+from ....graph import get_train_initializer, load_model, rename_value, weights_to_inputs
 from ....training import make_session
 from ._base_onnx_function import save_onnx_graphs
 from ._functions import as_device, as_ort_value, run_ort_values
@@ -188,7 +188,7 @@ class OrtGradientForwardBackward:
 
     def _create_onnx_graphs(self):
         model = load_model(self.onnx_model)
-        initializers_to_inputs(model, self.weights_to_train)
+        weights_to_inputs(model, self.weights_to_train)
         # The weights follow the graph's inputs, in the order of weights_to_train.
         by_name = {i.name: i for i in model.graph.input}
         inputs = [by_name[n] for n in self.input_names] + [by_name[w] for w in
