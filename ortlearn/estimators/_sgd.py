@@ -39,6 +39,7 @@ from sklearn.utils.class_weight import compute_class_weight
 from sklearn.utils.metaestimators import available_if
 
 from ..optim import PlainSGD, per_sample_rates
+from ..training.sparse import is_sparse
 from ._base import OrtClassifierMixin, OrtRegressorMixin
 from ._docs import fill_doc
 from ._linear_base import BaseOrtLinear
@@ -57,6 +58,9 @@ _MAX_AUTO_ROWS, _MIN_UPDATES = 256, 64
 _DECAYING = ("invscaling", "optimal")
 #: losses whose derivative jumps: L-BFGS's curvature pairs mean nothing across the kinks
 _NOT_SMOOTH = {"hinge", "perceptron", "epsilon_insensitive"}
+#: scikit-learn's factor of the intercept's step on sparse data (its
+#: ``SPARSE_INTERCEPT_DECAY``): a row touches few weights but always the intercept
+SPARSE_INTERCEPT_DECAY = 0.01
 
 
 class BaseOrtSGD(BaseOrtLinear):
@@ -146,7 +150,8 @@ class BaseOrtSGD(BaseOrtLinear):
         if not self._per_sample_rule():
             return super()._optimizer()
         ratio = self._l1_ratio() if self.penalty is not None else 0.0
-        return PlainSGD(l1=self.alpha * ratio, average=self._average_start())
+        return PlainSGD(l1=self.alpha * ratio, average=self._average_start(),
+                        intercept_decay=self._intercept_decay)
 
     def _make_schedule(self):
         if self.learning_rate in ("pa1", "pa2"):
@@ -179,6 +184,23 @@ class BaseOrtSGD(BaseOrtLinear):
         super()._initialize(X, y)
         self.t_ = 1.0  # scikit-learn counts from 1: t_ - 1 samples were learned
         self._standard_weights = None
+        self._intercept_decay = self._intercept_decay_of(X)
+
+    @staticmethod
+    def _intercept_decay_of(X) -> float:
+        """The factor of the intercept's step on ``X``, scikit-learn's."""
+        return SPARSE_INTERCEPT_DECAY if is_sparse(X) else 1.0
+
+    def _fit_solver(self, X, y, y_enc, sample_weight, incremental: bool, device) -> None:
+        # As scikit-learn, each call steps the intercept by its data's factor: a partial_fit
+        # on sparse rows after dense ones gets an engine of that factor (from the weights
+        # and optimizer state so far).
+        decay = self._intercept_decay_of(X)
+        engine = self._runtime.engine
+        if engine is not None and getattr(engine.optimizer, "intercept_decay", decay) != decay:
+            self._runtime.engine = None
+        self._intercept_decay = decay
+        super()._fit_solver(X, y, y_enc, sample_weight, incremental, device)
 
     def _fit_epochs(self, engine, X, y, y_enc, sample_weight, incremental: bool) -> None:
         if not incremental:

@@ -416,6 +416,8 @@ class PlainSGD(Optimizer):
     rate ``lr``::
 
         p = p - lr * g                            # g: loss and L2 gradients
+                                                  # (the intercept's step times
+                                                  # intercept_decay)
         a = a + mu_t * (p - a)                    # ASGD, mu_t = 1 / (t - average + 1)
                                                   # from t = average on, else 0
         u = u + lr * l1                           # cumulative L1 penalty (l1 > 0)
@@ -449,6 +451,12 @@ class PlainSGD(Optimizer):
     average : int, default=0
         First update (1-based) averaged into the ``average`` state; 0: no
         averaging (``average=True`` of scikit-learn is 1).
+    intercept_decay : float, default=1.0
+        Factor of the step of the parameters ``intercept_params``:
+        scikit-learn's 0.01 on sparse data (``SPARSE_INTERCEPT_DECAY`` of
+        ``sklearn.linear_model._base``, which keeps the intercept from
+        oscillating where each row touches few weights), 1 on dense data.
+    intercept_params : tuple of str, default=('intercept',)
 
     Attributes
     ----------
@@ -471,20 +479,26 @@ class PlainSGD(Optimizer):
     #: large early rates, a rounding of 3e-8 grows to 1e-3 in the weights in a few epochs
     exact_learning_rate = True
 
-    def __init__(self, l1: float = 0.0, l1_params=("coef",), average: int = 0):
+    def __init__(self, l1: float = 0.0, l1_params=("coef",), average: int = 0,
+                 intercept_decay: float = 1.0, intercept_params=("intercept",)):
         super().__init__(None)
         _check_range("l1", l1, 0, math.inf, high_open=True)
+        _check_range("intercept_decay", intercept_decay, 0, 1, low_open=True)
         if isinstance(average, bool) or int(average) != average or average < 0:
             raise ValueError(f"average must be an int >= 0, got {average!r}.")
         self.l1 = float(l1)
         self.l1_params = tuple(l1_params)
         self.average = int(average)
+        self.intercept_decay = float(intercept_decay)
+        self.intercept_params = tuple(intercept_params)
         names = ("average",) if self.average else ()
         self.state_names = names + (("l1_q", "l1_u") if self.l1 else ())
 
     @property
     def hyper(self) -> dict:
-        return {"l1": self.l1, "l1_params": list(self.l1_params), "average": self.average}
+        return {"l1": self.l1, "l1_params": list(self.l1_params), "average": self.average,
+                "intercept_decay": self.intercept_decay,
+                "intercept_params": list(self.intercept_params)}
 
     def scalar_nodes(self, builder, lr, step):
         scalars = {"lr": lr}
@@ -510,7 +524,10 @@ class PlainSGD(Optimizer):
 
     def update_nodes(self, builder, typed, scalars, p, g, state):
         b = builder
-        new = b.op("Sub", [p, b.op("Mul", [typed(scalars["lr"]), g])])
+        step = b.op("Mul", [typed(scalars["lr"]), g])
+        if self.intercept_decay != 1.0 and p in self.intercept_params:
+            step = b.op("Mul", [step, typed(self.intercept_decay)])
+        new = b.op("Sub", [p, step])
         states = {}
         if self.average:
             avg = state["average"]
