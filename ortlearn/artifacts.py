@@ -29,7 +29,8 @@ from .graph import (
     rename_value,
     select_trainable,
 )
-from .graph.passes import rewrite_model, running_statistics
+from .graph.batch_norm import running_statistics
+from .graph.passes import rewrite_model
 from .onnxblock import blocks
 from .onnxblock import loss as loss_blocks
 from .onnxblock import optim as optim_blocks

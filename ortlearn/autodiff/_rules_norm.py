@@ -21,7 +21,7 @@ import numpy as np
 from onnx import TensorProto
 
 from ..graph import attr, optional_input
-from ..graph.passes import batch_norm_in_training_mode
+from ..graph.batch_norm import batch_norm_in_training_mode
 from ._registry import register_gradient
 
 

@@ -19,6 +19,7 @@
 Nothing here imports another ortlearn package.
 """
 
+from .batch_norm import set_inference_mode
 from .builder import GraphBuilder
 from .labels import (
     CLASS_LABEL_GUARD,
@@ -56,7 +57,6 @@ from .nodes import (
     rename_value,
     weights_to_inputs,
 )
-from .passes import set_inference_mode
 from .prepare import (
     NON_DIFFERENTIABLE_INPUTS,
     TRAINABLE_TYPES,

@@ -24,8 +24,6 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from .builder import GraphBuilder
-from .format import UPDATED_SUFFIX
 from .model import FLOAT_TYPES, finalize_model, onnx_to_np_dtype, opset_of
 from .nodes import attr, constant_values, needed_nodes, readers, rewritten
 from .shapes import refine_shapes
@@ -34,7 +32,6 @@ from .values import elem_type_of, shape_of, value_info_map
 __all__ = [
     "CHEAPER_NODES",
     "GPU_NODES",
-    "add_running_statistics_updates",
     "GraphView",
     "Pass",
     "column_sums_as_products",
@@ -42,14 +39,11 @@ __all__ = [
     "expands_as_broadcasts",
     "index_wraps_as_wheres",
     "log_softmax_decomposed",
-    "batch_norm_in_training_mode",
     "masks_as_products",
     "negations_folded",
     "rewrite_model",
     "run_passes",
-    "running_statistics",
-    "training_batch_norms",
-    "set_inference_mode",
+    "scattered_updates",
     "single_values_at_full_rank",
     "sums_as_adds",
     "unused_nodes_removed",
@@ -397,6 +391,145 @@ def common_factors(nodes: list, graph: GraphView) -> list:
     return rewritten(nodes, factored, dropped)
 
 
+def _single(shapes: dict, name: str) -> bool:
+    shape = _static_shape(shapes, name)
+    return shape is not None and all(d == 1 for d in shape)
+
+
+def _zeros(node, producer: dict) -> bool:
+    """Whether ``node``'s first input is a ``ConstantOfShape`` of zeros."""
+    source = producer.get(node.input[0])
+    if source is None or source.op_type != "ConstantOfShape":
+        return False
+    value = next((a.t for a in source.attribute if a.name == "value"), None)
+    return value is None or not np.any(onnx.numpy_helper.to_array(value))
+
+
+def _scattered_gradient(name: str, producer: dict):
+    """``(ScatterElements, Reshape)`` where ``name`` is ``Reshape(ScatterElements(zeros, i, u,
+    axis=0, reduction='add'))``: the gradient of a ``Gather``'s table (None otherwise)."""
+    reshape = producer.get(name)
+    scatter = producer.get(reshape.input[0]) if reshape is not None \
+        and reshape.op_type == "Reshape" else None
+    if (scatter is None or scatter.op_type != "ScatterElements"
+            or attr(scatter, "axis", 0) != 0 or attr(scatter, "reduction", "none") != "add"
+            or not _zeros(scatter, producer)):
+        return None
+    return scatter, reshape
+
+
+def _orders_only(node, consumers: dict, outputs) -> bool:
+    """Whether ``node``'s output only orders nodes: it reaches nothing but the condition of
+    ``Where(c, x, x)`` (x whatever c), through the ``Reshape``, ``Gather``, ``Cast``,
+    ``Sum`` and ``IsNaN`` of the training step's join (``training.fused``)."""
+    todo, seen = [node], set()
+    while todo:
+        current = todo.pop()
+        for value in current.output:
+            if value in outputs:
+                return False
+            for user in consumers.get(value, []):
+                if user.op_type == "Where":
+                    if user.input[0] != value or user.input[1] != user.input[2] \
+                            or value in user.input[1:]:
+                        return False
+                elif user.op_type in ("Reshape", "Gather", "Cast", "Sum", "IsNaN"):
+                    if id(user) not in seen:
+                        seen.add(id(user))
+                        todo.append(user)
+                else:
+                    return False
+    return True
+
+
+def scattered_updates(nodes: list, graph: GraphView) -> list:
+    """SGD's step of a weight column ``w`` (shape ``(n, 1)``) read by a ``Gather``, with an
+    L2 penalty, ``w - s * (c * w + G)`` where ``G`` scatters the rows' gradients ``u`` at
+    ``i`` into zeros, rewritten as ``ScatterElements(w * (1 - s * c), i, -s * u)``.
+
+    On hashed features (2 000 000 weights, 10 a row) the step was six passes over the
+    weights and three tensors of their size alive at once (the zeros scattered into, the
+    penalty's gradient, their sum); it becomes one product, the scattered rows and one copy
+    into the output's buffer (``doc/performance_notes.rst``, "Hashed features"). The same
+    value up to rounding. The training step's join (``Gather`` of an element of each
+    gradient, which orders the update after every node reading a weight) reads the sum of
+    ``u`` instead of ``G``, which is no longer computed: ``w``'s own readers are the new
+    product's ancestors or the loss's.
+    """
+    shapes, outputs, infos = graph.shapes, graph.outputs, graph.infos
+    producer = {o: node for node in nodes for o in node.output}
+    consumers = readers(nodes)
+    replaced, dropped = {}, set()
+
+    def only(value, *allowed):
+        return value not in outputs and all(
+            any(user is a for a in allowed) for user in consumers.get(value, []))
+
+    for node in nodes:
+        if node.op_type != "Sub" or len(node.input) != 2:
+            continue
+        w, step = node.input
+        product = producer.get(step)
+        column = _static_shape(shapes, w)
+        if product is None or product.op_type != "Mul" or column is None \
+                or len(column) != 2 or column[1] != 1 or not only(step, node):
+            continue
+        s, total = ((product.input[0], product.input[1]) if _single(shapes, product.input[0])
+                    else (product.input[1], product.input[0]))
+        adder = producer.get(total)
+        if not _single(shapes, s) or adder is None or adder.op_type not in ("Add", "Sum") \
+                or len(adder.input) != 2:
+            continue
+        decay = scattered = None
+        for term, other in (adder.input, reversed(adder.input)):
+            penalty, found = producer.get(term), _scattered_gradient(other, producer)
+            if penalty is not None and penalty.op_type == "Mul" and w in penalty.input \
+                    and found is not None:
+                c = next(v for v in penalty.input if v != w) if penalty.input[0] != \
+                    penalty.input[1] else None
+                if c is not None and _single(shapes, c):
+                    decay, scattered = (penalty, c), found
+                    break
+        if decay is None:
+            continue
+        scatter, reshape = scattered
+        joins = [user for user in consumers.get(total, []) if user is not product]
+        if not (only(decay[0].output[0], adder) and only(reshape.output[0], adder)
+                and only(scatter.output[0], reshape)
+                and all(_orders_only(j, consumers, outputs) for j in joins)):
+            continue
+        elem = elem_type_of(infos[s]) if s in infos else None
+        if elem is None:
+            continue
+        name = node.output[0]
+        one = onnx.numpy_helper.from_array(np.ones((), onnx_to_np_dtype(elem)))
+        positions, rows_gradient = scatter.input[1], scatter.input[2]
+        new = [
+            helper.make_node("Constant", [], [name + ".one"], value=one),
+            helper.make_node("Mul", [s, decay[1]], [name + ".sc"]),
+            helper.make_node("Sub", [name + ".one", name + ".sc"], [name + ".decay"]),
+            helper.make_node("Mul", [w, name + ".decay"], [name + ".decayed"]),
+            helper.make_node("Neg", [s], [name + ".minus_s"]),
+            helper.make_node("Mul", [rows_gradient, name + ".minus_s"], [name + ".steps"]),
+            helper.make_node("Constant", [], [name + ".axes"], value=onnx.numpy_helper.from_array(
+                np.array([-1], dtype=np.int64))),
+            helper.make_node("Unsqueeze", [positions, name + ".axes"], [name + ".rows"]),
+            helper.make_node("Unsqueeze", [name + ".steps", name + ".axes"],
+                             [name + ".row_steps"]),
+            helper.make_node("ScatterElements", [name + ".decayed", name + ".rows",
+                                                 name + ".row_steps"], [name], name=name,
+                             axis=0, reduction="add")]
+        replaced[id(node)] = new
+        for join in joins:
+            total_name = join.output[0] + ".rows_sum"
+            moved = onnx.NodeProto.FromString(join.SerializeToString())
+            moved.input[0] = total_name
+            replaced[id(join)] = [helper.make_node("ReduceSum", [rows_gradient], [total_name],
+                                                   name=total_name), moved]
+        dropped.update(id(n) for n in (product, adder, decay[0], reshape, scatter))
+    return rewritten(nodes, replaced, dropped)
+
+
 #: A computed single value is reshaped (one node more, about a microsecond) only against
 #: a tensor of a static shape of at least this many elements: the row-at-a-time broadcast
 #: costs about 9 ns a row (see :func:`single_values_at_full_rank`).
@@ -468,6 +601,7 @@ CHEAPER_NODES = (
     Pass("expands_as_broadcasts", expands_as_broadcasts),
     Pass("negations_folded", negations_folded),
     Pass("common_factors", common_factors),
+    Pass("scattered_updates", scattered_updates),
     Pass("single_values_at_full_rank", single_values_at_full_rank),
     Pass("unused_nodes_removed", unused_nodes_removed),
     Pass("column_sums_as_products", column_sums_as_products),
@@ -622,132 +756,3 @@ def rewrite_model(model: onnx.ModelProto, passes: Sequence[Pass] = CHEAPER_NODES
     graph.node.extend(nodes)
     del graph.value_info[:]
     return finalize_model(model)
-
-
-def batch_norm_in_training_mode(node: onnx.NodeProto, opset: int) -> bool:
-    """Whether a BatchNormalization node normalises with the batch statistics.
-
-    From opset 14 ``training_mode=1`` says so; before, a node with statistics
-    outputs runs in training mode (onnxruntime's reading of opsets 9 to 13).
-    """
-    if opset >= 14:
-        return bool(attr(node, "training_mode", 0))
-    return any(node.output[1:])
-
-
-def running_statistics(model: onnx.ModelProto) -> list[str]:
-    """Initializers holding the running mean and variance of training-mode BatchNormalization.
-
-    They are training state, not weights: each training step updates them
-    from the batch statistics, and the eval and inference models
-    (:func:`set_inference_mode`) normalise with them.
-    """
-    inits = {i.name for i in model.graph.initializer}
-    names = []
-    for node in training_batch_norms(model):
-        names += [n for n in node.input[3:5] if n in inits and n not in names]
-    return names
-
-
-def training_batch_norms(model: onnx.ModelProto) -> list[onnx.NodeProto]:
-    """The BatchNormalization nodes of ``model.graph`` in training mode, in graph order."""
-    opset = opset_of(model)
-    return [node for node in model.graph.node
-            if node.op_type == "BatchNormalization" and node.domain in ("", "ai.onnx")
-            and batch_norm_in_training_mode(node, opset)]
-
-
-def set_inference_mode(model: onnx.ModelProto) -> None:
-    """Dropout off and BatchNormalization on its running statistics, in place.
-
-    Dropout's ``training_mode`` input becomes the empty name (the optional input left out,
-    whose default is false), as onnxruntime-training's eval model has it.
-    """
-    for node in model.graph.node:
-        if node.op_type == "Dropout" and len(node.input) > 2 and node.input[2]:
-            node.input[2] = ""
-        elif node.op_type == "BatchNormalization":
-            for a in node.attribute:
-                if a.name == "training_mode":
-                    a.i = 0
-            del node.output[1:]
-
-
-def add_running_statistics_updates(model: onnx.ModelProto, names: Sequence[str]) -> list[str]:
-    """Outputs ``<name>.updated`` with the new running mean and variance, torch's update.
-
-    ``names`` are graph inputs holding running statistics of training-mode
-    BatchNormalization nodes (others are ignored); each gets an output.
-
-    ``new = momentum * running + (1 - momentum) * batch_stat`` with ONNX's
-    ``momentum`` (1 - torch's momentum) and, for the variance, the unbiased
-    batch variance (n / (n - 1) times the biased one), as torch does; ONNX's
-    own running-variance output uses the biased variance. Return the frozen
-    statistics updated, in graph order.
-    """
-    g = model.graph
-    params = {i.name: i for i in g.input if i.name in set(names)}
-    nodes = [n for n in training_batch_norms(model)
-             if any(name in params for name in n.input[3:5])]
-    if not nodes:
-        return []
-    infos = value_info_map(model)
-    b = GraphBuilder.for_model(model, prefix="running_stats_")
-    updated = []
-    for node in nodes:
-        x = node.input[0]
-        shape = shape_of(infos[x]) if x in infos else None
-        if shape is None:
-            raise ValueError(f"The rank of the input {x!r} of BatchNormalization node "
-                             f"{node.name!r} is unknown: its running statistics cannot be "
-                             "updated.")
-        like = elem_type_of(params[next(n for n in node.input[3:5] if n in params)])
-        dtype = onnx_to_np_dtype(like)
-        momentum = attr(node, "momentum", 0.9)
-        # onnxruntime 1.32's CPU kernel writes the new statistics into its running-statistic
-        # INPUTS, so a node reading them after it sees them already updated (measured: a
-        # double update per step). Read the node's outputs only: ONNX's new mean is torch's;
-        # its new variance uses the biased batch variance, torch's the unbiased one:
-        # torch's = ONNX's + (1 - momentum) * biased / (n - 1).
-        while len(node.output) < 3:
-            node.output.append("")
-        for i in (1, 2):
-            if not node.output[i]:
-                node.output[i] = b.unique_name(f"{node.input[i + 2]}_onnx_update")
-        biased, n = _batch_statistics(b, x, len(shape), like)
-        unbias = b.op("Div", [b.const(np.asarray(1 - momentum, dtype=dtype)),
-                              b.op("Sub", [n, b.const(np.asarray(1, dtype=dtype))])])
-        stats = [node.output[1], b.op("Add", [node.output[2], b.op("Mul", [biased, unbias])])]
-        for name, stat in zip(node.input[3:5], stats):
-            if name not in params:
-                continue
-            if name in updated:
-                raise ValueError(f"The running statistic {name!r} is shared by several "
-                                 "BatchNormalization nodes: which update wins is undefined.")
-            out = b.reserve(name + UPDATED_SUFFIX)
-            b.op("Identity", [stat], outputs=[out])
-            info = onnx.ValueInfoProto()
-            info.CopyFrom(params[name])
-            info.name = out
-            g.output.append(info)
-            updated.append(name)
-    b.add_to_graph(g)
-    return updated
-
-
-def _batch_statistics(b: GraphBuilder, x: str, rank: int, like: int):
-    """Per-channel biased variance of ``x`` (channels on axis 1), shape ``(C,)``, and the
-    number ``n`` of values per channel (a scalar of element type ``like``).
-
-    Written as the gradient rule writes its statistics (same nodes, dims
-    kept), so that onnxruntime's common-subexpression elimination can share them.
-    """
-    axes = [0, *range(2, rank)]
-    mean = b.reduce("ReduceMean", x, axes, keepdims=1)
-    centered = b.op("Sub", [x, mean])
-    var = b.reduce("ReduceMean", b.op("Mul", [centered, centered]), axes, keepdims=1)
-    var = b.op("Reshape", [var, b.ints([-1], hint="flat")])
-    # n values per channel: Size(x) / C
-    n = b.op("Div", [b.cast(b.op("Size", [x]), like),
-                     b.cast(b.op("Size", [var]), like)])
-    return var, n

@@ -19,6 +19,7 @@ from ..graph import (
     initializer_map,
     set_inference_mode,
 )
+from ..graph.batch_norm import add_running_statistics_updates, running_statistics
 from ..graph.format import (
     GRAD_BUFFER_SUFFIX,
     GRAD_OUTPUT_SUFFIX,
@@ -27,7 +28,6 @@ from ..graph.format import (
     TRAINING_METADATA_KEY,
     UPDATED_FROZEN_KEY,
 )
-from ..graph.passes import add_running_statistics_updates, running_statistics
 from .export_checks import tied_parameter_hint
 
 

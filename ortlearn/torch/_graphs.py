@@ -19,7 +19,8 @@ import torch
 
 from ..autodiff import build_forward_backward
 from ..fileio import save_model
-from ..graph.passes import add_running_statistics_updates, rewrite_model
+from ..graph.batch_norm import add_running_statistics_updates
+from ..graph.passes import rewrite_model
 from ..training.device import make_session, make_session_options
 from ._export import Exported, TreeSpec
 

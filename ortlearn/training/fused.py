@@ -65,8 +65,9 @@ from ..graph import (
     weight_stub,
     weights_to_inputs,
 )
+from ..graph.batch_norm import set_inference_mode
 from ..graph.format import HYPER_PREFIX
-from ..graph.passes import CHEAPER_NODES, run_passes, set_inference_mode
+from ..graph.passes import CHEAPER_NODES, run_passes
 from .batch_shapes import batch_multiples, sizes_from_rows
 
 __all__ = ["FusedLayout", "build_fused_epoch", "build_fused_step", "eval_graph", "hyper_inputs",

@@ -259,8 +259,8 @@ def test_expand_through_a_product_with_one_value(factor_shape, expected_expands)
 def test_the_passes_run_in_their_order_each_on_the_nodes_of_the_previous():
     names = [p.name for p in CHEAPER_NODES]
     assert names == ["masks_as_products", "expands_as_broadcasts", "negations_folded",
-                     "common_factors", "single_values_at_full_rank", "unused_nodes_removed",
-                     "column_sums_as_products"]
+                     "common_factors", "scattered_updates", "single_values_at_full_rank",
+                     "unused_nodes_removed", "column_sums_as_products"]
     seen = []
 
     def recorder(name):
@@ -384,3 +384,73 @@ def test_a_single_value_of_the_full_rank_or_a_wider_tensor_is_left_alone():
                          {"a": [5000, 1], "b": [5000, 3]})
     assert [list(node.input) for node in _run(single_values_at_full_rank, model)] == [
         ["w", "s"], ["v", "t"]]
+
+
+def _sgd_step_of_a_gathered_column(n=300, join_reads_sum=True):
+    """A training step's update of a weight column w read by a Gather: its rows' gradient u
+    scattered into zeros at i, plus an L2 penalty's gradient c * w; the step's join reads
+    an element of the gradient to order the update (training.fused._after)."""
+    c = numpy_helper.from_array(np.array(2e-4), "c")
+    zero = numpy_helper.from_array(np.zeros(1))
+    i64 = TensorProto.INT64
+    nodes = [helper.make_node("Constant", [], ["c"], value=c),
+             helper.make_node("Constant", [], ["size"], value=numpy_helper.from_array(
+                 np.array([n], dtype=np.int64))),
+             helper.make_node("Constant", [], ["shape"], value=numpy_helper.from_array(
+                 np.array([n, 1], dtype=np.int64))),
+             helper.make_node("Constant", [], ["flat"], value=numpy_helper.from_array(
+                 np.array([-1], dtype=np.int64))),
+             helper.make_node("Constant", [], ["first"], value=numpy_helper.from_array(
+                 np.array(0, dtype=np.int64))),
+             helper.make_node("ConstantOfShape", ["size"], ["zeros"], value=zero),
+             helper.make_node("ScatterElements", ["zeros", "i", "u"], ["scattered"], axis=0,
+                              reduction="add"),
+             helper.make_node("Reshape", ["scattered", "shape"], ["rows_gradient"]),
+             helper.make_node("Mul", ["w", "c"], ["penalty_gradient"]),
+             helper.make_node("Sum", ["penalty_gradient", "rows_gradient"], ["g"]),
+             helper.make_node("Reshape", ["g", "flat"], ["g_flat"]),
+             helper.make_node("Gather", ["g_flat", "first"], ["g0"]),
+             helper.make_node("IsNaN", ["g0"], ["nan"]),
+             helper.make_node("Where", ["nan", "lr", "lr"], ["s"]),
+             helper.make_node("Mul", ["s", "g"], ["step"]),
+             helper.make_node("Sub", ["w", "step"], ["w.next"])]
+    f = TensorProto.DOUBLE
+    graph = helper.make_graph(nodes, "g", [
+        helper.make_tensor_value_info("w", f, [n, 1]), helper.make_tensor_value_info("lr", f, []),
+        helper.make_tensor_value_info("i", i64, ["k"]),
+        helper.make_tensor_value_info("u", f, ["k"])],
+        [helper.make_tensor_value_info("w.next", f, [n, 1])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 8
+    return model
+
+
+def test_the_step_of_a_gathered_column_scatters_its_rows_into_the_decayed_weights():
+    """w - s (c w + scatter(0, i, u)) as scatter(w (1 - s c), i, -s u): no tensor of w's size
+    but the decayed weights; the join reads the sum of u (its value orders, nothing else)."""
+    from ortlearn.graph.passes import scattered_updates
+
+    model = _sgd_step_of_a_gathered_column()
+    nodes = _run(scattered_updates, model)
+    ops = [node.op_type for node in nodes]
+    assert "ConstantOfShape" not in [n.op_type for n in needed_nodes(nodes, ["w.next"])]
+    assert "Sum" not in ops
+    assert ops.count("ScatterElements") == 1
+    rs = np.random.RandomState(0)
+    feeds = {"w": rs.randn(300, 1), "lr": np.array(0.7), "i": rs.randint(0, 300, 40),
+             "u": rs.randn(40)}
+    feeds["i"][:5] = 7  # repeated rows add up
+    (expected,), (got,) = run_onnx(model, feeds), run_onnx(_with_nodes(model, nodes), feeds)
+    np.testing.assert_allclose(got, expected, rtol=1e-14, atol=1e-15)
+    empty = {**feeds, "i": np.zeros(0, np.int64), "u": np.zeros(0)}
+    np.testing.assert_allclose(run_onnx(_with_nodes(model, nodes), empty)[0],
+                               run_onnx(model, empty)[0], rtol=1e-14)
+
+
+def test_a_gradient_read_for_its_value_is_not_rewritten():
+    from ortlearn.graph.passes import scattered_updates
+
+    model = _sgd_step_of_a_gathered_column()
+    model.graph.output.append(helper.make_tensor_value_info("g0", TensorProto.DOUBLE, []))
+    assert [n.op_type for n in _run(scattered_updates, model)] == [
+        n.op_type for n in model.graph.node]

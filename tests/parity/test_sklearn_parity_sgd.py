@@ -394,3 +394,19 @@ def test_partial_fit_steps_the_intercept_by_each_calls_data(diabetes):
         ours.partial_fit(data, y)
         np.testing.assert_allclose(ours.coef_, ref.coef_, rtol=0, atol=1e-12)
         np.testing.assert_allclose(ours.intercept_, ref.intercept_, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("cls, sk_cls", [(OrtSGDClassifier, SGDClassifier),
+                                         (OrtSGDRegressor, SGDRegressor)])
+def test_hashed_features_train_scikit_learns_model(cls, sk_cls):
+    """500 000 hashed features (a large model: a step a call, the weights written in place,
+    graph.passes.scattered_updates' step): scikit-learn's per-sample updates."""
+    rng = np.random.default_rng(0)
+    rows, per_row = 120, 10
+    X = sp.csr_matrix((rng.standard_normal(rows * per_row),
+                       rng.integers(0, 500_000, rows * per_row),
+                       np.arange(0, rows * per_row + 1, per_row)), shape=(rows, 500_000))
+    y = np.arange(rows) % 2 if sk_cls is SGDClassifier else rng.standard_normal(rows)
+    ref, ours = _both(sk_cls, cls, X, y, batch_size=1, **_FIXED)
+    assert ours._runtime.engine is None and ours.coef_.size == 500_000
+    _assert_same_model(ref, ours)
