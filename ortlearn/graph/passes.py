@@ -443,9 +443,11 @@ def _orders_only(node, consumers: dict, outputs) -> bool:
 
 
 def scattered_updates(nodes: list, graph: GraphView) -> list:
-    """SGD's step of a weight column ``w`` (shape ``(n, 1)``) read by a ``Gather``, with an
-    L2 penalty, ``w - s * (c * w + G)`` where ``G`` scatters the rows' gradients ``u`` at
-    ``i`` into zeros, rewritten as ``ScatterElements(w * (1 - s * c), i, -s * u)``.
+    """SGD's step of a weight ``w`` of a static shape read by a ``Gather`` (a linear model's
+    weights on hashed features), with an L2 penalty, ``w - s * (c * w + G)`` where ``G``
+    scatters the rows' gradients ``u`` at the flat positions ``i`` into zeros, rewritten as
+    ``ScatterElements(w * (1 - s * c), i, -s * u)`` (on a flat view of the weights and
+    reshaped, but for a column ``(n, 1)``, whose positions are its rows).
 
     On hashed features (2 000 000 weights, 10 a row) the step was six passes over the
     weights and three tensors of their size alive at once (the zeros scattered into, the
@@ -470,9 +472,9 @@ def scattered_updates(nodes: list, graph: GraphView) -> list:
             continue
         w, step = node.input
         product = producer.get(step)
-        column = _static_shape(shapes, w)
-        if product is None or product.op_type != "Mul" or column is None \
-                or len(column) != 2 or column[1] != 1 or not only(step, node):
+        dims = _static_shape(shapes, w)
+        if product is None or product.op_type != "Mul" or dims is None or not dims \
+                or not all(isinstance(d, int) for d in dims) or not only(step, node):
             continue
         s, total = ((product.input[0], product.input[1]) if _single(shapes, product.input[0])
                     else (product.input[1], product.input[0]))
@@ -512,13 +514,27 @@ def scattered_updates(nodes: list, graph: GraphView) -> list:
             helper.make_node("Neg", [s], [name + ".minus_s"]),
             helper.make_node("Mul", [rows_gradient, name + ".minus_s"], [name + ".steps"]),
             helper.make_node("Constant", [], [name + ".axes"], value=onnx.numpy_helper.from_array(
-                np.array([-1], dtype=np.int64))),
-            helper.make_node("Unsqueeze", [positions, name + ".axes"], [name + ".rows"]),
-            helper.make_node("Unsqueeze", [name + ".steps", name + ".axes"],
-                             [name + ".row_steps"]),
-            helper.make_node("ScatterElements", [name + ".decayed", name + ".rows",
-                                                 name + ".row_steps"], [name], name=name,
-                             axis=0, reduction="add")]
+                np.array([-1], dtype=np.int64)))]
+        if list(dims[1:]) == [1]:
+            # a column: the flat positions are its rows, scattered into it as it is
+            new += [
+                helper.make_node("Unsqueeze", [positions, name + ".axes"], [name + ".rows"]),
+                helper.make_node("Unsqueeze", [name + ".steps", name + ".axes"],
+                                 [name + ".row_steps"]),
+                helper.make_node("ScatterElements", [name + ".decayed", name + ".rows",
+                                                     name + ".row_steps"], [name], name=name,
+                                 axis=0, reduction="add")]
+        else:
+            # the positions are those of the flat weights: scattered into a flat view
+            new += [
+                helper.make_node("Reshape", [name + ".decayed", name + ".axes"],
+                                 [name + ".flat"]),
+                helper.make_node("ScatterElements", [name + ".flat", positions, name + ".steps"],
+                                 [name + ".scattered"], axis=0, reduction="add"),
+                helper.make_node("Constant", [], [name + ".shape"],
+                                 value=onnx.numpy_helper.from_array(np.array(dims, np.int64))),
+                helper.make_node("Reshape", [name + ".scattered", name + ".shape"], [name],
+                                 name=name)]
         replaced[id(node)] = new
         for join in joins:
             total_name = join.output[0] + ".rows_sum"

@@ -386,18 +386,19 @@ def test_a_single_value_of_the_full_rank_or_a_wider_tensor_is_left_alone():
         ["w", "s"], ["v", "t"]]
 
 
-def _sgd_step_of_a_gathered_column(n=300, join_reads_sum=True):
-    """A training step's update of a weight column w read by a Gather: its rows' gradient u
-    scattered into zeros at i, plus an L2 penalty's gradient c * w; the step's join reads
-    an element of the gradient to order the update (training.fused._after)."""
+def _sgd_step_of_a_gathered_column(n=300, columns=1):
+    """A training step's update of weights w (n, columns) read by a Gather: its rows' gradient
+    u scattered into zeros at the flat positions i, plus an L2 penalty's gradient c * w; the
+    step's join reads an element of the gradient to order the update
+    (training.fused._after)."""
     c = numpy_helper.from_array(np.array(2e-4), "c")
     zero = numpy_helper.from_array(np.zeros(1))
     i64 = TensorProto.INT64
     nodes = [helper.make_node("Constant", [], ["c"], value=c),
              helper.make_node("Constant", [], ["size"], value=numpy_helper.from_array(
-                 np.array([n], dtype=np.int64))),
+                 np.array([n * columns], dtype=np.int64))),
              helper.make_node("Constant", [], ["shape"], value=numpy_helper.from_array(
-                 np.array([n, 1], dtype=np.int64))),
+                 np.array([n, columns], dtype=np.int64))),
              helper.make_node("Constant", [], ["flat"], value=numpy_helper.from_array(
                  np.array([-1], dtype=np.int64))),
              helper.make_node("Constant", [], ["first"], value=numpy_helper.from_array(
@@ -416,29 +417,31 @@ def _sgd_step_of_a_gathered_column(n=300, join_reads_sum=True):
              helper.make_node("Sub", ["w", "step"], ["w.next"])]
     f = TensorProto.DOUBLE
     graph = helper.make_graph(nodes, "g", [
-        helper.make_tensor_value_info("w", f, [n, 1]), helper.make_tensor_value_info("lr", f, []),
+        helper.make_tensor_value_info("w", f, [n, columns]),
+        helper.make_tensor_value_info("lr", f, []),
         helper.make_tensor_value_info("i", i64, ["k"]),
         helper.make_tensor_value_info("u", f, ["k"])],
-        [helper.make_tensor_value_info("w.next", f, [n, 1])])
+        [helper.make_tensor_value_info("w.next", f, [n, columns])])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
     model.ir_version = 8
     return model
 
 
-def test_the_step_of_a_gathered_column_scatters_its_rows_into_the_decayed_weights():
+@pytest.mark.parametrize("columns", [1, 3])
+def test_the_step_of_a_gathered_column_scatters_its_rows_into_the_decayed_weights(columns):
     """w - s (c w + scatter(0, i, u)) as scatter(w (1 - s c), i, -s u): no tensor of w's size
     but the decayed weights; the join reads the sum of u (its value orders, nothing else)."""
     from ortlearn.graph.passes import scattered_updates
 
-    model = _sgd_step_of_a_gathered_column()
+    model = _sgd_step_of_a_gathered_column(columns=columns)
     nodes = _run(scattered_updates, model)
     ops = [node.op_type for node in nodes]
     assert "ConstantOfShape" not in [n.op_type for n in needed_nodes(nodes, ["w.next"])]
     assert "Sum" not in ops
     assert ops.count("ScatterElements") == 1
     rs = np.random.RandomState(0)
-    feeds = {"w": rs.randn(300, 1), "lr": np.array(0.7), "i": rs.randint(0, 300, 40),
-             "u": rs.randn(40)}
+    feeds = {"w": rs.randn(300, columns), "lr": np.array(0.7),
+             "i": rs.randint(0, 300 * columns, 40), "u": rs.randn(40)}
     feeds["i"][:5] = 7  # repeated rows add up
     (expected,), (got,) = run_onnx(model, feeds), run_onnx(_with_nodes(model, nodes), feeds)
     np.testing.assert_allclose(got, expected, rtol=1e-14, atol=1e-15)

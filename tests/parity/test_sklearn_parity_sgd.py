@@ -410,3 +410,27 @@ def test_hashed_features_train_scikit_learns_model(cls, sk_cls):
     ref, ours = _both(sk_cls, cls, X, y, batch_size=1, **_FIXED)
     assert ours._runtime.engine is None and ours.coef_.size == 500_000
     _assert_same_model(ref, ours)
+
+
+def test_hashed_multiclass_steps_are_the_steps_without_the_scatter_rewrite(monkeypatch):
+    """Three classes on 500 000 hashed features (weights (500 000, 3), scattered through a
+    flat view): the fit of the rewritten step is the fit of the step as the backward pass
+    writes it, to rounding."""
+    import ortlearn.training.engine as engine_module
+    from ortlearn.graph.passes import CHEAPER_NODES
+
+    rng = np.random.default_rng(1)
+    rows, per_row = 90, 10
+    X = sp.csr_matrix((rng.standard_normal(rows * per_row),
+                       rng.integers(0, 500_000, rows * per_row),
+                       np.arange(0, rows * per_row + 1, per_row)), shape=(rows, 500_000))
+    y = np.arange(rows) % 3
+    params = dict(shuffle=False, max_iter=3, tol=None, batch_size=8)
+    rewritten = OrtSGDClassifier(**params).fit(X, y)
+    monkeypatch.setattr(engine_module, "CHEAPER_NODES",
+                        tuple(p for p in CHEAPER_NODES if p.name != "scattered_updates"))
+    plain = OrtSGDClassifier(**params).fit(X, y)
+    scale = np.abs(plain.coef_).max()
+    np.testing.assert_allclose(rewritten.coef_, plain.coef_, rtol=0, atol=1e-12 * scale)
+    np.testing.assert_allclose(rewritten.intercept_, plain.intercept_, rtol=0,
+                               atol=1e-12 * scale)
