@@ -150,8 +150,9 @@ class BaseOrtSGD(BaseOrtLinear):
         if not self._per_sample_rule():
             return super()._optimizer()
         ratio = self._l1_ratio() if self.penalty is not None else 0.0
+        # an estimator pickled before the factor existed stepped it as on dense data
         return PlainSGD(l1=self.alpha * ratio, average=self._average_start(),
-                        intercept_decay=self._intercept_decay)
+                        intercept_decay=getattr(self, "_intercept_decay", 1.0))
 
     def _make_schedule(self):
         if self.learning_rate in ("pa1", "pa2"):

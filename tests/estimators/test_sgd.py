@@ -124,6 +124,18 @@ def test_a_model_pickled_without_the_solver_loads():
     assert_allclose(pickle.loads(pickle.dumps(reg)).predict(X), reg.predict(X))
 
 
+def test_a_model_pickled_without_the_intercept_factor_exports_and_trains(tmp_path):
+    """Fitted before the sparse data's intercept factor existed: as on dense data."""
+    X, y = _diabetes()
+    state = dict(_fit_quietly(OrtSGDRegressor(max_iter=3, random_state=0), X, y).__getstate__())
+    del state["_intercept_decay"]
+    old = OrtSGDRegressor.__new__(OrtSGDRegressor)
+    old.__setstate__(state)
+    assert old._optimizer().intercept_decay == 1.0
+    old.export_artifacts(tmp_path)
+    _fit_quietly(old, X, y)
+
+
 def test_linear_regressor_is_the_sgd_model_with_mlp_rules():
     """OrtLinearRegressor is an OrtSGDRegressor: momentum SGD, steps counted per batch."""
     X, y = _diabetes()
