@@ -269,8 +269,31 @@ print(sorted(name for name in NAMES if name in sys.modules))
     assert out.stdout.split("\n")[-2] == "[]", out.stdout
     # the same names do come with a mini-batch estimator (the test can fail)
     code = code.replace("OrtLinearSVC().fit(X, y > y.mean())",
-                        "from ortlearn.estimators import OrtSGDRegressor; "
-                        "OrtSGDRegressor(max_iter=2).fit(X, y)")
+                        "from ortlearn.estimators import OrtMLPRegressor; "
+                        "OrtMLPRegressor(max_iter=2).fit(X, y)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, cwd=ROOT.parent)
     assert out.stdout.split("\n")[-2] == repr(sorted(_NOT_FOR_FULL_BATCH)), out.stdout
+
+
+def test_sgd_fits_and_predictions_convert_nothing():
+    """The SGD estimators train and predict on the scores written from their formula: no
+    skl2onnx (its import is most of a first fit's time); ``to_onnx`` converts."""
+    code = """
+import sys
+import numpy as np
+from ortlearn.estimators import OrtSGDClassifier, OrtSGDRegressor
+X = np.random.default_rng(0).random((40, 3))
+y = X @ [1.0, 2.0, 3.0]
+reg = OrtSGDRegressor(max_iter=2).fit(X, y)
+labels = np.arange(40) % 3
+clf = OrtSGDClassifier(max_iter=2, loss="log_loss").fit(X, labels)
+reg.predict(X), clf.predict(X), clf.predict_proba(X), clf.decision_function(X)
+clf.score(X, labels)
+print("skl2onnx" in sys.modules)
+clf.to_onnx()
+print("skl2onnx" in sys.modules)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=ROOT.parent)
+    assert out.stdout.split() == ["False", "True"], out.stdout

@@ -555,9 +555,18 @@ class BaseOrtEstimator(CallbackSupportMixin, BaseEstimator, ABC):
         """The objective's graph and its trained weights' names. Without ``values`` the
         weights are stubs: the training session takes ``get_weights(estimator_)`` as its
         ``initial_weights``, and no graph holds a copy of them."""
-        model = self._objective(self._inference_model(values), self._kind(), sum_in_float64,
+        model = self._objective(self._scores_model(values), self._kind(), sum_in_float64,
                                 weighted)
         return model, list(get_weights(self.estimator_))
+
+    def _scores_model(self, values: bool) -> onnx.ModelProto:
+        """The graph :meth:`_objective` reads: the inference graph (its prediction output)."""
+        return self._inference_model(values)
+
+    def _prediction_model(self, values: bool = True) -> onnx.ModelProto:
+        """The graph predictions run (outputs :meth:`_output_names` at least): the inference
+        graph."""
+        return self._inference_model(values)
 
     def _reads_rows(self, X) -> bool:
         """Whether the training graph reads X's rows sparse (training/sparse.py): a CSR X
@@ -738,7 +747,7 @@ class BaseOrtEstimator(CallbackSupportMixin, BaseEstimator, ABC):
         """R² or accuracy of the weights ``state`` on the validation split."""
         session = self._runtime.validation_session
         if session is None:
-            model = self._inference_model(values=False)
+            model = self._prediction_model(values=False)
             weights_to_inputs(model, list(state))
             session = make_session(model, "cpu")
             self._runtime.validation_session = session
@@ -971,7 +980,7 @@ class BaseOrtEstimator(CallbackSupportMixin, BaseEstimator, ABC):
         check_is_fitted(self)
         X = validate_data(self, X, reset=False, dtype=_FLOAT_DTYPES, accept_sparse="csr")
         X = self._as_model_dtype(X)
-        session = self._runtime.inference_session(self._inference_model, self.device)
+        session = self._runtime.inference_session(self._prediction_model, self.device)
         if not is_sparse(X):
             return dict(zip(outputs, session.run(outputs, {"X": X})))
         # A block of rows at a time: the memory of the non-zeros plus one dense block.

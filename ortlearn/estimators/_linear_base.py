@@ -11,10 +11,12 @@ from __future__ import annotations
 
 from sklearn.utils.validation import check_is_fitted
 
+from ..convert import get_weights
 from ..optim import SGD, Adam, TorchAdamW
 from ..optim.schedules import Adaptive, Constant, InvScaling, Optimal
 from ._base import BaseOrtEstimator
 from ._constraints import LINEAR_CONSTRAINTS
+from ._objective import linear_scores
 
 __all__ = ["BaseOrtLinear"]
 
@@ -42,6 +44,11 @@ class BaseOrtLinear(BaseOrtEstimator):
         """Intercepts of the trained model (those of ``estimator_``)."""
         check_is_fitted(self)
         return self.estimator_.intercept_
+
+    def _scores_model(self, values: bool):
+        """``X @ coef + intercept`` written from the formula: the objective reads only the
+        scores, so a fit converts nothing (skl2onnx converts for predictions and export)."""
+        return linear_scores(get_weights(self.estimator_), self._kind(), self._dtype, values)
 
     def _l1_ratio(self) -> float:
         return self.l1_ratio if self.penalty == "elasticnet" else _L1_RATIO[self.penalty]

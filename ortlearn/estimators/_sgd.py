@@ -91,6 +91,10 @@ class BaseOrtSGD(BaseOrtLinear):
     def __setstate__(self, state):
         super().__setstate__(with_defaults(type(self), state, self._ADDED_PARAMS))
 
+    def _prediction_model(self, values: bool = True):
+        # the predictions read only the scores: no conversion (to_onnx converts)
+        return self._scores_model(values)
+
     def _per_sample_rule(self) -> bool:
         """Whether the updates are scikit-learn's per-sample SGD (else BaseOrtLinear's)."""
         return self.solver == "sgd"
@@ -507,6 +511,9 @@ class OrtSGDClassifier(OrtClassifierMixin, BaseOrtSGD):
         # objective is built from the scores, whatever the loss
         self._check_solver()
         return SGDClassifier(**{**self._sgd_params(), "loss": "log_loss"})
+
+    def _output_names(self):
+        return ["raw_scores"]  # its probabilities are its own (predict_proba)
 
     def _prepare_classes(self, y, classes, incremental, first) -> None:
         if incremental and self.class_weight == "balanced":

@@ -132,11 +132,24 @@ class BufferPairs:
         """The spare halves, just written, become the live ones."""
         self.parity = 1 - self.parity
 
-    def host(self, name: str) -> np.ndarray:
-        """The live value on the host: with ``shared``, a view that the next run may overwrite."""
+    def in_place(self, name: str) -> bool:
+        """Whether the two halves of ``name`` are one buffer (``in_place``)."""
+        first, second = self.pairs[name]
+        return first is second
+
+    def host(self, name: str, spare: bool = False) -> np.ndarray:
+        """The live value (or the ``spare`` one) on the host: with ``shared``, a view that the
+        next run may overwrite."""
+        half = 1 - self.parity if spare else self.parity
         if self._hosts is None:
-            return self.live(name).numpy()
-        return self._hosts[name][self.parity]
+            return self.pairs[name][half].numpy()
+        return self._hosts[name][half]
+
+    def half(self, name: str, parity: int) -> np.ndarray:
+        """The numpy array onnxruntime reads and writes as the half ``parity`` (``shared``)."""
+        if self._hosts is None:
+            raise ValueError("The halves are numpy arrays only with shared=True on the CPU.")
+        return self._hosts[name][parity]
 
     def host_copy(self, name: str) -> np.ndarray:
         """A host copy of the live value that later runs leave alone."""

@@ -66,6 +66,7 @@ from .fused import (
     strip_weights,
 )
 from .policy import LARGE_MODEL_BYTES, LOOP_MIN_STEP_MACS, default_session_options
+from .scattered import ScatterRun
 
 __all__ = ["TrainingEngine"]
 
@@ -180,8 +181,9 @@ class TrainingEngine:
     scalars of each step (the learning rate: per-step schedules stay exact;
     with a constant rate they are computed for the epochs of about
     ``SCALAR_BLOCK_STEPS`` steps at a time), then reads the loss sum and
-    copies the weights to the host once, to restore them if training
-    diverges.
+    checks the weights finite. What a divergence restores, the weights at the
+    epoch's start, is read from the buffers the epoch's run did not write
+    when it was one run; an epoch of several runs copies them first.
 
     With ``epoch_loop='auto'`` an epoch is one ``Loop`` call on the CPU
     below ``LARGE_MODEL_BYTES`` of weights (the Loop keeps a copy of
@@ -297,7 +299,9 @@ class TrainingEngine:
                 ROWS: zeros[layout.loss_sum].dtype,
                 **dict.fromkeys(layout.scalars.values(), layout.scalar_dtype)},
                 capture) if layout.batch_table else None
-            self._steps[loop] = _Step(session, layout, buffers, feeds)
+            scatter = (ScatterRun(layout.scatters, buffers, self._session_options)
+                       if layout.scatters else None)
+            self._steps[loop] = _Step(session, layout, buffers, feeds, scatter)
         if current is None:
             self._current = loop
             self.set_state(self._initial)
@@ -378,7 +382,7 @@ class TrainingEngine:
 
     def _write_carried(self, weights: dict, states: dict | None = None) -> None:
         """Write ``{weight: value}`` and ``{weight: {state: value}}`` into the live buffers."""
-        _, layout, buffers, _ = self._steps[self._current]
+        _, layout, buffers, *_ = self._steps[self._current]
         items = [(layout.weights[p], p, v) for p, v in weights.items()]
         items += [(layout.states[p][s], p, v) for p, d in (states or {}).items()
                   for s, v in d.items()]
@@ -568,11 +572,12 @@ class TrainingEngine:
         loop = self._choose_loop(n_rows // n_batches)
         if loop != self._current:
             self._open(loop)
-        session, layout, buffers, feeds = self._steps[loop]
+        session, layout, buffers, feeds, scatter = self._steps[loop]
         n_data = len(arrays[0])
         if order.min() < 0 or order.max() >= n_data:
             raise ValueError(f"Row indices must be in [0, {n_data}), got {order.min()} to "
                              f"{order.max()}.")
+        self._hold_finite(layout, buffers, one_run=feeds is None and (loop or n_batches == 1))
         if feeds is not None:
             feeds.bind_data({**{layout.data[name]: value for name, value in data.items()},
                              **self._hyper})
@@ -615,30 +620,39 @@ class TrainingEngine:
             self.n_steps += n_batches
         else:
             for _ in range(n_batches):
-                run(bindings[buffers.parity], None)
+                parity = buffers.parity
+                run(bindings[parity], None)
                 buffers.swap()
+                if scatter is not None:
+                    scatter.run(bindings[parity], buffers.parity)
                 self.n_steps += 1
         return self._epoch_end(float(buffers.host(layout.loss_sum)) / n_rows)
 
     def _epoch_end(self, loss: float) -> float:
         """``loss``, once it and the weights are checked finite (else :meth:`_diverged`)."""
-        _, layout, buffers, _ = self._steps[self._current]
+        _, layout, buffers, *_ = self._steps[self._current]
         live = {c: buffers.host(c) for c in set(layout.weights.values())}
         if not (np.isfinite(loss) and all(np.isfinite(v).all() for v in live.values())):
             self._diverged(loss, (layout, live))
-        self._keep_finite(layout, live)
         return loss
 
-    def _keep_finite(self, layout, live: dict) -> None:
-        """Copy the live weights (``{carried buffer: host value}``) as what a divergence
-        restores: into the arrays of the previous copy when the layout is the same (a large
-        model's weights are not held three times at the end of an epoch)."""
-        kept = getattr(self, "_last_finite", None)
-        if kept is not None and kept[0] is layout:
-            for name, value in live.items():
-                np.copyto(kept[1][name], value)
+    def _hold_finite(self, layout, buffers, one_run: bool) -> None:
+        """Keep what a divergence of the coming epoch restores: the live weights, finite (the
+        last epoch's, checked, or those :meth:`set_state` wrote). One run reads them from
+        buffers it does not write, the spare halves once it has run: nothing to copy (a
+        large model's weights are not held three times). Several runs, or one buffer
+        written in place, would write over them: copy them, into the arrays of the previous
+        copy when the layout is the same."""
+        carried = set(layout.weights.values())
+        if one_run and not any(buffers.in_place(c) for c in carried):
+            self._last_finite = layout, None
             return
-        self._last_finite = layout, {c: np.array(v, copy=True) for c, v in live.items()}
+        kept = getattr(self, "_last_finite", None)
+        if kept is not None and kept[0] is layout and kept[1] is not None:
+            for name in carried:
+                np.copyto(kept[1][name], buffers.host(name))
+            return
+        self._last_finite = layout, {c: buffers.host_copy(c) for c in carried}
 
     def _diverged(self, loss: float, reached: tuple) -> None:
         # Name what is not finite (the data were checked finite before training, so
@@ -651,6 +665,9 @@ class TrainingEngine:
         what += (f" and weight(s) {bad} hold NaN or infinity" if bad
                  else " and every weight is finite")
         layout, copies = self._last_finite
+        if copies is None:  # the epoch's one run left them in the halves it read
+            buffers = self._steps[self._current].buffers
+            copies = {c: buffers.host(c, spare=True) for c in set(layout.weights.values())}
         # The optimizer state is as corrupted as the weights: start it again.
         self.set_state(weight_values(layout, None, copies))
         self._reset_optimizer()
@@ -660,7 +677,7 @@ class TrainingEngine:
             "or scale the data.")
 
     def _reset_optimizer(self) -> None:
-        _, layout, buffers, _ = self._steps[self._current]
+        _, layout, buffers, *_ = self._steps[self._current]
         for name in {name for d in layout.states.values() for name in d.values()}:
             value = buffers.live(name)
             value.update_inplace(np.zeros(value.shape(), value.numpy().dtype))
@@ -701,7 +718,7 @@ class TrainingEngine:
                 self._session_options)
         session = self._eval_session
         binding = session.io_binding()
-        _, layout, buffers, _ = self._steps[self._current]
+        _, layout, buffers, *_ = self._steps[self._current]
         views = weight_values(layout, buffers, only=layout.offsets)
         read = {i.name for i in session.get_inputs()}  # a loss may not read every input
         for name, carried in layout.weights.items():
@@ -724,7 +741,7 @@ class TrainingEngine:
     # ----------------------------------------------------------------- state
     def get_state(self) -> dict:
         """Host copies of the weights, ``{name: numpy.ndarray}`` in trainable order."""
-        _, layout, buffers, _ = self._steps[self._current]
+        _, layout, buffers, *_ = self._steps[self._current]
         values = weight_values(layout, buffers)
         return {n: np.array(values[n], copy=True) for n in self.trainable}
 
@@ -742,10 +759,7 @@ class TrainingEngine:
         ValueError
             Listing unknown or missing names and wrong shapes.
         """
-        clean = conform_state(state, self._initial)
-        self._write_carried(clean)
-        _, layout, buffers, _ = self._steps[self._current]
-        self._keep_finite(layout, {c: buffers.host(c) for c in set(layout.weights.values())})
+        self._write_carried(conform_state(state, self._initial))
 
     def optimizer_state(self) -> dict:
         """Host copy of the optimizer state.
@@ -756,7 +770,7 @@ class TrainingEngine:
             ``{"states": {param: {state_name: ndarray}}, "step": int,
             "learning_rate": float}``.
         """
-        _, layout, buffers, _ = self._steps[self._current]
+        _, layout, buffers, *_ = self._steps[self._current]
         states = {p: {s: np.array(v, copy=True) for s, v in d.items()}
                   for p, d in state_values(layout, buffers).items()}
         return {"states": states, "step": self.n_steps, "learning_rate": float(self._lr)}
@@ -775,7 +789,7 @@ class TrainingEngine:
             ``(weights, optimizer_state)``, as :meth:`get_state` and
             :meth:`optimizer_state` return them.
         """
-        _, layout, buffers, _ = self._steps[self._current]
+        _, layout, buffers, *_ = self._steps[self._current]
         copies = {}
         if buffers.shared:
             # The live halves themselves: nothing else refers to them once closed.
@@ -843,5 +857,7 @@ class _Step(NamedTuple):
     layout: FusedLayout
     buffers: StepBuffers
     feeds: StepFeeds | None = None
+    #: the second run of a step whose updates are scattered (``layout.scatters``)
+    scatter: ScatterRun | None = None
 
 

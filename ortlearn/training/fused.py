@@ -69,6 +69,7 @@ from ..graph.batch_norm import set_inference_mode
 from ..graph.format import HYPER_PREFIX
 from ..graph.passes import CHEAPER_NODES, run_passes
 from .batch_shapes import batch_multiples, sizes_from_rows
+from .scattered import split_scattered_updates
 
 __all__ = ["FusedLayout", "build_fused_epoch", "build_fused_step", "eval_graph", "hyper_inputs",
            "in_place_safe", "strip_weights"]
@@ -129,6 +130,10 @@ class FusedLayout:
     batch_table : bool
         Whether the step reads its batch from a table of row numbers
         (``build_fused_step(batch_table=True)``).
+    scatters : dict of str to tuple of str
+        ``{weight input: (positions output, updates output)}``: weights whose step
+        ends in a scatter left to a second run (:mod:`~ortlearn.training.scattered`;
+        step mode, ``flat=False``).
     """
 
     data: dict
@@ -143,6 +148,7 @@ class FusedLayout:
     scalar_dtype: np.dtype = np.dtype(np.float64)
     in_place: tuple = ()
     batch_table: bool = False
+    scatters: dict = field(default_factory=dict)
 
 
 def _state_name(param: str, state: str) -> str:
@@ -414,7 +420,8 @@ def build_fused_step(loss_model: onnx.ModelProto, trainable, input_names, optimi
         weight and makes the update wait for the loss and every gradient: no
         copy of the weights (the slices of a flat buffer) nor of the gradients
         (their ``Concat``), and every weight written in place
-        (:attr:`FusedLayout.in_place`), for large models.
+        (:attr:`FusedLayout.in_place`), for large models; a scattered update
+        is left to a second run (:attr:`FusedLayout.scatters`).
     batch_table : bool, default=False
         Read the batch's row numbers from a table of one row per batch (see
         the module's docstring): a step with no float64 value, no ``Slice``
@@ -442,6 +449,16 @@ def build_fused_step(loss_model: onnx.ModelProto, trainable, input_names, optimi
         rows_type = next(elem_type_of(i) for i in graph.input if i.name == ROWS)
         nodes = sizes_from_rows(model, nodes, layout, BATCH_ROWS, onnx_to_np_dtype(rows_type))
     nodes = run_passes(model, nodes, kept, passes)
+    if not (flat or batch_table):
+        # a large step: the scatter of an update is a second run, into the weights in place
+        weights = set(layout.weights.values())
+        nodes, scatters, extra = split_scattered_updates(
+            nodes, {c: o for c, o in layout.carried.items() if c in weights},
+            {i.name: elem_type_of(i) for i in graph.input})
+        if scatters:
+            outputs += extra
+            nodes = needed_nodes(nodes, [o.name for o in outputs])
+            layout = replace(layout, scatters=scatters)
     del graph.node[:]
     graph.node.extend(nodes)
     del graph.output[:]

@@ -255,13 +255,16 @@ def test_mlp_on_hashed_features_reads_its_rows_sparse():
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="Linux /proc only")
-def test_sgd_classifier_on_hashed_features_holds_its_weights_a_few_times():
-    """300 rows of 2 million hashed features (16 MB of float64 weights). The weights stay out
-    of the graphs (stubs), the step scatters the rows into the decayed weights: its buffer,
-    one intermediate, the copy a divergence restores; the rest of the difference is the
-    imports of onnxruntime, onnx and skl2onnx (58 MB). 2.15 times scikit-learn's peak when
-    the graphs held the weights and the step summed three tensors of their size."""
+def test_sgd_classifier_on_hashed_features_takes_scikit_learns_memory():
+    """300 rows of 2 million hashed features (16 MB of float64 weights), within 1.5x
+    scikit-learn's peak. The weights stay out of the graphs (stubs); no conversion is
+    imported (the scores are written from their formula); a step decays the weights in
+    place and scatters the rows' updates in a second run, in place too
+    (training/scattered.py): the weights' buffer and the copy a divergence restores. The
+    rest of the difference is the imports of onnxruntime and onnx. 2.15 times
+    scikit-learn's peak when the graphs held the weights and the step summed three tensors
+    of their size, 1.66 with one intermediate and skl2onnx's import."""
     ours, theirs = _hashed_peaks("est = ortlearn.OrtSGDClassifier().fit(X, y)",
                                  "from sklearn.linear_model import SGDClassifier\n"
                                  "est = SGDClassifier().fit(X, y)")
-    assert ours["peak"] <= 1.8 * theirs["peak"], (ours, theirs)
+    assert ours["peak"] <= 1.5 * theirs["peak"], (ours, theirs)

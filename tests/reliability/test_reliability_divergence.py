@@ -64,23 +64,45 @@ def test_overflowing_learning_rate_stops_with_finite_weights(name, solver):
     assert pred.shape == (20,) and np.isfinite(pred.astype(float)).all()
 
 
+@pytest.mark.parametrize("batch", [4, 20])
 @pytest.mark.parametrize("epoch_loop", [True, False])
-def test_a_diverging_epoch_restores_the_previous_epochs_weights(epoch_loop):
-    """Bit for bit, one onnxruntime call per epoch or per batch (whose ping-pong buffers
-    are overwritten during the epoch: the weights kept are a copy)."""
+def test_a_diverging_epoch_restores_the_previous_epochs_weights(epoch_loop, batch):
+    """Bit for bit, one onnxruntime call per epoch or per batch. Batches of 4 and no loop:
+    the epoch's runs overwrite both ping-pong halves, the weights kept are a copy; one
+    run (a loop, or one batch) reads them from the halves it does not write. Each time
+    what is restored is what was live when the epoch began: the initial weights, an
+    epoch's, those ``set_state`` wrote, those a restore wrote."""
     X, y = _data("linear_regressor")
     y = y.astype(np.float32)[:, None]
     onx = to_onnx(LinearRegression().fit(X, y.ravel()), X, black_op={"LinearRegressor"})
     engine = TrainingEngine(add_loss_output(onx), ["coef", "intercept"], SGD(),
                             epoch_loop=epoch_loop)
-    engine.set_learning_rate(0.01)
-    engine.train_epoch([X, y], Batches.for_epoch(len(X), 4))
+    batches = Batches.for_epoch(len(X), batch)
     finite = engine.get_state()
-    engine.set_learning_rate(1e30)
-    with pytest.raises(ConvergenceError, match="diverged"):
-        engine.train_epoch([X, y], Batches.for_epoch(len(X), 4))
-    for name, value in engine.get_state().items():
-        np.testing.assert_array_equal(value, finite[name], err_msg=name)
+
+    def epochs_to_divergence():
+        """Epochs at a rate of 1e30 until one diverges; that one's start is restored."""
+        engine.set_learning_rate(1e30)
+        for epoch in range(5):
+            start = engine.get_state()
+            try:
+                engine.train_epoch([X, y], batches)
+            except ConvergenceError:
+                for name, value in engine.get_state().items():
+                    np.testing.assert_array_equal(value, start[name], err_msg=name)
+                return epoch
+        pytest.fail("no divergence")
+
+    epochs_to_divergence()
+    epochs_to_divergence()  # from the weights a restore wrote
+    engine.set_state(finite)
+    engine.set_learning_rate(0.01)
+    engine.train_epoch([X, y], batches)
+    epochs_to_divergence()
+    # weights of 1e18: the first epoch overflows, back to what set_state wrote
+    engine.set_state({name: np.full_like(value, 1e18) for name, value in finite.items()})
+    assert epochs_to_divergence() == 0
+    np.testing.assert_array_equal(engine.get_state()["coef"], np.float32(1e18))
 
 
 @pytest.mark.parametrize("name", ["mlp_regressor", "linear_regressor"])
