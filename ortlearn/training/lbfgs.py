@@ -82,11 +82,19 @@ class _LossAndGradient:
                                                        index) for a in arrays]
         for name, value in zip(input_names, self._data):
             self._binding.bind_ortvalue_input(name, value)
-        for output in self._session.get_outputs():
-            self._binding.bind_output(output.name, "cpu")
+        # On the CPU onnxruntime writes the weights' gradients into arrays of their own
+        # (a copy of the weights' size fewer an evaluation); the rest it allocates.
+        self._gradients = ([np.empty(shape, dtype) for shape, dtype in zip(
+            self._shapes, self._dtypes)] if self._device.kind == "cpu" else None)
+        for i, output in enumerate(self._session.get_outputs()):
+            if self._gradients is not None and 1 <= i <= len(self._names):
+                self._binding.bind_ortvalue_output(output.name, ort.OrtValue.ortvalue_from_numpy(
+                    self._gradients[i - 1]))
+            else:
+                self._binding.bind_output(output.name, "cpu")
         self.n_calls = 0
-        # lowest finite loss evaluated so far: what an interrupted run keeps
-        self.best_loss, self.best_x = np.inf, None
+        # lowest finite loss evaluated so far and its weights: what an interrupted run keeps
+        self.best_loss, self.best_weights = np.inf, None
 
     def unflatten(self, flat: np.ndarray) -> dict:
         out, offset = {}, 0
@@ -106,7 +114,12 @@ class _LossAndGradient:
                 self._binding.bind_cpu_input(product, np.ascontiguousarray(
                     X @ weights[weight], dtype=X.dtype))
         self._session.run_with_iobinding(self._binding)
-        outputs = self._binding.copy_outputs_to_cpu()
+        if self._gradients is None:
+            outputs = self._binding.copy_outputs_to_cpu()
+        else:
+            values, n = self._binding.get_outputs(), len(self._names)
+            outputs = [values[0].numpy(), *self._gradients,
+                       *(value.numpy() for value in values[1 + n:])]
         self.n_calls += 1
         if self._sparse is not None:
             # the products' gradients, after the weights', reach the weights through X^T
@@ -116,10 +129,16 @@ class _LossAndGradient:
             for (_, weight), d_product in zip(products, extra):
                 outputs[1 + self._names.index(weight)] = (
                     outputs[1 + self._names.index(weight)] + Xt @ np.asarray(d_product))
-        grad = np.concatenate([np.asarray(g, dtype=np.float64).ravel() for g in outputs[1:]])
+        # written into one float64 vector: no cast nor concatenation of the weights' size
+        grad, offset = np.empty(sum(self._sizes)), 0
+        for g in outputs[1:]:
+            g = np.asarray(g)
+            grad[offset:offset + g.size] = g.reshape(-1)
+            offset += g.size
         loss = float(outputs[0])
         if loss < self.best_loss and np.isfinite(grad).all():
-            self.best_loss, self.best_x = loss, flat.copy()
+            # the weights bound above, copies of scipy's vector in the graph's dtype
+            self.best_loss, self.best_weights = loss, weights
         return loss, grad
 
 
@@ -479,10 +498,9 @@ def minimize_lbfgs(loss_model, trainable, initial_weights, arrays, input_names=N
     fun, x0 = loss_and_gradient(loss_model, trainable, initial_weights, arrays, input_names,
                                 device=device, loss_output=loss_output,
                                 session_options=session_options, deterministic=deterministic)
-    weights = fun.unflatten(x0)
     options = {"maxiter": max_iter, "maxfun": max_fun, "maxls": maxls, "gtol": tol,
                "ftol": ftol}
-    box = _flat_bounds(bounds, weights) if bounds else None
+    box = _flat_bounds(bounds, fun.unflatten(x0)) if bounds else None
     # scipy deprecates iprint: the callback counts iterations and prints the progress.
     progress = _Progress(fun, verbose, callback)
     try:
@@ -492,10 +510,10 @@ def minimize_lbfgs(loss_model, trainable, initial_weights, arrays, input_names=N
             result = scipy.optimize.minimize(fun, x0, method="L-BFGS-B", jac=True,
                                              options=options, callback=progress, bounds=box)
     except KeyboardInterrupt:
-        if fun.best_x is None:
+        if fun.best_weights is None:
             raise
         warnings.warn("Training interrupted by user.", stacklevel=user_stacklevel())
-        return _finite_or_raise(SolverResult(fun.unflatten(fun.best_x), progress.iteration,
+        return _finite_or_raise(SolverResult(fun.best_weights, progress.iteration,
                                              fun.best_loss, False, INTERRUPTED), remedy)
     except StopIteration:  # scipy < 1.11 lets the callback's StopIteration through
         if progress.stopped is None:
