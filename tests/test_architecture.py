@@ -267,29 +267,34 @@ print(sorted(name for name in NAMES if name in sys.modules))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, cwd=ROOT.parent)
     assert out.stdout.split("\n")[-2] == "[]", out.stdout
-    # the same names do come with a mini-batch estimator (the test can fail)
+    # the same names do come with a mini-batch estimator's prediction (the test can fail)
     code = code.replace("OrtLinearSVC().fit(X, y > y.mean())",
                         "from ortlearn.estimators import OrtMLPRegressor; "
-                        "OrtMLPRegressor(max_iter=2).fit(X, y)")
+                        "OrtMLPRegressor(max_iter=2).fit(X, y).predict(X)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, cwd=ROOT.parent)
     assert out.stdout.split("\n")[-2] == repr(sorted(_NOT_FOR_FULL_BATCH)), out.stdout
 
 
-def test_sgd_fits_and_predictions_convert_nothing():
-    """The SGD estimators train and predict on the scores written from their formula: no
-    skl2onnx (its import is most of a first fit's time); ``to_onnx`` converts."""
+def test_mini_batch_fits_convert_nothing():
+    """The SGD estimators and the MLPs train on their scores written from their formulas
+    (``estimators/_scores.py``), the SGD estimators predict on them too: no skl2onnx (its
+    import is most of a first fit's time). The MLPs' predictions (probabilities) and
+    ``to_onnx`` convert."""
     code = """
 import sys
 import numpy as np
-from ortlearn.estimators import OrtSGDClassifier, OrtSGDRegressor
+from ortlearn.estimators import (OrtMLPClassifier, OrtMLPRegressor, OrtSGDClassifier,
+                                 OrtSGDRegressor)
 X = np.random.default_rng(0).random((40, 3))
 y = X @ [1.0, 2.0, 3.0]
-reg = OrtSGDRegressor(max_iter=2).fit(X, y)
 labels = np.arange(40) % 3
+reg = OrtSGDRegressor(max_iter=2).fit(X, y)
 clf = OrtSGDClassifier(max_iter=2, loss="log_loss").fit(X, labels)
 reg.predict(X), clf.predict(X), clf.predict_proba(X), clf.decision_function(X)
 clf.score(X, labels)
+OrtMLPRegressor(max_iter=2).fit(X, y)
+OrtMLPClassifier(max_iter=2, solver="lbfgs").fit(X, labels)
 print("skl2onnx" in sys.modules)
 clf.to_onnx()
 print("skl2onnx" in sys.modules)

@@ -16,7 +16,7 @@ from ..optim import SGD, Adam, TorchAdamW
 from ..optim.schedules import Adaptive, Constant, InvScaling, Optimal
 from ._base import BaseOrtEstimator
 from ._constraints import LINEAR_CONSTRAINTS
-from ._objective import linear_scores
+from ._scores import linear_scores
 
 __all__ = ["BaseOrtLinear"]
 
@@ -46,8 +46,7 @@ class BaseOrtLinear(BaseOrtEstimator):
         return self.estimator_.intercept_
 
     def _scores_model(self, values: bool):
-        """``X @ coef + intercept`` written from the formula: the objective reads only the
-        scores, so a fit converts nothing (skl2onnx converts for predictions and export)."""
+        # no conversion: the objective reads only the scores (module _scores)
         return linear_scores(get_weights(self.estimator_), self._kind(), self._dtype, values)
 
     def _l1_ratio(self) -> float:

@@ -8,10 +8,12 @@ import numpy as np
 from sklearn.neural_network import MLPClassifier, MLPRegressor
 from sklearn.utils._param_validation import Interval, StrOptions
 
+from ..convert import get_weights
 from ..optim import SGD, Adam, TorchAdamW
 from ..optim.schedules import Adaptive, Constant, InvScaling
 from ._base import BaseOrtEstimator, OrtClassifierMixin, OrtRegressorMixin
 from ._objective import mlp_objective
+from ._scores import mlp_scores
 
 __all__ = ["OrtMLPClassifier", "OrtMLPRegressor"]
 
@@ -86,6 +88,12 @@ class BaseOrtMLP(BaseOrtEstimator):
                   if hasattr(self, name)}
         params["solver"] = "adam" if self.solver == "adamw" else self.solver
         return self._counterpart_class(**params)
+
+    def _scores_model(self, values: bool):
+        # no conversion: the objective reads only the scores (module _scores)
+        return mlp_scores(get_weights(self.estimator_), self._kind(), self.activation,
+                          self._dtype, values,
+                          log_link=getattr(self, "loss", "squared_error") == "poisson")
 
     def _objective(self, inference_model, kind, sum_in_float64=False, weighted=True):
         # AdamW decays the weights itself (decoupled): no L2 term in the loss.

@@ -34,19 +34,12 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from ..graph import (
-    DEFAULT_OPSET,
-    GraphBuilder,
-    finalize_model,
-    load_model,
-    needed_nodes,
-    weight_stub,
-)
+from ..graph import DEFAULT_OPSET, GraphBuilder, finalize_model, load_model, needed_nodes
 from ..graph.format import HYPER_PREFIX
 from ..loss import elementwise_loss, penalty_terms
 
-__all__ = ["LOSS", "input_names", "label_dtype", "linear_objective", "linear_scores",
-           "mlp_objective", "ova_sgd_objective", "pinball_objective", "sgd_objective",
+__all__ = ["LOSS", "input_names", "label_dtype", "linear_objective", "mlp_objective",
+           "ova_sgd_objective", "pinball_objective", "sgd_objective",
            "svm_dual_objective", "svm_primal_objective"]
 
 # The names of the objective graphs' values.
@@ -471,51 +464,6 @@ def ova_sgd_objective(model, kind: str, loss: str, alpha_l2: float = 0.0,
     b.op("Identity", [data if terms is None else b.op("Add", [data, terms])], outputs=[LOSS])
     info = _label_input("multiclass" if kind == "multiclass" else "regressor", n_outputs, elem)
     return _finish(model, b, LOSS, info, weighted, loss_elem)
-
-
-def linear_scores(weights: dict, kind: str, dtype, values: bool = True) -> onnx.ModelProto:
-    """The scores ``X @ coef + intercept`` of a linear model, written from that formula.
-
-    The graph the mini-batch objectives read (:func:`ova_sgd_objective`,
-    :func:`sgd_objective`): the prediction output of
-    :func:`ortlearn.convert.to_train_onnx`'s graph, with its input, weights and
-    arithmetic (a ``MatMul``, then an ``Add``), without the labels and probabilities
-    the objectives prune. A fit then converts nothing: skl2onnx's import is most of a
-    first fit's time, and a large part of its memory.
-
-    Parameters
-    ----------
-    weights : dict of str to ndarray
-        ``get_weights`` of the linear model: ``coef`` ``(n_features, n_outputs)``
-        and, with an intercept, ``intercept`` ``(n_outputs,)``.
-    kind : {'regressor', 'binary', 'multiclass'}
-        The output is ``variable`` for a regressor, ``raw_scores`` otherwise.
-    dtype : {numpy.float32, numpy.float64}
-        Of the input, the weights and the output.
-    values : bool, default=True
-        False: the weights are :func:`~ortlearn.graph.weight_stub` initializers.
-
-    Returns
-    -------
-    onnx.ModelProto
-        Input ``X`` ``(N, n_features)``, one output ``(N, n_outputs)``.
-    """
-    dtype = np.dtype(dtype)
-    elem = helper.np_dtype_to_tensor_dtype(dtype)
-    n_features, n_outputs = np.shape(weights[COEF])
-    output = _PREDICTION["regressor" if kind == "regressor" else "classifier"]
-    b = GraphBuilder(used_names=["X", COEF, INTERCEPT, output], prefix="scores_")
-    raw = b.op("MatMul", ["X", COEF])
-    if INTERCEPT in weights:
-        raw = b.op("Add", [raw, INTERCEPT])
-    b.op("Identity", [raw], outputs=[output])
-    inits = [numpy_helper.from_array(np.asarray(value, dtype), name) if values
-             else weight_stub(name, elem, np.shape(value)) for name, value in weights.items()]
-    graph = helper.make_graph(
-        b.nodes, "scores", [helper.make_tensor_value_info("X", elem, ["N", n_features])],
-        [helper.make_tensor_value_info(output, elem, ["N", n_outputs])], inits)
-    return finalize_model(helper.make_model(
-        graph, opset_imports=[helper.make_opsetid("", DEFAULT_OPSET)]))
 
 
 def label_dtype(kind: str, dtype) -> np.dtype:
