@@ -8,6 +8,7 @@ them.
 from __future__ import annotations
 
 import contextlib
+import re
 
 import numpy as np
 import onnx
@@ -27,6 +28,7 @@ from ..graph import (
 
 __all__ = [
     "check_class_labels",
+    "memory_errors",
     "run_errors",
     "check_label_values",
     "check_input_names",
@@ -214,6 +216,36 @@ def check_class_labels(marks: dict, feeds: dict, what: str) -> None:
         check_label_values(value, n_classes, ignore_index, f"Input {name!r} of {what}")
 
 
+#: onnxruntime's words when it cannot allocate a buffer (its CPU arena, a device's, new)
+_ALLOCATION_FAILURES = ("Failed to allocate memory", "bad_alloc", "bad allocation",
+                        "out of memory")
+
+
+def as_memory_error(error: Exception, what: str, remedy: str) -> MemoryError | None:
+    """The MemoryError for ``error`` when onnxruntime could not allocate memory while running
+    ``what`` (its own error, a RuntimeError or one of its classes, names only a buffer's
+    size), naming ``remedy``; None for another error."""
+    message = str(error)
+    if not any(words in message for words in _ALLOCATION_FAILURES):
+        return None
+    size = re.search(r"buffer of size (\d+)", message)
+    buffer = f" (a buffer of {int(size.group(1)) / 2**20:.0f} MiB)" if size else ""
+    return MemoryError(f"onnxruntime ran out of memory running {what}{buffer}: {remedy}")
+
+
+@contextlib.contextmanager
+def memory_errors(what: str, remedy: str):
+    """Raise onnxruntime's failures to allocate memory within as a MemoryError naming
+    ``remedy`` (:func:`as_memory_error`); other errors go through."""
+    try:
+        yield
+    except Exception as error:  # onnxruntime's own exception types
+        memory = as_memory_error(error, what, remedy)
+        if memory is None:
+            raise
+        raise memory from error
+
+
 @contextlib.contextmanager
 def run_errors(marks: dict, what: str):
     """Turn onnxruntime's failure to run a model into errors that name the cause.
@@ -241,6 +273,9 @@ def run_errors(marks: dict, what: str):
             # ortlearn's own refusals and memory go through; what is left is onnxruntime's
             if isinstance(error, (ValueError, TypeError, MemoryError)):
                 raise
+            memory = as_memory_error(error, what, "train on smaller batches.")
+            if memory is not None:
+                raise memory from error
             raise TrainingApiValueError(
                 f"onnxruntime could not run {what}: {message.strip().splitlines()[0]} "
                 "Check the inputs' shapes and types against the model's inputs "

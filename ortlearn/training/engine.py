@@ -53,6 +53,7 @@ from .checks import (
     check_trainable,
     conform_state,
     initial_values,
+    memory_errors,
     replace_initializers,
 )
 from .device import PROFILE_ENV, make_session, parse_device
@@ -585,7 +586,8 @@ class TrainingEngine:
             step_values = {layout.scalars[name]: value for name, value in self._step_scalars(
                 n_batches, lr_for_step, layout.scalar_dtype).items()}
             step_values[ROWS] = bounds["rows"]
-            feeds.run_epoch(order, bounds["starts"][:, 0], bounds["sizes"], step_values)
+            with memory_errors("a training epoch", _MEMORY_REMEDY):
+                feeds.run_epoch(order, bounds["starts"][:, 0], bounds["sizes"], step_values)
             self.n_steps += n_batches
             return self._epoch_end(float(buffers.host(layout.loss_sum)) / n_rows)
         buffers.bind_inputs({layout.data[name]: value for name, value in data.items()})
@@ -614,18 +616,19 @@ class TrainingEngine:
         # The pybind session object: the public wrapper adds checks per call.
         run = session._sess.run_with_iobinding
         bindings = [b._iobinding for b in buffers.bindings]
-        if loop:
-            run(bindings[buffers.parity], None)
-            buffers.swap()
-            self.n_steps += n_batches
-        else:
-            for _ in range(n_batches):
-                parity = buffers.parity
-                run(bindings[parity], None)
+        with memory_errors("a training epoch", _MEMORY_REMEDY):
+            if loop:
+                run(bindings[buffers.parity], None)
                 buffers.swap()
-                if scatter is not None:
-                    scatter.run(bindings[parity], buffers.parity)
-                self.n_steps += 1
+                self.n_steps += n_batches
+            else:
+                for _ in range(n_batches):
+                    parity = buffers.parity
+                    run(bindings[parity], None)
+                    buffers.swap()
+                    if scatter is not None:
+                        scatter.run(bindings[parity], buffers.parity)
+                    self.n_steps += 1
         return self._epoch_end(float(buffers.host(layout.loss_sum)) / n_rows)
 
     def _epoch_end(self, loss: float) -> float:
@@ -848,6 +851,11 @@ class TrainingEngine:
         opt = self.optimizer_state()
         state.set_optimizer_state(opt["states"], opt["step"], opt["learning_rate"])
         return state
+
+
+#: What a step that ran out of memory can do without: a step holds one batch's intermediates.
+_MEMORY_REMEDY = ("train on smaller batches (batch_size), in float32, or with a wide sparse X "
+                  "as a scipy.sparse matrix (its rows are read sparse).")
 
 
 class _Step(NamedTuple):

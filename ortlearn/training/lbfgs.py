@@ -40,6 +40,7 @@ from .checks import (
     check_loss_output,
     check_trainable,
     initial_values,
+    memory_errors,
 )
 from .device import make_session, make_session_options, parse_device, single_thread_blas
 from .result import CALLBACK, CONVERGED, INTERRUPTED, MAX_ITER, STALLED, SolverResult
@@ -113,7 +114,9 @@ class _LossAndGradient:
             for product, weight in self._sparse[2]:
                 self._binding.bind_cpu_input(product, np.ascontiguousarray(
                     X @ weights[weight], dtype=X.dtype))
-        self._session.run_with_iobinding(self._binding)
+        with memory_errors("an L-BFGS evaluation", "L-BFGS evaluates every row at once: "
+                           "train with a mini-batch solver ('adam', 'sgd') and a batch_size."):
+            self._session.run_with_iobinding(self._binding)
         if self._gradients is None:
             outputs = self._binding.copy_outputs_to_cpu()
         else:

@@ -118,6 +118,64 @@ def test_wide_lbfgs_fit_takes_about_scikit_learns_memory():
     assert peaks["ortlearn"]["overhead"] <= 1.6 * peaks["sklearn"]["overhead"], peaks
 
 
+_OUT_OF_MEMORY_CHILD = r"""
+import resource, sys, warnings
+import numpy as np
+import ortlearn
+
+warnings.simplefilter("ignore")
+rs = np.random.default_rng(0)
+X = rs.standard_normal((4000, 10), dtype=np.float32)
+y = rs.standard_normal(4000, dtype=np.float32)
+solver = sys.argv[1]
+ortlearn.OrtMLPRegressor((8,), max_iter=1, batch_size=4000, solver=solver).fit(X, y)
+with open("/proc/self/status") as f:
+    size = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize"))
+limit = size + 200 * 2**20  # the address space so far and 200 MiB
+resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+try:  # the hidden layer of one batch: 4000 x 20000 float32, 305 MiB
+    ortlearn.OrtMLPRegressor((20000,), max_iter=1, batch_size=4000, solver=solver).fit(X, y)
+except MemoryError as error:
+    print(error)
+"""
+
+
+@pytest.mark.parametrize("solver,remedy", [("adam", "smaller batches (batch_size)"),
+                                           ("lbfgs", "a mini-batch solver")])
+def test_onnxruntime_out_of_memory_is_a_memory_error_naming_the_remedy(solver, remedy):
+    """onnxruntime's arena error (a RuntimeError naming a buffer's size) becomes a
+    MemoryError saying what ran out and what to change, in a process whose address space
+    is limited."""
+    import os
+
+    out = subprocess.run([sys.executable, "-c", _OUT_OF_MEMORY_CHILD, solver],
+                         capture_output=True, text=True, check=True, timeout=300,
+                         env={**os.environ, "MALLOC_ARENA_MAX": "2"})
+    message = out.stdout.strip()
+    assert message.startswith("onnxruntime ran out of memory running "), out
+    assert "a buffer of 305 MiB" in message and remedy in message, message
+
+
+def test_as_memory_error_reads_onnxruntimes_allocation_failures():
+    from ortlearn.training.checks import as_memory_error
+
+    arena = RuntimeError("Non-zero status code returned while running Loop node. ... "
+                         "BFCArena::AllocateRawInternal(size_t, bool) Failed to allocate "
+                         "memory for requested buffer of size 1048576")
+    error = as_memory_error(arena, "a step", "lower it.")
+    assert isinstance(error, MemoryError)
+    assert str(error) == "onnxruntime ran out of memory running a step (a buffer of 1 MiB): " \
+                         "lower it."
+    assert "(a buffer" not in str(as_memory_error(RuntimeError("std::bad_alloc"), "x", "y"))
+    assert as_memory_error(RuntimeError("Invalid rank for input: X"), "x", "y") is None
+    # the training API's steps (TrainingSession, api.Module) say it too
+    from ortlearn.training.checks import run_errors
+
+    with pytest.raises(MemoryError, match="running the training step .* smaller batches"):
+        with run_errors({}, "the training step"):
+            raise arena
+
+
 def test_long_vectors_keep_the_shapes_of_full_data_propagation():
     """Hiding long 1-D values from data propagation changes no inferred shape."""
     import numpy as np
