@@ -43,6 +43,7 @@ from .checks import (
     memory_errors,
 )
 from .device import make_session, make_session_options, parse_device, single_thread_blas
+from .layout import ort_elem_type
 from .result import CALLBACK, CONVERGED, INTERRUPTED, MAX_ITER, STALLED, SolverResult
 from .sparse import is_sparse, left_products
 
@@ -83,16 +84,21 @@ class _LossAndGradient:
                                                        index) for a in arrays]
         for name, value in zip(input_names, self._data):
             self._binding.bind_ortvalue_input(name, value)
-        # On the CPU onnxruntime writes the weights' gradients into arrays of their own
-        # (a copy of the weights' size fewer an evaluation); the rest it allocates.
-        self._gradients = ([np.empty(shape, dtype) for shape, dtype in zip(
-            self._shapes, self._dtypes)] if self._device.kind == "cpu" else None)
-        for i, output in enumerate(self._session.get_outputs()):
-            if self._gradients is not None and 1 <= i <= len(self._names):
-                self._binding.bind_ortvalue_output(output.name, ort.OrtValue.ortvalue_from_numpy(
-                    self._gradients[i - 1]))
+        # On the CPU onnxruntime writes the outputs of a static shape (the loss, the
+        # weights' gradients) into arrays of their own: no allocation and copy of the
+        # weights' size an evaluation. It allocates the others (a sparse X's products).
+        self._outputs = []
+        for output in self._session.get_outputs():
+            elem = ort_elem_type(output.type)
+            static = elem and all(isinstance(d, int) for d in output.shape)
+            if self._device.kind == "cpu" and static:
+                array = np.empty(output.shape, helper.tensor_dtype_to_np_dtype(elem))
+                self._binding.bind_ortvalue_output(output.name,
+                                                   ort.OrtValue.ortvalue_from_numpy(array))
             else:
+                array = None
                 self._binding.bind_output(output.name, "cpu")
+            self._outputs.append(array)
         self.n_calls = 0
         # lowest finite loss evaluated so far and its weights: what an interrupted run keeps
         self.best_loss, self.best_weights = np.inf, None
@@ -117,12 +123,11 @@ class _LossAndGradient:
         with memory_errors("an L-BFGS evaluation", "L-BFGS evaluates every row at once: "
                            "train with a mini-batch solver ('adam', 'sgd') and a batch_size."):
             self._session.run_with_iobinding(self._binding)
-        if self._gradients is None:
-            outputs = self._binding.copy_outputs_to_cpu()
-        else:
-            values, n = self._binding.get_outputs(), len(self._names)
-            outputs = [values[0].numpy(), *self._gradients,
-                       *(value.numpy() for value in values[1 + n:])]
+        outputs = self._outputs
+        if any(array is None for array in outputs):
+            values = self._binding.get_outputs()
+            outputs = [values[i].numpy() if array is None else array
+                       for i, array in enumerate(outputs)]
         self.n_calls += 1
         if self._sparse is not None:
             # the products' gradients, after the weights', reach the weights through X^T
