@@ -89,11 +89,16 @@ class BaseOrtMLP(BaseOrtEstimator):
         params["solver"] = "adam" if self.solver == "adamw" else self.solver
         return self._counterpart_class(**params)
 
-    def _scores_model(self, values: bool):
-        # no conversion: the objective reads only the scores (module _scores)
+    def _scores_model(self, values: bool, probabilities: bool = False):
+        # no conversion: the objective reads only the scores, the predictions the
+        # probabilities too (module _scores; to_onnx converts)
         return mlp_scores(get_weights(self.estimator_), self._kind(), self.activation,
                           self._dtype, values,
-                          log_link=getattr(self, "loss", "squared_error") == "poisson")
+                          log_link=getattr(self, "loss", "squared_error") == "poisson",
+                          probabilities=probabilities)
+
+    def _prediction_model(self, values: bool = True):
+        return self._scores_model(values, probabilities=True)
 
     def _objective(self, inference_model, kind, sum_in_float64=False, weighted=True):
         # AdamW decays the weights itself (decoupled): no L2 term in the loss.

@@ -5,8 +5,8 @@ predictions (labels, probabilities) around its scores. The objectives of
 :mod:`._objective` read only the scores and prune the rest, so a fit builds the scores
 itself: the same input, weights and operators in the same order as skl2onnx's graph (the
 training is the same bit for bit), without importing skl2onnx (0.2 s and about 30 MB: it
-imports scikit-learn's ensemble, tree and mixture modules for its converter registry).
-``to_onnx`` and the predictions that need probabilities still convert.
+imports scikit-learn's ensemble, tree and mixture modules for its converter registry). The
+MLPs' predictions add the probabilities as skl2onnx writes them; ``to_onnx`` converts.
 
 * :func:`linear_scores`: ``X @ coef + intercept``;
 * :func:`mlp_scores`: the layers of ``MLPRegressor`` / ``MLPClassifier`` up to the output
@@ -24,6 +24,7 @@ from ._objective import _PREDICTION, COEF, INTERCEPT
 
 __all__ = ["linear_scores", "mlp_scores"]
 
+PROBABILITIES = "probabilities"
 #: scikit-learn's hidden activations and their operator ('identity': none)
 _ACTIVATIONS = {"relu": "Relu", "tanh": "Tanh", "logistic": "Sigmoid", "identity": None}
 
@@ -56,7 +57,7 @@ def linear_scores(weights: dict, kind: str, dtype, values: bool = True) -> onnx.
 
 
 def mlp_scores(weights: dict, kind: str, activation: str, dtype, values: bool = True,
-               log_link: bool = False) -> onnx.ModelProto:
+               log_link: bool = False, probabilities: bool = False) -> onnx.ModelProto:
     """The layers of an MLP, ``h = activation(h @ W + b)``, up to its output's logits.
 
     Parameters
@@ -75,11 +76,16 @@ def mlp_scores(weights: dict, kind: str, activation: str, dtype, values: bool = 
     log_link : bool, default=False
         ``MLPRegressor(loss='poisson')``: the last layer's value is
         ``raw_predictions``, the output its ``exp``.
+    probabilities : bool, default=False
+        A classifier's graph also outputs ``probabilities``, as skl2onnx writes
+        them: the softmax of the logits (multiclass), their sigmoids
+        (multilabel), ``[1 - p, p]`` with ``p`` the logit's sigmoid (binary).
 
     Returns
     -------
     onnx.ModelProto
-        Input ``X`` ``(N, n_features)``, one output ``(N, n_outputs)``.
+        Input ``X`` ``(N, n_features)``, one output ``(N, n_outputs)`` (and
+        ``probabilities``).
     """
     if activation not in _ACTIVATIONS:
         raise ValueError(f"activation must be one of {sorted(_ACTIVATIONS)}, got "
@@ -96,7 +102,19 @@ def mlp_scores(weights: dict, kind: str, activation: str, dtype, values: bool = 
 
         b.op("Identity", [h], outputs=[RAW_PREDICTIONS])
         h = b.op("Exp", [RAW_PREDICTIONS])
-    return _model(b, h, weights, kind, dtype, values)
+    extra = {}
+    if probabilities and kind != "regressor":
+        b.reserve(PROBABILITIES)
+        if kind == "multiclass":
+            b.op("Softmax", [h], outputs=[PROBABILITIES])
+        elif kind == "multilabel":
+            b.op("Sigmoid", [h], outputs=[PROBABILITIES])
+        else:
+            p = b.op("Sigmoid", [h])
+            b.op("Concat", [b.op("Sub", [b.const(1.0, dtype), p]), p], outputs=[PROBABILITIES],
+                 axis=1)
+        extra[PROBABILITIES] = 2 if kind == "binary" else None
+    return _model(b, h, weights, kind, dtype, values, extra)
 
 
 def _builder(weights: dict, kind: str) -> GraphBuilder:
@@ -108,8 +126,9 @@ def _output(kind: str) -> str:
 
 
 def _model(b: GraphBuilder, scores: str, weights: dict, kind: str, dtype,
-           values: bool) -> onnx.ModelProto:
-    """The graph of ``b``'s nodes: input ``X``, ``scores`` as the output, the weights."""
+           values: bool, extra: dict | None = None) -> onnx.ModelProto:
+    """The graph of ``b``'s nodes: input ``X``, ``scores`` as the output (and the outputs
+    ``extra``, ``{name: columns}``, None: the scores'), the weights."""
     elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
     output = _output(kind)
     b.op("Identity", [scores], outputs=[output])
@@ -119,6 +138,7 @@ def _model(b: GraphBuilder, scores: str, weights: dict, kind: str, dtype,
         weights[list(weights)[-1]])[-1]
     graph = helper.make_graph(
         b.nodes, "scores", [helper.make_tensor_value_info("X", elem, ["N", n_features])],
-        [helper.make_tensor_value_info(output, elem, ["N", n_outputs])], inits)
+        [helper.make_tensor_value_info(name, elem, ["N", columns or n_outputs])
+         for name, columns in {output: None, **(extra or {})}.items()], inits)
     return finalize_model(helper.make_model(
         graph, opset_imports=[helper.make_opsetid("", DEFAULT_OPSET)]))
