@@ -66,6 +66,7 @@ from .fused import (
     hyper_inputs,
     strip_weights,
 )
+from .placement import cpu_fallbacks
 from .policy import LARGE_MODEL_BYTES, LOOP_MIN_STEP_MACS, default_session_options
 from .scattered import ScatterRun
 
@@ -359,6 +360,16 @@ class TrainingEngine:
 
     def _step_session(self, model) -> tuple:
         """The session of a step graph, and whether the provider records it (WebGPU)."""
+        if self._device.ort_device_type == "webgpu":
+            fallbacks = cpu_fallbacks(model)
+            if fallbacks:
+                listed = "; ".join(map(str, fallbacks[:5]))
+                warnings.warn(
+                    f"{len(fallbacks)} node(s) of the training step would run on the CPU, "
+                    f"each crossing a wait for the GPU and no graph capture ({listed}"
+                    f"{'; ...' if len(fallbacks) > 5 else ''}): rewrite them with operators "
+                    "the provider has (ortlearn.training.cpu_fallbacks lists them).",
+                    RuntimeWarning)
         if self._batch_table and webgpu.default_graph_capture():
             try:
                 return make_session(model, self._device, self._session_options, True), True
@@ -384,6 +395,7 @@ class TrainingEngine:
     def _write_carried(self, weights: dict, states: dict | None = None) -> None:
         """Write ``{weight: value}`` and ``{weight: {state: value}}`` into the live buffers."""
         _, layout, buffers, *_ = self._steps[self._current]
+        self._checked_copy = None  # no longer the live weights
         items = [(layout.weights[p], p, v) for p, v in weights.items()]
         items += [(layout.states[p][s], p, v) for p, d in (states or {}).items()
                   for s, v in d.items()]
@@ -637,6 +649,11 @@ class TrainingEngine:
         live = {c: buffers.host(c) for c in set(layout.weights.values())}
         if not (np.isfinite(loss) and all(np.isfinite(v).all() for v in live.values())):
             self._diverged(loss, (layout, live))
+        # Off the CPU, what was read is a copy (no view of onnxruntime's buffer): the next
+        # epoch's restore point, read again only if something writes the weights first
+        # (each read waits for the GPU).
+        copies = self._device.kind != "cpu" and all(v.base is None for v in live.values())
+        self._checked_copy = (layout, live) if copies else None
         return loss
 
     def _hold_finite(self, layout, buffers, one_run: bool) -> None:
@@ -649,6 +666,10 @@ class TrainingEngine:
         carried = set(layout.weights.values())
         if one_run and not any(buffers.in_place(c) for c in carried):
             self._last_finite = layout, None
+            return
+        checked = getattr(self, "_checked_copy", None)
+        if checked is not None and checked[0] is layout:
+            self._last_finite = checked
             return
         kept = getattr(self, "_last_finite", None)
         if kept is not None and kept[0] is layout and kept[1] is not None:
@@ -805,7 +826,7 @@ class TrainingEngine:
                   for p, d in layout.states.items()}
         state = {"states": states, "step": self.n_steps, "learning_rate": float(self._lr)}
         self._steps.clear()
-        self._eval_session = self._last_finite = None
+        self._eval_session = self._last_finite = self._checked_copy = None
         self._data = (None, None)
         return weights, state
 

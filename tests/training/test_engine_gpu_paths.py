@@ -27,7 +27,7 @@ from ortlearn import (
 )
 from ortlearn.exceptions import ConvergenceError
 from ortlearn.optim import SGD, Adam
-from ortlearn.training import Batches, TrainingEngine
+from ortlearn.training import Batches, TrainingEngine, _buffers
 from ortlearn.training import engine as _engine
 from ortlearn.training.device import Device, make_session_options
 
@@ -157,6 +157,44 @@ def test_gpu_restores_the_last_finite_epoch(epoch_loop, device):
     opt = engine.optimizer_state()
     assert opt["step"] == 0
     assert all(not v.any() for states in opt["states"].values() for v in states.values())
+
+
+@pytest.mark.parametrize("epoch_loop", [True, False])
+def test_gpu_epochs_keep_the_checked_weights_as_their_restore_point(epoch_loop, monkeypatch):
+    """Off the CPU a read of the weights is a copy (and waits for the GPU): the copy that an
+    epoch's end checks finite is what a divergence of the next epoch restores, read once;
+    a write of the weights in between (set_state) makes the engine copy them again."""
+    plain_host = _buffers.BufferPairs.host
+    reads = []
+
+    def host(self, name, *args, **kwargs):  # as a GPU's: a fresh array each read
+        reads.append(name)
+        return np.array(plain_host(self, name, *args, **kwargs))
+
+    monkeypatch.setattr(_buffers.BufferPairs, "host", host)
+    monkeypatch.setattr(_buffers.BufferPairs, "host_copy", host)
+    loss_model, arrays = _problem(np.float32)
+    engine = _engine_on(HostMemoryCuda(), loss_model, Adam(), epoch_loop)
+    engine.set_learning_rate(0.01)
+    batches = Batches.for_epoch(N, BATCH)
+    engine.train_epoch(arrays, batches)
+    reads.clear()
+    engine.train_epoch(arrays, batches)
+    layout = engine._steps[engine._current].layout
+    weights = set(layout.weights.values())
+    # the loss, and the weights once
+    assert sorted(reads) == sorted([layout.loss_sum, *weights])
+    finite = engine.get_state()
+    with pytest.raises(ConvergenceError, match="diverged"):
+        engine.train_epoch([arrays[0] * np.float32(1e30), arrays[1]], batches)
+    for name, value in engine.get_state().items():
+        np.testing.assert_array_equal(value, finite[name], err_msg=name)
+    engine.set_state({"coef": np.full((3, 1), 0.5), "intercept": np.zeros(1)})
+    written = engine.get_state()
+    with pytest.raises(ConvergenceError, match="diverged"):
+        engine.train_epoch([arrays[0] * np.float32(1e30), arrays[1]], batches)
+    for name, value in engine.get_state().items():
+        np.testing.assert_array_equal(value, written[name], err_msg=name)
 
 
 def test_auto_runs_small_steps_per_batch_on_a_gpu(monkeypatch):
