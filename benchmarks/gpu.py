@@ -6,12 +6,14 @@ there, run the WebGPU tests, and time WebGPU against the same machine's CPU.
     python benchmarks/gpu.py OUT [--wheels DIR] [--scale 0.25] [--reps 3] [--threads N]
                                  [--contenders ortlearn_adam,ortlearn_adam_cpu]
 
-``OUT`` receives seven files: ``environment.json`` (the GPU, onnxruntime,
-the WebGPU device), ``tests.log`` (``pytest tests/training/test_webgpu.py``),
+``OUT`` receives seven files: ``kernels.json`` (which of ONNX's node test
+models, one operator each, open on the device without the CPU, and their
+outputs' error), ``tests.log`` (``pytest tests/training/test_webgpu.py``),
 ``placement.txt`` (the provider of every node of W2's and W3's steps),
 ``profile.txt`` (the time of a step and the time an epoch adds to its steps,
 W2's and W20's models; a copy to the device and back), ``bench.log`` (every
-benchmark's output), ``summary.json`` and ``summary.md`` (per run: ortlearn's
+benchmark's output), ``summary.json`` (the GPU, onnxruntime, the WebGPU
+device, and the figures of every stage, written after each) and ``summary.md`` (per run: ortlearn's
 seconds per epoch on WebGPU and on the CPU, their ratio, and the other
 contenders), in well under ten minutes at the default scale.
 
@@ -25,8 +27,8 @@ scikit-learn, scipy, torch, JAX)::
         onnxruntime==1.32.0 onnxruntime-ep-webgpu==0.4.0 skl2onnx==1.20.0
 
 On Linux the provider needs a Vulkan loader (Debian's ``libvulkan1``) and the
-GPU driver's Vulkan driver (NVIDIA: ``nvidia_icd.json``); ``environment.json``
-says when onnxruntime lists no WebGPU device.
+GPU driver's Vulkan driver (NVIDIA: ``nvidia_icd.json``); ``summary.json``
+says when onnxruntime lists no WebGPU device, and what of the two it found.
 """
 
 from __future__ import annotations
@@ -50,6 +52,8 @@ RUNS = [
     ("W3 without graph capture", "W3", None, {"ORTLEARN_WEBGPU_GRAPH_CAPTURE": "0"}),
     ("W20", "W20", None, {}),
 ]
+#: The stages of a check, in order.
+STAGES = ("kernels", "tests", "placement", "profile", "bench")
 #: The contenders timed: ortlearn on both devices, and JAX and torch where the image has them.
 CONTENDERS = "ortlearn_adam,ortlearn_adam_cpu,jax_adam,torch_adam"
 
@@ -83,6 +87,13 @@ def environment() -> dict:
                           "provider": dict(device.ep_metadata)}
     except ValueError as exc:
         info["webgpu"] = str(exc)
+        # what the provider needs on Linux: the Vulkan loader and the driver's manifest
+        info["vulkan_loader"] = subprocess.run(["sh", "-c", "ldconfig -p | grep libvulkan"],
+                                               capture_output=True, text=True).stdout.strip()
+        info["vulkan_drivers"] = sorted(str(p) for d in ("/usr/share/vulkan/icd.d",
+                                                         "/etc/vulkan/icd.d",
+                                                         "/usr/local/nvidia/share/vulkan/icd.d")
+                                        for p in Path(d).glob("*.json"))
     return info
 
 
@@ -166,6 +177,72 @@ for name, call in (("copy to the device", lambda: value.update_inplace(host)),
     for _ in range(100):
         call()
     print(f"{name} (1 KiB): {(time.perf_counter() - start) * 1e4:.1f} us")
+
+# A run's cost against its nodes: chains of n links on a 1024 x 100 float32 value bound to
+# device buffers, recorded (graph capture) or not; "then one read": 200 runs and a read of
+# the output, so the GPU's time when it is behind (runs return before the GPU is done).
+from onnx import TensorProto, helper, numpy_helper
+from ortlearn.training.device import make_session, make_session_options
+rng = np.random.default_rng(0)
+CONSTANTS = {"c": rng.random(100, np.float32), "W": rng.random((100, 100), np.float32) / 100,
+             "T": rng.random((25000, 100), np.float32),
+             "idx": rng.integers(0, 25000, 1024).astype(np.int64),
+             "axis0": np.array([0], np.int64)}
+LINKS = {  # name: (nodes of link i from x to y, the constants it reads)
+    "Add x + c(100)": lambda i, x, y: [helper.make_node("Add", [x, "c"], [y])],
+    "Relu": lambda i, x, y: [helper.make_node("Relu", [x], [y])],
+    "MatMul x @ W(100x100)": lambda i, x, y: [helper.make_node("MatMul", [x, "W"], [y])],
+    "Gemm x^T x (K=1024), MatMul": lambda i, x, y: [
+        helper.make_node("Gemm", [x, x], [f"g{i}"], transA=1, alpha=1e-4),
+        helper.make_node("MatMul", [x, f"g{i}"], [y])],
+    "ReduceSum rows, Add": lambda i, x, y: [
+        helper.make_node("ReduceSum", [x, "axis0"], [f"r{i}"]),
+        helper.make_node("Add", [x, f"r{i}"], [y])],
+    "ReduceMean all, Add": lambda i, x, y: [
+        helper.make_node("ReduceMean", [x], [f"m{i}"]),
+        helper.make_node("Add", [x, f"m{i}"], [y])],
+    "Gather 1024 rows of 25000, Add": lambda i, x, y: [
+        helper.make_node("Gather", ["T", "idx"], [f"t{i}"]),
+        helper.make_node("Add", [x, f"t{i}"], [y])],
+}
+def chain(n, link):
+    nodes = [node for i in range(n) for node in LINKS[link](
+        i, "X" if i == 0 else f"y{i - 1}", "Y" if i == n - 1 else f"y{i}")]
+    used = {name for node in nodes for name in node.input}
+    info = [helper.make_tensor_value_info(k, TensorProto.FLOAT, [1024, 100]) for k in "XY"]
+    graph = helper.make_graph(nodes, "chain", info[:1], info[1:],
+                              [numpy_helper.from_array(v, k) for k, v in CONSTANTS.items()
+                               if k in used])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+X = ort.OrtValue.ortvalue_from_numpy(rng.random((1024, 100), np.float32),
+                                     where.ort_device_type, where.index)
+def timed(n, link, capture):
+    session = make_session(chain(n, link), where, make_session_options(), capture)
+    Y = ort.OrtValue.ortvalue_from_shape_and_type([1024, 100], np.float32,
+                                                  where.ort_device_type, where.index)
+    binding = session.io_binding()
+    binding.bind_ortvalue_input("X", X)
+    binding.bind_ortvalue_output("Y", Y)
+    options = ort.RunOptions()
+    options.add_run_config_entry("gpu_graph_id", "0" if capture else "-1")
+    for _ in range(5):
+        session.run_with_iobinding(binding, options)
+    Y.numpy()
+    start = time.perf_counter()
+    for _ in range(200):
+        session.run_with_iobinding(binding, options)
+    runs = time.perf_counter() - start
+    Y.numpy()
+    return runs / 200 * 1e6, (time.perf_counter() - start) / 200 * 1e6
+capture = where.kind == "webgpu"
+print("link: us per run of 1 and 64 links (recorded); per link, 64 links: a run's, "
+      "200 runs then a read's; unrecorded run's")
+for link in LINKS:
+    one = timed(1, link, capture)
+    many = timed(64, link, capture)
+    plain = timed(64, link, False)
+    print(f"{link}: {one[0]:.1f}, {many[0]:.1f} us; per link {many[0] / 64:.2f}, "
+          f"{many[1] / 64:.2f}, {plain[0] / 64:.2f} us", flush=True)
 """
 
 
@@ -180,6 +257,25 @@ def profile(device: str, out: Path, timeout: float) -> None:
     (out / "profile.txt").write_text(text)
 
 
+def kernels(device: str, out: Path, seconds: float) -> dict:
+    """``kernels.json``: which one-operator models open on ``device`` alone, and their
+    outputs' largest relative error (:mod:`benchmarks.kernels`); returns the counts, the
+    cases whose outputs differ, and the kernel table read off them."""
+    done = subprocess.run([sys.executable, "-m", "benchmarks.kernels", device, str(seconds)],
+                          cwd=REPO, capture_output=True, text=True, timeout=seconds + 120)
+    records = json.loads(done.stdout) if done.returncode == 0 else []
+    (out / "kernels.json").write_text(json.dumps(records, indent=0) if records
+                                      else done.stderr[-5000:])
+    counts: dict = {}
+    for record in records:
+        counts[record["placed"]] = counts.get(record["placed"], 0) + 1
+    wrong = sorted(r["case"] for r in records if r.get("error", 0) > 1e-3 or "run_error" in r)
+    from benchmarks.kernels import kernel_table
+
+    table = {op: " ".join(types) for op, types in kernel_table(records).items()}
+    return {"placed": counts, "wrong_outputs": wrong, "kernel_table": table}
+
+
 def _run(command: list, log, timeout: float, env: dict | None = None) -> int:
     """Run ``command`` in the repository, its output appended to ``log``; its exit status."""
     log.write(f"\n$ {' '.join(command)}\n")
@@ -192,9 +288,9 @@ def _run(command: list, log, timeout: float, env: dict | None = None) -> int:
         return 124
 
 
-def bench(args, out: Path) -> list:
-    """Each of :data:`RUNS`: the medians of ortlearn on WebGPU and on the CPU, and the rest."""
-    rows = []
+def bench(args, out: Path, rows: list, save) -> None:
+    """Each of :data:`RUNS`: the medians of ortlearn on WebGPU and on the CPU, and the rest,
+    appended to ``rows``; ``save()`` after each."""
     with open(out / "bench.log", "a") as log, tempfile.TemporaryDirectory() as tmp:
         for name, workload, batch, env in RUNS:
             folder = Path(tmp) / name.replace(" ", "_")
@@ -217,8 +313,8 @@ def bench(args, out: Path) -> list:
                                  if "error" in e}
                 row["device_over_cpu"] = result.get("device_to_cpu")
             rows.append(row)
+            save()
             print(f"{name}: {row.get('seconds_per_epoch')} ({row['wall_s']} s)", flush=True)
-    return rows
 
 
 def markdown(env: dict, tests_status: int, rows: list, device: str) -> str:
@@ -251,6 +347,10 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1,
                         help="CPU threads of the CPU runs (default: every core)")
     parser.add_argument("--timeout", type=float, default=120, help="seconds per benchmark run")
+    parser.add_argument("--only", default=",".join(STAGES),
+                        help=f"the stages run, of {','.join(STAGES)}")
+    parser.add_argument("--kernel-seconds", type=float, default=100,
+                        help="seconds for opening ONNX's node test models on the device")
     parser.add_argument("--contenders", default=CONTENDERS,
                         help=f"the contenders timed (default: {CONTENDERS})")
     args = parser.parse_args(argv)
@@ -268,18 +368,36 @@ def main(argv=None) -> int:
                               env={**os.environ, "PYTHONPATH": path}).returncode
     sys.path.insert(0, str(REPO))
     env = environment()
-    (out / "environment.json").write_text(json.dumps(env, indent=1))
+    summary = {"environment": env}
+
+    def save():  # after each stage: a run stopped midway still leaves what it measured
+        (out / "summary.json").write_text(json.dumps(summary, indent=1))
+
+    save()
     print(json.dumps(env), flush=True)
-    with open(out / "tests.log", "w") as log:
-        tests = _run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                      "tests/training/test_webgpu.py"], log, args.timeout)
-    print(f"tests/training/test_webgpu.py: exit status {tests}", flush=True)
-    placement(args.device, out, args.timeout)
-    profile(args.device, out, args.timeout)
-    rows = bench(args, out)
-    (out / "summary.json").write_text(json.dumps({"environment": env, "tests": tests,
-                                                  "runs": rows}, indent=1))
-    table = markdown(env, tests, rows, args.device)
+    if args.device.startswith("webgpu") and not isinstance(env.get("webgpu"), dict):
+        return 1  # no device: nothing below would run on it
+    stages = set(args.only.split(","))
+    if "kernels" in stages:
+        summary["kernels"] = kernels(args.device, out, args.kernel_seconds)
+        save()
+        print(f"kernels: {summary['kernels']}", flush=True)
+    if "tests" in stages:
+        with open(out / "tests.log", "w") as log:
+            summary["tests"] = _run([sys.executable, "-m", "pytest", "-q", "-p",
+                                     "no:cacheprovider", "tests/training/test_webgpu.py"],
+                                    log, args.timeout)
+        save()
+        print(f"tests/training/test_webgpu.py: exit status {summary['tests']}", flush=True)
+    if "placement" in stages:
+        placement(args.device, out, args.timeout)
+    if "profile" in stages:
+        profile(args.device, out, args.timeout)
+        print((out / "profile.txt").read_text(), flush=True)
+    summary["runs"] = []
+    if "bench" in stages:
+        bench(args, out, summary["runs"], save)
+    table = markdown(env, summary.get("tests"), summary["runs"], args.device)
     (out / "summary.md").write_text(table)
     print(table, flush=True)
     return 0

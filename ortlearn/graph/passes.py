@@ -26,6 +26,7 @@ from onnx import TensorProto, helper
 
 from .model import FLOAT_TYPES, finalize_model, onnx_to_np_dtype, opset_of
 from .nodes import attr, constant_values, needed_nodes, readers, rewritten
+from .provider_ops import PROVIDER_OPS
 from .shapes import refine_shapes
 from .values import elem_type_of, shape_of, value_info_map
 
@@ -37,15 +38,12 @@ __all__ = [
     "column_sums_as_products",
     "common_factors",
     "expands_as_broadcasts",
-    "index_wraps_as_wheres",
-    "log_softmax_decomposed",
     "masks_as_products",
     "negations_folded",
     "rewrite_model",
     "run_passes",
     "scattered_updates",
     "single_values_at_full_rank",
-    "sums_as_adds",
     "unused_nodes_removed",
 ]
 
@@ -624,114 +622,18 @@ CHEAPER_NODES = (
 )
 
 
-def sums_as_adds(nodes: list, graph: GraphView) -> list:
-    """A variadic ``Sum`` as a chain of ``Add``, in the order of its inputs.
-
-    The backward pass sums the gradients reaching a value read several times
-    with one ``Sum``, which some GPU providers (WebGPU) lack: the step would
-    copy its inputs to the host and back. The same additions, in the same order.
-    """
-    out = []
-    for node in nodes:
-        if node.op_type != "Sum" or node.domain not in ("", "ai.onnx"):
-            out.append(node)
-            continue
-        name, total = node.output[0], node.input[0]
-        if len(node.input) == 1:
-            out.append(helper.make_node("Identity", [total], [name], name=name))
-            continue
-        for i, term in enumerate(node.input[1:], start=2):
-            partial = name if i == len(node.input) else f"{name}.partial{i}"
-            out.append(helper.make_node("Add", [total, term], [partial], name=partial))
-            total = partial
-    return out
-
-
-def log_softmax_decomposed(nodes: list, graph: GraphView) -> list:
-    """``LogSoftmax(x)`` as ``(x - max) - log(sum(exp(x - max)))`` along its axis.
-
-    For providers without a ``LogSoftmax`` kernel (WebGPU): the same
-    function, computed the way the kernels compute it, up to rounding.
-    Opset 13 and later (the axis is one dimension).
-    """
-    if graph.opset < 13:
-        return nodes
-    out = []
-    for node in nodes:
-        if node.op_type != "LogSoftmax" or node.domain not in ("", "ai.onnx"):
-            out.append(node)
-            continue
-        x, name, axis = node.input[0], node.output[0], attr(node, "axis", -1)
-        axes = name + ".axes"
-        out.append(helper.make_node("Constant", [], [axes], name=axes,
-                                    value=onnx.numpy_helper.from_array(
-                                        np.array([axis], dtype=np.int64))))
-        steps = [("ReduceMax", [x, axes], ".max", {"keepdims": 1}),
-                 ("Sub", [x, name + ".max"], ".shifted", {}),
-                 ("Exp", [name + ".shifted"], ".exp", {}),
-                 ("ReduceSum", [name + ".exp", axes], ".sum", {"keepdims": 1}),
-                 ("Log", [name + ".sum"], ".log_sum", {})]
-        if graph.opset < 18:  # ReduceMax takes its axes as an attribute before opset 18
-            steps[0] = ("ReduceMax", [x], ".max", {"keepdims": 1, "axes": [axis]})
-        for op, inputs, suffix, attributes in steps:
-            out.append(helper.make_node(op, inputs, [name + suffix], name=name + suffix,
-                                        **attributes))
-        out.append(helper.make_node("Sub", [name + ".shifted", name + ".log_sum"], [name],
-                                    name=name))
-    return out
-
-
-def index_wraps_as_wheres(nodes: list, graph: GraphView) -> list:
-    """``Mod(i, n)`` of the indices ``i`` of a ``Gather`` or ``GatherElements`` along an
-    axis of length ``n`` as ``Where(i < 0, i + n, i)``.
-
-    Such indices lie in ``[-n, n)`` (onnxruntime refuses others), where the
-    two are the same integers. The gradient of a ``GatherElements`` counts
-    negative indices from the end with that ``Mod``, an operator some GPU
-    providers (WebGPU) lack: the step would copy the indices to the host and
-    back.
-    """
-    constants, shapes = graph.constants, graph.shapes
-    lengths = {}  # indices -> the lengths of the axes they index
-    for node in nodes:
-        if node.op_type in ("Gather", "GatherElements") and node.domain in ("", "ai.onnx"):
-            dims = shapes.get(node.input[0])
-            if dims:
-                n = dims[attr(node, "axis", 0) % len(dims)]
-                lengths.setdefault(node.input[1], set()).add(n)
-    out = []
-    for node in nodes:
-        n = constants.get(node.input[1]) if node.op_type == "Mod" else None
-        if (n is None or node.domain not in ("", "ai.onnx") or n.shape != ()
-                or n.dtype.kind != "i" or lengths.get(node.input[0]) != {int(n)} or n <= 0):
-            out.append(node)
-            continue
-        i, name = node.input[0], node.output[0]
-        zero = name + ".zero"
-        out.append(helper.make_node("Constant", [], [zero], name=zero,
-                                    value=onnx.numpy_helper.from_array(np.zeros((), n.dtype))))
-        out.append(helper.make_node("Less", [i, zero], [name + ".negative"],
-                                    name=name + ".negative"))
-        out.append(helper.make_node("Add", [i, node.input[1]], [name + ".wrapped"],
-                                    name=name + ".wrapped"))
-        out.append(helper.make_node("Where", [name + ".negative", name + ".wrapped", i], [name],
-                                    name=name))
-    return out
-
-
 #: The rewrites of a training step on a GPU provider: no CPU-tuned rewrite (a column
 #: sum stays a ``ReduceSum``, whose row of ones would be shape arithmetic on the
-#: host), and the operators some providers lack (WebGPU's ``Sum``, ``LogSoftmax``,
-#: ``Mod``) written with the ones they have.
+#: host), and the operators and types some providers lack (WebGPU's ``Sum``,
+#: ``LogSoftmax``, ``Mod``, ``Sign``, ``IsNaN``, an int64 ``Unsqueeze``) written with the
+#: ones they have (:mod:`ortlearn.graph.provider_ops`).
 GPU_NODES = (
     Pass("masks_as_products", masks_as_products),
     Pass("expands_as_broadcasts", expands_as_broadcasts),
     Pass("negations_folded", negations_folded),
     Pass("common_factors", common_factors),
     Pass("unused_nodes_removed", unused_nodes_removed),
-    Pass("sums_as_adds", sums_as_adds),
-    Pass("log_softmax_decomposed", log_softmax_decomposed),
-    Pass("index_wraps_as_wheres", index_wraps_as_wheres),
+    *(Pass(rewrite.__name__, rewrite) for rewrite in PROVIDER_OPS),
 )
 
 

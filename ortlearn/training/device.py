@@ -374,7 +374,7 @@ def make_session(model, device="cpu", session_options: ort.SessionOptions | None
 
 
 #: Session settings ortlearn sets through config entries, carried over by :func:`_webgpu_options`.
-_CONFIG_KEYS = ("session.intra_op.allow_spinning",)
+_CONFIG_KEYS = ("session.intra_op.allow_spinning", "session.disable_cpu_ep_fallback")
 _OPTION_ATTRIBUTES = (
     "graph_optimization_level", "log_severity_level", "log_verbosity_level",
     "intra_op_num_threads", "inter_op_num_threads", "execution_mode", "execution_order",

@@ -310,8 +310,9 @@ def _after(b: GraphBuilder, values, scalars: dict) -> dict:
     """
     flat_shape = b.ints([-1], hint="flat_shape")
     first = b.const(0, dtype=np.int64)  # a scalar index: a scalar element, cond keeps v's shape
+    # float32: the sum is never read (Where gives s either way), and GPUs compute float32
     firsts = [b.cast(b.op("Gather", [b.op("Reshape", [v, flat_shape]), first]),
-                     TensorProto.DOUBLE) for v in values]
+                     TensorProto.FLOAT) for v in values]
     ready = b.op("IsNaN", [b.op("Sum", firsts) if len(firsts) > 1 else firsts[0]])
     return {s: b.op("Where", [ready, v, v]) for s, v in scalars.items()}
 

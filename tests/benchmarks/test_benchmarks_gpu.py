@@ -21,7 +21,7 @@ def test_the_gpu_check_runs_and_writes_its_seven_files(tmp_path, monkeypatch):
     assert gpu.main([str(tmp_path), "--device", "cpu", "--scale", "0.01", "--reps", "1",
                      "--threads", "1", "--timeout", "300"]) == 0
     files = {p.name for p in tmp_path.iterdir()}
-    assert files == {"environment.json", "tests.log", "placement.txt", "profile.txt",
+    assert files == {"kernels.json", "tests.log", "placement.txt", "profile.txt",
                      "bench.log", "summary.json", "summary.md"}
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["tests"] == 0, (tmp_path / "tests.log").read_text()[-2000:]
@@ -33,7 +33,18 @@ def test_the_gpu_check_runs_and_writes_its_seven_files(tmp_path, monkeypatch):
     assert "| W3 |" in (tmp_path / "summary.md").read_text()
     profile = (tmp_path / "profile.txt").read_text()
     assert profile.count("ms per step") == 4 and "copy to the host" in profile, profile
-    assert "onnxruntime" in json.loads((tmp_path / "environment.json").read_text())
+    assert "onnxruntime" in summary["environment"]
+    # every operator on each type, and ONNX's node tests, opened on the CPU: their outputs
+    # the CPU's own and the tests' own
+    kernels = {r["case"]: r for r in json.loads((tmp_path / "kernels.json").read_text())}
+    assert kernels["test_abs"] == {"case": "test_abs", "ops": ["Abs"], "types": ["float32"],
+                                   "opset": 18, "type": "float32",
+                                   "placed": "CPUExecutionProvider", "error": 0.0}
+    where = kernels["Where:int64"]  # the type of its values, not of its condition
+    assert (where["types"], where["type"], where["error"]) == (["bool", "int64", "int64"],
+                                                              "int64", 0.0)
+    assert summary["kernels"]["placed"]["CPUExecutionProvider"] > 1500
+    assert "float64" in summary["kernels"]["kernel_table"]["Mod"].split()
 
 
 def test_install_refuses_an_empty_folder(tmp_path):

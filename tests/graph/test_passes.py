@@ -15,13 +15,10 @@ from ortlearn.graph.passes import (
     column_sums_as_products,
     common_factors,
     expands_as_broadcasts,
-    index_wraps_as_wheres,
-    log_softmax_decomposed,
     masks_as_products,
     negations_folded,
     run_passes,
     single_values_at_full_rank,
-    sums_as_adds,
     unused_nodes_removed,
 )
 
@@ -284,66 +281,6 @@ def test_unused_nodes_are_removed():
     nodes = list(model.graph.node) + [extra]
     kept = unused_nodes_removed(nodes, GraphView(model, nodes, ["out"]))
     assert [n.output[0] for n in kept] == ["z", "c", "out"]
-
-
-@pytest.mark.parametrize("terms", [1, 2, 4])
-def test_a_sum_becomes_adds_in_the_order_of_its_inputs(terms):
-    names = [f"x{i}" for i in range(terms)]
-    model = _float_graph([helper.make_node("Sum", names, ["total"])],
-                         dict.fromkeys(names, [5]), {"total": [5]})
-    rewritten = _run(sums_as_adds, model)
-    assert [n.op_type for n in rewritten] == ["Identity"] if terms == 1 else ["Add"] * (terms - 1)
-    rs = np.random.RandomState(terms)
-    feeds = {n: rs.randn(5) * 10.0 ** rs.randint(-8, 8) for n in names}
-    expected = feeds["x0"].copy()
-    for n in names[1:]:
-        expected = expected + feeds[n]
-    np.testing.assert_array_equal(run_onnx(_with_nodes(model, rewritten), feeds)[0], expected)
-
-
-@pytest.mark.parametrize("opset", [13, 18])
-@pytest.mark.parametrize("axis", [-1, 0])
-def test_log_softmax_is_written_with_the_operators_gpus_have(opset, axis):
-    model = _float_graph([helper.make_node("LogSoftmax", ["x"], ["out"], axis=axis)],
-                         {"x": [4, 6]}, {"out": [4, 6]}, opset)
-    rewritten = _run(log_softmax_decomposed, model)
-    assert "LogSoftmax" not in {n.op_type for n in rewritten}
-    x = np.random.RandomState(0).randn(4, 6) * 30  # large logits: the shift matters
-    got = run_onnx(_with_nodes(model, rewritten), {"x": x})[0]
-    np.testing.assert_allclose(got, run_onnx(model, {"x": x})[0], rtol=1e-14, atol=1e-12)
-    shifted = x - x.max(axis=axis, keepdims=True)
-    np.testing.assert_allclose(got, shifted - np.log(np.exp(shifted).sum(axis=axis,
-                                                                          keepdims=True)),
-                               rtol=1e-14, atol=1e-12)
-
-
-@pytest.mark.parametrize("dtype", [np.int64, np.int32])
-def test_the_wrap_of_gather_indices_is_written_without_mod(dtype):
-    """Indices of a GatherElements along an axis of 5 lie in [-5, 5): their Mod 5 becomes a
-    Where; a Mod by another number is no such wrap and stays."""
-    elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
-    five, three = (numpy_helper.from_array(np.array(v, dtype), n) for v, n in ((5, "five"),
-                                                                            (3, "three")))
-    nodes = [helper.make_node("GatherElements", ["x", "i"], ["picked"], axis=1),
-             helper.make_node("Mod", ["i", "five"], ["wrapped"]),
-             helper.make_node("Mod", ["i", "three"], ["other"])]
-    graph = helper.make_graph(
-        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.DOUBLE, [6, 5]),
-                     helper.make_tensor_value_info("i", elem, [6, 1])],
-        [helper.make_tensor_value_info("picked", TensorProto.DOUBLE, [6, 1]),
-         helper.make_tensor_value_info("wrapped", elem, [6, 1]),
-         helper.make_tensor_value_info("other", elem, [6, 1])], [five, three])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
-    model.ir_version = 8
-    rewritten = _run(index_wraps_as_wheres, model)
-    assert [n.op_type for n in rewritten].count("Mod") == 1
-    assert {"Where", "Less", "Add"} <= {n.op_type for n in rewritten}
-    feeds = {"x": np.random.RandomState(0).randn(6, 5),
-             "i": np.array([[-5], [-3], [-1], [0], [2], [4]], dtype)}
-    got = run_onnx(_with_nodes(model, rewritten), feeds)
-    for ours, theirs in zip(got, run_onnx(model, feeds)):
-        np.testing.assert_array_equal(ours, theirs)
-    assert got[1].ravel().tolist() == [0, 2, 4, 0, 2, 4]
 
 
 @pytest.mark.parametrize("n", [10, 300])

@@ -29,7 +29,7 @@ from test_engine_gpu_paths import (
     _train,
 )
 
-from ortlearn import OrtMLPClassifier, OrtMLPRegressor
+from ortlearn import OrtMLPClassifier, OrtMLPRegressor, OrtSGDClassifier, OrtSGDRegressor
 from ortlearn.estimators import _base
 from ortlearn.optim import SGD, Adam, AdamW
 from ortlearn.training import Batches, TrainingEngine, webgpu
@@ -164,6 +164,46 @@ def test_mlp_fits_through_the_batch_table_step(cls, monkeypatch):
     assert steps and not any(n.op_type in ("Size", "Loop") for m in steps for n in m.graph.node)
 
 
+@pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
+@pytest.mark.parametrize("make", [
+    lambda: OrtSGDClassifier(loss="hinge"),                     # labels' int64 Unsqueeze
+    lambda: OrtSGDClassifier(loss="log_loss", penalty="l1"),    # Sign
+    lambda: OrtSGDRegressor(loss="huber", average=True),
+], ids=["hinge", "log_loss_l1", "huber_average"])
+def test_sgd_fits_through_the_webgpu_step(make, monkeypatch):
+    """The SGD estimators' step as built for WebGPU (table-fed, GPU_NODES), run by the CPU
+    provider: no node that WebGPU lacks (its Sign, its join's IsNaN and sum, the labels'
+    Unsqueeze are rewritten), and the CPU path's weights to float32 rounding."""
+    from ortlearn.graph.passes import GPU_NODES
+    from ortlearn.training import cpu_fallbacks
+
+    X, y = load_digits(return_X_y=True)
+    X = ((X - X.mean(axis=0)) / (X.std(axis=0) + 1.0)).astype(np.float32)
+    estimator = make()
+    if isinstance(estimator, OrtSGDRegressor):
+        y = X[:, :8].sum(axis=1)
+    elif estimator.loss == "log_loss":
+        y = (y > 4).astype(np.int64)
+    params = {"max_iter": 3, "tol": None, "random_state": 0}
+    reference = make().set_params(**params).fit(X, y)
+    steps, make_engine, build = [], _base.TrainingEngine, _engine.build_fused_step
+
+    def as_on_webgpu(*args, device, **kwargs):
+        return make_engine(*args, device=HostMemoryWebGPU(), **kwargs)
+
+    def gpu_step(*args, **kwargs):
+        model, layout = build(*args, **{**kwargs, "passes": GPU_NODES})
+        steps.append(model)
+        return model, layout
+
+    monkeypatch.setattr(_base, "TrainingEngine", as_on_webgpu)
+    monkeypatch.setattr(_engine, "build_fused_step", gpu_step)
+    fit = estimator.set_params(**params).fit(X, y)
+    assert steps and all(cpu_fallbacks(m) == [] for m in steps)
+    np.testing.assert_allclose(fit.coef_, reference.coef_, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(fit.intercept_, reference.intercept_, rtol=1e-4, atol=1e-5)
+
+
 def _recording(engine, monkeypatch, refuse: bool):
     """The engine's feeds as on WebGPU with graph capture; its runs' graph ids, recorded."""
     feeds = engine._steps[False].feeds
@@ -277,6 +317,17 @@ def test_classifier_step_holds_only_operators_webgpu_has():
     """The MLP classifier's step as built for WebGPU: the label gradient's index wrap is a
     Where (WebGPU has no Mod), the log-softmax and the gradient sums are written with the
     operators it has, and the batch's size comes from the rows table."""
+    from ortlearn.graph.passes import GPU_NODES
+
+    model = _classifier_step(GPU_NODES)
+    ops = {n.op_type for n in model.graph.node}
+    assert not ops & {"Mod", "Size", "Sum", "LogSoftmax", "Loop", "If"}, ops
+    assert {"GatherElements", "Where"} <= ops
+
+
+def _classifier_step(passes):
+    """The MLP classifier's step on digits as built for WebGPU (``passes``: GPU_NODES), or
+    with the CPU's rewrites and a float64 loss sum (the step the CPU runs)."""
     from sklearn.neural_network import MLPClassifier
 
     from ortlearn.convert import to_train_onnx
@@ -288,8 +339,44 @@ def test_classifier_step_holds_only_operators_webgpu_has():
     mlp = MLPClassifier((16,), max_iter=1).fit(X[:100], y[:100])
     loss = mlp_objective(to_train_onnx(mlp, X), "multiclass", alpha=1e-4, weighted=False)
     trainable = [i.name for i in loss.graph.initializer if i.name.startswith(("coef", "inter"))]
+    gpu = passes is GPU_NODES
     model, _ = build_fused_step(loss, trainable, input_names(False), Adam(), LOSS,
-                                batch_table=True, passes=GPU_NODES)
-    ops = {n.op_type for n in model.graph.node}
-    assert not ops & {"Mod", "Size", "Sum", "LogSoftmax", "Loop", "If"}, ops
-    assert {"GatherElements", "Where"} <= ops
+                                batch_table=gpu, flat=True, passes=passes)
+    return model
+
+
+@pytest.mark.webgpu
+@pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
+def test_cpu_fallbacks_agree_with_the_provider():
+    """cpu_fallbacks' verdict, from its kernel table, against the provider itself: a
+    session with onnxruntime's CPU fallback disabled opens exactly when no node falls back."""
+    from onnx import TensorProto, helper
+
+    from ortlearn.graph.passes import CHEAPER_NODES, GPU_NODES
+    from ortlearn.training.placement import cpu_fallbacks
+
+    def model_of(op, dtype):
+        graph = helper.make_graph(
+            [helper.make_node(op, ["a", "b"], ["c"])], "g",
+            [helper.make_tensor_value_info(n, dtype, [4]) for n in "ab"],
+            [helper.make_tensor_value_info("c", dtype, [4])])
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+    def opens(model):
+        options = make_session_options()
+        options.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
+        try:
+            make_session(model, parse_device("webgpu"), options)
+        except Exception as exc:
+            assert "fallback to CPU EP has been explicitly" in str(exc), exc
+            return False
+        return True
+
+    models = {"the WebGPU step": _classifier_step(GPU_NODES),
+              "the CPU's step": _classifier_step(CHEAPER_NODES),
+              "Mod": model_of("Mod", TensorProto.INT64),
+              "float64 Add": model_of("Add", TensorProto.DOUBLE),
+              "int64 Add": model_of("Add", TensorProto.INT64)}
+    verdicts = {name: (not cpu_fallbacks(m), opens(m)) for name, m in models.items()}
+    assert all(predicted == actual for predicted, actual in verdicts.values()), verdicts
+    assert verdicts["the WebGPU step"] == (True, True)
