@@ -161,7 +161,10 @@ def cpu_fallbacks(model: onnx.ModelProto, device: str = "webgpu") -> list:
         raise ValueError(f"cpu_fallbacks knows the kernels of {sorted(_TABLES)} and the CPU, "
                          f"not of {device!r}; onnxruntime's verbose log "
                          "(SessionOptions.log_severity_level = 0) lists a session's placements.")
-    inferred = onnx.shape_inference.infer_shapes(model)
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except Exception:  # over protobuf's 2 GB, or not inferable: the types it declares
+        inferred = model
     opsets = {o.domain or "ai.onnx": o.version for o in model.opset_import}
     return _graph_fallbacks(inferred.graph, {}, opsets, kind)
 

@@ -78,6 +78,18 @@ def test_subgraphs_and_other_domains_are_read_too():
         ("#1", "no WebGPU kernel of the domain 'com.microsoft' is known")]
 
 
+def test_a_graph_onnx_cannot_infer_is_read_with_the_types_it_declares(monkeypatch):
+    def refuse(model):
+        raise onnx.shape_inference.InferenceError("too large")
+
+    monkeypatch.setattr(onnx.shape_inference, "infer_shapes", refuse)
+    model = _model([helper.make_node("Neg", ["a"], ["b"], name="first"),
+                    helper.make_node("Neg", ["b"], ["c"], name="second")],
+                   [("a", TensorProto.FLOAT, [2])], [("c", TensorProto.FLOAT, [2])])
+    assert [(f.node, f.reason) for f in cpu_fallbacks(model)] == [
+        ("second", "the element type of its input 0 is unknown")]
+
+
 def test_the_cpu_runs_everything_and_other_providers_are_refused():
     assert cpu_fallbacks(_binary("Mod", TensorProto.DOUBLE), "cpu") == []
     assert cpu_fallbacks(_binary("Mod", TensorProto.DOUBLE), "webgpu:1")
