@@ -103,6 +103,28 @@ def test_batch_table_epoch_copies_to_the_device_whatever_its_batches(monkeypatch
     assert counts[0] == counts[1] == counts[2] <= 8, counts
 
 
+def test_a_table_that_holds_its_values_is_not_written_again(monkeypatch):
+    """SGD at a constant rate: the batch sizes and the rates of an epoch are those of the
+    last, not copied again; a new order copies the row numbers alone. What is left is the
+    two counters an epoch starts from."""
+    loss_model, arrays = _problem(np.float32, weighted=False)
+    engine = _engine_on(HostMemoryWebGPU(), loss_model, SGD())
+    copies = []
+    update = ort.OrtValue.update_inplace
+    monkeypatch.setattr(ort.OrtValue, "update_inplace",
+                        lambda self, array: copies.append(array.copy()) or update(self, array))
+    order = np.arange(N)
+    engine.train_epoch(arrays, Batches(order, 15))
+    copies.clear()
+    engine.train_epoch(arrays, Batches(order, 15))
+    assert len(copies) == 2 and all(c.size == 1 and not c.any() for c in copies)
+    copies.clear()
+    shuffled = np.random.RandomState(0).permutation(N)
+    engine.train_epoch(arrays, Batches(shuffled, 15))
+    (rows,) = [c for c in copies if c.size > 1]
+    np.testing.assert_array_equal(rows.ravel(), shuffled)
+
+
 def test_batch_table_step_needs_no_cpu_kernel():
     """No float64 value, no computed Slice bounds (the provider reads them on the host), int32
     batch numbers and row numbers, no control flow: every node of the step can stay on the
