@@ -96,7 +96,7 @@ def typed_models():
 
 
 def _typed_model(schema, constraints: dict, dtype: str, primary: str):
-    inputs, feeds = [], []
+    inputs, feeds, constants = [], [], []
     for formal in schema.inputs:
         if formal.option == onnx.defs.OpSchema.FormalParameterOption.Optional:
             break
@@ -106,7 +106,11 @@ def _typed_model(schema, constraints: dict, dtype: str, primary: str):
             if formal.type_str == primary:
                 value = _value(dtype)
             elif (schema.name, formal.name) in _OTHER_INPUTS:
-                value = _OTHER_INPUTS[(schema.name, formal.name)]
+                # an initializer, as in a real graph: the output's shape is then known
+                constants.append(onnx.numpy_helper.from_array(
+                    _OTHER_INPUTS[(schema.name, formal.name)], name))
+                inputs.append(name)
+                continue
             else:
                 allowed = constraints.get(formal.type_str, [formal.type_str])
                 other = next((t for t in ("float32", "int64", "bool")
@@ -128,11 +132,12 @@ def _typed_model(schema, constraints: dict, dtype: str, primary: str):
         outputs = [f"out{i}" for i, option in enumerate(options) if i == 0
                    or option != onnx.defs.OpSchema.FormalParameterOption.Optional]
     node = helper.make_node(schema.name, inputs, outputs, **attributes)
+    fed = [n for n in inputs if n not in {c.name for c in constants}]
     graph = helper.make_graph(
         [node], "probe",
         [helper.make_tensor_value_info(n, _onnx_type(v.dtype.name), v.shape)
-         for n, v in zip(inputs, feeds)],
-        [onnx.ValueInfoProto(name=n) for n in outputs])
+         for n, v in zip(fed, feeds)],
+        [onnx.ValueInfoProto(name=n) for n in outputs], constants)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", DEFAULT_OPSET)])
     try:
         model = onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True,
@@ -207,8 +212,9 @@ def probe(device, case: str, model: onnx.ModelProto, inputs, expected=None) -> d
     if len(model.graph.node) == 1 and record["opset"] and not model.graph.node[0].domain:
         node = model.graph.node[0]
         position = primary_input(onnx.defs.get_schema(node.op_type, record["opset"]))
-        if position < len(inputs) and node.input[position] == model.graph.input[position].name:
-            record["type"] = record["types"][position]
+        fed = [i.name for i in model.graph.input]
+        if position < len(node.input) and node.input[position] in fed:
+            record["type"] = record["types"][fed.index(node.input[position])]
     data = model.SerializeToString()
     try:
         session = ort.InferenceSession(data, _options(device),

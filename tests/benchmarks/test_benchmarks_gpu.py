@@ -40,9 +40,10 @@ def test_the_gpu_check_runs_and_writes_its_seven_files(tmp_path, monkeypatch):
     assert kernels["test_abs"] == {"case": "test_abs", "ops": ["Abs"], "types": ["float32"],
                                    "opset": 18, "type": "float32",
                                    "placed": "CPUExecutionProvider", "error": 0.0}
-    where = kernels["Where:int64"]  # the type of its values, not of its condition
-    assert (where["types"], where["type"], where["error"]) == (["bool", "int64", "int64"],
-                                                              "int64", 0.0)
+    # the type of its values, not of its condition (a constant, as the axes of an Unsqueeze)
+    where = kernels["Where:int64"]
+    assert (where["types"], where["type"], where["error"]) == (["int64", "int64"], "int64", 0.0)
+    assert kernels["Unsqueeze:int64"]["placed"] == "CPUExecutionProvider"
     assert summary["kernels"]["placed"]["CPUExecutionProvider"] > 1500
     assert "float64" in summary["kernels"]["kernel_table"]["Mod"].split()
 
