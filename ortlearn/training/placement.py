@@ -205,6 +205,8 @@ def _reason(node, types: dict, opsets: dict, table: dict, name: str) -> tuple:
     if position >= len(node.input) or node.input[position] not in types:
         return f"the element type of its input {position} is unknown", None
     dtype = np.dtype(helper.tensor_dtype_to_np_dtype(types[node.input[position]])).name
+    if dtype != "float64" and any(types.get(o) == onnx.TensorProto.DOUBLE for o in node.output):
+        return f"{name} computes no float64", "float64"  # a Cast to float64
     if dtype not in table[node.op_type].split():
         if dtype == "float64":
             return f"{name} computes no float64", dtype

@@ -59,7 +59,8 @@ def test_the_type_is_read_at_the_input_that_picks_the_kernel():
         [("c", TensorProto.BOOL, [3]), ("x", TensorProto.FLOAT, [3])],
         [("y", TensorProto.DOUBLE, [3])])
     found = cpu_fallbacks(where)
-    assert [(f.node, f.op_type, f.dtype) for f in found] == [("#1", "Where", "float64")]
+    assert [(f.node, f.op_type, f.dtype) for f in found] == [("#0", "Cast", "float64"),
+                                                             ("#1", "Where", "float64")]
 
 
 def test_subgraphs_and_other_domains_are_read_too():
