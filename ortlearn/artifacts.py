@@ -30,7 +30,7 @@ from .graph import (
     select_trainable,
 )
 from .graph.batch_norm import running_statistics
-from .graph.passes import rewrite_model
+from .graph.passes import CHEAPER_NODES, rewrite_model
 from .onnxblock import blocks
 from .onnxblock import loss as loss_blocks
 from .onnxblock import optim as optim_blocks
@@ -621,7 +621,7 @@ def _write_checkpoints(directory: Path, prefix: str, values: tuple, nominal: boo
 
 def export_training_artifacts(loss_model, trainable, optimizer, artifact_directory, *,
                               weights=None, optimizer_state=None, loss_output: str = LOSS_OUTPUT,
-                              prefix: str = "") -> None:
+                              prefix: str = "", passes=CHEAPER_NODES) -> None:
     """Write the artifacts of a training in progress: models, weights and optimizer state.
 
     What the estimators' ``export_artifacts`` writes. The files are those of
@@ -630,8 +630,8 @@ def export_training_artifacts(loss_model, trainable, optimizer, artifact_directo
     eval and optimizer models, and a checkpoint holding the weights and the
     optimizer state (moments, number of steps made, learning rate of the
     last step). The training model is rewritten by the passes of the
-    engine's fused step (:data:`ortlearn.graph.passes.CHEAPER_NODES`: the
-    same values, fewer or cheaper nodes). Continuing with :mod:`ortlearn.api` (``Module``,
+    engine's fused step (``passes``: the same values, fewer or cheaper nodes). Continuing with
+    :mod:`ortlearn.api` (``Module``,
     ``Optimizer``: ``lazy_reset_grad``, a training step, ``step``) on the
     batches and learning rates a :class:`~ortlearn.training.TrainingEngine`
     would use gives the engine's weights, bit for bit on the CPU.
@@ -658,6 +658,10 @@ def export_training_artifacts(loss_model, trainable, optimizer, artifact_directo
         Name of the loss output (kept in the artifacts).
     prefix : str, default=''
         Prefix of every file name.
+    passes : sequence of ortlearn.graph.passes.Pass, default=CHEAPER_NODES
+        The rewrites of the training model: the CPU step's, or
+        :data:`~ortlearn.graph.passes.GPU_NODES` for a GPU provider (no operator
+        that WebGPU lacks: each would cross to the CPU and back at every step).
 
     Raises
     ------
@@ -683,7 +687,7 @@ def export_training_artifacts(loss_model, trainable, optimizer, artifact_directo
         model, requires_grad=list(trainable), optimizer=optimizer)
     # The engine's fused step runs the same rewrites: the gradients are then those of
     # the engine to the last bit (1 to 2 float32 ulps apart without them).
-    training_model = rewrite_model(training_model)
+    training_model = rewrite_model(training_model, passes)
     if optimizer_state is not None:
         try:
             states = optimizer_state["states"]

@@ -21,6 +21,7 @@ from sklearn.exceptions import NotFittedError
 from ..artifacts import export_training_artifacts
 from ..fileio import save_model
 from ..graph import elem_type_of, opset_of, shape_of
+from ..graph.passes import CHEAPER_NODES, GPU_NODES, PROVIDER_NODES, rewrite_model
 from ..optim import build_optimizer_model, unpack_optimizer_model
 from ..training.layout import read_layout
 from ..training.sparse import is_sparse
@@ -53,7 +54,7 @@ def _fresh_optimizer_state(est, weights: dict) -> dict:
 
 
 def export_estimator_artifacts(estimator, directory, X=None, y=None, weighted=None,
-                               prefix: str = "") -> None:
+                               prefix: str = "", passes=CHEAPER_NODES) -> None:
     """What :meth:`BaseOrtEstimator.export_artifacts` does (see its docstring)."""
     fitted = hasattr(estimator, "estimator_")
     if not fitted and X is None:
@@ -78,7 +79,7 @@ def export_estimator_artifacts(estimator, directory, X=None, y=None, weighted=No
         state = _fresh_optimizer_state(est, weights)
     export_training_artifacts(model, trainable, est._optimizer(), directory,
                               weights=weights, optimizer_state=state, loss_output=LOSS,
-                              prefix=prefix)
+                              prefix=prefix, passes=passes)
 
 
 def _web_optimizer_model(est, directory) -> onnx.ModelProto:
@@ -160,10 +161,19 @@ def export_estimator_web(estimator, directory, X, y, X_test=None, y_test=None, *
                              "X.toarray() (or a dense slice) to export_web.")
         data[f"X_{part}"] = est._as_model_dtype(features)
         data[f"y_{part}"] = est._encode_target(target)
+    # float32 models run on the WebGPU build: no operator it lacks (Sum, LogSoftmax, Mod,
+    # Size, a column sum's ones), each would cross to the CPU and back at every step
+    float32 = data["X_train"].dtype == np.float32
     export_estimator_artifacts(estimator, directory, None if fitted else X,
-                               None if fitted else y, weighted=False)
+                               None if fitted else y, weighted=False,
+                               passes=GPU_NODES if float32 else CHEAPER_NODES)
     path = Path(directory) / "optimizer_model.onnx"
     save_model(_web_optimizer_model(est, directory), path, what="the optimizer model")
+    webgpu = all(_without_float64(Path(directory) / name) for name in
+                 ("training_model.onnx", "eval_model.onnx", "optimizer_model.onnx"))
+    if webgpu:
+        path = Path(directory) / "eval_model.onnx"
+        save_model(rewrite_model(onnx.load(path), PROVIDER_NODES), path, what="the eval model")
     kind = est._kind()
     task = {
         "estimator": type(est).__name__,
@@ -174,7 +184,6 @@ def export_estimator_web(estimator, directory, X, y, X_test=None, y_test=None, *
         "batch_size": est._batch_size(len(data["X_train"]), warn=False),
         "shuffle": bool(getattr(est, "shuffle", True)),
         # the WebGPU build runs float32 models only
-        "webgpu": all(_without_float64(Path(directory) / name) for name in
-                      ("training_model.onnx", "eval_model.onnx", "optimizer_model.onnx")),
+        "webgpu": webgpu,
     }
     return write_page(directory, data, task, js_dir=js_dir)

@@ -33,6 +33,7 @@ from .values import elem_type_of, shape_of, value_info_map
 __all__ = [
     "CHEAPER_NODES",
     "GPU_NODES",
+    "PROVIDER_NODES",
     "GraphView",
     "Pass",
     "column_sums_as_products",
@@ -635,6 +636,10 @@ GPU_NODES = (
     Pass("unused_nodes_removed", unused_nodes_removed),
     *(Pass(rewrite.__name__, rewrite) for rewrite in PROVIDER_OPS),
 )
+
+#: Only the rewrites of the operators GPU providers lack: for a graph that any provider may
+#: run (the artifacts of a web page, on WebGPU or WebAssembly).
+PROVIDER_NODES = GPU_NODES[-len(PROVIDER_OPS):]
 
 
 def run_passes(model: onnx.ModelProto, nodes: Sequence[onnx.NodeProto], outputs,

@@ -13,15 +13,15 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-from onnx import helper
+from onnx import TensorProto, helper
 
 from .model import FLOAT_TYPES
 from .nodes import attr
 from .values import elem_type_of, shape_of
 
 __all__ = ["PROVIDER_OPS", "index_wraps_as_wheres", "log_softmax_decomposed",
-           "nan_tests_as_comparisons", "signs_as_comparisons", "sums_as_adds",
-           "trailing_unsqueezes_as_reshapes"]
+           "nan_tests_as_comparisons", "signs_as_comparisons", "sizes_as_shape_products",
+           "sums_as_adds", "trailing_unsqueezes_as_reshapes"]
 
 
 def _constant(name: str, value: np.ndarray) -> onnx.NodeProto:
@@ -207,7 +207,30 @@ def trailing_unsqueezes_as_reshapes(nodes: list, graph) -> list:
     return out
 
 
+def sizes_as_shape_products(nodes: list, graph) -> list:
+    """``Size(x)`` as the product of ``Shape(x)``, computed in int32 and cast back to int64.
+
+    The same value up to 2**31 elements. WebGPU has no ``Size`` and no int64 ``ReduceProd``;
+    a loss's mean over a batch divides by one.
+    """
+    out = []
+    for node in nodes:
+        if node.op_type != "Size" or node.domain not in ("", "ai.onnx"):
+            out.append(node)
+            continue
+        name = node.output[0]
+        steps = [("Shape", [node.input[0]], ".shape", {}),
+                 ("Cast", [name + ".shape"], ".shape32", {"to": TensorProto.INT32}),
+                 ("ReduceProd", [name + ".shape32"], ".size32", {"keepdims": 0})]
+        for op, inputs, suffix, attributes in steps:
+            out.append(helper.make_node(op, inputs, [name + suffix], name=name + suffix,
+                                        **attributes))
+        out.append(helper.make_node("Cast", [name + ".size32"], [name], name=name,
+                                    to=TensorProto.INT64))
+    return out
+
+
 #: The rewrites of this module, in the order a GPU provider's step runs them.
 PROVIDER_OPS = (sums_as_adds, log_softmax_decomposed, index_wraps_as_wheres,
                 signs_as_comparisons, nan_tests_as_comparisons,
-                trailing_unsqueezes_as_reshapes)
+                trailing_unsqueezes_as_reshapes, sizes_as_shape_products)

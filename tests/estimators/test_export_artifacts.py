@@ -335,3 +335,29 @@ def test_gradient_optimizer_continues_bit_for_bit(tmp_path, optimizer):
     assert loss == est.train_losses_[-1]
     for name, value in est.get_state().items():
         np.testing.assert_array_equal(state.parameters[name].data, value, err_msg=name)
+
+
+def test_artifacts_for_a_gpu_provider_hold_no_operator_it_lacks(tmp_path):
+    """``passes=GPU_NODES`` (what export_web writes for float32 models): a training model
+    without the operators WebGPU lacks (Sum, LogSoftmax, Mod, Size, a column sum's row of
+    ones), which trains as the CPU's artifacts up to float32 rounding."""
+    from ortlearn.estimators._export import export_estimator_artifacts
+    from ortlearn.graph.passes import GPU_NODES
+    from ortlearn.training import cpu_fallbacks
+
+    X, y = _data("multiclass")
+    est = OrtMLPClassifier((8,), batch_size=BATCH, random_state=0, shuffle=False)
+    est.partial_fit(X, y, classes=[0, 1, 2])
+    states = {}
+    for name, passes in (("cpu", None), ("gpu", GPU_NODES)):
+        directory = tmp_path / name
+        export_estimator_artifacts(est, directory, **({"passes": passes} if passes else {}))
+        found = cpu_fallbacks(onnx.load(directory / "training_model.onnx"))
+        assert bool(found) is (name == "cpu"), found
+        state, module, optimizer = _open(directory)
+        for _ in range(3):
+            _epoch(module, optimizer, _encoded(est, X, y), np.arange(N), lambda: 1e-3)
+        states[name] = state
+    for param in est.get_state():
+        np.testing.assert_allclose(states["gpu"].parameters[param].data,
+                                   states["cpu"].parameters[param].data, rtol=1e-5, atol=1e-6)

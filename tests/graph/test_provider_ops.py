@@ -12,6 +12,7 @@ from ortlearn.graph.provider_ops import (
     log_softmax_decomposed,
     nan_tests_as_comparisons,
     signs_as_comparisons,
+    sizes_as_shape_products,
     sums_as_adds,
     trailing_unsqueezes_as_reshapes,
 )
@@ -142,3 +143,13 @@ def test_a_float_unsqueeze_is_kept():
     model = _float_graph([helper.make_node("Unsqueeze", ["x", "axes"], ["u"])], {"x": [4]},
                          {"u": [4, 1]}, initializers=[axes])
     assert [n.op_type for n in _run(trailing_unsqueezes_as_reshapes, model)] == ["Unsqueeze"]
+
+
+def test_a_size_becomes_the_product_of_the_shape():
+    model = _float_graph([helper.make_node("Size", ["x"], ["n"])], {"x": [None, 7]}, {})
+    model.graph.output.append(helper.make_tensor_value_info("n", TensorProto.INT64, []))
+    rewritten = _run(sizes_as_shape_products, model)
+    assert "Size" not in {n.op_type for n in rewritten}
+    for rows in (0, 1, 33):
+        got = run_onnx(_with_nodes(model, rewritten), {"x": np.zeros((rows, 7))})[0]
+        assert got.dtype == np.int64 and got.shape == () and int(got) == rows * 7

@@ -14,6 +14,7 @@ from sklearn.datasets import load_diabetes, load_iris
 
 from ortlearn import CheckpointState, OrtMLPClassifier, OrtMLPRegressor, OrtSGDClassifier
 from ortlearn.__main__ import main
+from ortlearn.training import cpu_fallbacks
 from ortlearn.web import ORT_WEB_FILES, find_js_dir
 
 pytestmark = pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
@@ -91,6 +92,11 @@ def test_the_page_trains_float32_models_in_webgpus_build(js_dir, tmp_path):
         est.fit(X.astype(dtype), y).export_web(out, X, y)
         assert json.loads((out / "task.json").read_text())["webgpu"] is webgpu
         assert (_doubles(out / "optimizer_model.onnx") == []) is webgpu
+        # the models hold no node the WebGPU build would run on the CPU (Sum, LogSoftmax,
+        # Mod, Size, a column sum's ones): the GPU providers' rewrites
+        fallbacks = {name: cpu_fallbacks(onnx.load(out / f"{name}_model.onnx"))
+                     for name in ("training", "eval", "optimizer")}
+        assert (not any(fallbacks.values())) is webgpu, fallbacks
         # the artifacts export_artifacts writes keep the optimizer's float64 scalars
         exported = tmp_path / f"artifacts_{np.dtype(dtype).name}"
         est.export_artifacts(exported)
