@@ -5,17 +5,20 @@ there, run the WebGPU tests, and time WebGPU against the same machine's CPU.
 
     python benchmarks/gpu.py OUT [--wheels DIR] [--scale 0.25] [--reps 3] [--threads N]
                                  [--contenders ortlearn_adam,ortlearn_adam_cpu]
+                                 [--only kernels,tests,placement,profile,bench]
 
-``OUT`` receives seven files: ``kernels.json`` (which of ONNX's node test
-models, one operator each, open on the device without the CPU, and their
-outputs' error), ``tests.log`` (``pytest tests/training/test_webgpu.py``),
-``placement.txt`` (the provider of every node of W2's and W3's steps),
-``profile.txt`` (the time of a step and the time an epoch adds to its steps,
-W2's and W20's models; a copy to the device and back), ``bench.log`` (every
-benchmark's output), ``summary.json`` (the GPU, onnxruntime, the WebGPU
-device, and the figures of every stage, written after each) and ``summary.md`` (per run: ortlearn's
-seconds per epoch on WebGPU and on the CPU, their ratio, and the other
-contenders), in well under ten minutes at the default scale.
+``OUT`` receives seven files, one or two a stage: ``kernels.json`` (which
+one-operator models open on the device without the CPU, and their outputs'
+error: :mod:`benchmarks.kernels`), ``tests.log`` (``pytest
+tests/training/test_webgpu.py``), ``placement.txt`` (the provider of every
+node of W2's and W3's steps), ``profile.txt`` (the time of a step and the time
+an epoch adds to its steps, W2's and W20's models; a copy to the device and
+back; a replay's cost per node and the GPU's time of a few kernels),
+``bench.log`` (every benchmark's output), ``summary.json`` (the GPU,
+onnxruntime, the WebGPU device, the kernel table read off the device, and the
+figures of every stage, written after each) and ``summary.md`` (per run:
+ortlearn's seconds per epoch on WebGPU and on the CPU, their ratio, and the
+other contenders), in well under ten minutes at the default scale.
 
 Prepare the wheels on a machine with a registry, for the GPU machine's
 Python (3.12 and x86-64 here) and beside what its image has (onnx,
