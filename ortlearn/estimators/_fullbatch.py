@@ -60,7 +60,9 @@ def center_data(X, sample_weight):
     if is_sparse(X):
         x_mean = np.asarray(X.T @ sample_weight).ravel() / sample_weight.sum()
         return x_mean, X, x_mean
-    x_mean = np.average(X, axis=0, weights=sample_weight)
+    # equal weights: the plain mean, the same value without a weighted copy of X
+    uniform = sample_weight.size and np.all(sample_weight == sample_weight[0])
+    x_mean = np.average(X, axis=0, weights=None if uniform else sample_weight)
     return x_mean, X - x_mean, None
 
 

@@ -35,31 +35,37 @@ __all__ = ["GRAM_MAX_FEATURES", "gram_model", "solve_normal_equations", "weighte
 #: iterative solver that never holds it is the better choice.
 GRAM_MAX_FEATURES = 2048
 
-#: One session per device: the graph has symbolic shapes, every fit reuses it.
-_SESSIONS = LRUCache(4)
+#: One session per device and weighting: the graph has symbolic shapes, every fit reuses it.
+_SESSIONS = LRUCache(8)
 
 
-def gram_model() -> onnx.ModelProto:
+def gram_model(weighted: bool = True) -> onnx.ModelProto:
     """The graph of ``X^T W X``, ``X^T W Y`` and ``1^T W (Y * Y)`` (float64, any shapes).
 
-    Inputs ``X`` (N, F), ``Y`` (N, K), ``sample_weight`` (N,); outputs
-    ``gram`` (F, F), ``rhs`` (F, K) and ``yy`` (1, K), what the objective's
-    value at a solution needs.
+    Inputs ``X`` (N, F), ``Y`` (N, K), and ``sample_weight`` (N,) when
+    ``weighted``; outputs ``gram`` (F, F), ``rhs`` (F, K) and ``yy`` (1, K),
+    what the objective's value at a solution needs. The products read ``X``
+    transposed in place (``Gemm``'s ``transA``); without weights ``X`` is read
+    as it is, with them once scaled.
     """
-    b = GraphBuilder(used_names=["X", "Y", "sample_weight", "gram", "rhs", "yy"],
-                     prefix="gram_")
-    weighted_t = b.op("Transpose", [b.op("Mul", ["X", b.unsqueeze("sample_weight", [1])])],
-                      perm=[1, 0])
-    b.op("MatMul", [weighted_t, "X"], outputs=["gram"])
-    b.op("MatMul", [weighted_t, "Y"], outputs=["rhs"])
-    b.op("MatMul", [b.unsqueeze("sample_weight", [0]), b.op("Mul", ["Y", "Y"])],
-         outputs=["yy"])
+    names = ["X", "Y", "gram", "rhs", "yy"] + (["sample_weight"] if weighted else [])
+    b = GraphBuilder(used_names=names, prefix="gram_")
+    if weighted:
+        left = b.op("Mul", ["X", b.unsqueeze("sample_weight", [1])])
+        b.op("MatMul", [b.unsqueeze("sample_weight", [0]), b.op("Mul", ["Y", "Y"])],
+             outputs=["yy"])
+    else:
+        left = "X"
+        b.op("ReduceSumSquare", ["Y", b.ints([0], hint="rows")], outputs=["yy"], keepdims=1)
+    b.op("Gemm", [left, "X"], outputs=["gram"], transA=1)
+    b.op("Gemm", [left, "Y"], outputs=["rhs"], transA=1)
     f64 = TensorProto.DOUBLE
+    inputs = [helper.make_tensor_value_info("X", f64, ["N", "F"]),
+              helper.make_tensor_value_info("Y", f64, ["N", "K"])]
+    if weighted:
+        inputs.append(helper.make_tensor_value_info("sample_weight", f64, ["N"]))
     graph = helper.make_graph(
-        b.nodes, "normal_equations",
-        [helper.make_tensor_value_info("X", f64, ["N", "F"]),
-         helper.make_tensor_value_info("Y", f64, ["N", "K"]),
-         helper.make_tensor_value_info("sample_weight", f64, ["N"])],
+        b.nodes, "normal_equations", inputs,
         [helper.make_tensor_value_info("gram", f64, ["F", "F"]),
          helper.make_tensor_value_info("rhs", f64, ["F", "K"]),
          helper.make_tensor_value_info("yy", f64, [1, "K"])])
@@ -67,11 +73,11 @@ def gram_model() -> onnx.ModelProto:
         graph, opset_imports=[helper.make_opsetid("", DEFAULT_OPSET)]))
 
 
-def _session(device):
-    key = str(device)
+def _session(device, weighted: bool):
+    key = (str(device), weighted)
     session = _SESSIONS.get(key)
     if session is None:
-        session = make_session(gram_model(), device)
+        session = make_session(gram_model(weighted), device)
         _SESSIONS.put(key, session)
     return session
 
@@ -116,8 +122,12 @@ def weighted_products(X, Y, sample_weight, *, device="cpu") -> tuple:
     """
     X = np.ascontiguousarray(X, dtype=np.float64)
     Y = np.ascontiguousarray(Y, dtype=np.float64).reshape(len(X), -1)
-    gram, rhs, yy = _session(parse_device(device)).run(None, {
-        "X": X, "Y": Y, "sample_weight": np.ascontiguousarray(sample_weight, np.float64)})
+    sample_weight = np.ascontiguousarray(sample_weight, np.float64)
+    feeds = {"X": X, "Y": Y}
+    weighted = not np.all(sample_weight == 1.0)  # scaling X by ones would copy it for nothing
+    if weighted:
+        feeds["sample_weight"] = sample_weight
+    gram, rhs, yy = _session(parse_device(device), weighted).run(None, feeds)
     return gram, rhs, yy[0]
 
 

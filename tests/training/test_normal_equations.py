@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from ortlearn.training import normal_equations
 from ortlearn.training.normal_equations import solve_normal_equations, weighted_products
 
 
@@ -13,8 +14,13 @@ def data():
     return X, Y, rng.uniform(0.5, 2.0, 200)
 
 
-def test_products_are_numpys(data):
+@pytest.mark.parametrize("weights", ["given", "ones"])
+def test_products_are_numpys(data, weights):
+    """With unit weights (the estimators' default) the products read X as it is, without the
+    weights' graph and its scaled copy of X: the same products."""
     X, Y, w = data
+    if weights == "ones":
+        w = np.ones(len(X))
     gram, rhs, yy = weighted_products(X, Y, w)
     np.testing.assert_allclose(gram, X.T @ (w[:, None] * X), rtol=1e-12)
     np.testing.assert_allclose(rhs, X.T @ (w[:, None] * Y), rtol=1e-12)
@@ -42,3 +48,12 @@ def test_singular_system_gets_the_minimum_norm_solution(data):
     np.testing.assert_allclose(coef, np.linalg.lstsq(X, Y[:, :1], rcond=None)[0], atol=1e-8)
     # the repeated columns share their weight: the norm is the smallest
     assert coef[0, 0] == pytest.approx(coef[-1, 0], rel=1e-8)
+
+
+def test_unit_weights_take_the_graph_without_weights(data):
+    X, Y, _ = data
+    weighted_products(X, Y, np.ones(len(X)))
+    weighted_products(X, Y, np.full(len(X), 2.0))
+    for weighted, inputs in ((False, ["X", "Y"]), (True, ["X", "Y", "sample_weight"])):
+        session = normal_equations._SESSIONS.get(("cpu", weighted))
+        assert [i.name for i in session.get_inputs()] == inputs
