@@ -324,6 +324,26 @@ def test_webgpu_fit_matches_the_cpu(cls, capture, monkeypatch):
 
 
 @pytest.mark.webgpu
+@pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
+@pytest.mark.parametrize("loss", ["hinge", "log_loss"])
+def test_webgpu_sgd_fit_is_recorded_and_matches_the_cpu(loss, monkeypatch):
+    """The SGD classifier on the GPU: its step holds no CPU node (Sign, the join's IsNaN, the
+    labels' Unsqueeze rewritten), so the provider records it; the weights are the CPU's to
+    float32 rounding over a few epochs."""
+    X, y = load_digits(return_X_y=True)
+    X = ((X - X.mean(axis=0)) / (X.std(axis=0) + 1.0)).astype(np.float32)
+    params = {"loss": loss, "max_iter": 3, "tol": None, "random_state": 0}
+    sessions, open_session = [], TrainingEngine._step_session
+    monkeypatch.setattr(TrainingEngine, "_step_session",
+                        lambda self, model: sessions.append(open_session(self, model))
+                        or sessions[-1])
+    fits = [OrtSGDClassifier(device=d, **params).fit(X, y) for d in ("webgpu", "cpu")]
+    session, capture = sessions[0]  # the GPU's step, recorded at its first run
+    assert session.get_providers()[0] == webgpu.EP_NAME and capture
+    np.testing.assert_allclose(fits[0].coef_, fits[1].coef_, rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.webgpu
 def test_webgpu_engine_keeps_its_buffers_on_the_gpu():
     loss_model, arrays = _problem(np.float32)
     engine = _engine_on("webgpu", loss_model, Adam())
