@@ -1,4 +1,5 @@
-"""Lasso and elastic net, by LARS or a proximal gradient: ``OrtLasso``, ``OrtElasticNet``.
+"""Lasso and elastic net, by coordinate descent or a proximal gradient: ``OrtLasso``,
+``OrtElasticNet``.
 
 The objective of :class:`sklearn.linear_model.ElasticNet` (``Lasso`` is
 ``l1_ratio=1``), with the sample weights ``w`` rescaled to sum to
@@ -7,24 +8,21 @@ The objective of :class:`sklearn.linear_model.ElasticNet` (``Lasso`` is
     1 / (2 n) * sum_i w_i (y_i - x_i . coef - intercept)^2
     + alpha * l1_ratio * ||coef||_1 + alpha * (1 - l1_ratio) / 2 * ||coef||^2
 
-scikit-learn runs coordinate descent. Here, when ``X`` is dense with fewer
-features than rows, onnxruntime forms the data's products ``X^T W X``,
-``X^T W y`` and ``y^T W y`` in one pass
+scikit-learn runs coordinate descent over the columns of ``X``. Here, when
+``X`` is dense with fewer features than rows, onnxruntime forms the data's
+products ``X^T W X``, ``X^T W y`` and ``y^T W y`` in one pass
 (:func:`~ortlearn.training.normal_equations.weighted_products`) and
-scikit-learn's ``lars_path_gram`` (LARS, ``method='lasso'``, the L2 term a
-ridge on the Gram matrix) follows the solution from the largest ``alpha``
-down to the one asked for: one step where a feature enters or leaves, exact
-where the active features are not collinear. Its end is checked against
-scikit-learn's duality gap; where it misses it (a degenerate path), and for
-``positive=True`` (LARS's positive variant leaves the Lasso's path) or a warm
-start, FISTA with adaptive restart (O'Donoghue & Candes, 2015) runs on the
-smooth part (the squared error and the L2 term), the host applying the
-soft-thresholding prox of the L1 term, which gives exact zeros. The smooth
-part and its gradient are read from the products (an iteration costs ``p^2``
-flops, scikit-learn's ``precompute`` idea); otherwise
-onnxruntime evaluates them in one call per iteration
+scikit-learn's ``enet_path`` sweeps them
+(:func:`~ortlearn.training.minimize_coordinate_descent`): the same sweeps,
+each ``p^2`` flops instead of ``2 n p``, so the same coefficients, duality
+gap and ``n_iter_`` as scikit-learn's, and ``selection``, ``random_state``,
+``positive`` and ``warm_start`` act as there. On sparse or wide data FISTA
+with adaptive restart (O'Donoghue & Candes, 2015) runs on the smooth part
+(the squared error and the L2 term), onnxruntime evaluating it and its
+gradient in one call per iteration
 (:func:`ortlearn.training.loss_and_gradient`, on the float64 graph of
-:func:`~ortlearn.estimators._objective.linear_objective`). The
+:func:`~ortlearn.estimators._objective.linear_objective`), the host applying
+the soft-thresholding prox of the L1 term, which gives exact zeros. The
 step is ``1 / L`` with ``L`` the largest eigenvalue of ``X^T W X / n`` plus
 the L2 factor: exact up to 64 features; above, estimated from below by a few
 power iterations and raised by a backtracking test (exact for a quadratic:
@@ -32,8 +30,8 @@ the curvature along the step, from the two gradients) that rejects a step
 too long. The smooth part is quadratic, so its gradient is affine: the
 gradient at the extrapolated point is the same combination of the
 gradients at the last two iterates, and each iteration needs ONE evaluation,
-at the iterate, from which scikit-learn's duality gap is computed. The fit
-stops when that gap is below ``tol * ||y||^2 / n`` (``tol`` of
+at the iterate, from which scikit-learn's duality gap is computed. Both
+stop when that gap is below ``tol * ||y||^2 / n`` (``tol`` of
 scikit-learn's coordinate descent) or after ``max_iter`` iterations.
 """
 
@@ -50,14 +48,13 @@ from ..exceptions import ConvergenceWarning
 from ..log import user_stacklevel
 from ..loss import elementwise_loss
 from ..training import (
-    gram_largest_eigenvalue,
     largest_eigenvalue,
     loss_and_gradient,
+    minimize_coordinate_descent,
     minimize_fista,
-    minimize_lars,
 )
 from ..training.normal_equations import GRAM_MAX_FEATURES, weighted_products
-from ..training.result import CALLBACK
+from ..training.result import CALLBACK, MAX_ITER
 from ..training.sparse import is_sparse
 from ._callbacks import iteration_hook
 from ._docs import fill_doc
@@ -91,9 +88,19 @@ def _duality_gap(coef, XtR, yy, Xty, alpha, beta, positive):
     return primal - dual
 
 
+def _warn_not_converged(max_iter, gap, tol, n_samples):
+    """scikit-learn's warning where the duality gap missed its tolerance (both given in
+    its units, multiplied by ``n_samples``)."""
+    warnings.warn(
+        f"Objective did not converge. You might want to increase the number of "
+        f"iterations (max_iter={max_iter}). Duality gap: {np.max(gap) / n_samples:.3e}, "
+        f"tolerance: {np.max(tol) / n_samples:.3e}",
+        ConvergenceWarning, stacklevel=user_stacklevel())
+
+
 @fill_doc
 class OrtElasticNet(MultiOutputMixin, RegressorMixin, BaseOrtFullBatch):
-    """Linear regression with L1 and L2 penalties, trained by LARS or a proximal gradient.
+    """Linear regression with L1 and L2 penalties, by coordinate descent or a proximal gradient.
 
     Minimises the objective of :class:`sklearn.linear_model.ElasticNet`::
 
@@ -101,14 +108,14 @@ class OrtElasticNet(MultiOutputMixin, RegressorMixin, BaseOrtFullBatch):
         + alpha * l1_ratio * ||coef||_1 + alpha * (1 - l1_ratio) / 2 * ||coef||^2
 
     On dense data with fewer features than rows, onnxruntime forms ``X^T W X``
-    and ``X^T W y`` once and LARS follows the solution path down to ``alpha``
-    (exact; a step per feature entering or leaving); otherwise, and where the
-    path degenerates, FISTA with adaptive restart: onnxruntime computes the
-    smooth part's gradient (one call per iteration), the host soft-thresholds
-    (exact zeros). The fit ends on scikit-learn's duality gap, so ``tol`` and
-    ``dual_gap_`` mean what they mean there; ``max_iter`` counts LARS steps
-    and FISTA iterations (scikit-learn: coordinate-descent epochs). Several
-    targets are independent problems.
+    and ``X^T W y`` once and scikit-learn's coordinate descent sweeps them (the
+    sweeps it makes on ``X``, each ``p^2`` flops instead of ``2 n p``: the same
+    coefficients, ``dual_gap_`` and ``n_iter_``); otherwise FISTA with adaptive
+    restart: onnxruntime computes the smooth part's gradient (one call per
+    iteration), the host soft-thresholds (exact zeros). The fit ends on
+    scikit-learn's duality gap, so ``tol`` and ``dual_gap_`` mean what they mean
+    there; ``max_iter`` counts sweeps or FISTA iterations. Several targets are
+    independent problems.
 
     Parameters
     ----------
@@ -120,9 +127,9 @@ class OrtElasticNet(MultiOutputMixin, RegressorMixin, BaseOrtFullBatch):
         Learn an intercept (X and y are centred with their weighted means,
         as scikit-learn does).
     precompute : bool or array-like, default=False
-        Accepted, unused (a Gram matrix speeds up coordinate descent only).
+        Accepted, unused (onnxruntime forms the Gram matrix where it pays).
     max_iter : int, default=1000
-        Maximum number of LARS steps and FISTA iterations.
+        Maximum number of coordinate-descent sweeps or FISTA iterations.
     copy_X : bool, default=True
         X is never modified (accepted, as there).
     tol : float, default=1e-4
@@ -132,9 +139,10 @@ class OrtElasticNet(MultiOutputMixin, RegressorMixin, BaseOrtFullBatch):
     positive : bool, default=False
         Constrain the coefficients to be >= 0.
     random_state : int, RandomState instance or None, default=None
-        Unused (the order of ``selection='random'``; accepted, as there).
+        The order of ``selection='random'``, as there.
     selection : {'cyclic', 'random'}, default='cyclic'
-        Accepted, unused: FISTA updates every coefficient at once.
+        The order of the coordinates in a sweep, as there (FISTA, on sparse or
+        wide data, updates every coefficient at once).
     {device}
 
     Attributes
@@ -144,7 +152,7 @@ class OrtElasticNet(MultiOutputMixin, RegressorMixin, BaseOrtFullBatch):
     dual_gap_ : float or ndarray of shape (n_targets,)
         Duality gap at the end of the fit (divided by ``n_samples``, as there).
     n_iter_ : int or list of int
-        LARS steps and FISTA iterations each target needed.
+        Sweeps or FISTA iterations each target needed.
     loss_ : float
         Smooth part of the objective (squared error and L2 term, all targets).
     {fitted}
@@ -163,7 +171,7 @@ class OrtElasticNet(MultiOutputMixin, RegressorMixin, BaseOrtFullBatch):
     >>> y = X @ [2.0, 0.0, -1.0, 0.0] + 0.1 * rng.randn(50)
     >>> reg = OrtElasticNet(alpha=0.1, l1_ratio=0.9).fit(X, y)
     >>> reg.coef_.round(2)
-    array([ 1.91,  0.  , -0.86,  0.  ])
+    array([ 1.91, -0.  , -0.86,  0.  ])
     """
 
     _parameter_constraints: dict = {
@@ -203,7 +211,7 @@ class OrtElasticNet(MultiOutputMixin, RegressorMixin, BaseOrtFullBatch):
 
     @_fit_context(prefer_skip_nested_validation=True)
     def fit(self, X, y, sample_weight=None, check_input=True):
-        """Fit the model on the whole data set (LARS, or FISTA).
+        """Fit the model on the whole data set (coordinate descent, or FISTA).
 
         Parameters
         ----------
@@ -243,11 +251,6 @@ class OrtElasticNet(MultiOutputMixin, RegressorMixin, BaseOrtFullBatch):
             previous = np.atleast_2d(np.asarray(self.coef_, np.float64))
             if previous.shape == (n_targets, n_features):
                 coef = np.ascontiguousarray(previous.T)
-        gram = None
-        if self._on_gram(X):
-            smooth, products, gram = self._gram_objective(X, Y, sample_weight, l2)
-        else:
-            smooth, products = self._graph_objective(X, Y, sample_weight, l2, x_offset, coef)
 
         def attributes(weights):
             coef = weights[COEF]
@@ -258,28 +261,25 @@ class OrtElasticNet(MultiOutputMixin, RegressorMixin, BaseOrtFullBatch):
             return {"coef_": np.ascontiguousarray(coef.T).astype(self._dtype),
                     "intercept_": intercept.astype(self._dtype)}
 
+        max_iter = 1000 if self.max_iter is None else self.max_iter
         hook = iteration_hook(self, attributes)
-        lars = None
-        # LARS's positive variant leaves the Lasso's path below its smallest kink (as
-        # scikit-learn's LassoLars documents): FISTA solves positive fits
-        if gram is not None and not coef.any() and not self.positive:
-            # the L2 term is a ridge on the Gram matrix of LARS's least squares
-            lars = minimize_lars(
-                gram + n_samples * l2 * np.eye(n_features), products[1], n_samples, l1,
-                max_iter=1000 if self.max_iter is None else self.max_iter,
+        if self._on_gram(X):
+            smooth, (yy, Xty, gram) = self._gram_objective(X, Y, sample_weight, l2)
+            # the targets as the products weighted them: their norms scale the tolerance
+            rows = Y if np.all(sample_weight == 1.0) else np.sqrt(sample_weight)[:, None] * Y
+            result = minimize_coordinate_descent(
+                X, rows, gram, Xty, alpha, l1_ratio, coef=coef, max_iter=max_iter,
+                tol=self.tol, positive=self.positive, selection=self.selection,
+                random_state=self.random_state,
                 callback=None if hook is None else (lambda w: hook({COEF: w})))
-            coef = lars.weights
-            yy, Xty = products[:2]
-            gap = _duality_gap(coef, Xty - gram @ coef, yy, Xty, n_samples * l1,
-                               n_samples * l2, False)
-        if lars is not None and (lars.status == CALLBACK or (gap <= self.tol * yy).all()):
-            n_iter, loss = lars.n_iter, smooth(coef)[0]
+            coef, gap, n_iter = result.weights, result.info["gap"], result.n_iter
+            loss = smooth(coef)
+            if result.status == MAX_ITER:
+                _warn_not_converged(max_iter, gap, self.tol * yy, n_samples)
         else:
-            # FISTA (from LARS's end where its path degenerated: collinear features)
-            spent = 0 if lars is None else lars.n_iter
+            smooth, products = self._graph_objective(X, Y, sample_weight, l2, x_offset, coef)
             coef, gap, n_iter, loss = self._fista(smooth, coef, n_samples, products, l1, l2,
-                                                  hook, spent=int(np.max(spent)))
-            n_iter = n_iter + spent
+                                                  hook)
         self._weights = {COEF: coef}
         self.loss_ = float(loss)
         self.train_losses_ = [self.loss_]
@@ -301,19 +301,18 @@ class OrtElasticNet(MultiOutputMixin, RegressorMixin, BaseOrtFullBatch):
         return not is_sparse(X) and n_features <= min(n_samples, GRAM_MAX_FEATURES)
 
     def _gram_objective(self, X, Y, sample_weight, l2):
-        """The smooth part from ``X^T W X``, ``X^T W Y`` and ``y^T W y`` (onnxruntime forms
-        them in one pass; ``X`` and ``Y`` are centred), and those products."""
+        """The smooth part's value from ``X^T W X``, ``X^T W Y`` and ``y^T W y``
+        (onnxruntime forms them in one pass; ``X`` and ``Y`` are centred), and those
+        products."""
         n_samples = X.shape[0]
         gram, Xty, yy = weighted_products(X, Y, sample_weight, device=str(self.device))
 
         def smooth(w):
-            # 1/(2n) ||y - X w||_W^2 + l2/2 ||w||^2 and its gradient, in p^2 flops
-            gw = gram @ w
-            data = yy.sum() - 2 * np.sum(w * Xty) + np.sum(w * gw)
-            loss = 0.5 * data / n_samples + 0.5 * l2 * np.sum(w * w)
-            return loss, (gw - Xty) / n_samples + l2 * w
+            # 1/(2n) ||y - X w||_W^2 + l2/2 ||w||^2, in p^2 flops
+            data = yy.sum() - 2 * np.sum(w * Xty) + np.sum(w * (gram @ w))
+            return 0.5 * data / n_samples + 0.5 * l2 * np.sum(w * w)
 
-        return smooth, (yy, Xty, *gram_largest_eigenvalue(gram)), gram
+        return smooth, (yy, Xty, gram)
 
     def _graph_objective(self, X, Y, sample_weight, l2, x_offset, coef):
         """The smooth part evaluated by onnxruntime on the data (sparse or wide ``X``),
@@ -339,20 +338,18 @@ class OrtElasticNet(MultiOutputMixin, RegressorMixin, BaseOrtFullBatch):
         Xty = np.asarray(X.T @ weighted_Y)
         return smooth, (yy, Xty, *largest_eigenvalue(X, sample_weight, x_offset))
 
-    def _fista(self, smooth, coef, n_samples, products, l1, l2, hook=None, spent=0):
+    def _fista(self, smooth, coef, n_samples, products, l1, l2, hook=None):
         """:func:`~ortlearn.training.minimize_fista` on this objective, one column per target.
 
         ``smooth(coef) -> (loss, gradient)`` is the smooth part; ``products`` are
         ``(y^T W y, X^T W y, L, exact)``, ``L`` the top eigenvalue of ``X^T W X``.
         Returns ``(coef, gap, n_iter, loss)``, the gap in scikit-learn's units
         (multiplied by ``n_samples``). ``hook({'coef': coef}) -> stop`` after
-        each accepted iteration (scikit-learn's callbacks). ``spent``: iterations of
-        ``max_iter`` LARS took before.
+        each accepted iteration (scikit-learn's callbacks).
         """
         yy, Xty, top, exact = products
         tol = self.tol * yy
         max_iter = 1000 if self.max_iter is None else self.max_iter
-        budget = max_iter - spent
         positive = self.positive
 
         def prox(v, step):
@@ -369,21 +366,16 @@ class OrtElasticNet(MultiOutputMixin, RegressorMixin, BaseOrtFullBatch):
         # A zero Lipschitz constant (X constant, no L2): the smooth part is flat, any step.
         result = minimize_fista(
             smooth, coef, prox, top / n_samples + l2 or 1.0, gap=gap, tol=tol,
-            max_iter=budget, exact_lipschitz=exact,
+            max_iter=max_iter, exact_lipschitz=exact,
             callback=None if hook is None else (lambda w: hook({COEF: w})))
         if not result.converged.all() and result.status != CALLBACK:
-            warnings.warn(
-                f"Objective did not converge. You might want to increase the number of "
-                f"iterations (max_iter={max_iter}). Duality gap: "
-                f"{result.info['gap'].max() / n_samples:.3e}, tolerance: "
-                f"{tol.max() / n_samples:.3e}",
-                ConvergenceWarning, stacklevel=user_stacklevel())
+            _warn_not_converged(max_iter, result.info["gap"], tol, n_samples)
         return result.weights, result.info["gap"], result.n_iter, result.loss
 
 
 @fill_doc
 class OrtLasso(OrtElasticNet):
-    """Linear regression with an L1 penalty, trained by LARS or a proximal gradient.
+    """Linear regression with an L1 penalty, by coordinate descent or a proximal gradient.
 
     :class:`OrtElasticNet` with ``l1_ratio=1``: the objective of
     :class:`sklearn.linear_model.Lasso`::
@@ -400,15 +392,15 @@ class OrtLasso(OrtElasticNet):
     copy_X : bool, default=True
         Accepted (X is never modified).
     max_iter : int, default=1000
-        Maximum number of LARS steps and FISTA iterations.
+        Maximum number of coordinate-descent sweeps or FISTA iterations.
     tol : float, default=1e-4
         Stop when the duality gap is below ``tol * ||y||^2 / n_samples``.
     warm_start : bool, default=False
     positive : bool, default=False
     random_state : int, RandomState instance or None, default=None
-        Accepted, unused.
+        The order of ``selection='random'``.
     selection : {'cyclic', 'random'}, default='cyclic'
-        Accepted, unused.
+        The order of the coordinates in a sweep.
     {device}
     Attributes
     ----------
@@ -432,7 +424,7 @@ class OrtLasso(OrtElasticNet):
     >>> y = X @ [2.0, 0.0, -1.0, 0.0] + 0.1 * rng.randn(50)
     >>> reg = OrtLasso(alpha=0.1).fit(X, y)
     >>> reg.coef_.round(2)
-    array([ 1.92,  0.  , -0.86,  0.  ])
+    array([ 1.92, -0.  , -0.86,  0.  ])
     """
 
     _parameter_constraints: dict = {

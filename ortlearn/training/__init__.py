@@ -8,7 +8,7 @@
   evaluating the loss and its gradients (:func:`loss_and_gradient`, the
   evaluator alone, for solvers driven on the host);
   :func:`minimize_fista`: proximal gradient with restart (the L1 models);
-  :func:`minimize_lars`: the Lasso's exact path on a Gram matrix;
+  :func:`minimize_coordinate_descent`: scikit-learn's elastic net sweeps on a Gram matrix;
   :func:`minimize_squared_margin`: Newton's method on the linear SVMs' squared margins;
   :mod:`~ortlearn.training.svm_dual` (liblinear's duals) and
   :mod:`~ortlearn.training.quantile` (the pinball linear program by smoothing);
@@ -45,7 +45,7 @@ _LAZY = {
     "TrainingEngine": ".engine",
     "gram_largest_eigenvalue": ".fista", "largest_eigenvalue": ".fista",
     "minimize_fista": ".fista",
-    "minimize_lars": ".lars",
+    "minimize_coordinate_descent": ".coordinate_descent",
     "loss_and_gradient": ".lbfgs", "minimize_lbfgs": ".lbfgs",
     "minimize_squared_margin": ".newton",
     "default_session_options": ".policy",
@@ -75,8 +75,8 @@ __all__ = [
     "loss_and_gradient",
     "make_session",
     "make_session_options",
+    "minimize_coordinate_descent",
     "minimize_fista",
-    "minimize_lars",
     "minimize_squared_margin",
     "minimize_lbfgs",
     "parse_device",
