@@ -58,7 +58,7 @@ from ..training.result import CALLBACK, MAX_ITER
 from ..training.sparse import is_sparse
 from ._callbacks import iteration_hook
 from ._docs import fill_doc
-from ._fullbatch import BaseOrtFullBatch, center_data
+from ._fullbatch import BaseOrtFullBatch, center_data, weighted_mean
 from ._objective import COEF, LABEL, SAMPLE_WEIGHT, linear_objective
 
 __all__ = ["OrtElasticNet", "OrtLasso"]
@@ -239,7 +239,7 @@ class OrtElasticNet(MultiOutputMixin, RegressorMixin, BaseOrtFullBatch):
         x_offset = None
         if self.fit_intercept:
             x_mean, X, x_offset = center_data(X, sample_weight)
-            y_mean = np.average(Y, axis=0, weights=sample_weight)
+            y_mean = weighted_mean(Y, sample_weight)
             Y = Y - y_mean
         Y = np.ascontiguousarray(Y)
         l1_ratio = self._l1_ratio()

@@ -50,6 +50,13 @@ from ._validation import check_sample_weight
 __all__ = ["BaseOrtFullBatch", "FullBatchClassifierMixin", "center_data"]
 
 
+def weighted_mean(A, sample_weight):
+    """The column means of ``A`` under the weights; equal weights take the plain mean
+    (the same value, without ``np.average``'s weighted copy of ``A``)."""
+    uniform = sample_weight.size and np.all(sample_weight == sample_weight[0])
+    return A.mean(axis=0) if uniform else np.average(A, axis=0, weights=sample_weight)
+
+
 def center_data(X, sample_weight):
     """``(x_mean, X, x_offset)``: the weighted column means and the centred data.
 
@@ -60,9 +67,7 @@ def center_data(X, sample_weight):
     if is_sparse(X):
         x_mean = np.asarray(X.T @ sample_weight).ravel() / sample_weight.sum()
         return x_mean, X, x_mean
-    # equal weights: the plain mean, the same value without a weighted copy of X
-    uniform = sample_weight.size and np.all(sample_weight == sample_weight[0])
-    x_mean = np.average(X, axis=0, weights=None if uniform else sample_weight)
+    x_mean = weighted_mean(X, sample_weight)
     return x_mean, X - x_mean, None
 
 

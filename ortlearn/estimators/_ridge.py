@@ -27,7 +27,7 @@ from ..training.normal_equations import GRAM_MAX_FEATURES, solve_normal_equation
 from ..training.sparse import is_sparse
 from ._callbacks import iteration_hook
 from ._docs import fill_doc
-from ._fullbatch import BaseOrtFullBatch, center_data
+from ._fullbatch import BaseOrtFullBatch, center_data, weighted_mean
 from ._objective import COEF, linear_objective
 
 __all__ = ["OrtRidge"]
@@ -176,7 +176,7 @@ class OrtRidge(MultiOutputMixin, RegressorMixin, BaseOrtFullBatch):
         x_offset = None
         if self.fit_intercept:
             x_mean, X, x_offset = center_data(X, sample_weight)
-            y_mean = np.average(Y, axis=0, weights=sample_weight)
+            y_mean = weighted_mean(Y, sample_weight)
             Y = Y - y_mean
 
         def attributes(weights):
