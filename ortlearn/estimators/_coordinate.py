@@ -324,7 +324,8 @@ class OrtElasticNet(MultiOutputMixin, RegressorMixin, BaseOrtFullBatch):
 
         # The smooth part: 1/(2n) sum_i w_i r_i^2 + l2/2 ||coef||^2.
         model = linear_objective(n_features, Y.shape[1], row_loss, fit_intercept=False,
-                                 data_scale=0.5 / n_samples, l2=0.5 * l2, x_offset=x_offset)
+                                 data_scale=0.5 / n_samples, l2=0.5 * l2, x_offset=x_offset,
+                                 loss_key="squared_error")
         fun, _ = loss_and_gradient(model, [COEF], {COEF: coef}, [X, Y, sample_weight],
                                    ["X", LABEL, SAMPLE_WEIGHT], device=str(self.device))
 

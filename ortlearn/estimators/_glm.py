@@ -106,7 +106,7 @@ class _BaseOrtGLM(RegressorMixin, BaseOrtFullBatch):
         n_features = X.shape[1]
         model = linear_objective(n_features, 1, self._row_loss(link, power),
                                  fit_intercept=self.fit_intercept, data_scale=1.0 / sw_sum,
-                                 l2=0.5 * self.alpha)
+                                 l2=0.5 * self.alpha, loss_key=("deviance", link, power))
         initial = {COEF: np.zeros((n_features, 1))}
         if self.fit_intercept:
             mean = np.average(y, weights=sample_weight)

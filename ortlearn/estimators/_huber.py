@@ -151,7 +151,8 @@ class OrtHuberRegressor(RegressorMixin, BaseOrtFullBatch):
                 initial[INTERCEPT] = np.array([self.intercept_], np.float64)
         model = linear_objective(n_features, 1, row_loss, fit_intercept=self.fit_intercept,
                                  data_scale=1.0, l2=self.alpha,
-                                 extra_weights={SCALE: np.ones(1)})
+                                 extra_weights={SCALE: np.ones(1)},
+                                 loss_key=("huber", epsilon))
 
         def attributes(weights):
             return {"coef_": weights[COEF][:, 0].astype(self._dtype),

@@ -355,7 +355,7 @@ default='optimal'
         l2 = 0.5 / (self.C * sw_sum) if penalized else 0.0
         model = linear_objective(n_features, n_outputs, row_loss,
                                  fit_intercept=self.fit_intercept, data_scale=1.0 / sw_sum,
-                                 l2=l2)
+                                 l2=l2, loss_key="binomial" if binary else "multinomial")
         initial = {}
         if (self.warm_start and hasattr(self, "coef_")
                 and np.array_equal(getattr(self, "classes_", None), classes)

@@ -35,6 +35,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from ..graph import DEFAULT_OPSET, GraphBuilder, finalize_model, load_model, needed_nodes
+from ..graph.cache import LRUCache
 from ..graph.format import HYPER_PREFIX
 from ..loss import elementwise_loss, penalty_terms
 
@@ -471,10 +472,15 @@ def label_dtype(kind: str, dtype) -> np.dtype:
     return np.dtype(np.int64) if kind == "multiclass" else np.dtype(dtype)
 
 
+#: The objective graphs of the last structures (:func:`linear_objective`'s ``loss_key``): a
+#: search's fits, a cross-validation's folds build theirs once.
+_OBJECTIVES = LRUCache(32)
+
+
 def linear_objective(n_features: int, n_outputs: int, row_loss, *, fit_intercept: bool,
                      data_scale: float, l2, int_label: bool = False,
                      extra_weights: dict | None = None,
-                     x_offset: np.ndarray | None = None) -> onnx.ModelProto:
+                     x_offset: np.ndarray | None = None, loss_key=None) -> onnx.ModelProto:
     """The float64 objective graph of a linear model with a smooth loss.
 
     Parameters
@@ -500,6 +506,13 @@ def linear_objective(n_features: int, n_outputs: int, row_loss, *, fit_intercept
     x_offset : ndarray of shape (n_features,), default=None
         ``raw = (X - x_offset) @ coef``: the centred data of a sparse ``X``
         that centring would densify.
+    loss_key : hashable, default=None
+        Names everything ``row_loss`` writes (the loss, its constants): given,
+        the graph of a structure (this key, the shapes, ``fit_intercept``,
+        ``int_label``, whether there is an L2 term, the extra weights' names and
+        shapes) is built once and kept; a later call gets a copy holding its own
+        ``data_scale``, ``l2`` and extra weights (not with ``x_offset``, a
+        constant of the graph).
 
     Returns
     -------
@@ -509,8 +522,44 @@ def linear_objective(n_features: int, n_outputs: int, row_loss, *, fit_intercept
         and, not trained, ``data_scale`` and ``l2_strength`` (with an L2 term).
     """
     dtype = np.float64
+    l2 = np.broadcast_to(np.asarray(l2, dtype), (n_outputs,))
+    extra_weights = {name: np.asarray(value, dtype) for name, value in
+                     (extra_weights or {}).items()}
+    values = {DATA_SCALE: np.asarray(data_scale, dtype), L2: l2.copy(), **extra_weights}
+    key = None
+    if loss_key is not None and x_offset is None:
+        key = (loss_key, n_features, n_outputs, bool(fit_intercept), bool(int_label),
+               bool(np.any(l2)), tuple((name, v.shape) for name, v in extra_weights.items()))
+        kept = _OBJECTIVES.get(key)
+        if kept is not None:
+            return _with_values(kept, values)
+    model = _build_linear_objective(n_features, n_outputs, row_loss, fit_intercept, values,
+                                    int_label, x_offset)
+    if key is not None:
+        _OBJECTIVES.put(key, model)
+        return _with_values(model, values)
+    return model
+
+
+def _with_values(model: onnx.ModelProto, values: dict) -> onnx.ModelProto:
+    """A copy of ``model`` whose initializers named in ``values`` hold those values."""
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    for init in copy.graph.initializer:
+        if init.name in values:
+            init.CopyFrom(numpy_helper.from_array(values[init.name], init.name))
+    return copy
+
+
+def _build_linear_objective(n_features, n_outputs, row_loss, fit_intercept, values: dict,
+                            int_label, x_offset) -> onnx.ModelProto:
+    """:func:`linear_objective`'s graph; ``values``: the initializers ``data_scale``,
+    ``l2_strength`` (of every output) and the extra weights."""
+    dtype = np.float64
+    l2 = values[L2]
+    extra_weights = {n: v for n, v in values.items() if n not in (DATA_SCALE, L2)}
     b = GraphBuilder(used_names=["X", LABEL, SAMPLE_WEIGHT, COEF, INTERCEPT, LOSS, DATA_SCALE,
-                                 L2, *(extra_weights or {})], prefix="objective_")
+                                 L2, *extra_weights], prefix="objective_")
     # One output: the rows are vectors (N,) from the product on. onnxruntime 1.31
     # broadcasts a (N, 1) tensor with a scalar or a (1,) one 15 to 30 times slower
     # than a (N,) one (2 ms against 0.13 for 100 000 rows), and the objective and
@@ -531,20 +580,19 @@ def linear_objective(n_features: int, n_outputs: int, row_loss, *, fit_intercept
     if fit_intercept:
         raw = b.op("Add", [raw, INTERCEPT])
         inits.append(numpy_helper.from_array(np.zeros(n_outputs, dtype), INTERCEPT))
-    for name, value in (extra_weights or {}).items():
-        inits.append(numpy_helper.from_array(np.asarray(value, dtype), name))
+    for name, value in extra_weights.items():
+        inits.append(numpy_helper.from_array(value, name))
     rows = row_loss(b, raw, label)
     # (N, k) row losses: the weights (N, 1) broadcast over the columns.
     weight = SAMPLE_WEIGHT if flat else b.unsqueeze(SAMPLE_WEIGHT, [1])
     data = b.reduce("ReduceSum", b.op("Mul", [rows, weight]), keepdims=0)
     loss = b.op("Mul", [DATA_SCALE, data])
-    inits.append(numpy_helper.from_array(np.asarray(data_scale, dtype), DATA_SCALE))
-    l2 = np.broadcast_to(np.asarray(l2, dtype), (n_outputs,))
+    inits.append(numpy_helper.from_array(values[DATA_SCALE], DATA_SCALE))
     if np.any(l2):
         squares = b.op("Mul", [COEF, COEF])
         penalty = b.reduce("ReduceSum", b.op("Mul", [squares, L2]), keepdims=0)
         loss = b.op("Add", [loss, penalty])
-        inits.append(numpy_helper.from_array(l2.copy(), L2))
+        inits.append(numpy_helper.from_array(l2, L2))
     b.op("Identity", [loss], outputs=[LOSS])
     label = (helper.make_tensor_value_info(LABEL, TensorProto.INT64, ["N"]) if int_label
              else helper.make_tensor_value_info(LABEL, TensorProto.DOUBLE, ["N", n_outputs]))
@@ -569,7 +617,8 @@ def svm_primal_objective(n_features, n_outputs, cost, score, **score_params):
     # one output: the row losses are vectors (N,) (linear_objective), the costs too
     return linear_objective(n_features, n_outputs, row_loss, fit_intercept=False,
                             data_scale=1.0, l2=0.5,
-                            extra_weights={COST: cost.ravel() if n_outputs == 1 else cost})
+                            extra_weights={COST: cost.ravel() if n_outputs == 1 else cost},
+                            loss_key=("svm", score, *sorted(score_params.items())))
 
 
 def svm_dual_objective(n_features, n_samples, n_outputs, epsilon=None, squared=False):

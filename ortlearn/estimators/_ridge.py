@@ -204,7 +204,7 @@ class OrtRidge(MultiOutputMixin, RegressorMixin, BaseOrtFullBatch):
             model = linear_objective(n_features, n_outputs, row_loss, fit_intercept=False,
                                      data_scale=0.5,
                                      l2=0.5 * np.broadcast_to(alpha, (n_outputs,)),
-                                     x_offset=x_offset)
+                                     x_offset=x_offset, loss_key="squared_error")
             weights, n_iter = self._minimize(model, X, np.ascontiguousarray(Y), sample_weight,
                                              {}, attributes)
             self.n_iter_ = np.full(n_outputs, n_iter, dtype=np.int32)
