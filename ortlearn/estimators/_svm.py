@@ -21,10 +21,15 @@ primal solver is a Newton method too); ``'squared_hinge'`` with fewer rows
 than columns (sparse or wider, scikit-learn's ``dual='auto'`` rule) in its
 dual, read through a factor of the rows' Gram matrix, its support then solved
 exactly (:func:`~ortlearn.training.svm_dual.polish_squared_hinge`); L-BFGS on
-the primal otherwise (sparse, wider). The others are not smooth; their
-liblinear dual is
-a bounded quadratic program, smooth, solved by L-BFGS-B with the gradient
-from onnxruntime:
+the primal otherwise (sparse, wider). The others (``'hinge'``,
+``'epsilon_insensitive'``) are not smooth. On dense data of up to
+:data:`NEWTON_MAX_FEATURES` features their primal is smoothed (the loss
+quadratic over a width that shrinks tenfold a stage) and solved by Newton's
+method, each stage's minimum giving the partition of the rows that
+liblinear's dual polish solves exactly, until a duality gap certifies the
+minimum (:func:`~ortlearn.training.newton.minimize_l1_margin`). Otherwise, and
+where no stage is certified, their liblinear dual, a bounded quadratic
+program, smooth, is solved by L-BFGS-B with the gradient from onnxruntime:
 
 - hinge: ``min 1/2 ||X~^T (a y)||^2 - sum a``, ``0 <= a_i <= C_i``, ``w~ = X~^T (a y)``
   (``y`` in {-1, 1});
@@ -47,9 +52,16 @@ from sklearn.utils.class_weight import compute_class_weight
 from ..exceptions import ConvergenceWarning
 from ..log import user_stacklevel
 from ..training import minimize_lbfgs, minimize_squared_margin
+from ..training.newton import minimize_l1_margin
 from ..training.result import CALLBACK, MAX_ITER
 from ..training.sparse import is_sparse
-from ..training.svm_dual import polish_squared_hinge, solve_svm_dual
+from ..training.svm_dual import (
+    is_primal_minimum,
+    polish_dual,
+    polish_squared_hinge,
+    primal_value,
+    solve_svm_dual,
+)
 from ._callbacks import iteration_hook
 from ._docs import fill_doc
 from ._fullbatch import BaseOrtFullBatch, FullBatchClassifierMixin
@@ -73,6 +85,10 @@ _FTOL = 64 * np.finfo(float).eps
 #: objective at ``w~ = X~^T (a y)`` needs a more accurate dual than liblinear's
 #: coordinate descent stops at (its ``tol`` is on another quantity).
 _DUAL_GTOL_FACTOR = 1e-4
+
+#: Rounds of the active-set polish from a smoothed primal's partition: near the minimum's
+#: it needs one or two; a try that fails costs little before the next, narrower stage.
+_SMOOTHED_ROUNDS = 3
 
 #: Up to this many features (with the intercept's column) a dense primal is solved by
 #: Newton's method, whose iterations solve a (p, p) system; above, by L-BFGS.
@@ -118,7 +134,13 @@ class _BaseOrtLinearSVM(BaseOrtFullBatch):
         options = {"max_iter": self.max_iter, "ftol": _FTOL, "maxls": 50,
                    "device": str(self.device), "verbose": int(self.verbose),
                    "remedy": "Scale the data or decrease C."}
-        if self.loss == self._dual_loss:
+        exact = None
+        if self.loss == self._dual_loss and n_features <= NEWTON_MAX_FEATURES:
+            exact = self._solve_smoothed(X, Y, cost, score_params.get("epsilon"))
+        if exact is not None:
+            result = exact
+            coef = result.weights
+        elif self.loss == self._dual_loss:
             epsilon = score_params.get("epsilon")
             trainable = [DUAL] if epsilon is None else [DUAL, DUAL_NEG]
 
@@ -163,10 +185,29 @@ class _BaseOrtLinearSVM(BaseOrtFullBatch):
                 callback=iteration_hook(self, lambda w: self._attributes(w[COEF])), **options)
             coef = result.weights[COEF]
         self._weights = {COEF: coef}
-        self.loss_ = float(result.loss)
+        # (the dual losses: their primal at the weights, whichever problem was solved)
+        self.loss_ = (float(primal_value(X, Y, cost, coef, score_params.get("epsilon")).sum())
+                      if self.loss == self._dual_loss else float(result.loss))
         self.train_losses_ = [self.loss_]
         self.n_iter_ = int(np.max(result.n_iter))
         self.__dict__.update(self._attributes(coef))
+
+    def _solve_smoothed(self, X, Y, cost, epsilon):
+        """The primal of the hinge or epsilon-insensitive loss by smoothing and Newton's
+        method, each smooth minimum's partition of the rows solved exactly as the dual's
+        polish does (:func:`~ortlearn.training.minimize_l1_margin`): the result where every
+        problem is certified (or a callback stopped it), else None (the dual solves them)."""
+        def certify(dual, k):
+            w = polish_dual(X, Y[:, k], cost[:, k], dual, epsilon, rounds=_SMOOTHED_ROUNDS)
+            if w is not None and is_primal_minimum(X, Y[:, k], cost[:, k], w, epsilon):
+                return w
+            return None
+
+        result = minimize_l1_margin(
+            X, Y, cost, epsilon=epsilon,
+            max_iter=self.max_iter, device=str(self.device), certify=certify,
+            verbose=int(self.verbose), callback=iteration_hook(self, self._attributes))
+        return result if result.status == CALLBACK or result.converged.all() else None
 
     def _gram_dual(self, X, score_params) -> bool:
         """Whether the squared hinge is solved in its dual through the rows' Gram matrix
@@ -240,8 +281,10 @@ class OrtLinearSVC(FullBatchClassifierMixin, _BaseOrtLinearSVM):
     than columns (sparse or wide data), L-BFGS-B on liblinear's dual through
     the rows' Gram matrix and an exact solve on its support; L-BFGS, all
     problems in one graph, for the other sparse or wide data. ``'hinge'``:
-    L-BFGS-B on liblinear's dual (a bounded quadratic program), the gradient
-    from onnxruntime.
+    on dense data, its primal smoothed and solved by Newton's method stage by
+    stage, each stage's partition of the rows solved exactly until a duality
+    gap certifies the minimum; otherwise L-BFGS-B on liblinear's dual (a
+    bounded quadratic program), the gradient from onnxruntime.
 
     Parameters
     ----------
@@ -252,7 +295,7 @@ class OrtLinearSVC(FullBatchClassifierMixin, _BaseOrtLinearSVM):
         ``'squared_hinge'``: ``'auto'`` and True solve the dual when there are
         fewer rows than columns and Newton's method does not apply (sparse, or
         more than 512 columns), False the primal (the same minimum);
-        ``'hinge'`` in the dual (``dual=False`` raises, as there).
+        ``'hinge'`` as above, the same minimum (``dual=False`` raises, as there).
     tol : float, default=1e-4
         The primal's largest gradient component at the end (``gtol`` of
         L-BFGS-B on sparse or wide data); the dual's is ``tol * 1e-4``.
@@ -283,7 +326,7 @@ class OrtLinearSVC(FullBatchClassifierMixin, _BaseOrtLinearSVM):
     n_iter_ : int
         Iterations run (all classes together).
     loss_ : float
-        Objective (primal, or dual for ``'hinge'``) at the returned weights.
+        liblinear's primal objective at the returned weights.
     {fitted}
 
     See Also
@@ -389,9 +432,12 @@ class OrtLinearSVR(RegressorMixin, _BaseOrtLinearSVM):
 
     ``'squared_epsilon_insensitive'`` (smooth): Newton's method on this
     objective (L-BFGS for sparse or wide data); ``'epsilon_insensitive'``:
-    L-BFGS-B on liblinear's dual (a bounded quadratic program), the gradient
-    from onnxruntime, stopped once the exact solution on the partition of
-    rows it reached is certified the minimum (a duality gap).
+    its primal smoothed and solved by Newton's method stage by stage, each
+    stage's partition of the rows solved exactly until a duality gap certifies
+    the minimum (dense data of up to 512 columns); otherwise, or where no stage
+    is certified, L-BFGS-B on liblinear's dual (a bounded quadratic program),
+    the gradient from onnxruntime, stopped once the exact solution on the
+    partition of rows it reached is certified the minimum.
 
     Parameters
     ----------
@@ -409,8 +455,8 @@ default='epsilon_insensitive'
         intercept.
     dual : 'auto' or bool, default='auto'
         ``'squared_epsilon_insensitive'`` is solved in the primal whatever
-        its value; ``'epsilon_insensitive'`` in the dual (``dual=False``
-        raises, as there).
+        its value; ``'epsilon_insensitive'`` as above, the same minimum
+        (``dual=False`` raises, as there).
     verbose : int, default=0
     random_state : int, RandomState instance or None, default=None
         Unused (accepted, as there).
@@ -423,7 +469,7 @@ default='epsilon_insensitive'
     intercept_ : ndarray of shape (1,)
     n_iter_ : int
     loss_ : float
-        Objective (primal, or dual for ``'epsilon_insensitive'``).
+        liblinear's primal objective at the returned weights.
     {fitted}
 
     See Also

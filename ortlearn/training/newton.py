@@ -30,7 +30,7 @@ from ..log import verbose_log
 from .normal_equations import weighted_products
 from .result import CALLBACK, CONVERGED, MAX_ITER, SolverResult
 
-__all__ = ["minimize_squared_margin"]
+__all__ = ["minimize_l1_margin", "minimize_squared_margin"]
 
 #: Halvings of the step before a Newton iteration gives up descending.
 MAX_BACKTRACKS = 30
@@ -136,6 +136,153 @@ def minimize_squared_margin(X, S, cost, *, epsilon=None, tol: float, max_iter: i
                 stopped = True
                 break
         total += value
+        if stopped:
+            break
+    status = CALLBACK if stopped else CONVERGED if converged.all() else MAX_ITER
+    return SolverResult(weights, n_iter, total, converged, status)
+
+
+#: The smoothing width of :func:`minimize_l1_margin` shrinks by this factor a stage.
+SMOOTHING_SHRINK = 10.0
+#: Smoothing stages at most: a width of 1e-12 of the first is past float64's resolution of
+#: the margins.
+MAX_STAGES = 12
+#: Newton iterations at most a stage (a piecewise quadratic: the step is exact once the
+#: rows stop changing pieces, in a handful).
+STAGE_ITERATIONS = 30
+
+
+def _smoothed(margin, mu):
+    """The smoothed ``max(0, m)`` of each margin: 0, ``m^2 / (2 mu)`` up to ``mu``, then
+    ``m - mu / 2``; and its derivative, in [0, 1]."""
+    slope = np.clip(margin / mu, 0.0, 1.0)
+    value = np.where(margin >= mu, margin - 0.5 * mu, 0.5 * slope * np.maximum(margin, 0.0))
+    return value, slope
+
+
+def minimize_l1_margin(X, S, cost, *, epsilon=None, max_iter: int, device="cpu",
+                       certify: Callable, verbose: int = 0,
+                       callback: Callable | None = None) -> SolverResult:
+    """Minimise liblinear's hinge or epsilon-insensitive objective of each column, exactly.
+
+    ``f(w) = 1/2 ||w||^2 + sum_i c_i max(0, m_i(x_i . w))`` (margins as in
+    :func:`minimize_squared_margin`) is piecewise linear in the losses: its
+    ``max(0, m)`` is smoothed over a width ``mu`` (quadratic up to ``mu``,
+    linear beyond: piecewise quadratic again) and Newton's method minimises
+    the smooth objective, onnxruntime forming ``X^T W X`` on the rows in the
+    quadratic piece; ``mu`` shrinks tenfold a stage, from the largest margin at
+    ``w = 0``. After each stage the smooth minimum's dual variables
+    (``c_i`` times the loss's slope at each row) give the partition of the rows
+    (at a bound, at the kink, at zero) and ``certify(w_dual, k)`` (liblinear's
+    exact solve on that partition and a duality gap:
+    :func:`~ortlearn.training.svm_dual.polish_dual` and
+    :func:`~ortlearn.training.svm_dual.is_primal_minimum`) returns the exact
+    minimum once the partition is the minimum's, or None.
+
+    Parameters
+    ----------
+    X : numpy.ndarray of shape (n, p)
+        Dense float64 rows (with their intercept column).
+    S : numpy.ndarray of shape (n, k)
+        Labels +-1 (``epsilon`` None) or regression targets, one column per problem.
+    cost : numpy.ndarray of shape (n, k)
+    epsilon : float, optional
+        The epsilon-insensitive loss's width; None: the hinge.
+    max_iter : int
+        Newton iterations at most, per column, all stages together.
+    device : str, default='cpu'
+        Where onnxruntime forms the products.
+    certify : callable
+        ``certify(dual, k) -> w or None``: ``dual`` the approximate dual variables
+        of column ``k`` (signed by the residual for the epsilon-insensitive loss).
+    verbose : int, default=0
+    callback : callable, optional
+        ``callback(W) -> bool`` after each Newton iteration, ``W`` (p, k) holding the
+        columns solved so far and the current one; True stops.
+
+    Returns
+    -------
+    SolverResult
+        ``weights`` (p, k): the certified minima (the last smooth minimum of a
+        column that none certified); ``n_iter`` the Newton iterations of each
+        column; ``loss`` the sum of the objectives; ``converged``: certified.
+    """
+    n_features, n_columns = X.shape[1], S.shape[1]
+    weights = np.zeros((n_features, n_columns))
+    converged = np.zeros(n_columns, dtype=bool)
+    n_iter = np.zeros(n_columns, dtype=np.int64)
+    total, stopped = 0.0, False
+    identity = np.eye(n_features)
+    for k in range(n_columns):
+        w, s, c = weights[:, k], S[:, k], cost[:, k]
+        z = X @ w
+        margin = _targets(z, s, epsilon)[0]
+        mu = max(float(np.max(margin, initial=0.0)), np.finfo(float).tiny)
+
+        def smooth_value(w, z, mu):
+            return 0.5 * float(w @ w) + float(np.sum(c * _smoothed(
+                _targets(z, s, epsilon)[0], mu)[0]))
+
+        for _ in range(MAX_STAGES):
+            value = smooth_value(w, z, mu)
+            for _ in range(STAGE_ITERATIONS):
+                if n_iter[k] >= max_iter:
+                    break
+                margin, t = _targets(z, s, epsilon)
+                # the sign of each row's loss in the score: -s (hinge), -sign(r)
+                sign = s if epsilon is None else np.sign(s - z)
+                quadratic = (margin > 0) & (margin < mu)
+                linear = margin >= mu
+                gram, rhs, _ = weighted_products(X, t[:, None], np.where(quadratic, c / mu, 0.0),
+                                                 device=device)
+                pull = X.T @ np.where(linear, c * sign, 0.0)
+                # the minimiser of this partition's quadratic (rows staying in their pieces)
+                target = np.linalg.solve(identity + gram, rhs[:, 0] + pull)
+                gradient = w + gram @ w - rhs[:, 0] - pull
+                if np.abs(gradient).max() <= 1e-12 * (1.0 + np.abs(w).max()):
+                    break
+                step, direction = 1.0, target - w
+                slope = float(gradient @ direction)
+                for _ in range(MAX_BACKTRACKS):
+                    candidate = w + step * direction
+                    candidate_z = X @ candidate
+                    candidate_value = smooth_value(candidate, candidate_z, mu)
+                    if candidate_value <= value + 1e-4 * step * slope:
+                        break
+                    step /= 2
+                else:
+                    break  # no descent left at the rounding of f
+                w, z, value = candidate, candidate_z, candidate_value
+                weights[:, k] = w
+                n_iter[k] += 1
+                if verbose:
+                    verbose_log(f"Newton iteration {n_iter[k]} (smoothing {mu:.3g}): "
+                                f"loss={value:.10g}, step={step:.3g}")
+                if callback is not None and callback(weights.copy()):
+                    stopped = True
+                    break
+                margin = _targets(z, s, epsilon)[0]
+                if (step == 1.0 and np.array_equal(quadratic, (margin > 0) & (margin < mu))
+                        and np.array_equal(linear, margin >= mu)):
+                    break  # the full step kept every row in its piece: this stage's minimum
+            if stopped:
+                break
+            margin = _targets(z, s, epsilon)[0]
+            slope = _smoothed(margin, mu)[1]
+            # the rows inside the smoothing are the kink's candidates; each fixes one
+            # equation of w: more than w has values, the smoothing is still too wide
+            if np.count_nonzero((slope > 0) & (slope < 1)) <= 2 * n_features:
+                dual = c * slope if epsilon is None else c * slope * np.sign(s - z)
+                exact = certify(dual, k)
+                if exact is not None:
+                    weights[:, k], converged[k] = exact, True
+                    break
+            if n_iter[k] >= max_iter:
+                break
+            mu /= SMOOTHING_SHRINK
+        w = weights[:, k]
+        total += 0.5 * float(w @ w) + float(np.sum(c * np.maximum(
+            _targets(X @ w, s, epsilon)[0], 0.0)))
         if stopped:
             break
     status = CALLBACK if stopped else CONVERGED if converged.all() else MAX_ITER

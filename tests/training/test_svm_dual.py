@@ -108,8 +108,9 @@ def test_polish_dual_solves_the_partition_exactly(rng, epsilon):
 def test_linear_svr_stops_once_its_polished_primal_is_the_minimum():
     """diabetes, the defaults (epsilon 0): L-BFGS-B on the dual ran 253 iterations, its
     objective flattening out, and the band polish ended 1.4e-6 above the minimum; the
-    active-set polish tried along the way certifies the minimum at 20 and gives it
-    (liblinear: 29 passes at tol 1e-4, 908 at 1e-12 to reach it)."""
+    active-set polish, tried on the way, certifies the minimum and gives it (from the
+    smoothed primal's Newton steps since, from the dual's iterations before; liblinear:
+    29 passes at tol 1e-4, 908 at 1e-12 to reach it)."""
     from sklearn.datasets import load_diabetes
     from sklearn.preprocessing import StandardScaler
 
@@ -126,3 +127,34 @@ def test_linear_svr_stops_once_its_polished_primal_is_the_minimum():
 
     assert ours.n_iter_ <= 60
     assert objective(ours) <= objective(ref) * (1 + 1e-12)
+
+
+@pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
+@pytest.mark.parametrize("loss", ["hinge", "epsilon_insensitive"])
+def test_the_dual_solves_what_the_smoothing_does_not_certify(monkeypatch, loss):
+    """The smoothed primal (the first try on dense data) left uncertified: L-BFGS-B on the
+    dual and its polish reach the same minimum."""
+    from sklearn.datasets import load_breast_cancer, load_diabetes
+    from sklearn.preprocessing import StandardScaler
+
+    import ortlearn.estimators._svm as svm
+    from ortlearn import OrtLinearSVC, OrtLinearSVR
+    from ortlearn.training.result import MAX_ITER, SolverResult
+
+    hinge = loss == "hinge"
+    X, y = (load_breast_cancer if hinge else load_diabetes)(return_X_y=True)
+    X = StandardScaler().fit_transform(X)
+    make = (lambda: OrtLinearSVC(loss="hinge", C=0.1)) if hinge else OrtLinearSVR
+    smoothed = make().fit(X, y)
+    calls = []
+
+    def uncertified(X, S, cost, **kwargs):
+        calls.append(1)
+        return SolverResult(np.zeros((X.shape[1], S.shape[1])), np.zeros(S.shape[1], int),
+                            0.0, np.zeros(S.shape[1], bool), MAX_ITER)
+
+    monkeypatch.setattr(svm, "minimize_l1_margin", uncertified)
+    dual = make().fit(X, y)
+    assert calls
+    np.testing.assert_allclose(dual.coef_, smoothed.coef_, rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose(dual.intercept_, smoothed.intercept_, rtol=1e-6, atol=1e-8)
