@@ -363,7 +363,8 @@ def main(argv=None) -> int:
                         help="rows of the synthetic data of the rows table ('' skips it)")
     parser.add_argument("--sparse-rows", type=int, default=20000,
                         help="rows of the sparse case of the rows table (0 skips it)")
-    parser.add_argument("--n-jobs", default="1,2", help="n_jobs of the searches")
+    parser.add_argument("--n-jobs", default="1,2",
+                        help="n_jobs of the searches (empty: no search table)")
     parser.add_argument("--no-cold", action="store_true", help="skip the cold-start table")
     parser.add_argument("--out", default="benchmark_results", help="folder of the results")
     args = parser.parse_args(argv)
@@ -390,7 +391,7 @@ def main(argv=None) -> int:
             result = {"reps": args.reps, "fits": fit_table(pairs, args.reps),
                       "rows": rows_table(pairs, sizes, args.reps, args.sparse_rows),
                       "searches": search_table(pairs, args.reps,
-                                               [int(j) for j in args.n_jobs.split(",")]),
+                                               [int(j) for j in args.n_jobs.split(",") if j]),
                       "cold": [] if args.no_cold else cold_table(pairs)}
     finally:
         if threads is None:
