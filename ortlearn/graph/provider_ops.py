@@ -19,9 +19,10 @@ from .model import FLOAT_TYPES
 from .nodes import attr
 from .values import elem_type_of, shape_of
 
-__all__ = ["PROVIDER_OPS", "index_wraps_as_wheres", "log_softmax_decomposed",
-           "nan_tests_as_comparisons", "signs_as_comparisons", "sizes_as_shape_products",
-           "sums_as_adds", "trailing_unsqueezes_as_reshapes"]
+__all__ = ["PROVIDER_OPS", "constants_of_shape_as_expands", "gelus_decomposed",
+           "index_wraps_as_wheres", "log_softmax_decomposed", "nan_tests_as_comparisons",
+           "signs_as_comparisons", "sizes_as_shape_products", "sums_as_adds",
+           "trailing_unsqueezes_as_reshapes"]
 
 
 def _constant(name: str, value: np.ndarray) -> onnx.NodeProto:
@@ -231,6 +232,65 @@ def sizes_as_shape_products(nodes: list, graph) -> list:
 
 
 #: The rewrites of this module, in the order a GPU provider's step runs them.
+def constants_of_shape_as_expands(nodes: list, graph) -> list:
+    """``ConstantOfShape(shape)`` as ``Expand(v, shape)``, ``v`` its value as a scalar.
+
+    The same tensor. A gradient starts from zeros of a value's shape (a scatter's base,
+    a pad) with ``ConstantOfShape``, which WebGPU lacks; it expands a scalar.
+    """
+    out = []
+    for node in nodes:
+        if node.op_type != "ConstantOfShape" or node.domain not in ("", "ai.onnx"):
+            out.append(node)
+            continue
+        value = next((onnx.numpy_helper.to_array(a.t) for a in node.attribute
+                      if a.name == "value"), np.zeros(1, np.float32))
+        scalar = node.output[0] + ".value"
+        out.append(_constant(scalar, value.reshape(())))
+        out.append(helper.make_node("Expand", [scalar, node.input[0]], [node.output[0]],
+                                    name=node.name or node.output[0]))
+    return out
+
+
+def gelus_decomposed(nodes: list, graph) -> list:
+    """``Gelu(x)`` (opset 20) as ``x / 2 * (1 + erf(x / sqrt 2))``, or with
+    ``approximate='tanh'`` as ``x / 2 * (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))``.
+
+    The definitions of the operator, up to rounding; WebGPU has ``Erf`` and ``Tanh``
+    but no ``Gelu``. A ``Gelu`` of a value whose float type is unknown is kept.
+    """
+    out = []
+    for node in nodes:
+        elem = _float_type(graph, node.input[0]) if node.op_type == "Gelu" else None
+        if elem is None or node.domain not in ("", "ai.onnx"):
+            out.append(node)
+            continue
+        dtype = helper.tensor_dtype_to_np_dtype(elem)
+        x, name = node.input[0], node.output[0]
+
+        def const(suffix, value):
+            out.append(_constant(name + suffix, np.array(value, dtype)))
+            return name + suffix
+
+        def op(op_type, inputs, suffix):
+            out.append(helper.make_node(op_type, inputs, [name + suffix], name=name + suffix))
+            return name + suffix
+
+        if attr(node, "approximate", "none") == "tanh":
+            cube = op("Mul", [x, op("Mul", [x, x], ".square")], ".cube")
+            inner = op("Add", [x, op("Mul", [cube, const(".c", 0.044715)], ".scaled")],
+                       ".inner")
+            curve = op("Tanh", [op("Mul", [inner, const(".k", np.sqrt(2 / np.pi))],
+                                   ".arg")], ".tanh")
+        else:
+            curve = op("Erf", [op("Mul", [x, const(".k", 1 / np.sqrt(2))], ".arg")], ".erf")
+        half = op("Mul", [x, const(".half", 0.5)], ".half_x")
+        out.append(helper.make_node("Mul", [half, op("Add", [curve, const(".one", 1.0)],
+                                                     ".one_plus")], [name], name=name))
+    return out
+
+
 PROVIDER_OPS = (sums_as_adds, log_softmax_decomposed, index_wraps_as_wheres,
                 signs_as_comparisons, nan_tests_as_comparisons,
-                trailing_unsqueezes_as_reshapes, sizes_as_shape_products)
+                trailing_unsqueezes_as_reshapes, sizes_as_shape_products,
+                constants_of_shape_as_expands, gelus_decomposed)

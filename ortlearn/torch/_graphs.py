@@ -2,7 +2,9 @@
 
 Tensors cross without copies: an input is bound by its data pointer
 (``IOBinding.bind_input``), an output is allocated by onnxruntime and handed
-to torch by DLPack, on the CPU and on CUDA alike.
+to torch by DLPack, on the CPU and on CUDA alike. On WebGPU (whose tensors
+torch cannot hold) the inputs are CPU tensors that onnxruntime copies to the
+GPU at each run, and the outputs come back to the CPU.
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ import torch
 from ..autodiff import build_forward_backward
 from ..fileio import save_model
 from ..graph.batch_norm import add_running_statistics_updates
-from ..graph.passes import rewrite_model
-from ..training.device import make_session, make_session_options
+from ..graph.passes import CHEAPER_NODES, GPU_NODES, rewrite_model
+from ..training.device import make_session, make_session_options, parse_device
+from ..training.placement import warn_cpu_fallbacks
 from ._export import Exported, TreeSpec
 
 __all__ = ["Graphs", "build_graphs", "run_session"]
@@ -78,7 +81,9 @@ def build_graphs(exported: Exported, output_spec: TreeSpec, wrt: Sequence[str], 
     input names: the call's tensors and weights that require a gradient).
 
     In train mode the running statistics of the BatchNormalization nodes are
-    extra outputs (``<buffer>.updated``, torch's update rule).
+    extra outputs (``<buffer>.updated``, torch's update rule). Off the CPU the
+    graphs take the rewrites of a GPU provider (:data:`~ortlearn.graph.passes.GPU_NODES`);
+    on WebGPU a warning names the nodes it would still leave to the CPU.
     """
     model = onnx.ModelProto()
     model.CopyFrom(exported.model)
@@ -91,13 +96,22 @@ def build_graphs(exported: Exported, output_spec: TreeSpec, wrt: Sequence[str], 
     options = make_session_options()
     options.log_severity_level = int(log_level)
     inputs = [*exported.inputs, *exported.weights]
+    kind = parse_device(device).kind
+    passes = CHEAPER_NODES if kind == "cpu" else GPU_NODES
     if not wrt:
+        if kind != "cpu":
+            model = rewrite_model(model, passes)
         _save(save_prefix, f"optimized_{mode}", model)
         _save(save_prefix, f"forward_{mode}", model)
+        if kind == "webgpu":
+            warn_cpu_fallbacks(model, f"ORTModule's {mode} graph")
         return Graphs(exported, output_spec, make_session(model, device, options), None,
                       inputs, outputs, updated)
     fb = build_forward_backward(model, list(wrt), differentiable_outputs=outputs)
-    forward, backward = rewrite_model(fb.forward), rewrite_model(fb.backward)
+    forward, backward = rewrite_model(fb.forward, passes), rewrite_model(fb.backward, passes)
+    if kind == "webgpu":
+        warn_cpu_fallbacks(forward, "ORTModule's forward graph")
+        warn_cpu_fallbacks(backward, "ORTModule's backward graph")
     if save_prefix is not None:
         _save(save_prefix, f"optimized_{mode}", _gradient_graph(fb, forward, backward))
     _save(save_prefix, f"forward_{mode}", forward)
@@ -145,10 +159,11 @@ def run_session(session: ort.InferenceSession, feeds: Sequence[tuple[str, torch.
                 outputs: Sequence[str]) -> list[torch.Tensor]:
     """Run ``session`` on torch tensors; its outputs as torch tensors, without copies.
 
-    ``feeds`` hold ``(input name, tensor)`` pairs on the session's device. On
-    the CPU, onnxruntime reads numpy views of the tensors in place and its
-    outputs come back as numpy arrays over its own buffers, which torch
-    shares; on CUDA, inputs are bound by data pointer (``IOBinding``) and
+    ``feeds`` hold ``(input name, tensor)`` pairs on the session's device (the
+    CPU's for a WebGPU session). On the CPU, onnxruntime reads numpy views of
+    the tensors in place and its outputs come back as numpy arrays over its own
+    buffers, which torch shares (a WebGPU session copies them to the GPU and
+    back); on CUDA, inputs are bound by data pointer (``IOBinding``) and
     outputs cross by DLPack.
     """
     if not feeds or not feeds[0][1].is_cuda:

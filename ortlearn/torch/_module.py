@@ -185,6 +185,15 @@ class ORTModule(torch.nn.Module):
     debug_options : DebugOptions, optional
     exporter : {'auto', 'dynamo', 'torchscript'}, default='auto'
         ``'auto'``: the dynamo exporter, then the TorchScript one if it fails.
+    device : {None, 'webgpu', 'webgpu:N'}, default=None
+        Where the graphs run. None: on the device of the module's tensors (the
+        CPU, or CUDA through onnxruntime-gpu). ``'webgpu'``: on a GPU through
+        onnxruntime's WebGPU plugin provider (``pip install ortlearn[webgpu]``;
+        NVIDIA, AMD, Intel and Apple GPUs), the module and its inputs staying
+        on the CPU (torch has no WebGPU device): each run copies its inputs,
+        the parameters included, to the GPU and its outputs back. The graphs
+        are rewritten for the provider (:data:`ortlearn.graph.passes.GPU_NODES`)
+        and a warning names any node it would still leave to the CPU.
 
     Examples
     --------
@@ -206,7 +215,7 @@ class ORTModule(torch.nn.Module):
     """
 
     def __init__(self, module: torch.nn.Module, debug_options: DebugOptions | None = None,
-                 *, exporter: str = "auto"):
+                 *, exporter: str = "auto", device: str | None = None):
         if not isinstance(module, torch.nn.Module):
             raise TypeError(f"ORTModule wraps a torch.nn.Module, got {type(module).__name__}.")
         if isinstance(module, ORTModule):
@@ -216,9 +225,11 @@ class ORTModule(torch.nn.Module):
         if exporter not in ("auto", *EXPORTERS):
             raise ValueError(f"exporter must be 'auto', 'dynamo' or 'torchscript', "
                              f"got {exporter!r}.")
+        session_device = _session_device(device)
         super().__init__()
         # nn.Module.__setattr__ registers the child without calling add_module.
         self._original_module = module
+        self._device = session_device
         self._debug_options = debug_options or DebugOptions()
         self._exporters = EXPORTERS if exporter == "auto" else (exporter,)
         self._schemas: dict = {}
@@ -316,7 +327,9 @@ class ORTModule(torch.nn.Module):
         graphs.checked = True
         return outputs
 
-    def _check_devices(self, tensors) -> torch.device:
+    def _check_devices(self, tensors) -> str:
+        """The device the graphs of this call run on (``'cpu'``, ``'cuda:N'``,
+        ``'webgpu:N'``), from the tensors' and the ``device`` option."""
         first = self._weight_table.first()
         device = first.device if first is not None else (
             tensors[0].device if tensors else torch.device("cpu"))
@@ -324,9 +337,17 @@ class ORTModule(torch.nn.Module):
             if t.device != device:
                 raise ValueError(f"Input tensor {i} is on {t.device}, the module on {device}: "
                                  "move them to the same device.")
+        if self._device is not None:
+            if device.type != "cpu":
+                raise ValueError(
+                    f"ORTModule(device={self._device!r}) reads the module's tensors on the "
+                    f"CPU (onnxruntime copies them to the GPU at each run); they are on "
+                    f"{device}: move the module and its inputs to the CPU.")
+            return self._device
         if device.type not in ("cpu", "cuda"):
-            raise ValueError(f"ORTModule runs on cpu or cuda, not on {device}.")
-        return device
+            raise ValueError(f"ORTModule runs on cpu or cuda, not on {device} "
+                             "(device='webgpu' runs the graphs of CPU tensors on a GPU).")
+        return "cpu" if device.type == "cpu" else f"cuda:{device.index or 0}"
 
     def _log(self, level: int, message: str, *args) -> None:
         if level >= self._debug_options.log_level.logging_level:
@@ -356,7 +377,7 @@ class ORTModule(torch.nn.Module):
         key = (train, device, schema_key(call_spec), tuple((t.dtype, t.dim()) for t in tensors))
         schema = self._schemas.get(key)
         if schema is None:
-            parse_device(_device_name(device))  # a CUDA module needs the CUDA provider
+            parse_device(device)  # a CUDA module needs the CUDA provider
             schema = self._schemas[key] = _Schema()
         index = next((i for i, (exported, _, guard) in enumerate(schema.exports)
                       if exported.accepts(tensors) and guard.holds(module)), None)
@@ -497,7 +518,7 @@ class ORTModule(torch.nn.Module):
                   if options.save_onnx else None)
         try:
             graphs = build_graphs(exported, output_spec, wrt, train=train,
-                                  device=_device_name(device), log_level=options.log_level,
+                                  device=device, log_level=options.log_level,
                                   save_prefix=prefix)
         except Exception as exc:  # noqa: BLE001 - any failure here means fallback
             raise _Unsupported(f"{type(exc).__name__}: {exc}") from exc
@@ -716,8 +737,18 @@ def _first_line(error: Exception) -> str:
     return lines[0] if lines else type(error).__name__
 
 
-def _device_name(device: torch.device) -> str:
-    return "cpu" if device.type == "cpu" else f"cuda:{device.index or 0}"
+def _session_device(device) -> str | None:
+    """ORTModule's ``device`` option as the device of its sessions: None (the tensors'
+    device) or ``'webgpu:N'``; a ``ValueError`` for another, or where the provider is
+    missing."""
+    if device is None:
+        return None
+    if not isinstance(device, str) or device.partition(":")[0] != "webgpu":
+        raise ValueError(
+            f"device={device!r}: ORTModule runs on the device of the module's tensors (move "
+            "the module with .to('cuda')); device= is for a provider torch has no device "
+            "for: 'webgpu' or 'webgpu:N'.")
+    return str(parse_device(device))  # names what is missing: the wheel, a GPU, Vulkan
 
 
 def _probe(module: torch.nn.Module, tensors, call_spec):

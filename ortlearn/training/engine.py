@@ -66,7 +66,7 @@ from .fused import (
     hyper_inputs,
     strip_weights,
 )
-from .placement import cpu_fallbacks
+from .placement import warn_cpu_fallbacks
 from .policy import LARGE_MODEL_BYTES, LOOP_MIN_STEP_MACS, default_session_options
 from .scattered import ScatterRun
 
@@ -361,15 +361,8 @@ class TrainingEngine:
     def _step_session(self, model) -> tuple:
         """The session of a step graph, and whether the provider records it (WebGPU)."""
         if self._device.ort_device_type == "webgpu":
-            fallbacks = cpu_fallbacks(model)
-            if fallbacks:
-                listed = "; ".join(map(str, fallbacks[:5]))
-                warnings.warn(
-                    f"{len(fallbacks)} node(s) of the training step would run on the CPU, "
-                    f"each crossing a wait for the GPU and no graph capture ({listed}"
-                    f"{'; ...' if len(fallbacks) > 5 else ''}): rewrite them with operators "
-                    "the provider has (ortlearn.training.cpu_fallbacks lists them).",
-                    RuntimeWarning)
+            # (and the provider cannot record a step that crosses)
+            warn_cpu_fallbacks(model, "the training step")
         if self._batch_table and webgpu.default_graph_capture():
             try:
                 return make_session(model, self._device, self._session_options, True), True

@@ -17,6 +17,7 @@ disabled (``benchmarks/kernels.py``).
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,7 +26,8 @@ from onnx import helper
 
 from ..graph.model import DEFAULT_OPSET
 
-__all__ = ["WEBGPU_KERNELS", "Fallback", "cpu_fallbacks", "primary_input"]
+__all__ = ["WEBGPU_KERNELS", "Fallback", "cpu_fallbacks", "primary_input",
+           "warn_cpu_fallbacks"]
 
 #: The element types of the WebGPU provider's kernels, by operator (the type of the node's
 #: :func:`primary_input`), with ``enableInt64``, at opset 18: onnxruntime-ep-webgpu 0.4.0 on
@@ -167,6 +169,20 @@ def cpu_fallbacks(model: onnx.ModelProto, device: str = "webgpu") -> list:
         inferred = model
     opsets = {o.domain or "ai.onnx": o.version for o in model.opset_import}
     return _graph_fallbacks(inferred.graph, {}, opsets, kind)
+
+
+def warn_cpu_fallbacks(model: onnx.ModelProto, what: str, device: str = "webgpu") -> list:
+    """A ``RuntimeWarning`` naming the nodes of ``model`` (``what``: "the training step")
+    that would run on the CPU rather than on ``device``; the :func:`cpu_fallbacks`."""
+    fallbacks = cpu_fallbacks(model, device)
+    if fallbacks:
+        listed = "; ".join(map(str, fallbacks[:5]))
+        warnings.warn(
+            f"{len(fallbacks)} node(s) of {what} would run on the CPU, each crossing a "
+            f"wait for the GPU ({listed}{'; ...' if len(fallbacks) > 5 else ''}): rewrite "
+            "them with operators the provider has (ortlearn.training.cpu_fallbacks lists "
+            "them).", RuntimeWarning, stacklevel=3)
+    return fallbacks
 
 
 def _element_types(graph: onnx.GraphProto, outer: dict) -> dict:

@@ -8,6 +8,8 @@ from onnx import TensorProto, helper, numpy_helper
 from test_passes import _float_graph, _run, _with_nodes
 
 from ortlearn.graph.provider_ops import (
+    constants_of_shape_as_expands,
+    gelus_decomposed,
     index_wraps_as_wheres,
     log_softmax_decomposed,
     nan_tests_as_comparisons,
@@ -153,3 +155,53 @@ def test_a_size_becomes_the_product_of_the_shape():
     for rows in (0, 1, 33):
         got = run_onnx(_with_nodes(model, rewritten), {"x": np.zeros((rows, 7))})[0]
         assert got.dtype == np.int64 and got.shape == () and int(got) == rows * 7
+
+
+@pytest.mark.parametrize("value", [None, np.array([2.5], np.float32), np.array([7], np.int64)])
+def test_a_constant_of_shape_becomes_an_expanded_scalar(value):
+    from ortlearn.training import cpu_fallbacks
+
+    attrs = {} if value is None else {"value": numpy_helper.from_array(value)}
+    elem = TensorProto.FLOAT if value is None or value.dtype == np.float32 else TensorProto.INT64
+    graph = helper.make_graph(
+        [helper.make_node("ConstantOfShape", ["shape"], ["filled"], **attrs)], "g",
+        [helper.make_tensor_value_info("shape", TensorProto.INT64, [3])],
+        [helper.make_tensor_value_info("filled", elem, ["a", "b", "c"])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 8
+    rewritten = _with_nodes(model, _run(constants_of_shape_as_expands, model))
+    assert "ConstantOfShape" not in {n.op_type for n in rewritten.graph.node}
+    assert cpu_fallbacks(model) and not cpu_fallbacks(rewritten)
+    for shape in ([2, 3, 4], [1, 0, 5]):
+        feeds = {"shape": np.array(shape, np.int64)}
+        got, expected = run_onnx(rewritten, feeds)[0], run_onnx(model, feeds)[0]
+        assert got.dtype == expected.dtype and got.shape == tuple(shape)
+        np.testing.assert_array_equal(got, expected)
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_gelu_is_written_with_the_operators_gpus_have(approximate):
+    from scipy.special import erf
+
+    from ortlearn.training import cpu_fallbacks
+
+    f = TensorProto.FLOAT
+    graph = helper.make_graph(
+        [helper.make_node("Gelu", ["x"], ["y"], approximate=approximate)], "g",
+        [helper.make_tensor_value_info("x", f, [3, 50])],
+        [helper.make_tensor_value_info("y", f, [3, 50])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
+    model.ir_version = 9
+    rewritten = _with_nodes(model, _run(gelus_decomposed, model))
+    assert "Gelu" not in {n.op_type for n in rewritten.graph.node}
+    assert cpu_fallbacks(model) and not cpu_fallbacks(rewritten)
+    x = (np.random.RandomState(0).randn(3, 50) * 4).astype(np.float32)
+    got = run_onnx(rewritten, {"x": x})[0]
+    # onnxruntime's own Gelu, and the definition in float64, to float32 rounding
+    np.testing.assert_allclose(got, run_onnx(model, {"x": x})[0], rtol=1e-5, atol=1e-6)
+    x64 = x.astype(np.float64)
+    if approximate == "none":
+        expected = 0.5 * x64 * (1 + erf(x64 / np.sqrt(2)))
+    else:
+        expected = 0.5 * x64 * (1 + np.tanh(np.sqrt(2 / np.pi) * (x64 + 0.044715 * x64 ** 3)))
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
