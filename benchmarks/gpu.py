@@ -5,15 +5,17 @@ there, run the WebGPU tests, and time WebGPU against the same machine's CPU.
 
     python benchmarks/gpu.py OUT [--wheels DIR] [--scale 0.25] [--reps 3] [--threads N]
                                  [--contenders ortlearn_adam,ortlearn_adam_cpu]
-                                 [--only kernels,tests,placement,profile,bench]
+                                 [--only kernels,tests,placement,profile,ortmodule,bench]
 
-``OUT`` receives seven files, one or two a stage: ``kernels.json`` (which
+``OUT`` receives eight files, one or two a stage: ``kernels.json`` (which
 one-operator models open on the device without the CPU, and their outputs'
-error: :mod:`benchmarks.kernels`), ``tests.log`` (``pytest
-tests/training/test_webgpu.py``), ``placement.txt`` (the provider of every
+error: :mod:`benchmarks.kernels`), ``tests.log`` (``pytest`` of the WebGPU
+tests: :data:`TESTS`), ``placement.txt`` (the provider of every
 node of W2's and W3's steps), ``profile.txt`` (the time of a step and the time
 an epoch adds to its steps, W2's and W20's models; a copy to the device and
 back; a replay's cost per node and the GPU's time of a few kernels),
+``ortmodule.txt`` (a training step of ORTModule with ``device='webgpu'`` against
+ORTModule and torch on the CPU: W8's MLP, W9's CNN, W7's transformer layer),
 ``bench.log`` (every benchmark's output), ``summary.json`` (the GPU,
 onnxruntime, the WebGPU device, the kernel table read off the device, and the
 figures of every stage, written after each) and ``summary.md`` (per run:
@@ -56,7 +58,9 @@ RUNS = [
     ("W20", "W20", None, {}),
 ]
 #: The stages of a check, in order.
-STAGES = ("kernels", "tests", "placement", "profile", "bench")
+STAGES = ("kernels", "tests", "placement", "profile", "ortmodule", "bench")
+#: The test files of the ``tests`` stage (their ``webgpu``-marked tests run on the device).
+TESTS = ("tests/training/test_webgpu.py", "tests/torch/test_ortmodule_webgpu.py")
 #: The contenders timed: ortlearn on both devices, and JAX and torch where the image has them.
 CONTENDERS = "ortlearn_adam,ortlearn_adam_cpu,jax_adam,torch_adam"
 
@@ -320,6 +324,71 @@ def bench(args, out: Path, rows: list, save) -> None:
             print(f"{name}: {row.get('seconds_per_epoch')} ({row['wall_s']} s)", flush=True)
 
 
+#: A child process times training steps (forward, loss, backward, AdamW) of ORTModule on the
+#: device, ORTModule on the CPU and torch on the CPU, medians over interleaved blocks.
+_ORTMODULE = """
+import sys, time, warnings
+import numpy as np, torch
+from benchmarks.networks import _cnn, _transformer
+from ortlearn.torch import ORTModule
+warnings.simplefilter("ignore")
+device, blocks = sys.argv[1], int(sys.argv[2])
+F = torch.nn.functional
+MODELS = {  # name: (model, inputs of a batch, targets, loss)
+    "W8 MLP 100-100-1, batch 1024": (
+        lambda: torch.nn.Sequential(torch.nn.Linear(100, 100), torch.nn.ReLU(),
+                                    torch.nn.Linear(100, 1)),
+        lambda g: torch.randn(1024, 100, generator=g), lambda g: torch.randn(1024, 1, generator=g),
+        F.mse_loss),
+    "W9 CNN (digits), batch 64": (
+        lambda: _cnn(torch), lambda g: torch.randn(64, 1, 8, 8, generator=g),
+        lambda g: torch.randint(0, 10, (64,), generator=g), F.cross_entropy),
+    "W7 transformer layer, batch 32 x 64 tokens": (
+        lambda: _transformer(torch), lambda g: torch.randint(1, 100, (32, 64), generator=g),
+        lambda g: torch.randint(0, 2, (32,), generator=g), F.cross_entropy),
+}
+print(f"ms per training step (median of {blocks} blocks of 10 steps): "
+      f"ORTModule on {device}, ORTModule on the CPU, torch on the CPU")
+# (on the CPU the first is the second: the check's own test runs there)
+on_device = ORTModule if device == "cpu" else (lambda m: ORTModule(m, device=device))
+for name, (make, inputs, targets, loss_fn) in MODELS.items():
+    g = torch.Generator().manual_seed(0)
+    x, y = inputs(g), targets(g)
+    steppers = {}
+    for label, wrap in (("device", on_device), ("cpu", ORTModule), ("torch", lambda m: m)):
+        torch.manual_seed(0)
+        model = wrap(make())
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+        def step(model=model, optimizer=optimizer):
+            optimizer.zero_grad()
+            loss_fn(model(x), y).backward()
+            optimizer.step()
+        step()
+        steppers[label] = step
+    times = {label: [] for label in steppers}
+    for _ in range(blocks):
+        for label, step in steppers.items():
+            start = time.perf_counter()
+            for _ in range(10):
+                step()
+            times[label].append((time.perf_counter() - start) / 10)
+    cells = ", ".join(f"{np.median(t) * 1e3:.3f}" for t in times.values())
+    print(f"{name}: {cells}", flush=True)
+"""
+
+
+def ortmodule(device: str, out: Path, timeout: float, blocks: int) -> None:
+    """``ortmodule.txt``: ORTModule's training step on ``device`` against the CPU's."""
+    try:
+        run = subprocess.run([sys.executable, "-c", _ORTMODULE, device, str(blocks)], cwd=REPO,
+                             capture_output=True, text=True, timeout=timeout)
+        text = run.stdout + (run.stderr[-3000:] if run.returncode else "")
+    except subprocess.TimeoutExpired as exc:
+        text = f"(stopped after {timeout:.0f} s)\n{exc.stdout or ''}"
+    (out / "ortmodule.txt").write_text(text)
+
+
 def markdown(env: dict, tests_status: int, rows: list, device: str) -> str:
     lines = [f"GPU: {env.get('gpu')}; onnxruntime {env.get('onnxruntime')}; "
              f"tests/training/test_webgpu.py exit status {tests_status}", "",
@@ -388,15 +457,17 @@ def main(argv=None) -> int:
     if "tests" in stages:
         with open(out / "tests.log", "w") as log:
             summary["tests"] = _run([sys.executable, "-m", "pytest", "-q", "-p",
-                                     "no:cacheprovider", "tests/training/test_webgpu.py"],
-                                    log, args.timeout)
+                                     "no:cacheprovider", *TESTS], log, args.timeout)
         save()
-        print(f"tests/training/test_webgpu.py: exit status {summary['tests']}", flush=True)
+        print(f"{' '.join(TESTS)}: exit status {summary['tests']}", flush=True)
     if "placement" in stages:
         placement(args.device, out, args.timeout)
     if "profile" in stages:
         profile(args.device, out, args.timeout)
         print((out / "profile.txt").read_text(), flush=True)
+    if "ortmodule" in stages:
+        ortmodule(args.device, out, args.timeout, max(args.reps, 1))
+        print((out / "ortmodule.txt").read_text(), flush=True)
     summary["runs"] = []
     if "bench" in stages:
         bench(args, out, summary["runs"], save)
