@@ -28,7 +28,7 @@ quadratic over a width that shrinks tenfold a stage) and solved by Newton's
 method, each stage's minimum giving the partition of the rows that
 liblinear's dual polish solves exactly, until a duality gap certifies the
 minimum (:func:`~ortlearn.training.newton.minimize_l1_margin`). Otherwise, and
-where no stage is certified, their liblinear dual, a bounded quadratic
+for the problems no stage certified, their liblinear dual, a bounded quadratic
 program, smooth, is solved by L-BFGS-B with the gradient from onnxruntime:
 
 - hinge: ``min 1/2 ||X~^T (a y)||^2 - sum a``, ``0 <= a_i <= C_i``, ``w~ = X~^T (a y)``
@@ -134,33 +134,8 @@ class _BaseOrtLinearSVM(BaseOrtFullBatch):
         options = {"max_iter": self.max_iter, "ftol": _FTOL, "maxls": 50,
                    "device": str(self.device), "verbose": int(self.verbose),
                    "remedy": "Scale the data or decrease C."}
-        exact = None
-        if self.loss == self._dual_loss and n_features <= NEWTON_MAX_FEATURES:
-            exact = self._solve_smoothed(X, Y, cost, score_params.get("epsilon"))
-        if exact is not None:
-            result = exact
-            coef = result.weights
-        elif self.loss == self._dual_loss:
-            epsilon = score_params.get("epsilon")
-            trainable = [DUAL] if epsilon is None else [DUAL, DUAL_NEG]
-
-            def primal(weights, k):  # w~ of problem k from its dual variables
-                signed = (weights[DUAL][:, 0] * Y[:, k] if epsilon is None
-                          else weights[DUAL][:, 0] - weights[DUAL_NEG][:, 0])
-                return X.T @ signed
-
-            hook = iteration_hook(self, self._attributes)
-
-            def callback(weights, k, solved):  # the problems solved so far, k at this iteration
-                current = solved.copy()
-                current[:, k] = primal(weights, k)
-                return hook(current)
-
-            result = solve_svm_dual(
-                svm_dual_objective(n_features, n_samples, 1, epsilon), trainable, X, Y, cost,
-                epsilon, primal=primal, tol=self.tol * _DUAL_GTOL_FACTOR,
-                callback=hook and callback,
-                label=LABEL, loss_output=LOSS, **options)
+        if self.loss == self._dual_loss:
+            result = self._solve_l1_loss(X, Y, cost, score_params.get("epsilon"), options)
             coef = result.weights
         elif self._gram_dual(X, score_params):
             result = self._solve_gram_dual(X, Y, cost, options)
@@ -192,22 +167,63 @@ class _BaseOrtLinearSVM(BaseOrtFullBatch):
         self.n_iter_ = int(np.max(result.n_iter))
         self.__dict__.update(self._attributes(coef))
 
+    def _solve_l1_loss(self, X, Y, cost, epsilon, options):
+        """The hinge or epsilon-insensitive loss: on dense data of up to
+        :data:`NEWTON_MAX_FEATURES` columns the smoothed primal first
+        (:meth:`_solve_smoothed`), then liblinear's dual for the problems it did not
+        certify (all of them otherwise)."""
+        n_samples, n_features = X.shape
+        left = np.arange(Y.shape[1])
+        smoothed = None
+        if not is_sparse(X) and n_features <= NEWTON_MAX_FEATURES:
+            smoothed = self._solve_smoothed(X, Y, cost, epsilon)
+            if smoothed.status == CALLBACK or smoothed.converged.all():
+                return smoothed
+            left = np.flatnonzero(~smoothed.converged)
+        coef = np.zeros((n_features, Y.shape[1])) if smoothed is None else smoothed.weights
+        Y_left, cost_left = Y[:, left], cost[:, left]
+        trainable = [DUAL] if epsilon is None else [DUAL, DUAL_NEG]
+
+        def primal(weights, k):  # w~ of problem left[k] from its dual variables
+            signed = (weights[DUAL][:, 0] * Y_left[:, k] if epsilon is None
+                      else weights[DUAL][:, 0] - weights[DUAL_NEG][:, 0])
+            return X.T @ signed
+
+        hook = iteration_hook(self, self._attributes)
+
+        def callback(weights, k, solved):  # the problems solved so far, k at this iteration
+            current = coef.copy()
+            current[:, left] = solved
+            current[:, left[k]] = primal(weights, k)
+            return hook(current)
+
+        result = solve_svm_dual(
+            svm_dual_objective(n_features, n_samples, 1, epsilon), trainable, X, Y_left,
+            cost_left, epsilon, primal=primal, tol=self.tol * _DUAL_GTOL_FACTOR,
+            callback=hook and callback, label=LABEL, loss_output=LOSS, **options)
+        if smoothed is None:
+            return result
+        coef[:, left] = result.weights
+        return dataclasses.replace(result, weights=coef, n_iter=max(
+            int(np.max(smoothed.n_iter)), int(np.max(result.n_iter))))
+
     def _solve_smoothed(self, X, Y, cost, epsilon):
         """The primal of the hinge or epsilon-insensitive loss by smoothing and Newton's
         method, each smooth minimum's partition of the rows solved exactly as the dual's
-        polish does (:func:`~ortlearn.training.minimize_l1_margin`): the result where every
-        problem is certified (or a callback stopped it), else None (the dual solves them)."""
-        def certify(dual, k):
-            w = polish_dual(X, Y[:, k], cost[:, k], dual, epsilon, rounds=_SMOOTHED_ROUNDS)
-            if w is not None and is_primal_minimum(X, Y[:, k], cost[:, k], w, epsilon):
-                return w
+        polish does (:func:`~ortlearn.training.minimize_l1_margin`); ``converged`` says
+        which problems it certified."""
+        def certify(dual, smooth, k):
+            y, c = Y[:, k], cost[:, k]
+            w = polish_dual(X, y, c, dual, epsilon, rounds=_SMOOTHED_ROUNDS)
+            for candidate in (w, smooth):
+                if candidate is not None and is_primal_minimum(X, y, c, candidate, epsilon):
+                    return candidate
             return None
 
-        result = minimize_l1_margin(
+        return minimize_l1_margin(
             X, Y, cost, epsilon=epsilon,
             max_iter=self.max_iter, device=str(self.device), certify=certify,
             verbose=int(self.verbose), callback=iteration_hook(self, self._attributes))
-        return result if result.status == CALLBACK or result.converged.all() else None
 
     def _gram_dual(self, X, score_params) -> bool:
         """Whether the squared hinge is solved in its dual through the rows' Gram matrix

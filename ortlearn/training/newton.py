@@ -144,9 +144,10 @@ def minimize_squared_margin(X, S, cost, *, epsilon=None, tol: float, max_iter: i
 
 #: The smoothing width of :func:`minimize_l1_margin` shrinks by this factor a stage.
 SMOOTHING_SHRINK = 10.0
-#: Smoothing stages at most: a width of 1e-12 of the first is past float64's resolution of
-#: the margins.
-MAX_STAGES = 12
+#: Smoothing stages at most: the problems certified at all were within six stages (a sweep
+#: of SVR and one-vs-rest hinge problems); a degenerate one (more rows at the kink than
+#: ``w`` has values) is left to the caller after eight.
+MAX_STAGES = 8
 #: Newton iterations at most a stage (a piecewise quadratic: the step is exact once the
 #: rows stop changing pieces, in a handful).
 STAGE_ITERATIONS = 30
@@ -173,11 +174,13 @@ def minimize_l1_margin(X, S, cost, *, epsilon=None, max_iter: int, device="cpu",
     quadratic piece; ``mu`` shrinks tenfold a stage, from the largest margin at
     ``w = 0``. After each stage the smooth minimum's dual variables
     (``c_i`` times the loss's slope at each row) give the partition of the rows
-    (at a bound, at the kink, at zero) and ``certify(w_dual, k)`` (liblinear's
+    (at a bound, at the kink, at zero) and ``certify(dual, w, k)`` (liblinear's
     exact solve on that partition and a duality gap:
     :func:`~ortlearn.training.svm_dual.polish_dual` and
     :func:`~ortlearn.training.svm_dual.is_primal_minimum`) returns the exact
-    minimum once the partition is the minimum's, or None.
+    minimum once the partition is the minimum's, or the smooth minimum ``w``
+    itself once the gap certifies it (a degenerate problem, more rows at the
+    kink than ``w`` has values, which no partition solves), or None.
 
     Parameters
     ----------
@@ -193,8 +196,9 @@ def minimize_l1_margin(X, S, cost, *, epsilon=None, max_iter: int, device="cpu",
     device : str, default='cpu'
         Where onnxruntime forms the products.
     certify : callable
-        ``certify(dual, k) -> w or None``: ``dual`` the approximate dual variables
-        of column ``k`` (signed by the residual for the epsilon-insensitive loss).
+        ``certify(dual, w, k) -> w or None``: ``dual`` the approximate dual
+        variables of column ``k`` (signed by the residual for the
+        epsilon-insensitive loss), ``w`` the smooth minimum they come from.
     verbose : int, default=0
     callback : callable, optional
         ``callback(W) -> bool`` after each Newton iteration, ``W`` (p, k) holding the
@@ -223,7 +227,7 @@ def minimize_l1_margin(X, S, cost, *, epsilon=None, max_iter: int, device="cpu",
             return 0.5 * float(w @ w) + float(np.sum(c * _smoothed(
                 _targets(z, s, epsilon)[0], mu)[0]))
 
-        for _ in range(MAX_STAGES):
+        for stage in range(MAX_STAGES):
             value = smooth_value(w, z, mu)
             for _ in range(STAGE_ITERATIONS):
                 if n_iter[k] >= max_iter:
@@ -270,10 +274,13 @@ def minimize_l1_margin(X, S, cost, *, epsilon=None, max_iter: int, device="cpu",
             margin = _targets(z, s, epsilon)[0]
             slope = _smoothed(margin, mu)[1]
             # the rows inside the smoothing are the kink's candidates; each fixes one
-            # equation of w: more than w has values, the smoothing is still too wide
-            if np.count_nonzero((slope > 0) & (slope < 1)) <= 2 * n_features:
+            # equation of w: more than w has values, the smoothing is likely still too
+            # wide (from the third stage on the polish tries anyway: degenerate problems
+            # keep more rows at the kink than w has values)
+            inside = np.count_nonzero((slope > 0) & (slope < 1))
+            if inside <= 2 * n_features or stage >= 2:
                 dual = c * slope if epsilon is None else c * slope * np.sign(s - z)
-                exact = certify(dual, k)
+                exact = certify(dual, w.copy(), k)
                 if exact is not None:
                     weights[:, k], converged[k] = exact, True
                     break

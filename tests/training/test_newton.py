@@ -121,7 +121,7 @@ def _l1_problem(case):
 
 
 def _certify(X, S, cost, epsilon):
-    def certify(dual, k):
+    def certify(dual, smooth, k):
         w = polish_dual(X, S[:, k], cost[:, k], dual, epsilon, rounds=3)
         ok = w is not None and is_primal_minimum(X, S[:, k], cost[:, k], w, epsilon)
         return w if ok else None
@@ -156,7 +156,7 @@ def test_a_column_never_certified_is_max_iter():
     X, s, C, epsilon = _l1_problem("epsilon 0")
     S, cost = s[:, None], np.full((len(s), 1), C)
     result = minimize_l1_margin(X, S, cost, epsilon=epsilon, max_iter=7,
-                                certify=lambda dual, k: None)
+                                certify=lambda dual, w, k: None)
     assert result.status == "max_iter" and not result.converged.any()
     assert result.n_iter.tolist() == [7]
 

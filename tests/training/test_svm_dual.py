@@ -158,3 +158,42 @@ def test_the_dual_solves_what_the_smoothing_does_not_certify(monkeypatch, loss):
     assert calls
     np.testing.assert_allclose(dual.coef_, smoothed.coef_, rtol=1e-6, atol=1e-8)
     np.testing.assert_allclose(dual.intercept_, smoothed.intercept_, rtol=1e-6, atol=1e-8)
+
+
+@pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
+def test_the_dual_solves_only_the_problems_the_smoothing_left(monkeypatch):
+    """One-vs-rest: the problems the smoothed primal certified are kept, the dual solves the
+    one it left (a degenerate problem), and the fit is the certified one's."""
+    import dataclasses
+
+    from sklearn.datasets import load_iris
+    from sklearn.preprocessing import StandardScaler
+
+    import ortlearn.estimators._svm as svm
+    from ortlearn import OrtLinearSVC
+    from ortlearn.training.result import MAX_ITER
+
+    X, y = load_iris(return_X_y=True)
+    X = StandardScaler().fit_transform(X)
+    certified = OrtLinearSVC(loss="hinge", C=0.1).fit(X, y)
+    smoothing, dual = svm.minimize_l1_margin, svm.solve_svm_dual
+    columns = []
+
+    def one_left(X, S, cost, **kwargs):
+        result = smoothing(X, S, cost, **kwargs)
+        weights, converged = result.weights.copy(), result.converged.copy()
+        weights[:, 1], converged[1] = 0.0, False
+        return dataclasses.replace(result, weights=weights, converged=converged,
+                                   status=MAX_ITER)
+
+    def counted(model, trainable, X, Y, *args, **kwargs):
+        columns.append(Y.shape[1])
+        return dual(model, trainable, X, Y, *args, **kwargs)
+
+    monkeypatch.setattr(svm, "minimize_l1_margin", one_left)
+    monkeypatch.setattr(svm, "solve_svm_dual", counted)
+    fit = OrtLinearSVC(loss="hinge", C=0.1).fit(X, y)
+    assert columns == [1]
+    np.testing.assert_allclose(fit.coef_, certified.coef_, rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose(fit.intercept_, certified.intercept_, rtol=1e-6, atol=1e-8)
+    np.testing.assert_array_equal(fit.coef_[[0, 2]], certified.coef_[[0, 2]])
