@@ -49,6 +49,38 @@ def _value(w, z, S, cost, epsilon) -> float:
     return 0.5 * float(w @ w) + float(np.sum(cost * margin * margin))
 
 
+def _start(X, S) -> tuple:
+    """``(weights, converged, n_iter)`` of a column-wise solver before its first iteration."""
+    n_columns = S.shape[1]
+    return (np.zeros((X.shape[1], n_columns)), np.zeros(n_columns, dtype=bool),
+            np.zeros(n_columns, dtype=np.int64))
+
+
+def _line_search(X, w, direction, gradient, value, objective):
+    """Backtracking from ``w`` towards ``w + direction`` on ``objective(w, X @ w)`` (whose
+    value at ``w`` is ``value``): ``(w, X @ w, value, step)`` of the first step that
+    decreases it enough (Armijo's test), None where none does at its rounding."""
+    step, slope = 1.0, float(gradient @ direction)
+    for _ in range(MAX_BACKTRACKS):
+        candidate = w + step * direction
+        z = X @ candidate
+        candidate_value = objective(candidate, z)
+        if candidate_value <= value + 1e-4 * step * slope:
+            return candidate, z, candidate_value, step
+        step /= 2
+    return None
+
+
+def _record(weights, n_iter, k, w, callback, message) -> bool:
+    """Column ``k``'s new iterate ``w`` kept and counted, ``message()`` logged (when given),
+    the callback told; whether it stops the run."""
+    weights[:, k] = w
+    n_iter[k] += 1
+    if message:
+        verbose_log(message())
+    return callback is not None and bool(callback(weights.copy()))
+
+
 def minimize_squared_margin(X, S, cost, *, epsilon=None, tol: float, max_iter: int,
                             device="cpu", verbose: int = 0,
                             callback: Callable | None = None) -> SolverResult:
@@ -94,13 +126,10 @@ def minimize_squared_margin(X, S, cost, *, epsilon=None, tol: float, max_iter: i
     >>> np.round(result.weights.ravel(), 6).tolist(), result.status
     ([0.8, 0.0], 'converged')
     """
-    n_features, n_columns = X.shape[1], S.shape[1]
-    weights = np.zeros((n_features, n_columns))
-    converged = np.zeros(n_columns, dtype=bool)
-    n_iter = np.zeros(n_columns, dtype=np.int64)
+    weights, converged, n_iter = _start(X, S)
     total, stopped = 0.0, False
-    identity = np.eye(n_features)
-    for k in range(n_columns):
+    identity = np.eye(X.shape[1])
+    for k in range(S.shape[1]):
         w, s, c = weights[:, k], S[:, k], cost[:, k]
         z = X @ w
         value = _value(w, z, s, c, epsilon)
@@ -115,24 +144,13 @@ def minimize_squared_margin(X, S, cost, *, epsilon=None, tol: float, max_iter: i
             # I + X^T W X: symmetric, eigenvalues >= 1 (a small system: numpy's LAPACK
             # call without scipy's checks)
             target = np.linalg.solve(identity + gram, rhs[:, 0])
-            step, direction = 1.0, target - w
-            slope = float(gradient @ direction)
-            for _ in range(MAX_BACKTRACKS):
-                candidate = w + step * direction
-                candidate_z = X @ candidate
-                candidate_value = _value(candidate, candidate_z, s, c, epsilon)
-                if candidate_value <= value + 1e-4 * step * slope:
-                    break
-                step /= 2
-            else:
+            accepted = _line_search(X, w, target - w, gradient, value,
+                                    lambda w, z: _value(w, z, s, c, epsilon))
+            if accepted is None:
                 break  # no descent left at the rounding of f: w is the minimum found
-            w, z, value = candidate, candidate_z, candidate_value
-            weights[:, k] = w
-            n_iter[k] += 1
-            if verbose:
-                verbose_log(f"Newton iteration {n_iter[k]}: loss={value:.10g}, "
-                            f"step={step:.3g}")
-            if callback is not None and callback(weights.copy()):
+            w, z, value, step = accepted
+            if _record(weights, n_iter, k, w, callback, verbose and (
+                    lambda: f"Newton iteration {n_iter[k]}: loss={value:.10g}, step={step:.3g}")):
                 stopped = True
                 break
         total += value
@@ -211,13 +229,11 @@ def minimize_l1_margin(X, S, cost, *, epsilon=None, max_iter: int, device="cpu",
         column that none certified); ``n_iter`` the Newton iterations of each
         column; ``loss`` the sum of the objectives; ``converged``: certified.
     """
-    n_features, n_columns = X.shape[1], S.shape[1]
-    weights = np.zeros((n_features, n_columns))
-    converged = np.zeros(n_columns, dtype=bool)
-    n_iter = np.zeros(n_columns, dtype=np.int64)
+    weights, converged, n_iter = _start(X, S)
     total, stopped = 0.0, False
+    n_features = X.shape[1]
     identity = np.eye(n_features)
-    for k in range(n_columns):
+    for k in range(S.shape[1]):
         w, s, c = weights[:, k], S[:, k], cost[:, k]
         z = X @ w
         margin = _targets(z, s, epsilon)[0]
@@ -245,24 +261,14 @@ def minimize_l1_margin(X, S, cost, *, epsilon=None, max_iter: int, device="cpu",
                 gradient = w + gram @ w - rhs[:, 0] - pull
                 if np.abs(gradient).max() <= 1e-12 * (1.0 + np.abs(w).max()):
                     break
-                step, direction = 1.0, target - w
-                slope = float(gradient @ direction)
-                for _ in range(MAX_BACKTRACKS):
-                    candidate = w + step * direction
-                    candidate_z = X @ candidate
-                    candidate_value = smooth_value(candidate, candidate_z, mu)
-                    if candidate_value <= value + 1e-4 * step * slope:
-                        break
-                    step /= 2
-                else:
+                accepted = _line_search(X, w, target - w, gradient, value,
+                                        lambda w, z: smooth_value(w, z, mu))
+                if accepted is None:
                     break  # no descent left at the rounding of f
-                w, z, value = candidate, candidate_z, candidate_value
-                weights[:, k] = w
-                n_iter[k] += 1
-                if verbose:
-                    verbose_log(f"Newton iteration {n_iter[k]} (smoothing {mu:.3g}): "
-                                f"loss={value:.10g}, step={step:.3g}")
-                if callback is not None and callback(weights.copy()):
+                w, z, value, step = accepted
+                if _record(weights, n_iter, k, w, callback, verbose and (
+                        lambda: f"Newton iteration {n_iter[k]} (smoothing {mu:.3g}): "
+                                f"loss={value:.10g}, step={step:.3g}")):
                     stopped = True
                     break
                 margin = _targets(z, s, epsilon)[0]
