@@ -58,11 +58,11 @@ def minimize_coordinate_descent(X, Y, gram, Xty, alpha: float, l1_ratio: float, 
     Parameters
     ----------
     X : numpy.ndarray of shape (n_samples, n_features)
-        float64; only its shape is read (``n`` scales the penalty).
+        float64; ``enet_path`` reads only its shape when given the Gram matrix and
+        ``check_input=False`` (``n`` scales the penalty).
     Y : numpy.ndarray of shape (n_samples, n_targets)
-        float64, C-contiguous columns or not: the targets as the products saw them
-        (scaled by the square roots of the sample weights); their norms scale the
-        tolerance and enter the duality gap.
+        The targets as the products saw them (scaled by the square roots of the
+        sample weights); their norms scale the tolerance and enter the duality gap.
     gram : numpy.ndarray of shape (n_features, n_features)
         ``X^T W X``, float64.
     Xty : numpy.ndarray of shape (n_features, n_targets)
