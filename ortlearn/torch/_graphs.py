@@ -27,7 +27,7 @@ from ..training.device import make_session, make_session_options, parse_device
 from ..training.placement import warn_cpu_fallbacks
 from ._export import Exported, TreeSpec
 
-__all__ = ["Graphs", "build_graphs", "run_session"]
+__all__ = ["Graphs", "build_graphs", "run_session", "sessions_device"]
 
 _NUMPY_DTYPES = {
     torch.float32: np.float32, torch.float64: np.float64, torch.float16: np.float16,
@@ -153,6 +153,20 @@ def _save(prefix: str | None, what: str, model: onnx.ModelProto) -> None:
     except OSError as exc:
         warnings.warn(f"ORTModule could not write its debug copy {path} ({exc}); it trains "
                       "in ONNX Runtime without it.", RuntimeWarning, stacklevel=2)
+
+
+def sessions_device(device) -> str | None:
+    """ORTModule's ``device`` option as the device of its sessions: None (the tensors'
+    device) or ``'webgpu:N'``; a ``ValueError`` for another, or where the provider is
+    missing."""
+    if device is None:
+        return None
+    if not isinstance(device, str) or device.partition(":")[0] != "webgpu":
+        raise ValueError(
+            f"device={device!r}: ORTModule runs on the device of the module's tensors (move "
+            "the module with .to('cuda')); device= is for a provider torch has no device "
+            "for: 'webgpu' or 'webgpu:N'.")
+    return str(parse_device(device))  # names what is missing: the wheel, a GPU, Vulkan
 
 
 def run_session(session: ort.InferenceSession, feeds: Sequence[tuple[str, torch.Tensor]],

@@ -26,7 +26,7 @@ from ._export import (
     schema_key,
     unflatten,
 )
-from ._graphs import Graphs, build_graphs, run_session
+from ._graphs import Graphs, build_graphs, run_session, sessions_device
 from ._guards import Guard, recording_branches, recording_reads
 from ._options import DebugOptions, ORTModuleTorchModelException
 
@@ -225,7 +225,7 @@ class ORTModule(torch.nn.Module):
         if exporter not in ("auto", *EXPORTERS):
             raise ValueError(f"exporter must be 'auto', 'dynamo' or 'torchscript', "
                              f"got {exporter!r}.")
-        session_device = _session_device(device)
+        session_device = sessions_device(device)
         super().__init__()
         # nn.Module.__setattr__ registers the child without calling add_module.
         self._original_module = module
@@ -735,20 +735,6 @@ def _first_line(error: Exception) -> str:
     # torch colours its error messages for terminals; a warning is plain text.
     lines = re.sub(r"\x1b\[[0-9;]*m", "", str(error)).strip().splitlines()
     return lines[0] if lines else type(error).__name__
-
-
-def _session_device(device) -> str | None:
-    """ORTModule's ``device`` option as the device of its sessions: None (the tensors'
-    device) or ``'webgpu:N'``; a ``ValueError`` for another, or where the provider is
-    missing."""
-    if device is None:
-        return None
-    if not isinstance(device, str) or device.partition(":")[0] != "webgpu":
-        raise ValueError(
-            f"device={device!r}: ORTModule runs on the device of the module's tensors (move "
-            "the module with .to('cuda')); device= is for a provider torch has no device "
-            "for: 'webgpu' or 'webgpu:N'.")
-    return str(parse_device(device))  # names what is missing: the wheel, a GPU, Vulkan
 
 
 def _probe(module: torch.nn.Module, tensors, call_spec):

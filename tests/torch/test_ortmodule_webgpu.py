@@ -30,7 +30,7 @@ def on_the_cpu(monkeypatch):
     def parse(device):
         return Device("webgpu", 0) if str(device).startswith("webgpu") else real(device)
 
-    monkeypatch.setattr(module_module, "_session_device",
+    monkeypatch.setattr(module_module, "sessions_device",
                         lambda device: None if device is None else "webgpu:0")
     monkeypatch.setattr(module_module, "parse_device", parse)
     monkeypatch.setattr(graphs_module, "parse_device", parse)
