@@ -228,6 +228,10 @@ class OrtElasticNet(MultiOutputMixin, RegressorMixin, BaseOrtFullBatch):
         """
         if np.isscalar(sample_weight):
             sample_weight = None
+        if self.alpha == 0:  # scikit-learn's warning: coordinate descent without a penalty
+            warnings.warn("With alpha=0, this algorithm does not converge well. You are "
+                          "advised to use the LinearRegression estimator",
+                          stacklevel=user_stacklevel())
         return self._fit(X, y, sample_weight)
 
     def _fit_validated(self, X, y, sample_weight):

@@ -87,3 +87,13 @@ def test_collinear_features_reach_the_minimum():
         return 0.5 * np.mean(residual ** 2) + 0.01 * np.abs(model.coef_).sum()
 
     assert objective(ours) <= objective(reference) + 1e-6 * objective(reference)
+
+
+def test_no_penalty_warns_as_scikit_learn():
+    X, y = _diabetes()
+    with pytest.warns(UserWarning, match="With alpha=0, this algorithm does not converge well"):
+        ours = OrtLasso(alpha=0.0).fit(X, y)
+    with pytest.warns(UserWarning, match="With alpha=0"):
+        reference = Lasso(alpha=0.0).fit(X, y)
+    assert ours.n_iter_ == reference.n_iter_
+    assert_allclose(ours.coef_, reference.coef_, rtol=1e-8, atol=1e-9 * np.abs(y).max())
