@@ -84,24 +84,48 @@ class _LossAndGradient:
                                                        index) for a in arrays]
         for name, value in zip(input_names, self._data):
             self._binding.bind_ortvalue_input(name, value)
+        on_cpu = self._device.kind == "cpu" and sparse is None
+        # On the CPU the weights are arrays of their own, bound once: an evaluation
+        # casts scipy's vector into them, no allocation nor binding.
+        self._weights = None
+        if on_cpu:
+            self._weights = [np.empty(s, d) for s, d in zip(self._shapes, self._dtypes)]
+            for name, array in zip(self._names, self._weights):
+                self._binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(array))
         # On the CPU onnxruntime writes the outputs of a static shape (the loss, the
         # weights' gradients) into arrays of their own: no allocation and copy of the
-        # weights' size an evaluation. It allocates the others (a sparse X's products).
-        self._outputs = []
-        for output in self._session.get_outputs():
+        # weights' size an evaluation; float64 gradients straight into the slices of
+        # scipy's vector. It allocates the others (a sparse X's products).
+        self._grad = np.empty(sum(self._sizes))
+        bounds = np.cumsum([0, *self._sizes])
+        self._outputs, self._in_grad = [], on_cpu
+        for i, output in enumerate(self._session.get_outputs()):
             elem = ort_elem_type(output.type)
             static = elem and all(isinstance(d, int) for d in output.shape)
             if self._device.kind == "cpu" and static:
-                array = np.empty(output.shape, helper.tensor_dtype_to_np_dtype(elem))
+                dtype = helper.tensor_dtype_to_np_dtype(elem)
+                k = i - 1  # the gradient of weight k
+                if (on_cpu and 0 <= k < len(self._names) and dtype == np.float64
+                        and int(np.prod(output.shape, dtype=np.int64)) == self._sizes[k]):
+                    array = self._grad[bounds[k]:bounds[k + 1]].reshape(output.shape)
+                else:
+                    array = np.empty(output.shape, dtype)
+                    self._in_grad = self._in_grad and not 0 <= k < len(self._names)
                 self._binding.bind_ortvalue_output(output.name,
                                                    ort.OrtValue.ortvalue_from_numpy(array))
             else:
                 array = None
+                self._in_grad = False
                 self._binding.bind_output(output.name, "cpu")
             self._outputs.append(array)
         self.n_calls = 0
         # lowest finite loss evaluated so far and its weights: what an interrupted run keeps
-        self.best_loss, self.best_weights = np.inf, None
+        self.best_loss, self._best = np.inf, None
+
+    @property
+    def best_weights(self) -> dict | None:
+        """The weights of :attr:`best_loss`, by name (None before a finite one)."""
+        return None if self._best is None else self.unflatten(self._best)
 
     def unflatten(self, flat: np.ndarray) -> dict:
         out, offset = {}, 0
@@ -111,7 +135,13 @@ class _LossAndGradient:
             offset += size
         return out
 
-    def __call__(self, flat: np.ndarray) -> tuple[float, np.ndarray]:
+    def _bind_weights(self, flat: np.ndarray) -> None:
+        if self._weights is not None:
+            offset = 0
+            for array, size in zip(self._weights, self._sizes):
+                array.reshape(-1)[...] = flat[offset:offset + size]
+                offset += size
+            return
         weights = self.unflatten(flat)
         for name, value in weights.items():
             self._binding.bind_cpu_input(name, value)
@@ -120,33 +150,43 @@ class _LossAndGradient:
             for product, weight in self._sparse[2]:
                 self._binding.bind_cpu_input(product, np.ascontiguousarray(
                     X @ weights[weight], dtype=X.dtype))
-        with memory_errors("an L-BFGS evaluation", "L-BFGS evaluates every row at once: "
-                           "train with a mini-batch solver ('adam', 'sgd') and a batch_size."):
-            self._session.run_with_iobinding(self._binding)
-        outputs = self._outputs
-        if any(array is None for array in outputs):
-            values = self._binding.get_outputs()
-            outputs = [values[i].numpy() if array is None else array
-                       for i, array in enumerate(outputs)]
-        self.n_calls += 1
+
+    def _gradient(self, outputs) -> np.ndarray:
+        """The gradients of ``outputs`` in one float64 vector (scipy's)."""
         if self._sparse is not None:
             # the products' gradients, after the weights', reach the weights through X^T
             Xt, products = self._sparse[1], self._sparse[2]
             outputs, extra = outputs[:1 + len(self._names)], outputs[1 + len(self._names):]
             outputs = [np.asarray(o) for o in outputs]
             for (_, weight), d_product in zip(products, extra):
-                outputs[1 + self._names.index(weight)] = (
-                    outputs[1 + self._names.index(weight)] + Xt @ np.asarray(d_product))
+                k = 1 + self._names.index(weight)
+                outputs[k] = outputs[k] + Xt @ np.asarray(d_product)
         # written into one float64 vector: no cast nor concatenation of the weights' size
         grad, offset = np.empty(sum(self._sizes)), 0
-        for g in outputs[1:]:
+        for g in outputs[1:1 + len(self._names)]:
             g = np.asarray(g)
             grad[offset:offset + g.size] = g.reshape(-1)
             offset += g.size
+        return grad
+
+    def __call__(self, flat: np.ndarray) -> tuple[float, np.ndarray]:
+        self._bind_weights(flat)
+        with memory_errors("an L-BFGS evaluation", "L-BFGS evaluates every row at once: "
+                           "train with a mini-batch solver ('adam', 'sgd') and a batch_size."):
+            self._session.run_with_iobinding(self._binding)
+        self.n_calls += 1
+        outputs = self._outputs
+        if self._in_grad:  # scipy keeps the vector it gets: a copy of the one bound
+            grad = self._grad.copy()
+        else:
+            if any(array is None for array in outputs):
+                values = self._binding.get_outputs()
+                outputs = [values[i].numpy() if array is None else array
+                           for i, array in enumerate(outputs)]
+            grad = self._gradient(outputs)
         loss = float(outputs[0])
         if loss < self.best_loss and np.isfinite(grad).all():
-            # the weights bound above, copies of scipy's vector in the graph's dtype
-            self.best_loss, self.best_weights = loss, weights
+            self.best_loss, self._best = loss, np.array(flat, dtype=np.float64)
         return loss, grad
 
 
