@@ -27,7 +27,7 @@ from onnx import TensorProto, helper
 from .model import FLOAT_TYPES, finalize_model, onnx_to_np_dtype, opset_of
 from .nodes import attr, constant_values, needed_nodes, readers, rewritten
 from .provider_ops import PROVIDER_OPS
-from .shapes import refine_shapes
+from .shapes import broadcast_shape, refine_shapes
 from .values import elem_type_of, shape_of, value_info_map
 
 __all__ = [
@@ -252,27 +252,24 @@ def _static_shape(shapes: dict, name: str):
     return None if shape is None or None in shape else shape
 
 
-def _dominates(shape, target) -> bool:
-    """Whether broadcasting ``target`` against ``shape`` gives ``shape``."""
-    return len(target) <= len(shape) and all(
-        t == 1 or t == d for t, d in zip(reversed(target), reversed(shape)))
-
-
 def expands_as_broadcasts(nodes: list, graph: GraphView) -> list:
-    """``Mul(Expand(s, shape), y)`` rewritten as ``Mul(s, y)`` when ``s`` holds one value.
+    """``Mul(Expand(s, shape), y)`` rewritten as ``Mul(s, y)`` where broadcasting gives
+    the same shape.
 
     The gradient of a mean or a sum is its upstream scalar expanded to the
     input's shape, which the loss's gradient then multiplies (the one-hot
-    rows of a cross-entropy, the weight of an L2 penalty): broadcasting
-    gives the same values without the ``Expand`` (and the ``Shape`` that may
-    feed it), each node costing onnxruntime about a microsecond. Done when
-    every consumer, after a chain of ``Neg`` or of products with a single
-    value (then applied to the single value: the half of a squared error),
-    is an elementwise binary operator whose other operand keeps its shape
-    when broadcast with the expanded one. ``shapes`` are those of
-    :func:`~ortlearn.graph.refine_shapes`, which give the rows of a batch
-    one symbol (ONNX shape inference gives each sliced or broadcast value a
-    new one). The graph's outputs keep their shapes.
+    rows of a cross-entropy, the weight of an L2 penalty); a sparse row's
+    product spreads each row's value over its non-zeros the same way:
+    broadcasting gives the same values without the ``Expand`` (and the
+    ``Shape`` that may feed it), each node costing onnxruntime about a
+    microsecond. Done when every consumer is an elementwise binary operator
+    whose result has the same shape with ``s`` as with the expanded value;
+    when ``s`` holds one value, after a chain of ``Neg`` or of products with
+    a single value (then applied to the single value: the half of a squared
+    error). ``shapes`` are those of :func:`~ortlearn.graph.refine_shapes`,
+    which give the rows of a batch one symbol (ONNX shape inference gives
+    each sliced or broadcast value a new one). The graph's outputs keep
+    their shapes.
     """
     shapes, outputs = graph.shapes, graph.outputs
     consumers = readers(nodes)
@@ -286,20 +283,21 @@ def expands_as_broadcasts(nodes: list, graph: GraphView) -> list:
         source = _static_shape(shapes, node.input[0])
         # Expand(s, Shape(v)) has v's shape, whatever symbol its output got
         target = _static_shape(shapes, measured.get(node.input[1], node.output[0]))
-        if source is None or target is None or any(d != 1 for d in source) \
-                or len(source) > len(target):
+        if source is None or target is None or len(source) > len(target):
             continue
         value, users = node.output[0], consumers.get(node.output[0], [])
-        while len(users) == 1 and value not in outputs \
+        single = all(d == 1 for d in source)
+        while single and len(users) == 1 and value not in outputs \
                 and _keeps_one_value(users[0], value, shapes, target):
             value = users[0].output[0]
             users = consumers.get(value, [])
         if value in outputs or not users:
             continue
-        if all(user.op_type in _BROADCASTING and len(user.input) == 2
-               and len({*user.input}) == 2
-               and _dominates(_static_shape(shapes, next(v for v in user.input if v != value))
-                              or (), target) for user in users):
+        others = [_static_shape(shapes, next(v for v in user.input if v != value))
+                  if user.op_type in _BROADCASTING and len(user.input) == 2
+                  and len({*user.input}) == 2 else None for user in users]
+        if all(other is not None and None not in (result := broadcast_shape([target, other]))
+               and broadcast_shape([source, other]) == result for other in others):
             replaced[node.output[0]] = node.input[0]
     out = []
     for node in nodes:

@@ -51,12 +51,19 @@ def refine_shapes(graph: onnx.GraphProto, infos: dict, constants: dict) -> dict[
     """
     shapes = {name: shape_of(info) for name, info in infos.items()}
     shapes = {name: s for name, s in shapes.items() if s is not None}
+    measured = {}  # the output of a Shape node -> the shape it measures
     for node in graph.node:
         if node.domain not in ("", "ai.onnx"):
             continue
         ins = [shapes.get(i) if i else None for i in node.input]
+        if node.op_type == "Shape" and not node.attribute and ins[0] is not None:
+            measured[node.output[0]] = ins[0]
         try:
-            found = _infer(node, ins, constants)
+            if node.op_type == "Expand" and node.input[1] in measured:
+                # a gradient's upstream value expanded to the shape of what it reached
+                found = broadcast_shape([ins[0], measured[node.input[1]]])
+            else:
+                found = _infer(node, ins, constants)
         except (IndexError, ValueError, TypeError, KeyError):
             found = None  # a malformed node: leave it to shape inference and the checker
         if found is not None and node.output:
@@ -80,7 +87,9 @@ def _merge(known: list | None, found: list) -> list:
     return out
 
 
-def _broadcast(shapes: list) -> list | None:
+def broadcast_shape(shapes: list) -> list | None:
+    """The shape of ``shapes`` broadcast together (None dims where it depends on sizes
+    unknown here), or None if one of them is unknown."""
     if any(s is None for s in shapes):
         return None
     rank = max(len(s) for s in shapes)
@@ -115,7 +124,7 @@ def _infer(node, ins: list, constants: dict) -> list | None:
     if op in _SAME_SHAPE:
         return x
     if op in _BROADCAST:
-        return _broadcast(ins)
+        return broadcast_shape(ins)
     if op == "MatMul":
         return _matmul(*ins)
     if op == "Gemm":
@@ -161,7 +170,7 @@ def _matmul(a, b):
         return None
     a2 = [1] + a if len(a) == 1 else a
     b2 = b + [1] if len(b) == 1 else b
-    batch = _broadcast([a2[:-2], b2[:-2]])
+    batch = broadcast_shape([a2[:-2], b2[:-2]])
     if batch is None:
         return None
     out = batch + [a2[-2], b2[-1]]

@@ -17,6 +17,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+import numpy as np
+
 __all__ = ["Adaptive", "Constant", "InvScaling", "LinearLR", "Optimal", "per_sample_rates"]
 
 
@@ -63,16 +65,18 @@ def per_sample_rates(schedule, sizes, first_sample: int) -> list[float]:
     >>> per_sample_rates(InvScaling(0.1, power_t=0.5), [4, 4, 2], first_sample=1)
     [0.4, 0.17888543819998318, 0.06666666666666667]
     """
-    rates, t = [], int(first_sample)
-    for n in sizes:
-        rates.append(int(n) * schedule.learning_rate(t))
-        t += int(n)
-    return rates
+    sizes = np.asarray(sizes, dtype=np.int64).reshape(-1)
+    counts = sizes.cumsum() - sizes + int(first_sample)
+    return (sizes * schedule.learning_rates(counts)).tolist()
 
 
 class _Schedule:
     def learning_rate(self, step: int) -> float:
         raise NotImplementedError
+
+    def learning_rates(self, steps: np.ndarray) -> np.ndarray:
+        """The rates of the 1-based ``steps`` (an int64 array), as :meth:`learning_rate`'s."""
+        return np.array([self.learning_rate(int(step)) for step in steps], dtype=np.float64)
 
     def on_plateau(self) -> bool:
         """The loss stopped improving: return True (stop training).
@@ -107,6 +111,9 @@ class Constant(_Schedule):
     def learning_rate(self, step: int = 1) -> float:
         """``eta0``, whatever the step."""
         return self.eta0
+
+    def learning_rates(self, steps: np.ndarray) -> np.ndarray:
+        return np.full(len(steps), self.eta0)
 
 
 class InvScaling(_Schedule):
@@ -191,6 +198,12 @@ class Optimal(_Schedule):
         """Rate for the 1-based sample count ``step``."""
         _check_step(step)
         return 1.0 / (self.alpha * (self._t0 + step - 1))
+
+    def learning_rates(self, steps: np.ndarray) -> np.ndarray:
+        # the same operations in the same order as learning_rate's: the same values
+        if len(steps):
+            _check_step(int(steps.min()))
+        return 1.0 / (self.alpha * (self._t0 + steps - 1))
 
 
 class Adaptive(_Schedule):

@@ -16,11 +16,13 @@ from onnx import TensorProto, helper
 from ..graph import attr, elem_type_of, shape_of
 from ..graph.passes import GraphView
 
-__all__ = ["PROBE_ROWS", "batch_multiples", "sizes_from_rows"]
+__all__ = ["PROBE_OTHER", "PROBE_ROWS", "batch_multiples", "sizes_from_rows"]
 
 #: Two batch sizes (primes) the step's shapes are inferred with: a ``Size`` or
 #: ``Shape`` whose value scales with them is a multiple of the batch's rows.
 PROBE_ROWS = (1009, 1013)
+#: Two values (primes) of the data's other dims that are not static, in the probes.
+PROBE_OTHER = (1019, 1021)
 
 
 def batch_multiples(model: onnx.ModelProto, nodes, layout) -> dict:
@@ -29,29 +31,34 @@ def batch_multiples(model: onnx.ModelProto, nodes, layout) -> dict:
 
     A ``Size`` is ``coef * B`` (``coef`` an int); a ``Shape`` is
     ``coef * B + const`` (int vectors). Found by inferring the step's shapes
-    for two batch sizes (:data:`PROBE_ROWS`); empty when the data inputs
-    have dims other than the rows that are not static.
+    for two batch sizes (:data:`PROBE_ROWS`); where a data input has other
+    dims that are not static (the padded width of sparse rows), they take two
+    values (:data:`PROBE_OTHER`) and only what does not change with them is
+    kept. Empty when a data input's rank is unknown.
     """
     wanted = [n for n in nodes if n.op_type in ("Size", "Shape")]
     declared = {i.name: i for i in model.graph.input}
     data = {name: declared[src] for name, src in layout.data.items()}
-    if not wanted or any(shape_of(i) is None or not all(isinstance(d, int)
-                                                         for d in shape_of(i)[1:])
-                         for i in data.values()):
+    if not wanted or any(shape_of(i) is None for i in data.values()):
         return {}
+    symbolic = any(not isinstance(d, int) for i in data.values() for d in shape_of(i)[1:])
+    cases = [(PROBE_ROWS[0], PROBE_OTHER[0]), (PROBE_ROWS[1], PROBE_OTHER[0])]
+    if symbolic:
+        cases.append((PROBE_ROWS[0], PROBE_OTHER[1]))
+    steps = [n for n in nodes if not set(n.output) & set(data)]
     probes = []
-    for rows in PROBE_ROWS:
+    for rows, other in cases:
         probe = onnx.ModelProto()
         probe.CopyFrom(model)
         graph = probe.graph
         del graph.input[:]
         graph.input.extend(
-            [helper.make_tensor_value_info(name, elem_type_of(info), [rows, *shape_of(info)[1:]])
+            [helper.make_tensor_value_info(name, elem_type_of(info), [
+                rows, *(d if isinstance(d, int) else other for d in shape_of(info)[1:])])
              for name, info in data.items()]
             + [i for i in declared.values() if i.name not in set(layout.data.values())])
         del graph.output[:]
         del graph.value_info[:]
-        steps = [n for n in nodes if not set(n.output) & set(data)]
         try:
             probes.append(GraphView(probe, steps, []).shapes)
         except (onnx.shape_inference.InferenceError, ValueError, KeyError, TypeError):
@@ -66,8 +73,10 @@ def batch_multiples(model: onnx.ModelProto, nodes, layout) -> dict:
         else:
             end = attr(node, "end")
             dims = [d[attr(node, "start", 0):end] for d in dims]
+        if len(dims) > 2 and dims[2] != dims[0]:
+            continue  # it depends on the data's other dims
         coef, const = [], []
-        for small, large in zip(*dims):
+        for small, large in zip(dims[0], dims[1]):
             if small == large:
                 coef.append(0)
                 const.append(small)

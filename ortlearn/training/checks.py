@@ -8,6 +8,7 @@ them.
 from __future__ import annotations
 
 import contextlib
+import math
 import re
 
 import numpy as np
@@ -33,6 +34,7 @@ __all__ = [
     "check_label_values",
     "check_input_names",
     "check_learning_rate",
+    "check_learning_rates",
     "check_loss_output",
     "check_trainable",
     "conform_state",
@@ -174,12 +176,21 @@ def check_learning_rate(lr) -> float:
     becomes infinity and every weight NaN after one step.
     """
     lr = float(lr)
-    if not (np.isfinite(lr) and lr > 0):
+    if not (math.isfinite(lr) and lr > 0):
         raise ValueError(f"The learning rate must be a finite number > 0, got {lr!r}.")
     if lr > FLOAT32_MAX:
         raise ValueError(f"The learning rate {lr!r} overflows float32 (at most "
                          f"{FLOAT32_MAX:.4g}): it would become infinity in the optimizer.")
     return lr
+
+
+def check_learning_rates(rates) -> np.ndarray:
+    """:func:`check_learning_rate` of each of ``rates`` at once: a float64 array."""
+    rates = np.asarray(rates, dtype=np.float64)
+    bad = ~(np.isfinite(rates) & (rates > 0) & (rates <= FLOAT32_MAX))
+    if bad.any():
+        check_learning_rate(rates[bad][0])  # raises, naming the rate
+    return rates
 
 
 #: the largest learning rate the optimizer graphs' float32 inputs can hold

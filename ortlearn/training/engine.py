@@ -49,6 +49,7 @@ from .checks import (
     check_class_labels,
     check_input_names,
     check_learning_rate,
+    check_learning_rates,
     check_loss_output,
     check_trainable,
     conform_state,
@@ -514,9 +515,9 @@ class TrainingEngine:
         """
         first = self.n_steps + 1
         if lr_for_step is not None:
-            rates = [check_learning_rate(lr_for_step(step))
-                     for step in range(first, first + n_batches)]
-            self._lr = rates[-1]
+            rates = check_learning_rates([lr_for_step(step)
+                                          for step in range(first, first + n_batches)])
+            self._lr = float(rates[-1])
             return self._host_scalars(rates, first, dtype)
         block = self._scalar_block
         if (block is None or block["key"] != (self._lr, dtype) or first < block["first"]

@@ -694,8 +694,9 @@ def _uniform_body(model, nodes, layout, carried, b: GraphBuilder):
             continue
         if node.output and node.output[0] in multiples:
             coef, const = multiples[node.output[0]]
-            if node.op_type == "Size":
-                value = b.op("Mul", [rows_scalar, b.const(coef, dtype=np.int64)])
+            if node.op_type == "Size":  # coef * B, or the same for every batch
+                value = (b.op("Mul", [rows_scalar, b.const(coef, dtype=np.int64)]) if coef
+                         else b.const(const, dtype=np.int64))
             else:
                 value = b.op("Add", [b.op("Mul", [size, b.ints(coef, hint="coef")]),
                                      b.ints(const, hint="dims")])

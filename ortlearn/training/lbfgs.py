@@ -96,36 +96,34 @@ class _LossAndGradient:
         # weights' gradients) into arrays of their own: no allocation and copy of the
         # weights' size an evaluation; float64 gradients straight into the slices of
         # scipy's vector. It allocates the others (a sparse X's products).
-        self._grad = np.empty(sum(self._sizes))
+        outputs = self._session.get_outputs()
+        static = [self._device.kind == "cpu" and bool(ort_elem_type(o.type))
+                  and all(isinstance(d, int) for d in o.shape) for o in outputs]
+        grads = outputs[1:1 + len(self._names)]
+        self._in_grad = on_cpu and all(static) and len(grads) == len(self._names) and all(
+            ort_elem_type(o.type) == onnx.TensorProto.DOUBLE
+            and int(np.prod(o.shape, dtype=np.int64)) == size
+            for o, size in zip(grads, self._sizes))
+        self._grad = np.empty(sum(self._sizes)) if self._in_grad else None
         bounds = np.cumsum([0, *self._sizes])
-        self._outputs, self._in_grad = [], on_cpu
-        for i, output in enumerate(self._session.get_outputs()):
-            elem = ort_elem_type(output.type)
-            static = elem and all(isinstance(d, int) for d in output.shape)
-            if self._device.kind == "cpu" and static:
-                dtype = helper.tensor_dtype_to_np_dtype(elem)
-                k = i - 1  # the gradient of weight k
-                if (on_cpu and 0 <= k < len(self._names) and dtype == np.float64
-                        and int(np.prod(output.shape, dtype=np.int64)) == self._sizes[k]):
-                    array = self._grad[bounds[k]:bounds[k + 1]].reshape(output.shape)
-                else:
-                    array = np.empty(output.shape, dtype)
-                    self._in_grad = self._in_grad and not 0 <= k < len(self._names)
+        self._outputs = []
+        for i, output in enumerate(outputs):
+            array = None
+            if self._in_grad and 1 <= i <= len(self._names):
+                array = self._grad[bounds[i - 1]:bounds[i]].reshape(output.shape)
+            elif static[i]:
+                array = np.empty(output.shape,
+                                 helper.tensor_dtype_to_np_dtype(ort_elem_type(output.type)))
+            if array is None:
+                self._binding.bind_output(output.name, "cpu")
+            else:
                 self._binding.bind_ortvalue_output(output.name,
                                                    ort.OrtValue.ortvalue_from_numpy(array))
-            else:
-                array = None
-                self._in_grad = False
-                self._binding.bind_output(output.name, "cpu")
             self._outputs.append(array)
         self.n_calls = 0
-        # lowest finite loss evaluated so far and its weights: what an interrupted run keeps
-        self.best_loss, self._best = np.inf, None
-
-    @property
-    def best_weights(self) -> dict | None:
-        """The weights of :attr:`best_loss`, by name (None before a finite one)."""
-        return None if self._best is None else self.unflatten(self._best)
+        # lowest finite loss evaluated so far and its weights (name -> array in the
+        # graph's dtype): what an interrupted run keeps
+        self.best_loss, self.best_weights = np.inf, None
 
     def unflatten(self, flat: np.ndarray) -> dict:
         out, offset = {}, 0
@@ -135,13 +133,14 @@ class _LossAndGradient:
             offset += size
         return out
 
-    def _bind_weights(self, flat: np.ndarray) -> None:
+    def _bind_weights(self, flat: np.ndarray) -> dict:
+        """The weights ``flat`` bound as the graph's inputs; returns them by name."""
         if self._weights is not None:
             offset = 0
             for array, size in zip(self._weights, self._sizes):
                 array.reshape(-1)[...] = flat[offset:offset + size]
                 offset += size
-            return
+            return dict(zip(self._names, self._weights))
         weights = self.unflatten(flat)
         for name, value in weights.items():
             self._binding.bind_cpu_input(name, value)
@@ -150,6 +149,7 @@ class _LossAndGradient:
             for product, weight in self._sparse[2]:
                 self._binding.bind_cpu_input(product, np.ascontiguousarray(
                     X @ weights[weight], dtype=X.dtype))
+        return weights
 
     def _gradient(self, outputs) -> np.ndarray:
         """The gradients of ``outputs`` in one float64 vector (scipy's)."""
@@ -170,7 +170,7 @@ class _LossAndGradient:
         return grad
 
     def __call__(self, flat: np.ndarray) -> tuple[float, np.ndarray]:
-        self._bind_weights(flat)
+        weights = self._bind_weights(flat)
         with memory_errors("an L-BFGS evaluation", "L-BFGS evaluates every row at once: "
                            "train with a mini-batch solver ('adam', 'sgd') and a batch_size."):
             self._session.run_with_iobinding(self._binding)
@@ -186,7 +186,14 @@ class _LossAndGradient:
             grad = self._gradient(outputs)
         loss = float(outputs[0])
         if loss < self.best_loss and np.isfinite(grad).all():
-            self.best_loss, self._best = loss, np.array(flat, dtype=np.float64)
+            self.best_loss = loss
+            if self._weights is None:  # arrays of this call's own
+                self.best_weights = weights
+            elif self.best_weights is None:
+                self.best_weights = {n: w.copy() for n, w in weights.items()}
+            else:  # the bound arrays change at the next call: a copy, into one buffer
+                for name, w in weights.items():
+                    np.copyto(self.best_weights[name], w)
         return loss, grad
 
 

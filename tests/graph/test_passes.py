@@ -221,6 +221,40 @@ def test_expand_through_a_neg_to_a_broadcast(target, other_shape, neg_is_output,
         assert g.shape == e.shape
 
 
+@pytest.mark.parametrize("other_shape, expected_expands", [
+    (["B", "M", 1], 0),  # each row's value spread over its entries: the product broadcasts
+    ([1, "M", 1], 0),    # broadcast against (B, 1, 1) or (B, M, 1), the product is (B, M, 1)
+    ([1, 1, 1], 1),      # the Expand makes the product (B, M, 1)
+])
+def test_expand_of_rows_to_a_measured_shape(other_shape, expected_expands):
+    """``Mul(Expand(Unsqueeze(d, -1), Shape(v)), y)``: a sparse row's product gradient,
+    ``d`` (B, 1) one value a row, ``v`` (B, M, 1) the row's entries; symbolic sizes (the
+    shape of the Expand is read off ``Shape(v)``, refine_shapes)."""
+    b = GraphBuilder(prefix="t_")
+    column = b.op("Unsqueeze", ["d", b.ints([-1])])
+    b.op("Mul", [b.op("Expand", [column, b.op("Shape", ["v"])]), "y"], outputs=["out"])
+    f = TensorProto.DOUBLE
+    graph = helper.make_graph(
+        b.nodes, "g", [helper.make_tensor_value_info("d", f, ["B", 1]),
+                       helper.make_tensor_value_info("v", f, ["B", "M", 1]),
+                       helper.make_tensor_value_info("y", f, other_shape)],
+        [helper.make_tensor_value_info("out", f, ["B", "M", 1])])
+    model = finalize_model(helper.make_model(graph))
+    nodes = needed_nodes(_run(expands_as_broadcasts, model), ["out"])
+    assert sum(n.op_type == "Expand" for n in nodes) == expected_expands
+    assert sum(n.op_type == "Shape" for n in nodes) == expected_expands
+    rng = np.random.default_rng(0)
+    sizes = {"B": 3, "M": 4}
+    feeds = {"d": rng.normal(size=(3, 1)), "v": rng.normal(size=(3, 4, 1)),
+             "y": rng.normal(size=[sizes.get(d, d) for d in other_shape])}
+    expected = ort.InferenceSession(model.SerializeToString()).run(None, feeds)[0]
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    got = ort.InferenceSession(model.SerializeToString()).run(None, feeds)[0]
+    np.testing.assert_array_equal(got, expected)
+    assert got.shape == (3, 4, 1)
+
+
 @pytest.mark.parametrize("factor_shape, expected_expands", [
     ([], 0), ([1, 1], 0),   # Expand(s) * c is Expand(s * c)
     ([1, 1, 1], 1),         # s * c would add a leading dimension the Expand does not

@@ -188,3 +188,34 @@ def test_a_wide_linear_step_broadcasts_no_lower_rank_value_against_its_weights(p
     # with the L2 penalty, the weights' decay (graph.passes.scattered_updates); without,
     # the rate times the gradient and the update
     assert checked == (1 if penalty else 2)
+
+
+@pytest.mark.parametrize("kind", ["sgd", "mlp"])
+def test_a_sparse_step_computes_its_batch_size_once_per_epoch(kind):
+    """A CSR X is read as padded rows whose width is a symbol of the graph: the mean's
+    batch size is still found a multiple of the rows (batch_shapes.batch_multiples,
+    probing the width too), a weight's size the same for every batch, and the gradient
+    spread over a row's entries broadcasts (graph.passes.expands_as_broadcasts): no
+    Size, Shape nor Expand a step. The weights are the per-sample SGD's of
+    scikit-learn (SGD) or those of the dense rows (MLP)."""
+    from sklearn.linear_model import SGDClassifier
+
+    from ortlearn.estimators import OrtSGDClassifier
+
+    X = scipy.sparse.random(200, 50, density=0.1, format="csr", random_state=0)
+    y = np.arange(200) % 2
+    if kind == "sgd":
+        est = OrtSGDClassifier(random_state=0, shuffle=False, batch_size=1)
+        reference = SGDClassifier(random_state=0, shuffle=False).partial_fit(
+            X, y, classes=[0, 1])
+        expected = [reference.coef_.T, reference.intercept_]
+    else:
+        est = OrtMLPClassifier((4,), solver="sgd", random_state=0, shuffle=False)
+        dense = type(est)(**est.get_params()).partial_fit(X.toarray(), y, classes=[0, 1])
+        expected = list(dense.get_state().values())
+    engine = est.partial_fit(X, y, classes=[0, 1])._runtime.engine
+    model, _, _, _ = engine._compiled(True)
+    uniform, _ = _bodies(model)
+    assert uniform["Size"] == uniform["Shape"] == uniform["Expand"] == 0
+    for got, want in zip(est.get_state().values(), expected):
+        np.testing.assert_allclose(got.reshape(np.shape(want)), want, rtol=1e-10, atol=1e-12)
