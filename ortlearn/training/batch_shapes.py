@@ -16,7 +16,7 @@ from onnx import TensorProto, helper
 from ..graph import attr, elem_type_of, shape_of
 from ..graph.passes import GraphView
 
-__all__ = ["PROBE_OTHER", "PROBE_ROWS", "batch_multiples", "sizes_from_rows"]
+__all__ = ["PROBE_OTHER", "PROBE_ROWS", "batch_multiples", "probe_shapes", "sizes_from_rows"]
 
 #: Two batch sizes (primes) the step's shapes are inferred with: a ``Size`` or
 #: ``Shape`` whose value scales with them is a multiple of the batch's rows.
@@ -25,22 +25,15 @@ PROBE_ROWS = (1009, 1013)
 PROBE_OTHER = (1019, 1021)
 
 
-def batch_multiples(model: onnx.ModelProto, nodes, layout) -> dict:
-    """``{output: (coef, const)}`` of the ``Size`` and ``Shape`` nodes of a step that
-    depend on the batch only through its number of rows ``B``.
-
-    A ``Size`` is ``coef * B`` (``coef`` an int); a ``Shape`` is
-    ``coef * B + const`` (int vectors). Found by inferring the step's shapes
-    for two batch sizes (:data:`PROBE_ROWS`); where a data input has other
-    dims that are not static (the padded width of sparse rows), they take two
-    values (:data:`PROBE_OTHER`) and only what does not change with them is
-    kept. Empty when a data input's rank is unknown.
-    """
-    wanted = [n for n in nodes if n.op_type in ("Size", "Shape")]
+def probe_shapes(model: onnx.ModelProto, nodes, layout) -> list[dict] | None:
+    """The shapes of a step's values for two batch sizes (:data:`PROBE_ROWS`), and for two
+    values of the data's other dims that are not static (the padded width of sparse rows,
+    :data:`PROBE_OTHER`): ``[{value: shape}, ...]``, None when a data input's rank is
+    unknown or the shapes cannot be inferred."""
     declared = {i.name: i for i in model.graph.input}
     data = {name: declared[src] for name, src in layout.data.items()}
-    if not wanted or any(shape_of(i) is None for i in data.values()):
-        return {}
+    if any(shape_of(i) is None for i in data.values()):
+        return None
     symbolic = any(not isinstance(d, int) for i in data.values() for d in shape_of(i)[1:])
     cases = [(PROBE_ROWS[0], PROBE_OTHER[0]), (PROBE_ROWS[1], PROBE_OTHER[0])]
     if symbolic:
@@ -62,7 +55,26 @@ def batch_multiples(model: onnx.ModelProto, nodes, layout) -> dict:
         try:
             probes.append(GraphView(probe, steps, []).shapes)
         except (onnx.shape_inference.InferenceError, ValueError, KeyError, TypeError):
-            return {}
+            return None
+    return probes
+
+
+def batch_multiples(model: onnx.ModelProto, nodes, layout, probes=None) -> dict:
+    """``{output: (coef, const)}`` of the ``Size`` and ``Shape`` nodes of a step that
+    depend on the batch only through its number of rows ``B``.
+
+    A ``Size`` is ``coef * B`` (``coef`` an int); a ``Shape`` is
+    ``coef * B + const`` (int vectors). Found from the step's shapes for two
+    batch sizes (``probes``, :func:`probe_shapes`'s, computed when None), only
+    what does not change with the data's other dims. Empty when a data input's
+    rank is unknown.
+    """
+    wanted = [n for n in nodes if n.op_type in ("Size", "Shape")]
+    if not wanted:
+        return {}
+    probes = probe_shapes(model, nodes, layout) if probes is None else probes
+    if probes is None:
+        return {}
     found = {}
     for node in wanted:
         dims = [shapes.get(node.input[0]) for shapes in probes]

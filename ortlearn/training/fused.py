@@ -68,7 +68,8 @@ from ..graph import (
 from ..graph.batch_norm import set_inference_mode
 from ..graph.format import HYPER_PREFIX
 from ..graph.passes import CHEAPER_NODES, run_passes
-from .batch_shapes import batch_multiples, sizes_from_rows
+from .batch_shapes import batch_multiples, probe_shapes, sizes_from_rows
+from .loop_body import hoisted, renamed, row_wise_once_per_epoch
 from .scattered import split_scattered_updates
 
 __all__ = ["FusedLayout", "build_fused_epoch", "build_fused_step", "eval_graph", "hyper_inputs",
@@ -628,11 +629,6 @@ def _loop_body(nodes, name: str, iteration: str, carried, infos, layout) -> onnx
     return body
 
 
-#: Operators drawing random numbers: a new draw each step, never computed once per epoch.
-_DRAWS = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
-                    "Multinomial", "Bernoulli", "Dropout"})
-#: Suffix of a value computed once per epoch instead of once per step.
-_HOISTED = ".per_epoch"
 def _uniform_body(model, nodes, layout, carried, b: GraphBuilder):
     """The step ``nodes`` for batches of one size, and the number of such leading batches.
 
@@ -649,7 +645,9 @@ def _uniform_body(model, nodes, layout, carried, b: GraphBuilder):
       rows (:func:`~ortlearn.training.batch_shapes.batch_multiples`) become
       values of the epoch, ``rows`` of the batch is ``rows[0]``;
     * every node reading only values of the epoch and constants then runs
-      once per epoch (:func:`_hoisted`): the same operation on the same
+      once per epoch (:func:`~ortlearn.training.loop_body.hoisted`), row-wise work
+      on the batch's rows first rewritten as that work on every row
+      (:func:`~ortlearn.training.loop_body.row_wise_once_per_epoch`): the same operation on the same
       values, so the same bits.
 
     Returns ``(nodes, n_same)`` with ``n_same`` an int64 scalar of ``b``.
@@ -675,7 +673,8 @@ def _uniform_body(model, nodes, layout, carried, b: GraphBuilder):
                 b.op("Concat", [n_same_vec, size, tail], axis=0)])
         return by_batch[name]
 
-    multiples = batch_multiples(model, nodes, layout)
+    probes = probe_shapes(model, nodes, layout)
+    multiples = batch_multiples(model, nodes, layout, probes)
     rows_scalar = b.op("Squeeze", [size])
     replaced, out = {}, []
     producers = {o: n for n in nodes for o in n.output}
@@ -703,60 +702,15 @@ def _uniform_body(model, nodes, layout, carried, b: GraphBuilder):
             replaced[node.output[0]] = value
             continue
         out.append(node)
-    out = [_renamed(node, replaced) for node in out]
+    out = [renamed(node, replaced) for node in out]
     body_outputs = list(layout.carried.values())
     out = needed_nodes(out, body_outputs)
-    return _hoisted(out, {k, "fused.cond", *carried}, b), n_same
-
-
-def _renamed(node: onnx.NodeProto, names: dict) -> onnx.NodeProto:
-    """``node`` reading ``names[v]`` for each of its inputs ``v`` in ``names``."""
-    if not any(i in names for i in node.input):
-        return node
-    copy = onnx.NodeProto()
-    copy.CopyFrom(node)
-    copy.input[:] = [names.get(i, i) for i in node.input]
-    return copy
-
-
-def _hoisted(nodes, varying, b: GraphBuilder) -> list:
-    """``nodes`` of a ``Loop`` body less those computing the same value at every iteration.
-
-    A node that reads only constants and values from outside the body (not
-    the iteration number, the condition nor a carried value: ``varying``,
-    nor what a node reading them computes) is moved to ``b``, which runs once
-    per call, its outputs renamed; the constants it reads are copied there.
-    Random draws (:data:`_DRAWS`), operators of other domains and nodes with
-    subgraphs stay.
-    """
-    constants = {n.output[0]: n for n in nodes if n.op_type == "Constant"}
-    varying, moved, copies, kept = set(varying), {}, {}, []
-    for node in nodes:
-        reads = node_reads(node)
-        if node.op_type == "Constant":
-            kept.append(node)
-            continue
-        if (reads & varying or node.op_type in _DRAWS or node.domain not in ("", "ai.onnx")
-                or any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
-                       for a in node.attribute)):
-            varying.update(node.output)
-            kept.append(node)
-            continue
-        for v in reads & constants.keys() - copies.keys():
-            copies[v] = v + _HOISTED
-            const = onnx.NodeProto()
-            const.CopyFrom(constants[v])
-            const.output[:] = [copies[v]]
-            const.name = copies[v]
-            b.nodes.append(const)
-        hoisted = onnx.NodeProto()
-        hoisted.CopyFrom(node)
-        hoisted.input[:] = [moved.get(i, copies.get(i, i)) for i in node.input]
-        moved.update((o, o + _HOISTED) for o in node.output if o)
-        hoisted.output[:] = [moved.get(o, o) for o in node.output]
-        hoisted.name = (node.name or node.output[0]) + _HOISTED
-        b.nodes.append(hoisted)
-    return [_renamed(node, moved) for node in kept]
+    varying = {k, "fused.cond", *carried}
+    if probes:
+        produced = {o for node in out for o in node.output}
+        outer = {v for node in out for v in node.input if v and v not in produced} - varying
+        out = row_wise_once_per_epoch(out, outer, probes[0])
+    return hoisted(out, varying, b), n_same
 
 
 # ------------------------------------------------------- the engine's other graphs

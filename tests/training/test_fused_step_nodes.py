@@ -145,7 +145,7 @@ def test_hoisting_moves_invariant_nodes_and_keeps_random_draws():
     from onnx import helper
 
     from ortlearn.graph import GraphBuilder
-    from ortlearn.training.fused import _hoisted
+    from ortlearn.training.loop_body import hoisted
 
     nodes = [helper.make_node("Constant", [], ["two"], value_float=2.0),
              helper.make_node("Mul", ["outer", "two"], ["scaled"]),  # once per call
@@ -153,7 +153,7 @@ def test_hoisting_moves_invariant_nodes_and_keeps_random_draws():
              helper.make_node("Add", ["scaled", "noise"], ["s"]),
              helper.make_node("Mul", ["s", "carried"], ["carried.next"])]
     outer = GraphBuilder(opset=18, prefix="outer_")
-    body = _hoisted(nodes, {"carried"}, outer)
+    body = hoisted(nodes, {"carried"}, outer)
     assert [n.op_type for n in outer.nodes] == ["Constant", "Mul"]
     assert list(outer.nodes[1].input) == ["outer", "two.per_epoch"]
     assert [n.op_type for n in body] == ["Constant", "RandomUniform", "Add", "Mul"]
