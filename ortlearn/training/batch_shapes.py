@@ -1,7 +1,8 @@
 """What of a training step depends on the rows of its batch, found from the step's shapes.
 
-:func:`batch_multiples` infers a step's shapes for two batch sizes and
-finds the ``Size`` and ``Shape`` values that scale with the rows; the
+:func:`probe_shapes` infers a step's shapes for two batch sizes (and two
+values of the data's other symbolic dims); :func:`batch_multiples` finds
+from them the ``Size`` and ``Shape`` values that scale with the rows; the
 epoch's ``Loop`` computes them once per epoch
 (:func:`~ortlearn.training.fused.build_fused_epoch`), and a table-fed step
 computes each ``Size`` from its ``rows`` input (:func:`sizes_from_rows`).
