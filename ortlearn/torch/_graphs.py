@@ -18,6 +18,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import torch
+from torch.autograd.function import once_differentiable
 
 from ..autodiff import build_forward_backward
 from ..fileio import save_model
@@ -27,7 +28,7 @@ from ..training.device import make_session, make_session_options, parse_device
 from ..training.placement import warn_cpu_fallbacks
 from ._export import Exported, TreeSpec
 
-__all__ = ["Graphs", "build_graphs", "run_session", "sessions_device"]
+__all__ = ["Graphs", "RunGraphs", "build_graphs", "run_session", "sessions_device"]
 
 _NUMPY_DTYPES = {
     torch.float32: np.float32, torch.float64: np.float64, torch.float16: np.float16,
@@ -65,13 +66,77 @@ class Graphs:
     #: Whether a forward run succeeded (the first one may still fall back to torch).
     checked: bool = False
 
-    @property
-    def forward_outputs(self) -> list:
-        return list(dict.fromkeys([*self.outputs, *self.updated.values(), *self.saved]))
+    def __post_init__(self):
+        # Positions computed once: a call of a small model takes about as long in Python
+        # as in its sessions.
+        #: What the forward session returns, each name once.
+        self.forward_outputs = list(dict.fromkeys([*self.outputs, *self.updated.values(),
+                                                   *self.saved]))
+        returned = {name: i for i, name in enumerate(self.forward_outputs)}
+        position = {name: i for i, name in enumerate(self.inputs)}
+        output_index = {name: i for i, name in enumerate(self.outputs)}
+        self._output_slots = [returned[name] for name in self.outputs]
+        self._updates = [(position[name], returned[out]) for name, out in self.updated.items()]
+        self._reused_positions = [position[name] for name in self.reused]
+        # A saved value that is also an output goes through save_for_backward (changed in
+        # place before the backward, it raises, as in torch); the others only the
+        # backward reads: kept as the session returned them.
+        self._saved_outputs = [output_index[n] for n in self.saved if n in output_index]
+        self._saved_slots = [returned[n] for n in self.saved if n not in output_index]
+        self._non_differentiable = [i for i, name in enumerate(self.outputs)
+                                    if name not in self.cotangents]
+        self._cotangent_slots = [output_index[out] for out in self.cotangents]
+        self._backward_inputs = [*self.cotangents.values(),
+                                 *[n for n in self.saved if n not in output_index],
+                                 *[n for n in self.saved if n in output_index], *self.reused]
+        self._gradient_names = list(self.gradients.values())
+        gradient_index = {name: i for i, name in enumerate(self.gradients)}
+        self._gradient_slots = [gradient_index.get(name) for name in self.inputs]
 
-    def differentiable(self, index: int) -> bool:
-        """Whether output ``index`` has a gradient (a cotangent goes back for it)."""
-        return self.outputs[index] in self.cotangents
+
+def _backward(ctx, *grad_outputs):
+    graphs: Graphs = ctx.graphs
+    if graphs.backward is None:
+        return (None,) * (1 + len(graphs.inputs))
+    values = [grad_outputs[i] for i in graphs._cotangent_slots]
+    values += ctx.kept
+    values += ctx.saved_tensors  # the saved outputs, then the reused inputs
+    grads = run_session(graphs.backward, graphs._backward_inputs, values,
+                        graphs._gradient_names)
+    return (None, *[None if i is None else _tensor(grads[i]) for i in graphs._gradient_slots])
+
+
+_backward_once = once_differentiable(_backward)
+
+
+class RunGraphs(torch.autograd.Function):
+    """One call of the forward session; its backward runs the backward session.
+
+    ``tensors`` are the graph inputs in order (the call's tensors, then the
+    weights): torch autograd routes the gradients to them, accumulating into
+    ``param.grad`` as for any torch operation.
+    """
+
+    @staticmethod
+    def forward(ctx, graphs: Graphs, *tensors):
+        values = run_session(graphs.forward, graphs.inputs, tensors, graphs.forward_outputs)
+        for position, slot in graphs._updates:
+            tensors[position].copy_(_tensor(values[slot]))
+        outputs = [_tensor(values[i]) for i in graphs._output_slots]
+        ctx.graphs = graphs
+        ctx.kept = [values[i] for i in graphs._saved_slots]
+        ctx.save_for_backward(*[outputs[i] for i in graphs._saved_outputs],
+                              *[tensors[i] for i in graphs._reused_positions])
+        if graphs._non_differentiable:
+            ctx.mark_non_differentiable(*[outputs[i] for i in graphs._non_differentiable])
+        return tuple(outputs)
+
+    @staticmethod
+    def backward(ctx, *grad_outputs):
+        if torch.is_grad_enabled():
+            # create_graph=True: these gradients have no graph, differentiating them raises
+            return _backward_once(ctx, *grad_outputs)
+        return _backward(ctx, *grad_outputs)
 
 
 def build_graphs(exported: Exported, output_spec: TreeSpec, wrt: Sequence[str], *,
@@ -169,42 +234,48 @@ def sessions_device(device) -> str | None:
     return str(parse_device(device))  # names what is missing: the wheel, a GPU, Vulkan
 
 
-def run_session(session: ort.InferenceSession, feeds: Sequence[tuple[str, torch.Tensor]],
-                outputs: Sequence[str]) -> list[torch.Tensor]:
-    """Run ``session`` on torch tensors; its outputs as torch tensors, without copies.
+def run_session(session: ort.InferenceSession, names: Sequence[str], values: Sequence,
+                outputs: Sequence[str]) -> list:
+    """Run ``session`` on the inputs ``names`` given ``values``; its outputs, without copies.
 
-    ``feeds`` hold ``(input name, tensor)`` pairs on the session's device (the
-    CPU's for a WebGPU session). On the CPU, onnxruntime reads numpy views of
-    the tensors in place and its outputs come back as numpy arrays over its own
-    buffers, which torch shares (a WebGPU session copies them to the GPU and
-    back); on CUDA, inputs are bound by data pointer (``IOBinding``) and
-    outputs cross by DLPack.
+    The values are torch tensors on the session's device (the CPU's for a
+    WebGPU session) or values this function returned. On the CPU, onnxruntime
+    reads numpy views of the tensors in place and its outputs come back as
+    numpy arrays (:func:`_tensor` shares them with torch; a WebGPU session
+    copies them to the GPU and back); on CUDA, inputs are bound by data
+    pointer (``IOBinding``) and outputs come back as torch tensors by DLPack.
     """
-    if not feeds or not feeds[0][1].is_cuda:
-        arrays = session.run(outputs, {name: _numpy(t) for name, t in feeds})
-        return [torch.from_numpy(a) for a in arrays]
+    first = values[0] if values else None
+    if not (isinstance(first, torch.Tensor) and first.is_cuda):
+        try:
+            arrays = [v if type(v) is np.ndarray else v.detach().numpy() for v in values]
+        except TypeError:  # a dtype numpy lacks (bfloat16)
+            for value in values:
+                if isinstance(value, torch.Tensor):
+                    _numpy_dtype(value)
+            raise
+        return session.run(outputs, dict(zip(names, arrays)))
     binding = session.io_binding()
     kept = []
-    for name, tensor in feeds:
+    for name, tensor in zip(names, values):
         tensor = tensor.detach().contiguous()
         kept.append(tensor)
         binding.bind_input(name, "cuda", tensor.device.index or 0, _numpy_dtype(tensor),
                            tuple(tensor.shape), tensor.data_ptr())
-    index = kept[0].device.index or 0
+    index = first.device.index or 0
     for name in outputs:
         binding.bind_output(name, "cuda", index)
     # onnxruntime runs on its own stream: torch's pending work on the inputs first.
-    torch.cuda.current_stream(kept[0].device).synchronize()
+    torch.cuda.current_stream(first.device).synchronize()
     session.run_with_iobinding(binding)
     binding.synchronize_outputs()
     values = binding.get_outputs_as_ortvaluevector()
     return [torch.from_dlpack(values.dlpack_at(i)) for i in range(len(outputs))]
 
 
-def _numpy(tensor: torch.Tensor) -> np.ndarray:
-    if tensor.dtype not in _NUMPY_DTYPES:
-        _numpy_dtype(tensor)
-    return tensor.detach().numpy()
+def _tensor(value) -> torch.Tensor:
+    """A value of :func:`run_session` as a torch tensor (sharing its memory)."""
+    return torch.from_numpy(value) if type(value) is np.ndarray else value
 
 
 def _numpy_dtype(tensor: torch.Tensor):

@@ -21,6 +21,7 @@ import contextlib
 import os
 import sys
 import threading
+import weakref
 
 import torch
 
@@ -41,17 +42,22 @@ def _snapshot(value):
     return _MISSING
 
 
-def _structure(module: torch.nn.Module) -> tuple:
-    """The submodules (which objects, in which order), their modes, hooks, parameter and
-    buffer names: checked at every call, so read from the ``_modules`` dictionaries
-    directly (``named_modules`` builds every name's string)."""
-    entries, stack = [], [module]
+def _walk(module: torch.nn.Module) -> list:
+    """The submodules in ``named_modules(remove_duplicate=False)``'s order (a shared one
+    each time it is met), read from the ``_modules`` dictionaries directly."""
+    subs, stack = [], [module]
     while stack:
         sub = stack.pop()
-        entries.append((id(sub), sub.training, len(sub._forward_hooks),
-                        len(sub._forward_pre_hooks), *sub._parameters, "", *sub._buffers))
+        subs.append(sub)
         stack.extend(child for child in reversed(sub._modules.values()) if child is not None)
-    return tuple(entries)
+    return subs
+
+
+def _signature(sub: torch.nn.Module) -> tuple:
+    """What an export may depend on in ``sub`` itself: its mode, its hooks, its parameter
+    and buffer names, its children (by ``id``, in order)."""
+    return (sub.training, len(sub._forward_hooks), len(sub._forward_pre_hooks),
+            tuple(sub._parameters), tuple(sub._buffers), tuple(map(id, sub._modules.values())))
 
 
 class Guard:
@@ -64,39 +70,67 @@ class Guard:
         The attributes forward read (:func:`recording_reads`).
     """
 
+    # Submodules are held by weak references: one replaced since must not stay alive
+    # with its weights.
     def __init__(self, module: torch.nn.Module, reads=()):
-        self._structure = _structure(module)
+        self._expected = [(weakref.ref(sub), *_signature(sub)) for sub in _walk(module)]
+        self._names = [name for name, _ in module.named_modules(remove_duplicate=False)]
         names = {id(sub): name for name, sub in module.named_modules()}
         self._reads = []
         for sub, attr in reads:
             snapshot = _snapshot(sub.__dict__.get(attr, _MISSING))
             if snapshot is not _MISSING:
-                self._reads.append((sub, attr, names.get(id(sub), "?"), snapshot))
+                self._reads.append((weakref.ref(sub), attr, names.get(id(sub), "?"), snapshot))
 
     def holds(self, module: torch.nn.Module) -> bool:
-        """Whether ``module`` is as it was when the guard was taken."""
-        return self.difference(module) is None
+        """Whether ``module`` is as it was when the guard was taken (what
+        :meth:`difference` checks, in the fewest steps: it runs at every call)."""
+        for ref, attr, _, snapshot in self._reads:
+            sub = ref()
+            if sub is None or _snapshot(sub.__dict__.get(attr, _MISSING)) != snapshot:
+                return False
+        # From the root down, each submodule is alive and has the same children (alive
+        # objects have distinct ids): the walk of the module is the one recorded.
+        for ref, training, hooks, pre_hooks, parameters, buffers, children in self._expected:
+            sub = ref()
+            if (sub is None or sub.training != training or len(sub._forward_hooks) != hooks
+                    or len(sub._forward_pre_hooks) != pre_hooks
+                    or tuple(sub._parameters) != parameters or tuple(sub._buffers) != buffers
+                    or tuple(map(id, sub._modules.values())) != children):
+                return False
+        return self._expected[0][0]() is module
 
     def difference(self, module: torch.nn.Module) -> str | None:
         """What changed, in words (None: nothing)."""
-        for sub, attr, where, snapshot in self._reads:
+        for ref, attr, where, snapshot in self._reads:
+            sub = ref()
+            if sub is None:
+                return f"the submodule {where!r} was replaced"
             if _snapshot(sub.__dict__.get(attr, _MISSING)) != snapshot:
                 return f"the attribute {attr!r} of {where or 'the module'!r} forward reads"
-        structure = _structure(module)
-        if structure == self._structure:
-            return None
-        names = [name for name, _ in module.named_modules(remove_duplicate=False)]
-        for name, old, new in zip(names, self._structure, structure):
+        if self._expected[0][0]() is not module:
+            return "the module was replaced"
+        for name, (ref, *recorded) in zip(self._names, self._expected):
             where = repr(name) if name else "the module"
-            if old[0] != new[0]:
-                return f"the submodule {where} was replaced, added or moved"
-            if old[1] != new[1]:
+            sub = ref()
+            if sub is None:  # another object, with the id the recorded one had
+                return f"the submodule {where} was replaced"
+            current = _signature(sub)
+            if current[0] != recorded[0]:
                 return f"the train/eval mode of {where}"
-            if old[2:4] != new[2:4]:
+            if current[1:3] != tuple(recorded[1:3]):
                 return f"the forward hooks of {where}"
-            if old[4:] != new[4:]:
+            if current[3:5] != tuple(recorded[3:5]):
                 return f"the parameters or buffers of {where}"
-        return "a submodule was added or removed"
+            if current[5] != recorded[5]:
+                keys = list(sub._modules)
+                moved = next(i for i, (a, b) in enumerate(
+                    zip([*current[5], None], [*recorded[5], None])) if a != b)
+                if moved >= len(keys):
+                    return f"a submodule of {where} was removed"
+                child = f"{name}.{keys[moved]}" if name else keys[moved]
+                return f"the submodule {child!r} was replaced, added or moved"
+        return None
 
 
 _RECORDING: dict = {}  # original class -> its recording subclass

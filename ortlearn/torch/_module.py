@@ -13,10 +13,10 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import torch
-from torch.autograd.function import once_differentiable
 
 from ..training.device import parse_device
 from ._cache import cache_dir, cache_key, load_export, store_export
+from ._calls import Call, CallMemo, WeightTable, call_key
 from ._export import (
     EXPORTERS,
     Exported,
@@ -26,55 +26,13 @@ from ._export import (
     schema_key,
     unflatten,
 )
-from ._graphs import Graphs, build_graphs, run_session, sessions_device
+from ._graphs import Graphs, RunGraphs, build_graphs, sessions_device
 from ._guards import Guard, recording_branches, recording_reads
 from ._options import DebugOptions, ORTModuleTorchModelException
 
 __all__ = ["ORTModule"]
 
 logger = logging.getLogger("ortlearn.torch")
-
-
-class _RunGraphs(torch.autograd.Function):
-    """One call of the forward session; its backward runs the backward session.
-
-    ``tensors`` are the graph inputs in order (the call's tensors, then the
-    weights): torch autograd routes the gradients to them, accumulating into
-    ``param.grad`` as for any torch operation.
-    """
-
-    @staticmethod
-    def forward(ctx, graphs: Graphs, *tensors):
-        feeds = list(zip(graphs.inputs, tensors))
-        names = graphs.forward_outputs
-        values = dict(zip(names, run_session(graphs.forward, feeds, names)))
-        outputs = [values[name] for name in graphs.outputs]
-        for name, output in graphs.updated.items():
-            tensors[graphs.inputs.index(name)].copy_(values[output])
-        ctx.graphs = graphs
-        positions = {name: i for i, name in enumerate(graphs.inputs)}
-        # Through save_for_backward, saved outputs too: an output changed in place before
-        # the backward then raises, as in torch, instead of giving a wrong gradient.
-        ctx.save_for_backward(*(tensors[positions[name]] for name in graphs.reused),
-                              *(values[name] for name in graphs.saved))
-        ctx.mark_non_differentiable(*(o for i, o in enumerate(outputs)
-                                      if not graphs.differentiable(i)))
-        return tuple(outputs)
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, *grad_outputs):
-        graphs: Graphs = ctx.graphs
-        if graphs.backward is None:
-            return (None,) * (1 + len(graphs.inputs))
-        by_output = dict(zip(graphs.outputs, grad_outputs))
-        feeds = [(cot, by_output[out]) for out, cot in graphs.cotangents.items()]
-        saved = ctx.saved_tensors
-        feeds += list(zip(graphs.saved, saved[len(graphs.reused):]))
-        feeds += list(zip(graphs.reused, saved[:len(graphs.reused)]))
-        grads = run_session(graphs.backward, feeds, list(graphs.gradients.values()))
-        by_input = dict(zip(graphs.gradients, grads))
-        return (None, *(by_input.get(name) for name in graphs.inputs))
 
 
 class _SignedMethod:
@@ -233,7 +191,8 @@ class ORTModule(torch.nn.Module):
         self._debug_options = debug_options or DebugOptions()
         self._exporters = EXPORTERS if exporter == "auto" else (exporter,)
         self._schemas: dict = {}
-        self._weight_table = _WeightTable(module)
+        self._weight_table = WeightTable(module)
+        self._calls = CallMemo()
         self._fallback_reason: str | None = None
         # the first calls of several threads export once, one at a time
         self._lock = threading.RLock()
@@ -289,14 +248,21 @@ class ORTModule(torch.nn.Module):
         if self._fallback_reason is not None:
             return self._original_module(*inputs, **kwargs)
         tensors, call_spec = flatten_call(inputs, kwargs)
-        device = self._check_devices(tensors)
-        try:
-            graphs, weights = self._graphs(tensors, call_spec, device)
-        except _Unsupported as exc:
-            return self._fall_back(str(exc), exc.__cause__, inputs, kwargs)
+        key = call_key(self._original_module, tensors, call_spec)
+        call = self._calls.get(key)
+        weights = call.weights(self._original_module) if call is not None else None
+        if weights is not None:
+            graphs = call.graphs
+        else:
+            device = self._check_devices(tensors)
+            try:
+                graphs, weights, guard = self._graphs(tensors, call_spec, device)
+            except _Unsupported as exc:
+                return self._fall_back(str(exc), exc.__cause__, inputs, kwargs)
+            call = None
         if graphs.checked:
             try:
-                outputs = _RunGraphs.apply(graphs, *tensors, *weights)
+                outputs = RunGraphs.apply(graphs, *tensors, *weights)
             except Exception as exc:
                 raise _as_torch_error(exc) from exc
         else:
@@ -304,6 +270,10 @@ class ORTModule(torch.nn.Module):
                 outputs = self._first_run(graphs, tensors, weights)
             except _Unsupported as exc:
                 return self._fall_back(str(exc), exc.__cause__, inputs, kwargs)
+        if call is None:
+            self._calls.remember(key, Call(
+                graphs, guard, self._weight_table.places(graphs.exported.weights),
+                weights[0].device if weights else None, [w.requires_grad for w in weights]))
         if graphs.counters:
             with torch.no_grad():
                 for counter in self._weight_table.tensors(graphs.counters):
@@ -315,7 +285,7 @@ class ORTModule(torch.nn.Module):
         (LSTM in float64), and the buffers it wrote are restored then."""
         buffers = {n: b.detach().clone() for n, b in self._original_module.named_buffers()}
         try:
-            outputs = _RunGraphs.apply(graphs, *tensors, *weights)
+            outputs = RunGraphs.apply(graphs, *tensors, *weights)
         except Exception as exc:  # noqa: BLE001 - any failure of a first run means fallback
             with torch.no_grad():
                 for name, value in buffers.items():
@@ -366,8 +336,9 @@ class ORTModule(torch.nn.Module):
     # ------------------------------------------------------------------ graphs
 
     def _graphs(self, tensors, call_spec, device):
-        """The graphs of this call and the weight tensors they read (exported and built on
-        the first call of a schema, and again when the module changed since)."""
+        """The graphs of this call, the weight tensors they read and the guard of their
+        export (exported and built on the first call of a schema, and again when the
+        module changed since)."""
         with self._lock:
             return self._graphs_locked(tensors, call_spec, device)
 
@@ -399,14 +370,14 @@ class ORTModule(torch.nn.Module):
             schema.exports.append(tuple(export))
             index = len(schema.exports) - 1
             schema.graphs[(index, built[0])] = built[1]
-        exported, output_spec, _ = schema.exports[index]
+        exported, output_spec, guard = schema.exports[index]
         weights = self._weight_table.tensors(exported.weights)
         wrt = self._wrt(exported, tensors, weights)
         graphs = schema.graphs.get((index, wrt))
         if graphs is None:
             graphs = self._build(exported, output_spec, wrt, train, device)
             schema.graphs[(index, wrt)] = graphs
-        return graphs, weights
+        return graphs, weights, guard
 
     def _export_for(self, schema: _Schema, tensors, call_spec, train: bool, device):
         """:meth:`_export` of a call of ``schema``: for this call's shapes at first (the
@@ -633,6 +604,7 @@ class ORTModule(torch.nn.Module):
         # exports again on its first call.
         state = dict(self.__dict__)
         state["_schemas"] = {}
+        state["_calls"] = CallMemo()
         del state["_lock"]
         return state
 
@@ -659,48 +631,6 @@ def _wrapped_keys(module, state_dict, prefix, *args) -> None:
     inner = prefix + "_original_module."
     for key in [k for k in state_dict if k.startswith(prefix) and not k.startswith(inner)]:
         state_dict[inner + key[len(prefix):]] = state_dict.pop(key)
-
-
-class _WeightTable:
-    """The parameters and buffers of a module by ``state_dict`` name, read at each call
-    (``.to()`` and attribute assignments replace tensors; the owning modules stay)."""
-
-    def __init__(self, module: torch.nn.Module):
-        self._module = module
-        self._owners: dict = {}
-
-    def __contains__(self, name: str) -> bool:
-        if name not in self._owners:
-            self._owners = self._find(self._module)
-        return name in self._owners
-
-    def first(self) -> torch.Tensor | None:
-        """The first parameter (or buffer): where the module lives."""
-        if not self._owners:
-            self._owners = self._find(self._module)
-        for owner in self._owners.values():
-            return getattr(*owner)
-        return None
-
-    def refresh(self) -> None:
-        """Find the owners again (a submodule was replaced or added)."""
-        self._owners = {}
-
-    def tensors(self, names) -> list:
-        try:
-            return [getattr(*self._owners[n]) for n in names]
-        except (KeyError, AttributeError):
-            self._owners = self._find(self._module)
-            return [getattr(*self._owners[n]) for n in names]
-
-    @staticmethod
-    def _find(module: torch.nn.Module) -> dict:
-        owners = {}
-        for prefix, sub in module.named_modules(remove_duplicate=False):
-            for name, _ in [*sub.named_parameters(recurse=False),
-                            *sub.named_buffers(recurse=False)]:
-                owners[f"{prefix}.{name}" if prefix else name] = (sub, name)
-        return owners
 
 
 _BATCH_NORMS = (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d, torch.nn.BatchNorm3d,

@@ -273,3 +273,54 @@ def test_guard_says_what_changed():
     module.scale = 2.0
     module.linear = nn.Linear(4, 3)
     assert guard.difference(module) == "the submodule 'linear' was replaced, added or moved"
+
+
+def _tree():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 8), nn.Sequential(nn.Tanh(), nn.Dropout(0.1)),
+                         nn.Linear(8, 2))
+
+
+def _swap(net):
+    net[0], net[2] = net[2], net[0]
+
+
+@pytest.mark.parametrize("change, said", [
+    (lambda net: net[1][1].eval(), "the train/eval mode of '1.1'"),
+    (lambda net: net[1].register_forward_hook(lambda *a: None), "the forward hooks of '1'"),
+    (lambda net: net[0].register_forward_pre_hook(lambda *a: None), "the forward hooks of '0'"),
+    (lambda net: net[2].register_buffer("scale", torch.ones(2)),
+     "the parameters or buffers of '2'"),
+    (lambda net: net.register_parameter("gain", nn.Parameter(torch.ones(()))),
+     "the parameters or buffers of the module"),
+    (lambda net: setattr(net[1], "0", nn.ReLU()), "the submodule '1.0' was replaced"),
+    (lambda net: net.append(nn.Tanh()), "the submodule '3' was replaced, added or moved"),
+    (lambda net: net[1].pop(1), "a submodule of '1' was removed"),
+    (_swap, "the submodule '0' was replaced, added or moved"),
+])
+def test_holds_and_difference_agree_on_each_change(change, said):
+    net = _tree()
+    guard = Guard(net)
+    assert guard.holds(net) and guard.difference(net) is None
+    change(net)
+    assert not guard.holds(net)
+    assert guard.difference(net).startswith(said)
+
+
+def test_a_guard_keeps_no_submodule_alive():
+    import gc
+    import weakref
+
+    net = _tree()
+    with recording_reads(net) as reads:
+        net(_x(2, 4))
+    guard = Guard(net, reads)
+    assert any(sub is net[1][1] for sub, _ in reads)  # Dropout's p and training are read
+    old_linear, old_dropout = weakref.ref(net[0]), weakref.ref(net[1][1])
+    del reads
+    net[0] = nn.Linear(4, 8)
+    net[1][1] = nn.Dropout(0.1)
+    gc.collect()
+    assert old_linear() is None and old_dropout() is None
+    assert not guard.holds(net)
+    assert "replaced" in guard.difference(net)
