@@ -13,11 +13,11 @@ device and their ``requires_grad``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
-from ._graphs import Graphs
+from ._graphs import Graphs, numpy_view
 from ._guards import Guard
 
 __all__ = ["Call", "CallMemo", "WeightTable", "call_key"]
@@ -92,6 +92,27 @@ class Call:
     places: tuple  # WeightTable.places of the graphs' weights
     device: torch.device | None  # the first weight's
     requires_grad: list  # each weight's
+    #: (data pointer, shape, strides, numpy view) of each weight on the CPU, made again
+    #: for a weight whose memory changed (``param.data = ...``)
+    views: list = field(default_factory=list)
+
+    def feeds(self, tensors, weights) -> list | None:
+        """What the forward session reads: the call's tensors and numpy views of the
+        weights, kept from call to call (None off the CPU)."""
+        if self.device is None or self.device.type != "cpu":
+            return None
+        views = self.views
+        if len(views) != len(weights):
+            views[:] = [None] * len(weights)
+        feeds = list(tensors)
+        for i, w in enumerate(weights):
+            view = views[i]
+            if view is None or view[0] != w.data_ptr() or view[1] != w.shape \
+                    or view[2] != w.stride():
+                # the view keeps the memory it reads alive: no other tensor gets its address
+                view = views[i] = (w.data_ptr(), w.shape, w.stride(), numpy_view(w))
+            feeds.append(view[3])
+        return feeds
 
     def weights(self, module: torch.nn.Module) -> list | None:
         """The weight tensors of a call of ``module`` with this call's key, or None when
@@ -132,3 +153,9 @@ class CallMemo:
 
     def clear(self) -> None:
         self._calls.clear()
+
+    def forget_views(self) -> None:
+        """Drop the weights' views: each holds the memory it reads, which a weight moved
+        or cast since (``.to()``) no longer uses."""
+        for call in self._calls.values():
+            call.views.clear()

@@ -28,7 +28,8 @@ from ..training.device import make_session, make_session_options, parse_device
 from ..training.placement import warn_cpu_fallbacks
 from ._export import Exported, TreeSpec
 
-__all__ = ["Graphs", "RunGraphs", "build_graphs", "run_session", "sessions_device"]
+__all__ = ["Graphs", "RunGraphs", "build_graphs", "numpy_view", "run_session",
+           "sessions_device"]
 
 _NUMPY_DTYPES = {
     torch.float32: np.float32, torch.float64: np.float64, torch.float16: np.float16,
@@ -97,13 +98,14 @@ class Graphs:
 def _backward(ctx, *grad_outputs):
     graphs: Graphs = ctx.graphs
     if graphs.backward is None:
-        return (None,) * (1 + len(graphs.inputs))
+        return (None,) * (2 + len(graphs.inputs))
     values = [grad_outputs[i] for i in graphs._cotangent_slots]
     values += ctx.kept
     values += ctx.saved_tensors  # the saved outputs, then the reused inputs
     grads = run_session(graphs.backward, graphs._backward_inputs, values,
                         graphs._gradient_names)
-    return (None, *[None if i is None else _tensor(grads[i]) for i in graphs._gradient_slots])
+    return (None, None,
+            *[None if i is None else _tensor(grads[i]) for i in graphs._gradient_slots])
 
 
 _backward_once = once_differentiable(_backward)
@@ -118,8 +120,10 @@ class RunGraphs(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, graphs: Graphs, *tensors):
-        values = run_session(graphs.forward, graphs.inputs, tensors, graphs.forward_outputs)
+    def forward(ctx, graphs: Graphs, feeds, *tensors):
+        # feeds: what the session reads for tensors (numpy views kept by the caller), or None
+        values = run_session(graphs.forward, graphs.inputs, feeds or tensors,
+                             graphs.forward_outputs)
         for position, slot in graphs._updates:
             tensors[position].copy_(_tensor(values[slot]))
         outputs = [_tensor(values[i]) for i in graphs._output_slots]
@@ -252,7 +256,7 @@ def run_session(session: ort.InferenceSession, names: Sequence[str], values: Seq
         except TypeError:  # a dtype numpy lacks (bfloat16)
             for value in values:
                 if isinstance(value, torch.Tensor):
-                    _numpy_dtype(value)
+                    numpy_view(value)
             raise
         return session.run(outputs, dict(zip(names, arrays)))
     binding = session.io_binding()
@@ -276,6 +280,13 @@ def run_session(session: ort.InferenceSession, names: Sequence[str], values: Seq
 def _tensor(value) -> torch.Tensor:
     """A value of :func:`run_session` as a torch tensor (sharing its memory)."""
     return torch.from_numpy(value) if type(value) is np.ndarray else value
+
+
+def numpy_view(tensor: torch.Tensor) -> np.ndarray:
+    """The numpy array over a CPU tensor's memory; a ``TypeError`` naming a dtype numpy
+    lacks."""
+    _numpy_dtype(tensor)
+    return tensor.detach().numpy()
 
 
 def _numpy_dtype(tensor: torch.Tensor):

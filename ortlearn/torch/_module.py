@@ -252,17 +252,18 @@ class ORTModule(torch.nn.Module):
         call = self._calls.get(key)
         weights = call.weights(self._original_module) if call is not None else None
         if weights is not None:
-            graphs = call.graphs
+            graphs, feeds = call.graphs, call.feeds(tensors, weights)
         else:
+            self._calls.forget_views()  # what changed may have moved the weights
             device = self._check_devices(tensors)
             try:
                 graphs, weights, guard = self._graphs(tensors, call_spec, device)
             except _Unsupported as exc:
                 return self._fall_back(str(exc), exc.__cause__, inputs, kwargs)
-            call = None
+            call = feeds = None
         if graphs.checked:
             try:
-                outputs = RunGraphs.apply(graphs, *tensors, *weights)
+                outputs = RunGraphs.apply(graphs, feeds, *tensors, *weights)
             except Exception as exc:
                 raise _as_torch_error(exc) from exc
         else:
@@ -285,7 +286,7 @@ class ORTModule(torch.nn.Module):
         (LSTM in float64), and the buffers it wrote are restored then."""
         buffers = {n: b.detach().clone() for n, b in self._original_module.named_buffers()}
         try:
-            outputs = RunGraphs.apply(graphs, *tensors, *weights)
+            outputs = RunGraphs.apply(graphs, None, *tensors, *weights)
         except Exception as exc:  # noqa: BLE001 - any failure of a first run means fallback
             with torch.no_grad():
                 for name, value in buffers.items():
@@ -595,7 +596,9 @@ class ORTModule(torch.nn.Module):
 
     def _apply(self, fn, recurse=True):
         # .to(), .cuda(), .double(): the graphs of the old device or dtype stay cached by
-        # their key; the tensors are read again at each call.
+        # their key; the tensors are read again at each call, and the views of the old
+        # ones are dropped (they would keep the old memory alive).
+        self._calls.forget_views()
         self._original_module._apply(fn, recurse)
         return self
 

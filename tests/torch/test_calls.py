@@ -143,3 +143,25 @@ def test_shapes_that_come_back_reuse_their_graphs(shapes):
     for i, shape in enumerate(shapes):
         _assert_same_step(model, reference, _x(*shape, seed=i))
     assert model.export_count == (1 if len(set(shapes)) == 1 else 2)
+
+
+def test_a_square_weight_transposed_in_place_is_read_in_its_new_layout():
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 2))
+    model, reference = ORTModule(net, exporter=TS), copy.deepcopy(net)
+    for seed in range(2):
+        _assert_same_step(model, reference, _x(5, 4, seed=seed))
+    # the same memory, the same shape, other strides
+    net[0].weight.data = net[0].weight.data.t()
+    reference[0].weight.data = reference[0].weight.data.t()
+    _assert_same_step(model, reference, _x(5, 4, seed=9))
+
+
+def test_weights_cast_by_to_are_not_kept_alive_by_their_views():
+    net, model, reference = _trained_pair()
+    views = [v for call in model._calls._calls.values() for v in call.views]
+    assert views and all(v[3].dtype == "float32" for v in views)
+    model.double()
+    assert all(not call.views for call in model._calls._calls.values())
+    out = model(_x(5, 4).double())
+    torch.testing.assert_close(out, reference.double()(_x(5, 4).double()))
