@@ -101,7 +101,10 @@ def _backward(ctx, *grad_outputs):
         return (None,) * (2 + len(graphs.inputs))
     values = [grad_outputs[i] for i in graphs._cotangent_slots]
     values += ctx.kept
-    values += ctx.saved_tensors  # the saved outputs, then the reused inputs
+    # unpacked for torch's check that none changed in place since; the reused inputs are
+    # read as the forward session read them
+    values += ctx.saved_tensors[:len(graphs._saved_outputs)]
+    values += ctx.reused
     grads = run_session(graphs.backward, graphs._backward_inputs, values,
                         graphs._gradient_names)
     return (None, None,
@@ -122,13 +125,14 @@ class RunGraphs(torch.autograd.Function):
     @staticmethod
     def forward(ctx, graphs: Graphs, feeds, *tensors):
         # feeds: what the session reads for tensors (numpy views kept by the caller), or None
-        values = run_session(graphs.forward, graphs.inputs, feeds or tensors,
-                             graphs.forward_outputs)
+        feeds = session_feeds(feeds or tensors)
+        values = run_session(graphs.forward, graphs.inputs, feeds, graphs.forward_outputs)
         for position, slot in graphs._updates:
             tensors[position].copy_(_tensor(values[slot]))
         outputs = [_tensor(values[i]) for i in graphs._output_slots]
         ctx.graphs = graphs
         ctx.kept = [values[i] for i in graphs._saved_slots]
+        ctx.reused = [feeds[i] for i in graphs._reused_positions]
         ctx.save_for_backward(*[outputs[i] for i in graphs._saved_outputs],
                               *[tensors[i] for i in graphs._reused_positions])
         if graphs._non_differentiable:
@@ -249,16 +253,10 @@ def run_session(session: ort.InferenceSession, names: Sequence[str], values: Seq
     copies them to the GPU and back); on CUDA, inputs are bound by data
     pointer (``IOBinding``) and outputs come back as torch tensors by DLPack.
     """
+    values = session_feeds(values)
     first = values[0] if values else None
-    if not (isinstance(first, torch.Tensor) and first.is_cuda):
-        try:
-            arrays = [v if type(v) is np.ndarray else v.detach().numpy() for v in values]
-        except TypeError:  # a dtype numpy lacks (bfloat16)
-            for value in values:
-                if isinstance(value, torch.Tensor):
-                    numpy_view(value)
-            raise
-        return session.run(outputs, dict(zip(names, arrays)))
+    if not isinstance(first, torch.Tensor):
+        return session.run(outputs, dict(zip(names, values)))
     binding = session.io_binding()
     kept = []
     for name, tensor in zip(names, values):
@@ -275,6 +273,21 @@ def run_session(session: ort.InferenceSession, names: Sequence[str], values: Seq
     binding.synchronize_outputs()
     values = binding.get_outputs_as_ortvaluevector()
     return [torch.from_dlpack(values.dlpack_at(i)) for i in range(len(outputs))]
+
+
+def session_feeds(values: Sequence) -> Sequence:
+    """``values`` as :func:`run_session` feeds them: numpy views on the CPU (made once,
+    read again by the backward), CUDA tensors as they are."""
+    first = values[0] if values else None
+    if isinstance(first, torch.Tensor) and first.is_cuda:
+        return values
+    try:
+        return [v if type(v) is np.ndarray else v.detach().numpy() for v in values]
+    except TypeError:  # a dtype numpy lacks (bfloat16)
+        for value in values:
+            if isinstance(value, torch.Tensor):
+                numpy_view(value)
+        raise
 
 
 def _tensor(value) -> torch.Tensor:
