@@ -589,6 +589,19 @@ def test_output_modified_in_place_before_backward_raises():
             out.sum().backward()
 
 
+def test_input_modified_in_place_before_backward_raises():
+    """The first Linear's weight gradient reads the input (a call after the first, whose
+    graphs are remembered): changing it before the backward fails as in torch."""
+    model = ORTModule(_mlp(), exporter=TS)
+    model(_x(5, 4)).sum().backward()
+    for module in (_mlp(), model):
+        x = _x(5, 4)
+        out = module(x)
+        x.add_(1)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            out.sum().backward()
+
+
 def test_forward_hooks_and_pre_hooks_run():
     model = ORTModule(_mlp(), exporter=TS)
     calls = []
