@@ -1,4 +1,4 @@
-"""W8 and W9: training steps through ``ortlearn.torch.ORTModule``, torch eager and torch.compile.
+"""W8, W9, W21: training steps through ``ortlearn.torch.ORTModule``, torch eager and torch.compile.
 
 The same torch module, initial weights, batches, loss and optimizer go
 through three contenders, on the CPU:
@@ -29,6 +29,9 @@ torch.compile is printed under the table (``pairs`` in ``results.json``).
   batches of 256 random rows.
 * W9: W6's LeNet-style CNN on digits 8x8 (BatchNorm, Dropout), cross-entropy,
   ``torch.optim.AdamW``, batches of 64.
+* W21: W7's transformer encoder layer on padded token sequences (an embedding,
+  ``nn.TransformerEncoderLayer`` with a padding mask, masked mean pooling, a
+  linear head), cross-entropy, ``torch.optim.AdamW``, batches of 32.
 """
 
 from __future__ import annotations
@@ -72,12 +75,27 @@ def _cnn_setup(opts):
     return make, _digits_batches, torch.nn.CrossEntropyLoss(), torch.optim.AdamW, {}
 
 
+def _transformer_setup(opts):
+    from benchmarks.networks import _token_batches, _transformer
+
+    torch = opts.torch
+
+    def make(seed):
+        torch.manual_seed(seed)
+        return _transformer(torch)
+
+    return make, _token_batches, torch.nn.CrossEntropyLoss(), torch.optim.AdamW, {}
+
+
 #: key -> (title, setup, batch size, optimizer label, what the module is)
 MODELS = {
     "W8": ("W2's MLP through ORTModule", _mlp_setup, 256, "adam",
            "Linear-ReLU-Linear, half MSE, optim.Adam"),
     "W9": ("W6's CNN through ORTModule", _cnn_setup, 64, "adamw",
            "LeNet-style CNN (BatchNorm, Dropout), cross-entropy, optim.AdamW"),
+    "W21": ("W7's transformer layer through ORTModule", _transformer_setup, 32, "adamw",
+            "embedding, transformer encoder layer (padding mask, GELU, dropout), masked "
+            "mean pooling, linear head; cross-entropy, optim.AdamW"),
 }
 
 
@@ -97,7 +115,7 @@ def _first_line(exc: BaseException) -> str:
 
 
 def build_ortmodule_workload(key: str, opts):
-    """The workload ``key`` (W8 or W9): ORTModule, torch eager and torch.compile."""
+    """The workload ``key`` (W8, W9 or W21): ORTModule, torch eager and torch.compile."""
     from benchmarks._harness import Contender, Unavailable, Workload
 
     title, setup, batch, opt_label, what = MODELS[key]
@@ -196,7 +214,7 @@ PIECES = ("zero_grad", "module call", "loss", "backward", "optimizer step")
 
 def profile_step(key: str, steps: int = 200, blocks: int = 5, threads: int = 1,
                  clock: str = "thread", exporter: str = "auto", top: int = 25) -> dict:
-    """Where a training step of W8 or W9 goes, ORTModule against torch eager.
+    """Where a training step of W8, W9 or W21 goes, ORTModule against torch eager.
 
     Both train the workload's module from the same weights on the same batches,
     in interleaved blocks of ``steps`` steps (after a warm-up block). Each step
@@ -209,7 +227,7 @@ def profile_step(key: str, steps: int = 200, blocks: int = 5, threads: int = 1,
 
     Parameters
     ----------
-    key : {'W8', 'W9'}
+    key : {'W8', 'W9', 'W21'}
     steps, blocks : int
         Steps per block, blocks per contender.
     threads : int
@@ -338,7 +356,7 @@ def _span(values) -> str:
 
 
 def main(argv=None) -> int:
-    """``python -m benchmarks.ortmodule W8|W9 [...]``: :func:`profile_step`, printed."""
+    """``python -m benchmarks.ortmodule W8|W9|W21 [...]``: :func:`profile_step`, printed."""
     import argparse
     import warnings
 

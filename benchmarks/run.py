@@ -27,6 +27,8 @@ Workloads (see :mod:`benchmarks.workloads` for what exactly is timed):
   fits, with the objective's relative gap to scikit-learn's and the time per evaluation),
   W14 linear SVM by SGD (per sample and mini-batch), W15 Poisson MLP and W16 multilabel
   MLP (Adam, s/epoch), W17 Lasso and W18 LinearSVC (whole fits).
+* W21, W7's transformer layer wrapped in ``ortlearn.torch.ORTModule`` (AdamW, batch 32),
+  as W8 and W9.
 * W20, a GEMM-bound MLP (W19, the Dask scale-out, runs in :mod:`benchmarks.scaleout`): MLP
   regressor 200-512-512-1 on make_regression(200k, 200), Adam, batch 512, 2 epochs:
   each contender's GFLOP/s
@@ -47,7 +49,7 @@ idle), after one unrecorded short warm-up run of each; the medians over ``--reps
 repetitions are reported, with the ratio of medians to the scikit-learn and the
 PyTorch contender (``time / reference time``: below 1 is faster) and the median of
 the ratios within each repetition ("paired", steadier when the speed of a shared
-machine drifts during the run); W8 and W9 also print the ratio of ORTModule to
+machine drifts during the run); W8, W9 and W21 also print the ratio of ORTModule to
 torch.compile under the table. A contender that cannot run on the machine
 (torch.compile without a C++ compiler) is reported unavailable, with the
 reason, and does not fail the run. numpy/scipy

@@ -340,6 +340,8 @@ _TORCH_WORKLOADS = {
           "ms per Adam step (batch 256).",
     "W9": "W6's CNN in ortlearn.torch.ORTModule, against torch eager and torch.compile, "
           "ms per AdamW step (batch 64).",
+    "W21": "W7's transformer layer in ortlearn.torch.ORTModule, against torch eager and "
+           "torch.compile, ms per AdamW step (batch 32).",
 }
 
 
@@ -405,4 +407,4 @@ def build_w19(opts: Options) -> Workload:
 BUILDERS = {"W1": build_w1, "W2": build_w2, "W3": build_w3, "W4": build_w4, "W5": build_w5,
             "W6": _network("W6"), "W7": _network("W7"), "W8": _ortmodule("W8"),
             "W9": _ortmodule("W9"), **{key: _family(key) for key in _FAMILY_WORKLOADS},
-            "W19": build_w19, "W20": build_w20}
+            "W19": build_w19, "W20": build_w20, "W21": _ortmodule("W21")}
