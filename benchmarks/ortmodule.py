@@ -63,37 +63,30 @@ def _mlp_setup(opts):
     return make, batches, half_mse(torch), torch.optim.Adam, params
 
 
-def _cnn_setup(opts):
-    from benchmarks.networks import _cnn, _digits_batches
+def _network_setup(key: str):
+    """The setup of W6's or W7's network (:data:`benchmarks.networks.NETWORKS`):
+    cross-entropy, ``torch.optim.AdamW``."""
+    def setup(opts):
+        from benchmarks.networks import NETWORKS
 
-    torch = opts.torch
+        _, network, batches, _ = NETWORKS[key]
+        torch = opts.torch
 
-    def make(seed):
-        torch.manual_seed(seed)
-        return _cnn(torch)
+        def make(seed):
+            torch.manual_seed(seed)
+            return network(torch)
 
-    return make, _digits_batches, torch.nn.CrossEntropyLoss(), torch.optim.AdamW, {}
-
-
-def _transformer_setup(opts):
-    from benchmarks.networks import _token_batches, _transformer
-
-    torch = opts.torch
-
-    def make(seed):
-        torch.manual_seed(seed)
-        return _transformer(torch)
-
-    return make, _token_batches, torch.nn.CrossEntropyLoss(), torch.optim.AdamW, {}
+        return make, batches, torch.nn.CrossEntropyLoss(), torch.optim.AdamW, {}
+    return setup
 
 
 #: key -> (title, setup, batch size, optimizer label, what the module is)
 MODELS = {
     "W8": ("W2's MLP through ORTModule", _mlp_setup, 256, "adam",
            "Linear-ReLU-Linear, half MSE, optim.Adam"),
-    "W9": ("W6's CNN through ORTModule", _cnn_setup, 64, "adamw",
+    "W9": ("W6's CNN through ORTModule", _network_setup("W6"), 64, "adamw",
            "LeNet-style CNN (BatchNorm, Dropout), cross-entropy, optim.AdamW"),
-    "W21": ("W7's transformer layer through ORTModule", _transformer_setup, 32, "adamw",
+    "W21": ("W7's transformer layer through ORTModule", _network_setup("W7"), 32, "adamw",
             "embedding, transformer encoder layer (padding mask, GELU, dropout), masked "
             "mean pooling, linear head; cross-entropy, optim.AdamW"),
 }
