@@ -83,7 +83,7 @@ def call_key(module: torch.nn.Module, tensors, call_spec) -> tuple:
             *[(t.dtype, t.shape, t.device, t.requires_grad) for t in tensors])
 
 
-@dataclass(frozen=True)
+@dataclass
 class Call:
     """The graphs a call ran, the guard of their export and where their weights are."""
 
@@ -101,9 +101,9 @@ class Call:
         weights, kept from call to call (None off the CPU)."""
         if self.device is None or self.device.type != "cpu":
             return None
-        views = self.views
+        views = self.views  # replaced, never cleared, by another thread's forget_views
         if len(views) != len(weights):
-            views[:] = [None] * len(weights)
+            views = self.views = [None] * len(weights)
         feeds = list(tensors)
         for i, w in enumerate(weights):
             view = views[i]
@@ -148,7 +148,9 @@ class CallMemo:
         except TypeError:
             return
         if len(self._calls) >= self._size and key not in self._calls:
-            self._calls.pop(next(iter(self._calls)))
+            # the oldest; another thread may be dropping it too
+            for old in list(self._calls)[:len(self._calls) - self._size + 1]:
+                self._calls.pop(old, None)
         self._calls[key] = call
 
     def clear(self) -> None:
@@ -157,5 +159,5 @@ class CallMemo:
     def forget_views(self) -> None:
         """Drop the weights' views: each holds the memory it reads, which a weight moved
         or cast since (``.to()``) no longer uses."""
-        for call in self._calls.values():
-            call.views.clear()
+        for call in list(self._calls.values()):
+            call.views = []

@@ -165,3 +165,32 @@ def test_weights_cast_by_to_are_not_kept_alive_by_their_views():
     assert all(not call.views for call in model._calls._calls.values())
     out = model(_x(5, 4).double())
     torch.testing.assert_close(out, reference.double()(_x(5, 4).double()))
+
+
+def test_threads_calling_one_module_with_remembered_and_new_shapes():
+    """Four threads call one module, each with its own batches, one of them with a new
+    batch size at every call (each such call drops the kept weight views the others
+    read): every output is torch's."""
+    import threading
+
+    net, model, reference = _trained_pair()
+    failures = []
+
+    def run(thread):
+        try:
+            for i in range(25):
+                rows = 5 + (i % 7 if thread == 0 else 0)
+                x = _x(rows, 4, seed=100 * thread + i)
+                out = model(x)
+                out.sum().backward()
+                torch.testing.assert_close(out.detach(), reference(x).detach(),
+                                           rtol=1e-5, atol=1e-6)
+        except Exception as exc:  # noqa: BLE001 - reported by the main thread
+            failures.append(exc)
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert failures == []

@@ -589,6 +589,40 @@ def test_output_modified_in_place_before_backward_raises():
             out.sum().backward()
 
 
+@pytest.mark.parametrize("exporter, train", [(TS, True), ("dynamo", True), (TS, False)])
+def test_a_backward_through_two_calls_with_an_export_between(exporter, train):
+    """Two forward calls, the second of a new shape (exported again), one backward: the
+    export leaves the weights and statistics the first call saved untouched (torch's
+    in-place check passes) and the BatchNorm's running statistics as torch's two calls
+    leave them."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Tanh(), nn.Linear(8, 3))
+    net[1].running_mean.uniform_(-1, 1)
+    net.train(train)
+    reference = copy.deepcopy(net)
+    model = ORTModule(net, exporter=exporter)
+    for module in (model, reference):
+        (module(_x(5, 4)).sum() + module(_x(6, 4, seed=2)).pow(2).sum()).backward()
+    assert model.export_count == 2
+    _assert_grads_close(_grads(net), _grads(reference), rtol=1e-4, atol=1e-5)
+    for name, buffer in reference.named_buffers():
+        torch.testing.assert_close(net.get_buffer(name), buffer, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("exporter", [TS, "dynamo"])
+def test_batch_norm_in_eval_mode_with_statistics_equal_to_its_weights(exporter):
+    """A fresh BatchNorm in eval mode: its running variance (ones) equals its weight and its
+    running mean (zeros) its bias; merged into one graph input, the weight's gradient would
+    get the variance's."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Tanh(), nn.Linear(8, 3)).eval()
+    reference = copy.deepcopy(net)
+    model = ORTModule(net, exporter=exporter)
+    x = _x(5, 4)
+    model(x).sum().backward()
+    _assert_grads_close(_grads(net), _torch_step(reference, x))
+
+
 def test_input_modified_in_place_before_backward_raises():
     """The first Linear's weight gradient reads the input (a call after the first, whose
     graphs are remembered): changing it before the backward fails as in torch."""
