@@ -36,7 +36,7 @@ from ..autodiff import mark_padding_idx
 from ..graph import rename_value, shape_matches, shape_of, weights_to_inputs
 
 __all__ = ["EXPORTERS", "Exported", "TreeSpec", "batchnorm_training_mode", "export_call",
-           "flatten", "flatten_call", "quiet_exporters", "unflatten"]
+           "flatten", "flatten_call", "quiet_exporters", "state_restored", "unflatten"]
 
 EXPORTERS = ("dynamo", "torchscript")
 #: Opset of the TorchScript exports (the dynamo exporter writes opset 18 or more).
@@ -217,6 +217,24 @@ class Exported:
                    for shape, t in zip(self.input_shapes, tensors))
 
 
+@contextlib.contextmanager
+def state_restored(module: torch.nn.Module):
+    """Within it, ``module``'s parameters and buffers may be changed in place (a run of
+    forward that updates BatchNorm's statistics, an export); after it, those that changed
+    get their values back. The others are not written to: a backward still to run on an
+    earlier call's graph checks the version of the tensors it saved. (BatchNorm's kernel
+    updates its running statistics without a new version: the values are compared.)"""
+    saved = [(t, t._version, t.detach().clone())
+             for t in module.state_dict(keep_vars=True).values()]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for tensor, version, value in saved:
+                if tensor._version != version or not torch.equal(tensor, value):
+                    tensor.copy_(value)
+
+
 #: One export at a time in the process: the exporters' settings and the quiet
 #: exporters' redirection of ``sys.stdout`` are process-wide (two interleaved
 #: redirections would leave ``sys.stdout`` redirected for good).
@@ -262,19 +280,14 @@ def export_call(module: torch.nn.Module, tensors: Sequence[torch.Tensor], call_s
     tensors = [t.detach().clone().requires_grad_(t.requires_grad) for t in tensors]
     names = [f"input_{i}" for i in range(len(tensors))]
     outputs = [f"output_{i}" for i in range(n_outputs)]
-    state = {k: v.detach().clone() for k, v in module.state_dict(keep_vars=True).items()}
     modes = [(sub, sub.training) for sub in module.modules()]
     try:
-        with quiet_exporters():
+        with quiet_exporters(), state_restored(module):
             onx = (_dynamo(wrapper, tensors, dynamic) if exporter == "dynamo"
                    else _torchscript(wrapper, tensors, names, outputs, dynamic))
     finally:
         for sub, mode in modes:
             sub.training = mode
-        with torch.no_grad():
-            for key, value in module.state_dict(keep_vars=True).items():
-                if key in state and value is not state[key]:
-                    value.copy_(state[key])
     _distinct_outputs(onx)
     for graph_input, name in zip(onx.graph.input, names):
         rename_value(onx, graph_input.name, name)
@@ -337,13 +350,21 @@ def _torchscript(wrapper, tensors, names, outputs, dynamic: bool) -> onnx.ModelP
     f = io.BytesIO()
     axes = ({name: list(range(t.dim())) for name, t in zip(names, tensors)} if dynamic
             else None)
-    # PRESERVE: each submodule in its own mode (TRAINING would set them all)
+    # PRESERVE: each submodule in its own mode (TRAINING would set them all).
+    # keep_initializers_as_inputs: else the exporter merges the initializers of equal
+    # values of a module in eval mode (a fresh BatchNorm's running variance with its
+    # weight, its running mean with its bias) and the weight's gradient gets the variance's.
     torch.onnx.export(wrapper, tuple(tensors), f, dynamo=False,
                       training=torch.onnx.TrainingMode.PRESERVE,
                       do_constant_folding=False, export_params=True,
-                      keep_initializers_as_inputs=False, opset_version=TORCHSCRIPT_OPSET,
+                      keep_initializers_as_inputs=True, opset_version=TORCHSCRIPT_OPSET,
                       input_names=names, output_names=outputs, dynamic_axes=axes)
-    return onnx.load_from_string(f.getvalue())
+    onx = onnx.load_from_string(f.getvalue())
+    initializers = {i.name for i in onx.graph.initializer}
+    inputs = [i for i in onx.graph.input if i.name not in initializers]
+    del onx.graph.input[:]
+    onx.graph.input.extend(inputs)
+    return onx
 
 
 def _weights_to_inputs(onx: onnx.ModelProto, module: torch.nn.Module) -> list[str]:

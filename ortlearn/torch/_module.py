@@ -9,7 +9,6 @@ import re
 import sys
 import threading
 import warnings
-from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import torch
@@ -24,6 +23,7 @@ from ._export import (
     flatten,
     flatten_call,
     schema_key,
+    state_restored,
     unflatten,
 )
 from ._graphs import Graphs, RunGraphs, build_graphs, sessions_device
@@ -684,14 +684,12 @@ def _probe(module: torch.nn.Module, tensors, call_spec):
             raise _Unsupported(f"the BatchNorm {name!r} has momentum=None (a cumulative "
                                "average of the batch statistics), which ORTModule does not "
                                "reproduce; give it a momentum")
-    state = OrderedDict((k, v.detach().clone()) for k, v in module.state_dict().items())
     copies = [t.detach().clone().requires_grad_(t.requires_grad) for t in tensors]
     versions = [c._version for c in copies]
     args, kwargs = unflatten(call_spec, copies)
-    with torch.enable_grad(), recording_reads(module) as reads, \
+    with state_restored(module), torch.enable_grad(), recording_reads(module) as reads, \
             recording_branches() as branches:
         out = module(*args, **kwargs)
-    module.load_state_dict(state)
     changed = [i for i, (c, v) in enumerate(zip(copies, versions)) if c._version != v]
     if changed:
         raise _Unsupported(
