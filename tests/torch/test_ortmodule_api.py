@@ -609,13 +609,31 @@ def test_a_backward_through_two_calls_with_an_export_between(exporter, train):
         torch.testing.assert_close(net.get_buffer(name), buffer, rtol=1e-5, atol=1e-6)
 
 
+class _ZeroGates(nn.Module):
+    """Two parameters initialized to zeros (adapters' and LoRA's B matrices are)."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(4, 3)
+        self.gate = nn.Parameter(torch.zeros(3))
+        self.shift = nn.Parameter(torch.zeros(3))
+
+    def forward(self, x):
+        y = self.linear(x)
+        return y * (1 + self.gate) + self.shift * y * y
+
+
 @pytest.mark.parametrize("exporter", [TS, "dynamo"])
-def test_batch_norm_in_eval_mode_with_statistics_equal_to_its_weights(exporter):
-    """A fresh BatchNorm in eval mode: its running variance (ones) equals its weight and its
-    running mean (zeros) its bias; merged into one graph input, the weight's gradient would
-    get the variance's."""
+@pytest.mark.parametrize("make", [
+    lambda: nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Tanh(), nn.Linear(8, 3)),
+    _ZeroGates], ids=["batch_norm", "zero_gates"])
+def test_eval_mode_weights_of_equal_values_stay_apart(exporter, make):
+    """In eval mode, weights of equal values (a fresh BatchNorm's running variance and its
+    weight, its running mean and its bias; two zero-initialized parameters) stay distinct
+    graph inputs: the TorchScript exporter merged the first pair, and the weight got the
+    variance's gradient too."""
     torch.manual_seed(0)
-    net = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Tanh(), nn.Linear(8, 3)).eval()
+    net = make().eval()
     reference = copy.deepcopy(net)
     model = ORTModule(net, exporter=exporter)
     x = _x(5, 4)
