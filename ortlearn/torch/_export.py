@@ -221,18 +221,27 @@ class Exported:
 def state_restored(module: torch.nn.Module):
     """Within it, ``module``'s parameters and buffers may be changed in place (a run of
     forward that updates BatchNorm's statistics, an export); after it, those that changed
-    get their values back. The others are not written to: a backward still to run on an
-    earlier call's graph checks the version of the tensors it saved. (BatchNorm's kernel
-    updates its running statistics without a new version: the values are compared.)"""
-    saved = [(t, t._version, t.detach().clone())
-             for t in module.state_dict(keep_vars=True).values()]
+    get their values back, and their ``state_dict`` names are appended to the list it
+    yields. The others are not written to: a backward still to run on an earlier call's
+    graph checks the version of the tensors it saved. (BatchNorm's kernel updates its
+    running statistics without a new version: the values are compared.)"""
+    saved = [(name, t, t._version, t.detach().clone())
+             for name, t in module.state_dict(keep_vars=True).items()]
+    changed: list = []
     try:
-        yield
+        yield changed
     finally:
         with torch.no_grad():
-            for tensor, version, value in saved:
-                if tensor._version != version or not torch.equal(tensor, value):
+            for name, tensor, version, value in saved:
+                if tensor._version != version or not _same_values(tensor, value):
                     tensor.copy_(value)
+                    changed.append(name)
+
+
+def _same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.dtype.is_floating_point or a.dtype.is_complex:
+        return torch.allclose(a, b, rtol=0, atol=0, equal_nan=True)
+    return torch.equal(a, b)
 
 
 #: One export at a time in the process: the exporters' settings and the quiet

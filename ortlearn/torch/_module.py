@@ -687,14 +687,22 @@ def _probe(module: torch.nn.Module, tensors, call_spec):
     copies = [t.detach().clone().requires_grad_(t.requires_grad) for t in tensors]
     versions = [c._version for c in copies]
     args, kwargs = unflatten(call_spec, copies)
-    with state_restored(module), torch.enable_grad(), recording_reads(module) as reads, \
-            recording_branches() as branches:
+    with state_restored(module) as written, torch.enable_grad(), \
+            recording_reads(module) as reads, recording_branches() as branches:
         out = module(*args, **kwargs)
     changed = [i for i, (c, v) in enumerate(zip(copies, versions)) if c._version != v]
     if changed:
         raise _Unsupported(
             f"forward changes its input tensor {changed[0]} in place, which an ONNX graph "
             "cannot do to its inputs; work on a copy (x = x + 1, not x.add_(1))")
+    carried = _running_statistics(module)
+    written = [name for name in written if name not in carried]
+    if written:
+        raise _Unsupported(
+            f"forward changes {written[0]!r} of the module in place, which the exported "
+            "graph would not do (an ONNX graph does not write its inputs; ORTModule carries "
+            "back BatchNorm's running statistics only); update it outside forward, or return "
+            "its new value and assign it in the training loop")
     flat, output_spec = flatten(out)
     custom = _custom_functions(flat)
     if custom:
@@ -702,6 +710,18 @@ def _probe(module: torch.nn.Module, tensors, call_spec):
             f"it calls the custom torch.autograd.Function {', '.join(custom)}: the ONNX export "
             "keeps its forward and drops its backward, so the gradients would differ")
     return output_spec, len(flat), reads, branches
+
+
+def _running_statistics(module: torch.nn.Module) -> set:
+    """The ``state_dict`` names of the statistics train-mode BatchNorms update (the graphs
+    return their new values, :func:`~ortlearn.graph.add_running_statistics_updates`)."""
+    names = set()
+    for name, sub in module.named_modules():
+        if isinstance(sub, _BATCH_NORMS) and sub.training and sub.track_running_stats:
+            prefix = f"{name}." if name else ""
+            names |= {prefix + s for s in ("running_mean", "running_var",
+                                           "num_batches_tracked")}
+    return names
 
 
 def _custom_functions(outputs) -> list[str]:

@@ -229,6 +229,47 @@ def test_forward_changing_its_input_runs_in_torch_and_changes_it_once():
     torch.testing.assert_close(out, ref)
 
 
+class _Counted(nn.Module):
+    """A forward that counts its calls in a buffer, and scales by the count."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(4, 2)
+        self.register_buffer("calls", torch.zeros(()))
+
+    def forward(self, x):
+        self.calls += 1
+        return self.linear(x) * self.calls
+
+
+def _spectral():
+    return nn.Sequential(nn.utils.parametrizations.spectral_norm(nn.Linear(4, 3)), nn.Tanh())
+
+
+@pytest.mark.parametrize("make, written", [(_Counted, "'calls'"), (_spectral, "_u'")])
+def test_forward_writing_a_buffer_runs_in_torch(make, written):
+    """A buffer forward updates in place (a counter; spectral norm's power-iteration vector)
+    is not carried back by the graph: the module runs in torch, as many times as called."""
+    torch.manual_seed(0)
+    model, reference = _pair(make())
+    with pytest.warns(UserWarning, match=f"forward changes .*{written} of the module in place"):
+        model(_x(8, 4))
+    reference(_x(8, 4))
+    for seed in range(2, 4):
+        _assert_same_step(model, reference, _x(8, 4, seed=seed))
+    for name, buffer in reference.named_buffers():
+        torch.testing.assert_close(model.module.get_buffer(name), buffer, rtol=0, atol=0)
+
+
+def test_forward_writing_a_buffer_in_strict_mode_raises():
+    from ortlearn.torch import DebugOptions, ORTModuleTorchModelException
+
+    model = ORTModule(_Counted(), DebugOptions(strict=True), exporter=TS)
+    with pytest.raises(ORTModuleTorchModelException, match="'calls' of the module in place"):
+        model(_x(8, 4))
+    assert model.module.calls.item() == 0  # the probe's increment undone
+
+
 def test_first_calls_from_several_threads():
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2))
