@@ -225,7 +225,7 @@ def state_restored(module: torch.nn.Module):
     yields. The others are not written to: a backward still to run on an earlier call's
     graph checks the version of the tensors it saved. (BatchNorm's kernel updates its
     running statistics without a new version: the values are compared.)"""
-    saved = [(name, t, t._version, t.detach().clone())
+    saved = [(name, t, None if t.is_inference() else t._version, t.detach().clone())
              for name, t in module.state_dict(keep_vars=True).items()]
     changed: list = []
     try:
@@ -233,7 +233,8 @@ def state_restored(module: torch.nn.Module):
     finally:
         with torch.no_grad():
             for name, tensor, version, value in saved:
-                if tensor._version != version or not _same_values(tensor, value):
+                if (version is not None and tensor._version != version) \
+                        or not _same_values(tensor, value):
                     tensor.copy_(value)
                     changed.append(name)
 

@@ -341,7 +341,13 @@ class ORTModule(torch.nn.Module):
         export (exported and built on the first call of a schema, and again when the
         module changed since)."""
         with self._lock:
-            return self._graphs_locked(tensors, call_spec, device)
+            if not torch.is_inference_mode_enabled():
+                return self._graphs_locked(tensors, call_spec, device)
+            # A call under torch.inference_mode exports outside it (the probe and the
+            # exporters read versions and record an autograd graph, which inference tensors
+            # have not), gradients still off (inference_mode(False) turns them on).
+            with torch.inference_mode(False), torch.no_grad():
+                return self._graphs_locked(tensors, call_spec, device)
 
     def _graphs_locked(self, tensors, call_spec, device):
         module = self._original_module

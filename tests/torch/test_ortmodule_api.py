@@ -641,6 +641,32 @@ def test_eval_mode_weights_of_equal_values_stay_apart(exporter, make):
     _assert_grads_close(_grads(net), _torch_step(reference, x))
 
 
+@pytest.mark.parametrize("exporter", [TS, "dynamo"])
+def test_first_call_under_inference_mode(exporter):
+    """The first call (the export) inside ``torch.inference_mode`` on inference tensors, a
+    BatchNorm in train mode updating its statistics; then a training step outside."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Tanh(), nn.Linear(8, 3))
+    reference = copy.deepcopy(net)
+    model = ORTModule(net, DebugOptions(strict=True), exporter=exporter)
+    with torch.inference_mode():
+        x = _x(5, 4)
+        torch.testing.assert_close(model(x), reference(x))
+    for name, buffer in reference.named_buffers():
+        torch.testing.assert_close(net.get_buffer(name), buffer)
+    _assert_grads_close(_torch_step(model, _x(6, 4, seed=2)),
+                        _torch_step(reference, _x(6, 4, seed=2)))
+
+
+def test_module_made_under_inference_mode():
+    with torch.inference_mode():
+        torch.manual_seed(0)
+        net = nn.Linear(4, 3)
+        model = ORTModule(net, DebugOptions(strict=True), exporter=TS)
+        x = _x(5, 4)
+        torch.testing.assert_close(model(x), net(x))
+
+
 def test_input_modified_in_place_before_backward_raises():
     """The first Linear's weight gradient reads the input (a call after the first, whose
     graphs are remembered): changing it before the backward fails as in torch."""
