@@ -331,6 +331,8 @@ def _small_constants_folded(onx: onnx.ModelProto) -> onnx.ModelProto:
         optimizer.fold_constants(model, output_size_limit=FOLDED_MAX_ELEMENTS)
     except RuntimeError:
         return onx
+    # the constants only the folded nodes read (else onnxruntime warns, removing them)
+    optimizer.remove_unused_nodes(model)
     return ir.serde.serialize_model(model)
 
 

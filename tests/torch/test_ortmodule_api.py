@@ -667,6 +667,21 @@ def test_module_made_under_inference_mode():
         torch.testing.assert_close(model(x), net(x))
 
 
+def test_dynamo_export_keeps_no_constant_only_folded_nodes_read():
+    """The constants of a value folded at the export (weight norm's axes) go with it: a
+    dangling Constant would have onnxruntime warn at every session it opens."""
+    from ortlearn.torch._export import export_call, flatten_call
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.utils.parametrizations.weight_norm(nn.Linear(4, 6)), nn.ReLU(),
+                        nn.Linear(6, 2)).eval()
+    tensors, spec = flatten_call((_x(5, 4),), {})
+    graph = export_call(net, tensors, spec, 1, train=False, exporter="dynamo").model.graph
+    read = {name for node in graph.node for name in node.input}
+    outputs = {o.name for o in graph.output}
+    assert all(o in read or o in outputs for node in graph.node for o in node.output)
+
+
 def test_input_modified_in_place_before_backward_raises():
     """The first Linear's weight gradient reads the input (a call after the first, whose
     graphs are remembered): changing it before the backward fails as in torch."""
