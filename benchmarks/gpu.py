@@ -60,7 +60,8 @@ RUNS = [
 #: The stages of a check, in order.
 STAGES = ("kernels", "tests", "placement", "profile", "ortmodule", "bench")
 #: The test files of the ``tests`` stage (their ``webgpu``-marked tests run on the device).
-TESTS = ("tests/training/test_webgpu.py", "tests/torch/test_ortmodule_webgpu.py")
+TESTS = ("tests/training/test_webgpu.py", "tests/training/test_session_webgpu.py",
+         "tests/torch/test_ortmodule_webgpu.py")
 #: The contenders timed: ortlearn on both devices, and JAX and torch where the image has them.
 CONTENDERS = "ortlearn_adam,ortlearn_adam_cpu,jax_adam,torch_adam"
 
@@ -391,7 +392,7 @@ def ortmodule(device: str, out: Path, timeout: float, blocks: int) -> None:
 
 def markdown(env: dict, tests_status: int, rows: list, device: str) -> str:
     lines = [f"GPU: {env.get('gpu')}; onnxruntime {env.get('onnxruntime')}; "
-             f"tests/training/test_webgpu.py exit status {tests_status}", "",
+             f"the WebGPU tests' exit status {tests_status}", "",
              f"| run | ortlearn on {device} s/epoch | ortlearn on the CPU s/epoch | "
              "CPU / device | JAX s/epoch | torch s/epoch |",
              "|---|---:|---:|---:|---:|---:|"]

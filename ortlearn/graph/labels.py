@@ -117,12 +117,15 @@ def guard_class_labels(model: onnx.ModelProto) -> onnx.ModelProto:
         if ignore_index is not None:
             ignored = op("Equal", [name, const(ignore_index, "ignore")], "ignored")
             bad = op("And", [bad, op("Not", [ignored], "kept")], "bad")
-        count = op("ReduceSum", [op("Cast", [bad], "as_int", to=TensorProto.INT64)], "count",
-                   keepdims=0)
-        flag = op("Min", [count, const(1, "one", np.int64)], "flag")
+        # in int32, and the shape read off the int32 mask: GPU providers (WebGPU) reduce
+        # and take the shape of int32 tensors, not always of int64 ones
+        as_int = op("Cast", [bad], "as_int", to=TensorProto.INT32)
+        count = op("ReduceSum", [as_int], "count", keepdims=0)
+        flag = op("Cast", [op("Min", [count, const(1, "one", np.int32)], "flag32")], "flag",
+                  to=TensorProto.INT64)
         # flag 0: the input's own shape; flag 1: every dimension d becomes 2d + 1,
         # which no tensor of the input's size can take.
-        shape = op("Shape", [name], "shape")
+        shape = op("Shape", [as_int], "shape")
         target = op("Add", [shape, op("Mul", [flag, op("Add", [shape, const(1, "one_dim",
                                                                               np.int64)],
                                                         "grown")], "excess")], "target")

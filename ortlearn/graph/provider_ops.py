@@ -21,7 +21,7 @@ from .values import elem_type_of, shape_of
 
 __all__ = ["PROVIDER_OPS", "constants_of_shape_as_expands", "gelus_decomposed",
            "index_wraps_as_wheres", "log_softmax_decomposed", "nan_tests_as_comparisons",
-           "signs_as_comparisons", "sizes_as_shape_products", "sums_as_adds",
+           "ors_as_ands", "signs_as_comparisons", "sizes_as_shape_products", "sums_as_adds",
            "trailing_unsqueezes_as_reshapes"]
 
 
@@ -231,7 +231,6 @@ def sizes_as_shape_products(nodes: list, graph) -> list:
     return out
 
 
-#: The rewrites of this module, in the order a GPU provider's step runs them.
 def constants_of_shape_as_expands(nodes: list, graph) -> list:
     """``ConstantOfShape(shape)`` as ``Expand(v, shape)``, ``v`` its value as a scalar.
 
@@ -290,7 +289,28 @@ def gelus_decomposed(nodes: list, graph) -> list:
     return out
 
 
+def ors_as_ands(nodes: list, graph) -> list:
+    """``Or(a, b)`` as ``Not(And(Not(a), Not(b)))`` (De Morgan).
+
+    The same values. WebGPU has ``And`` and ``Not``, not ``Or``; the graph's check of
+    class labels (:func:`ortlearn.graph.guard_class_labels`) takes one.
+    """
+    out = []
+    for node in nodes:
+        if node.op_type != "Or" or node.domain not in ("", "ai.onnx"):
+            out.append(node)
+            continue
+        name = node.output[0]
+        for i, x in enumerate(node.input):
+            out.append(helper.make_node("Not", [x], [f"{name}.not{i}"], name=f"{name}.not{i}"))
+        out.append(helper.make_node("And", [f"{name}.not0", f"{name}.not1"], [name + ".none"],
+                                    name=name + ".none"))
+        out.append(helper.make_node("Not", [name + ".none"], [name], name=name))
+    return out
+
+
+#: The rewrites of this module, in the order a GPU provider's step runs them.
 PROVIDER_OPS = (sums_as_adds, log_softmax_decomposed, index_wraps_as_wheres,
                 signs_as_comparisons, nan_tests_as_comparisons,
                 trailing_unsqueezes_as_reshapes, sizes_as_shape_products,
-                constants_of_shape_as_expands, gelus_decomposed)
+                constants_of_shape_as_expands, gelus_decomposed, ors_as_ands)

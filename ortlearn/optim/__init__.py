@@ -14,7 +14,7 @@
 """
 
 from .base import Optimizer, clip_grad_norm
-from .model_file import build_optimizer_model, unpack_optimizer_model
+from .model_file import build_optimizer_model, split_step_scalars, unpack_optimizer_model
 from .rules import SGD, Adam, AdamW, PlainSGD, TorchAdamW
 from .schedules import Adaptive, Constant, InvScaling, LinearLR, Optimal, per_sample_rates
 
@@ -33,5 +33,6 @@ __all__ = [
     "build_optimizer_model",
     "clip_grad_norm",
     "per_sample_rates",
+    "split_step_scalars",
     "unpack_optimizer_model",
 ]

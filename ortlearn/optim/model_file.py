@@ -459,3 +459,102 @@ def _prune(nodes, outputs: Sequence[str]) -> list:
             kept.append(node)
             needed.update(node.input)
     return kept[::-1]
+
+
+def split_step_scalars(model: onnx.ModelProto
+                       ) -> tuple[onnx.ModelProto | None, onnx.ModelProto]:
+    """A tensor-layout optimizer model cut in two: the scalars of a step, then the update.
+
+    The first model holds the nodes that read only ``learning_rate``,
+    ``step`` and constants (Adam's bias corrections, the step size cast to
+    the parameters' dtype, ...): its inputs are ``learning_rate`` and
+    ``step``, its outputs the values of those nodes that the rest of the
+    update reads. The second model is the rest, with those values as inputs
+    in place of ``learning_rate`` and ``step`` (kept where it reads them
+    itself). Run one after the other they compute what ``model`` computes,
+    node for node.
+
+    A session on a GPU runs the first on the host, in float64 where the model
+    computes in float64 (WebGPU has no float64 kernel), and copies a few
+    numbers to the device before each step; the update it runs on the
+    device holds no float64 node for float32 parameters.
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        An optimizer model in the tensor layout (:func:`unpack_optimizer_model`).
+
+    Returns
+    -------
+    (onnx.ModelProto or None, onnx.ModelProto)
+        The scalars' model (None where no node reads only the step's scalars)
+        and the update's.
+    """
+    graph = model.graph
+    derived = {LEARNING_RATE, STEP}
+    constants = {t.name for t in graph.initializer}
+    constants.update(o for n in graph.node if not n.input and not _subgraphs(n)
+                     for o in n.output)
+    host, rest = [], []
+    for node in graph.node:
+        reads = [x for x in node.input if x]
+        if (reads and not _subgraphs(node) and all(x in derived or x in constants for x in reads)
+                and any(x in derived for x in reads)):
+            host.append(node)
+            derived.update(node.output)
+        else:
+            rest.append(node)
+    if not host:
+        return None, model
+    # what the update reads of the derived values: its nodes' inputs, the names its
+    # subgraphs read from the outer scope, its outputs
+    read = [x for n in rest for x in (*n.input, *_names_read_in_subgraphs(n))]
+    read += [o.name for o in graph.output]
+    cut = [x for x in dict.fromkeys(read) if x in derived]
+    declared = {i.name: i for i in graph.input}
+    inferred = onnx.shape_inference.infer_shapes(model)
+    infos = {v.name: v for v in [*inferred.graph.value_info, *graph.input]}
+    missing = [x for x in cut if x not in infos]
+    if missing:
+        raise ValueError(f"Cannot split the optimizer model: the types of {missing} are "
+                         "unknown to ONNX's shape inference.")
+    outputs = [infos[x] for x in cut if x not in declared]
+    # the host's nodes and the constants they read, in the graph's order
+    used, mine = {x for n in host for x in n.input}, {id(n) for n in host}
+    scalars = _submodel(model, [n for n in graph.node if id(n) in mine or (
+        not n.input and any(o in used for o in n.output))],
+        [declared[LEARNING_RATE], declared[STEP]], outputs)
+    update_inputs = [i for i in graph.input if i.name not in (LEARNING_RATE, STEP)
+                     or i.name in cut]
+    update_inputs += outputs
+    update = _submodel(model, _prune(rest, [o.name for o in graph.output]), update_inputs,
+                       list(graph.output))
+    return scalars, update
+
+
+def _subgraphs(node: onnx.NodeProto) -> list:
+    return [a.g for a in node.attribute if a.type == onnx.AttributeProto.GRAPH] + [
+        g for a in node.attribute if a.type == onnx.AttributeProto.GRAPHS for g in a.graphs]
+
+
+def _names_read_in_subgraphs(node: onnx.NodeProto) -> set:
+    """Every name the subgraphs of ``node`` read (their own values included: a superset
+    of what they read from the outer scope)."""
+    names = set()
+    for sub in _subgraphs(node):
+        for inner in sub.node:
+            names.update(inner.input)
+            names.update(_names_read_in_subgraphs(inner))
+        names.update(o.name for o in sub.output)
+    return names
+
+
+def _submodel(model: onnx.ModelProto, nodes, inputs, outputs) -> onnx.ModelProto:
+    read = {x for n in nodes for x in (*n.input, *_names_read_in_subgraphs(n))}
+    graph = helper.make_graph(nodes, model.graph.name, inputs, outputs,
+                              initializer=[t for t in model.graph.initializer if t.name in read])
+    part = helper.make_model(graph, opset_imports=list(model.opset_import),
+                             producer_name=model.producer_name)
+    part.ir_version = model.ir_version
+    part.metadata_props.extend(model.metadata_props)
+    return part

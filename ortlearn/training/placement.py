@@ -25,8 +25,9 @@ import onnx
 from onnx import helper
 
 from ..graph.model import DEFAULT_OPSET
+from ..graph.passes import PROVIDER_NODES, rewrite_model
 
-__all__ = ["WEBGPU_KERNELS", "Fallback", "cpu_fallbacks", "primary_input",
+__all__ = ["WEBGPU_KERNELS", "Fallback", "cpu_fallbacks", "for_webgpu", "primary_input",
            "warn_cpu_fallbacks"]
 
 #: The element types of the WebGPU provider's kernels, by operator (the type of the node's
@@ -183,6 +184,30 @@ def warn_cpu_fallbacks(model: onnx.ModelProto, what: str, device: str = "webgpu"
             "them with operators the provider has (ortlearn.training.cpu_fallbacks lists "
             "them).", RuntimeWarning, stacklevel=3)
     return fallbacks
+
+
+def for_webgpu(model: onnx.ModelProto, what: str) -> onnx.ModelProto:
+    """``model``, or where WebGPU lacks some of its operators a copy with them written in
+    operators it has (:data:`~ortlearn.graph.passes.PROVIDER_NODES`: the same values up to
+    rounding), warning for what would still run on the CPU (``what``: "the eval model").
+
+    Examples
+    --------
+    >>> from onnx import TensorProto
+    >>> x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])
+    >>> y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])
+    >>> model = helper.make_model(helper.make_graph(
+    ...     [helper.make_node("LogSoftmax", ["x"], ["y"], axis=1)], "g", [x], [y]),
+    ...     opset_imports=[helper.make_opsetid("", 18)])
+    >>> [n.op_type for n in for_webgpu(model, "a model").graph.node]
+    ['Constant', 'ReduceMax', 'Sub', 'Exp', 'ReduceSum', 'Log', 'Sub']
+    """
+    if cpu_fallbacks(model):
+        copy = onnx.ModelProto()
+        copy.CopyFrom(model)
+        model = rewrite_model(copy, PROVIDER_NODES)
+        warn_cpu_fallbacks(model, what)
+    return model
 
 
 def _element_types(graph: onnx.GraphProto, outer: dict) -> dict:

@@ -53,6 +53,7 @@ from ..graph.format import (
     UPDATED_SUFFIX,
 )
 from ..optim import LinearLR, unpack_optimizer_model
+from . import webgpu
 from ._buffers import BufferPairs, device_value, host_copy
 from .checkpoint import CheckpointState
 from .checks import FLOAT32_MAX as _FLOAT32_MAX
@@ -71,6 +72,8 @@ from .layout import (
     read_optimizer_layout,
     skeleton,
 )
+from .placement import for_webgpu
+from .step_scalars import StepScalars
 
 __all__ = ["TrainingSession"]
 
@@ -183,13 +186,20 @@ class TrainingSession:
             self._eval_links = linked_dims(self._eval_model, self._eval_layout.user_inputs)
             self._label_marks = {**self._label_marks, **class_label_marks(self._eval_model)}
         self._check_state()
+        if self._device.kind == "webgpu":
+            types = {**self._train_types, **(self._eval_types if eval_model is not None else {})}
+            webgpu.check_float32(
+                {name: dtype for name, (dtype, _) in types.items()},
+                "Build the artifacts from a float32 model (in torch, model.float() before the "
+                "export) and train from its float32 checkpoint.")
         # Refused before the sessions are built (state._bind checks again at the end).
         state._require_unbound()
 
         # Labels fed as OrtValues are not read back to the host: the graphs check them.
-        self._train_sess = train_sess or self._open(guard_class_labels(self._train_model))
+        self._train_sess = train_sess or self._open(guard_class_labels(self._train_model),
+                                                    "training model")
         self._eval_sess = None if self._eval_model is None else (
-            eval_sess or self._open(guard_class_labels(self._eval_model)))
+            eval_sess or self._open(guard_class_labels(self._eval_model), "eval model"))
         self._input_grads: dict = {}
         self._bindings: dict = {}
         self._init_parameters()
@@ -202,7 +212,9 @@ class TrainingSession:
         state._bind(self)
 
     # ------------------------------------------------------------------ setup
-    def _open(self, model: onnx.ModelProto) -> ort.InferenceSession:
+    def _open(self, model: onnx.ModelProto, what: str) -> ort.InferenceSession:
+        if self._device.kind == "webgpu":  # the operators WebGPU lacks, in ones it has
+            model = for_webgpu(model, f"the {what}")
         # A damaged model is a ValueError, not an onnxruntime error; so is one onnx's
         # checker accepts and onnxruntime cannot load (an opset it does not know).
         with invalid_model_errors(model, "A model given to TrainingSession"):
@@ -352,20 +364,10 @@ class TrainingSession:
         self._step = saved[1] if saved else 0
         lr = saved[2] if saved else layout.hyper.get("lr", DEFAULT_LEARNING_RATE)
         self._lr = float(lr)
-        # shape [1] in onnxruntime-training's layout, [] in ortlearn's older tensor layout
-        self._scalar_shape = {name: tuple(d.dim_value for d in
-                                          inputs[name].type.tensor_type.shape.dim)
-                              for name in (LEARNING_RATE, STEP)}
-        self._lr_value = self._ortvalue(self._scalar(LEARNING_RATE, self._lr, np.float32))
-        # the value the next step feeds; the last step int64 counts has none
-        self._step_value = self._ortvalue(self._scalar(STEP, min(self._step + 1, _LAST_STEP),
-                                                       np.int64))
         self._optimizer_layout = layout
-        self._optimizer = session or self._open(model)
-
-    def _scalar(self, name: str, value, dtype) -> np.ndarray:
-        """``value`` as the optimizer model's input ``name`` (learning_rate, step) declares it."""
-        return np.full(self._scalar_shape[name], value, dtype=dtype)
+        # learning_rate and step, or on a GPU the scalars the host derives from them
+        self._step_scalars = StepScalars(model, self._device)
+        self._optimizer = self._open(self._step_scalars.model, "optimizer model")
 
     def _saved_optimizer_state(self, layout: OptimizerLayout) -> tuple | None:
         """The checkpoint's ``(states, step, learning_rate)``, checked against the model."""
@@ -450,8 +452,7 @@ class TrainingSession:
 
     def _bind_optimizer(self) -> ort.IOBinding:
         binding = self._optimizer.io_binding()
-        binding.bind_ortvalue_input(LEARNING_RATE, self._lr_value)
-        binding.bind_ortvalue_input(STEP, self._step_value)
+        self._step_scalars.bind(binding)
         params, states = self._params, self._opt_states
         for p in self._optimizer_layout.params:
             binding.bind_ortvalue_input(p, params.live(p))
@@ -706,7 +707,7 @@ class TrainingSession:
                 "holds: a checkpoint's step beyond what training reaches. Reset the "
                 "optimizer state (CheckpointState.set_optimizer_state with step=0) or load "
                 "another checkpoint.")
-        self._step_value.update_inplace(self._scalar(STEP, self._step + 1, np.int64))
+        self._step_scalars.write(self._lr, self._step + 1)
         binding = self._binding("optim")
         with run_errors({}, "optimizer_step"):
             self._optimizer.run_with_iobinding(binding)
@@ -745,10 +746,7 @@ class TrainingSession:
         self._set_lr(float(learning_rate))
 
     def _set_lr(self, learning_rate: float) -> None:
-        if learning_rate != self._lr:
-            self._lr_value.update_inplace(self._scalar(LEARNING_RATE, learning_rate,
-                                                       np.float32))
-            self._lr = learning_rate
+        self._lr = learning_rate  # written to the device by the next optimizer_step
 
     @_open_only
     def get_learning_rate(self) -> float:

@@ -161,13 +161,16 @@ def default_graph_capture() -> bool:
     return value != "0"
 
 
-def check_float32(dtypes: dict) -> None:
+def check_float32(dtypes: dict, remedy: str = "Convert the data to float32 "
+                  "(X.astype(np.float32)) before fitting.") -> None:
     """Refuse float64 weights or data: the provider computes no float64.
 
     Parameters
     ----------
     dtypes : dict of str to numpy.dtype
         The dtype of each weight and data input, by name.
+    remedy : str
+        The end of the message: what to do instead.
 
     Raises
     ------
@@ -183,5 +186,4 @@ def check_float32(dtypes: dict) -> None:
     if wide:
         raise ValueError(
             f"device='webgpu' trains float32 models: the WebGPU provider has no float64 "
-            f"kernels, and {wide} are float64 (the step would run on the CPU). Convert the "
-            "data to float32 (X.astype(np.float32)) before fitting.")
+            f"kernels, and {wide} are float64 (the step would run on the CPU). {remedy}")

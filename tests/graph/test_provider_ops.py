@@ -13,6 +13,7 @@ from ortlearn.graph.provider_ops import (
     index_wraps_as_wheres,
     log_softmax_decomposed,
     nan_tests_as_comparisons,
+    ors_as_ands,
     signs_as_comparisons,
     sizes_as_shape_products,
     sums_as_adds,
@@ -114,6 +115,19 @@ def test_a_nan_test_becomes_an_inequality_to_itself():
     x = np.array([np.nan, 0.0, -np.inf, np.inf, 1.5])
     got = run_onnx(_with_nodes(model, rewritten), {"x": x})[0]
     np.testing.assert_array_equal(got, np.isnan(x))
+
+
+def test_an_or_becomes_ands_and_nots():
+    bool_ = TensorProto.BOOL
+    graph = helper.make_graph([helper.make_node("Or", ["a", "b"], ["either"])], "g",
+                              [helper.make_tensor_value_info(n, bool_, [4]) for n in "ab"],
+                              [helper.make_tensor_value_info("either", bool_, [4])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    rewritten = _run(ors_as_ands, model)
+    assert sorted(n.op_type for n in rewritten) == ["And", "Not", "Not", "Not"]
+    a, b = np.array([False, False, True, True]), np.array([False, True, False, True])
+    got = run_onnx(_with_nodes(model, rewritten), {"a": a, "b": b})[0]
+    np.testing.assert_array_equal(got, a | b)
 
 
 @pytest.mark.parametrize("axes, rank, kept", [([1], 1, False), ([-1], 1, False),
