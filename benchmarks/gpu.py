@@ -56,6 +56,10 @@ RUNS = [
     ("W3", "W3", None, {}),
     ("W3 without graph capture", "W3", None, {"ORTLEARN_WEBGPU_GRAPH_CAPTURE": "0"}),
     ("W20", "W20", None, {}),
+    # Dawn's validation of each dispatch, on by default, is host time a replay may not need
+    ("W2 batch 1024 without validation", "W2", 1024,
+     {"ORTLEARN_WEBGPU_OPTIONS": "validationMode=disabled"}),
+    ("W20 without validation", "W20", None, {"ORTLEARN_WEBGPU_OPTIONS": "validationMode=disabled"}),
 ]
 #: The stages of a check, in order.
 STAGES = ("kernels", "tests", "placement", "profile", "ortmodule", "bench")

@@ -1044,7 +1044,7 @@ class TrainingSession:
         self._input_grads = {}
         self._train_sess = self._eval_sess = self._optimizer = None
         self._params = self._grads = self._state_pairs = self._frozen = None
-        self._opt_states = None
+        self._opt_states = self._step_scalars = None
 
     def _known(self, name: str) -> str:
         if name not in self._param_types:

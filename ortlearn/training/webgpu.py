@@ -23,8 +23,9 @@ import threading
 
 import onnxruntime as ort
 
-__all__ = ["EP_NAME", "GRAPH_CAPTURE_ENV", "check_float32", "default_graph_capture",
-           "ep_device", "provider_options", "register", "webgpu_available"]
+__all__ = ["EP_NAME", "GRAPH_CAPTURE_ENV", "OPTIONS_ENV", "check_float32",
+           "default_graph_capture", "ep_device", "provider_options", "register",
+           "webgpu_available"]
 
 #: The provider's name in onnxruntime (``session.get_providers()``).
 EP_NAME = "WebGpuExecutionProvider"
@@ -37,6 +38,14 @@ _INSTALL = ("pip install 'ortlearn[webgpu]' (the onnxruntime-ep-webgpu wheel, wi
 
 #: Environment variable: ``0`` trains without graph capture on WebGPU (default ``1``).
 GRAPH_CAPTURE_ENV = "ORTLEARN_WEBGPU_GRAPH_CAPTURE"
+
+#: Environment variable: more provider options, ``key=value`` pairs separated by commas
+#: (``validationMode=disabled,maxNumPendingDispatches=64``), for every WebGPU session.
+OPTIONS_ENV = "ORTLEARN_WEBGPU_OPTIONS"
+
+#: The options ortlearn sets itself: the GPU, 64-bit integers (without them a classifier
+#: trains on wrong labels), graph capture (``ORTLEARN_WEBGPU_GRAPH_CAPTURE``).
+_OWN_OPTIONS = ("deviceId", "enableInt64", "enableGraphCapture")
 
 _registered: list = []  # the library path once registered in this process
 _LOCK = threading.Lock()
@@ -138,12 +147,32 @@ def provider_options(index: int = 0, graph_capture: bool = False) -> dict:
     --------
     >>> provider_options(1, graph_capture=True)
     {'deviceId': '1', 'enableInt64': '1', 'enableGraphCapture': '1'}
+
+    :data:`OPTIONS_ENV` adds options of the provider's own (``validationMode``,
+    ``maxNumPendingDispatches``, the buffer-cache modes, ...).
     """
     # int64 kernels: without them the provider computes int64 tensors (class labels,
     # row numbers) in 32 bits and a classifier trains on wrong labels, silently
     options = {"deviceId": str(index), "enableInt64": "1"}
     if graph_capture:
         options["enableGraphCapture"] = "1"
+    return {**options, **_environment_options()}
+
+
+def _environment_options() -> dict:
+    """The options of :data:`OPTIONS_ENV`; a ``ValueError`` naming a malformed or
+    reserved one."""
+    text = os.environ.get(OPTIONS_ENV, "").strip()
+    options = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, sep, value = (part.strip() for part in item.partition("="))
+        if not (sep and key and value):
+            raise ValueError(f"{OPTIONS_ENV}: {item!r} is not key=value (for example "
+                             "validationMode=disabled).")
+        if key in _OWN_OPTIONS:
+            raise ValueError(f"{OPTIONS_ENV}: ortlearn sets {key} itself (the device's index, "
+                             f"64-bit integers, and {GRAPH_CAPTURE_ENV} for graph capture).")
+        options[key] = value
     return options
 
 

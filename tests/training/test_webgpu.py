@@ -300,6 +300,21 @@ def test_provider_options_and_graph_capture_switch(monkeypatch):
         webgpu.default_graph_capture()
 
 
+def test_provider_options_of_the_environment(monkeypatch):
+    monkeypatch.setenv(webgpu.OPTIONS_ENV,
+                       " validationMode = disabled, maxNumPendingDispatches=64,")
+    assert webgpu.provider_options(2, graph_capture=True) == {
+        "deviceId": "2", "enableInt64": "1", "enableGraphCapture": "1",
+        "validationMode": "disabled", "maxNumPendingDispatches": "64"}
+    for wrong, message in [("validationMode", "is not key=value"),
+                           ("=disabled", "is not key=value"),
+                           ("enableInt64=0", "sets enableInt64 itself"),
+                           ("enableGraphCapture=0", "ORTLEARN_WEBGPU_GRAPH_CAPTURE")]:
+        monkeypatch.setenv(webgpu.OPTIONS_ENV, wrong)
+        with pytest.raises(ValueError, match=message):
+            webgpu.provider_options()
+
+
 # ----------------------------------------------------------- on a real GPU
 @pytest.mark.webgpu
 @pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
