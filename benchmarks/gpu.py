@@ -305,6 +305,8 @@ def bench(args, out: Path, rows: list, save) -> None:
     appended to ``rows``; ``save()`` after each."""
     with open(out / "bench.log", "a") as log, tempfile.TemporaryDirectory() as tmp:
         for name, workload, batch, env in RUNS:
+            if args.runs and name not in args.runs.split(","):
+                continue
             folder = Path(tmp) / name.replace(" ", "_")
             command = [sys.executable, "-m", "benchmarks", "--workloads", workload,
                        "--device", args.device, "--reps", str(args.reps), "--threads",
@@ -428,6 +430,9 @@ def main(argv=None) -> int:
                         help=f"the stages run, of {','.join(STAGES)}")
     parser.add_argument("--kernel-seconds", type=float, default=100,
                         help="seconds for opening ONNX's node test models on the device")
+    parser.add_argument("--runs", default="",
+                        help="the runs of the bench stage, by name, separated by commas "
+                             "(default: all; 'W2 batch 1024,W20' for a short GPU session)")
     parser.add_argument("--contenders", default=CONTENDERS,
                         help=f"the contenders timed (default: {CONTENDERS})")
     args = parser.parse_args(argv)

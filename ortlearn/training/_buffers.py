@@ -32,7 +32,8 @@ from ..graph import elem_type_of, onnx_to_np_dtype, shape_of
 from .fused import STEP_IN_EPOCH
 
 __all__ = ["BufferPairs", "StepBuffers", "StepFeeds", "carried_types", "device_value",
-           "host_copy", "is_state", "layout_part", "state_values", "weight_values"]
+           "graph_run_options", "host_copy", "is_state", "layout_part", "run_recorded",
+           "state_values", "weight_values"]
 
 
 def device_value(array, device) -> ort.OrtValue:
@@ -284,8 +285,6 @@ class StepFeeds:
         Whether the session records its runs (``enableGraphCapture``).
     """
 
-    _UNRECORDED = "-1"
-
     def __init__(self, session: ort.InferenceSession, buffers: StepBuffers, layout, dtypes: dict,
                  capture: bool):
         self.session, self.buffers, self.layout = session, buffers, layout
@@ -333,12 +332,10 @@ class StepFeeds:
                 binding.bind_ortvalue_input(name, value)
             if self.capture and self._recorded in (None, shape):
                 self._recorded = shape
-                graph_id = str(parity)
+                graph_id = parity
             else:
-                graph_id = self._UNRECORDED
-            options = ort.RunOptions()
-            options.add_run_config_entry("gpu_graph_id", graph_id)
-            self._bound[key] = (binding, options)
+                graph_id = None
+            self._bound[key] = (binding, graph_run_options(graph_id))
         return self._bound[key]
 
     def run_epoch(self, order: np.ndarray, starts, sizes, step_values: dict) -> None:
@@ -372,21 +369,38 @@ class StepFeeds:
                 self._written[(shape, name)] = array.copy()
         for _ in range(shape[0]):
             binding, options = self._binding(shape, self.buffers.parity)
-            try:
+            if not (self.capture and shape == self._recorded):
                 self.session.run_with_iobinding(binding, options)
-            except Exception as exc:
-                if not (self.capture and shape == self._recorded):
-                    raise
-                # The provider could not record the step (a node it placed on the
-                # CPU): from now on it runs unrecorded. The run wrote only spare buffers.
-                warnings.warn(f"The WebGPU provider could not record the training step "
-                              f"({exc}); it runs without graph capture.", RuntimeWarning)
+            elif not run_recorded(self.session, binding, options, "the training step"):
+                # from now on the step runs unrecorded; the run wrote only spare buffers
                 self.capture = False
                 self._bound.clear()
                 self._recorded = None
                 binding, options = self._binding(shape, self.buffers.parity)
                 self.session.run_with_iobinding(binding, options)
             self.buffers.swap()
+
+
+def graph_run_options(graph_id: int | None) -> ort.RunOptions:
+    """Run options that record a run as GPU graph ``graph_id`` (graph capture), or replay
+    it once recorded; None runs unrecorded."""
+    options = ort.RunOptions()
+    options.add_run_config_entry("gpu_graph_id", "-1" if graph_id is None else str(graph_id))
+    return options
+
+
+def run_recorded(session: ort.InferenceSession, binding: ort.IOBinding,
+                 options: ort.RunOptions, what: str) -> bool:
+    """Run ``binding`` as the recorded graph of ``options``; False, with a ``RuntimeWarning``
+    naming ``what``, where the provider cannot record it (a node it placed on the CPU): the
+    caller runs it unrecorded from then on."""
+    try:
+        session.run_with_iobinding(binding, options)
+    except Exception as exc:
+        warnings.warn(f"The WebGPU provider could not record {what} ({exc}); it runs without "
+                      "graph capture.", RuntimeWarning, stacklevel=3)
+        return False
+    return True
 
 
 # ------------------------------------------------ a layout's values in buffers

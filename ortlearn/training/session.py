@@ -54,7 +54,7 @@ from ..graph.format import (
 )
 from ..optim import LinearLR, unpack_optimizer_model
 from . import webgpu
-from ._buffers import BufferPairs, device_value, host_copy
+from ._buffers import BufferPairs, device_value, graph_run_options, host_copy, run_recorded
 from .checkpoint import CheckpointState
 from .checks import FLOAT32_MAX as _FLOAT32_MAX
 from .checks import check_class_labels, run_errors
@@ -212,14 +212,16 @@ class TrainingSession:
         state._bind(self)
 
     # ------------------------------------------------------------------ setup
-    def _open(self, model: onnx.ModelProto, what: str) -> ort.InferenceSession:
+    def _open(self, model: onnx.ModelProto, what: str,
+              graph_capture: bool = False) -> ort.InferenceSession:
         if self._device.kind == "webgpu":  # the operators WebGPU lacks, in ones it has
             model = for_webgpu(model, f"the {what}")
         # A damaged model is a ValueError, not an onnxruntime error; so is one onnx's
         # checker accepts and onnxruntime cannot load (an opset it does not know).
         with invalid_model_errors(model, "A model given to TrainingSession"):
             try:
-                return make_session(model, self._device, self._session_options)
+                return make_session(model, self._device, self._session_options,
+                                    graph_capture)
             except (ValueError, TypeError, MemoryError):
                 raise
             except Exception as exc:
@@ -367,7 +369,13 @@ class TrainingSession:
         self._optimizer_layout = layout
         # learning_rate and step, or on a GPU the scalars the host derives from them
         self._step_scalars = StepScalars(model, self._device)
-        self._optimizer = self._open(self._step_scalars.model, "optimizer model")
+        # On WebGPU the update, whose inputs and outputs are all fixed device buffers, is
+        # recorded at its first run with each binding and replayed afterwards (graph
+        # capture); the training and eval models read new inputs from the host each call.
+        capture = self._device.kind == "webgpu" and webgpu.default_graph_capture()
+        self._optimizer = self._open(self._step_scalars.model, "optimizer model", capture)
+        self._optimizer_graphs = {} if capture else None  # binding key -> its run options
+        self._optimizer_options = None  # of an unrecorded run
 
     def _saved_optimizer_state(self, layout: OptimizerLayout) -> tuple | None:
         """The checkpoint's ``(states, step, learning_rate)``, checked against the model."""
@@ -396,13 +404,16 @@ class TrainingSession:
         Built once per combination of the parities of the parameters and the
         gradients, and reused whenever the buffers are in that state again.
         """
-        key = (model, self._params.parity, self._grads.parity, self._state_pairs.parity)
+        key = self._binding_key(model)
         binding = self._bindings.get(key)
         if binding is None:
             build = {"train": self._bind_train, "eval": self._bind_eval,
                      "optim": self._bind_optimizer}[model]
             binding = self._bindings[key] = build()
         return binding
+
+    def _binding_key(self, model: str) -> tuple:
+        return model, self._params.parity, self._grads.parity, self._state_pairs.parity
 
     def _bind_outputs(self, binding, names) -> None:
         # Rebound per call (in place): a bound output keeps the value of the
@@ -710,10 +721,24 @@ class TrainingSession:
         self._step_scalars.write(self._lr, self._step + 1)
         binding = self._binding("optim")
         with run_errors({}, "optimizer_step"):
-            self._optimizer.run_with_iobinding(binding)
+            self._run_optimizer(binding)
         self._params.swap()
         self._opt_states.swap()
         self._step += 1
+
+    def _run_optimizer(self, binding: ort.IOBinding) -> None:
+        graphs = self._optimizer_graphs
+        if graphs is None:
+            self._optimizer.run_with_iobinding(binding, self._optimizer_options)
+            return
+        key = self._binding_key("optim")
+        if key not in graphs:  # a new binding: a new recording
+            graphs[key] = graph_run_options(len(graphs))
+        if not run_recorded(self._optimizer, binding, graphs[key], "the optimizer step"):
+            # unrecorded from now on (graph id -1: the session was opened to record); the
+            # failed run wrote only spare buffers
+            self._optimizer_graphs, self._optimizer_options = None, graph_run_options(None)
+            self._optimizer.run_with_iobinding(binding, self._optimizer_options)
 
     @_open_only
     def set_learning_rate(self, learning_rate: float) -> None:

@@ -56,3 +56,11 @@ def test_the_gpu_check_runs_and_writes_its_eight_files(tmp_path, monkeypatch):
 def test_install_refuses_an_empty_folder(tmp_path):
     with pytest.raises(SystemExit, match="no wheel"):
         gpu.install(tmp_path, tmp_path / "site")
+
+
+def test_the_bench_stage_runs_the_runs_named(tmp_path, monkeypatch):
+    monkeypatch.setattr(gpu, "RUNS", [("W3", "W3", None, {}), ("W3 twice", "W3", None, {})])
+    assert gpu.main([str(tmp_path), "--device", "cpu", "--scale", "0.01", "--reps", "1",
+                     "--threads", "1", "--only", "bench", "--runs", "W3 twice"]) == 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert [run["run"] for run in summary["runs"]] == ["W3 twice"]

@@ -22,7 +22,7 @@ from test_webgpu import HostMemoryWebGPU
 from ortlearn import api, artifacts
 from ortlearn.graph import make_model
 from ortlearn.optim import unpack_optimizer_model
-from ortlearn.training import CheckpointState, TrainingSession, cpu_fallbacks
+from ortlearn.training import CheckpointState, TrainingSession, cpu_fallbacks, webgpu
 from ortlearn.training import session as _session
 from ortlearn.training.device import make_session_options
 from ortlearn.training.step_scalars import StepScalars
@@ -164,6 +164,56 @@ def test_float64_artifacts_are_refused_on_webgpu(tmp_path):
     with pytest.raises(ValueError, match=r"no float64 kernels, and \['W1', .* are float64.*"
                                          r"from a float32 model"):
         _session_on(directory, HostMemoryWebGPU())
+
+
+def _recorded_ids(session, monkeypatch, refuse=False):
+    """The graph ids of the optimizer's runs, as the WebGPU provider would see them."""
+    ids, run = [], session._optimizer.run_with_iobinding
+
+    def run_with_iobinding(binding, options=None):
+        ids.append(None if options is None else options.get_run_config_entry("gpu_graph_id"))
+        if refuse and ids[-1] not in (None, "-1"):
+            raise RuntimeError("cannot record")
+        run(binding, options)
+
+    monkeypatch.setattr(session._optimizer, "run_with_iobinding", run_with_iobinding)
+    return ids
+
+
+def test_the_optimizer_step_is_recorded_once_per_binding_and_replayed(tmp_path, monkeypatch):
+    """The parameters and the gradients alternate between two buffers each: two bindings,
+    two recordings, each replayed."""
+    loss = artifacts.LossType.MSELoss
+    directory = _artifacts(tmp_path, loss, artifacts.OptimType.AdamW)
+    opened = _session_on(directory, HostMemoryWebGPU())
+    ids = _recorded_ids(opened[1], monkeypatch)
+    trained = _train(opened, loss)
+    assert ids == ["0", "1"] * 3
+    expected = _train(_session_on(directory, "cpu"), loss)
+    for name, value in expected[2].items():
+        np.testing.assert_array_equal(trained[2][name], value, err_msg=name)
+
+
+def test_an_optimizer_step_the_provider_cannot_record_runs_unrecorded(tmp_path, monkeypatch):
+    loss = artifacts.LossType.MSELoss
+    directory = _artifacts(tmp_path, loss, artifacts.OptimType.AdamW)
+    opened = _session_on(directory, HostMemoryWebGPU())
+    ids = _recorded_ids(opened[1], monkeypatch, refuse=True)
+    with pytest.warns(RuntimeWarning, match="could not record the optimizer step"):
+        trained = _train(opened, loss)
+    assert ids == ["0"] + ["-1"] * 6  # the refused run, then each step unrecorded
+    expected = _train(_session_on(directory, "cpu"), loss)
+    for name, value in expected[2].items():
+        np.testing.assert_array_equal(trained[2][name], value, err_msg=name)
+
+
+def test_without_graph_capture_the_optimizer_step_runs_unrecorded(tmp_path, monkeypatch):
+    monkeypatch.setenv(webgpu.GRAPH_CAPTURE_ENV, "0")
+    directory = _artifacts(tmp_path, artifacts.LossType.MSELoss, artifacts.OptimType.SGD)
+    opened = _session_on(directory, HostMemoryWebGPU())
+    ids = _recorded_ids(opened[1], monkeypatch)
+    _train(opened, artifacts.LossType.MSELoss)
+    assert ids == [None] * 6
 
 
 def test_step_scalars_are_copied_to_the_device_only_when_they_change(tmp_path):
