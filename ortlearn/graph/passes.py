@@ -623,11 +623,11 @@ CHEAPER_NODES = (
 
 #: The rewrites of a training step on a GPU provider: no CPU-tuned rewrite (a column
 #: sum stays a ``ReduceSum``, whose row of ones would be shape arithmetic on the
-#: host), and the operators and types some providers lack (WebGPU's ``Sum``,
-#: ``LogSoftmax``, ``Mod``, ``Sign``, ``IsNaN``, an int64 ``Unsqueeze``) written with the
-#: ones they have (:mod:`ortlearn.graph.provider_ops`).
+#: host; a masking ``Where`` stays one kernel, not a ``Cast`` and a ``Mul``: a GPU
+#: provider's kernel costs microseconds whatever its size), and the operators and types
+#: some providers lack (WebGPU's ``Sum``, ``LogSoftmax``, ``Mod``, ``Sign``, ``IsNaN``, an
+#: int64 ``Unsqueeze``) written with the ones they have (:mod:`ortlearn.graph.provider_ops`).
 GPU_NODES = (
-    Pass("masks_as_products", masks_as_products),
     Pass("expands_as_broadcasts", expands_as_broadcasts),
     Pass("negations_folded", negations_folded),
     Pass("common_factors", common_factors),
