@@ -102,6 +102,19 @@ class GraphBuilder:
     def ints(self, values: Sequence[int], hint: str = "axes") -> str:
         return self.const(np.asarray(list(values), dtype=np.int64), hint=hint)
 
+    def take(self, first: int = 0) -> list:
+        """The nodes built from position ``first`` on, taken out of the builder.
+
+        The constants among them are forgotten: nodes taken out may land anywhere
+        in a graph, and a later :meth:`const` emits its own rather than reading one
+        of theirs.
+        """
+        taken = self.nodes[first:]
+        del self.nodes[first:]
+        names = {o for node in taken for o in node.output}
+        self._const_cache = {k: v for k, v in self._const_cache.items() if v not in names}
+        return taken
+
     # Operators whose signature changed across the supported opsets.
     def reduce(self, op_type: str, x: str, axes: Sequence[int] | str | None = None,
                keepdims: int = 1, output: str | None = None, **attrs) -> str:

@@ -324,7 +324,7 @@ def _flat_offsets(params, optimizer) -> dict:
     An optimizer with state (momentum, Adam's moments) updates every weight
     with the same dozen elementwise nodes: with all the weights, and each of
     their states, in one flat buffer, a step runs those nodes once instead
-    of once per weight, for the price of a ``Slice`` and a ``Reshape`` per
+    of once per weight, for the price of a ``Split``, a ``Reshape`` per
     weight and one ``Concat`` of the gradients. Each node costs onnxruntime
     about a microsecond whatever its size, which is most of a small model's
     step. Weights of mixed dtypes keep one tensor each.
@@ -340,15 +340,15 @@ def _flat_offsets(params, optimizer) -> dict:
 
 
 def _flat_weight_views(b: GraphBuilder, offsets: dict) -> list:
-    """Nodes giving each weight as a slice of the flat weights (taken back from ``b``)."""
+    """Nodes giving each weight as its part of the flat weights (taken back from ``b``):
+    one ``Split`` of the whole vector (one kernel on a GPU provider, where a ``Slice`` a
+    weight is a kernel each), then a ``Reshape`` a weight."""
     first = len(b.nodes)
-    for name, (offset, shape) in offsets.items():
-        end = offset + int(np.prod(shape, dtype=np.int64))
-        piece = b.op("Slice", [FLAT, b.ints([offset]), b.ints([end]), b.ints([0])])
+    sizes = [int(np.prod(shape, dtype=np.int64)) for _, shape in offsets.values()]
+    pieces = b.op("Split", [FLAT, b.ints(sizes, hint="sizes")], n_outputs=len(sizes), axis=0)
+    for (name, (_, shape)), piece in zip(offsets.items(), pieces):
         b.op("Reshape", [piece, b.ints(list(shape), hint="shape")], outputs=[name])
-    views = b.nodes[first:]
-    del b.nodes[first:]
-    return views
+    return b.take(first)
 
 
 def _flat_update(b: GraphBuilder, optimizer, params, grads, step_scalars: dict,

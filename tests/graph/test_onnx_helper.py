@@ -53,6 +53,21 @@ def test_constants_are_nodes_and_cached():
     assert [n.op_type for n in b.nodes] == ["Constant", "Constant"]
 
 
+def test_nodes_taken_out_take_their_constants_with_them():
+    """A constant among nodes taken out is not read again by the nodes built after them,
+    which may come first in a graph."""
+    b = GraphBuilder()
+    kept = b.ints([1, 2])
+    b.op("Identity", [kept])
+    taken = b.take(1)
+    assert [n.op_type for n in taken] == ["Identity"] and len(b.nodes) == 1
+    first = len(b.nodes)
+    moved = b.ints([3, 4])
+    assert [n.output[0] for n in b.take(first)] == [moved]
+    assert b.ints([3, 4]) != moved  # emitted again, in the builder
+    assert b.ints([1, 2]) == kept  # still in the builder: still shared
+
+
 def test_unique_names_avoid_model_names():
     X = helper.make_tensor_value_info("X", TensorProto.FLOAT, [None, 2])
     Y = helper.make_tensor_value_info("Sub_out", TensorProto.FLOAT, [None, 2])

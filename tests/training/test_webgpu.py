@@ -140,11 +140,13 @@ def test_batch_table_step_needs_no_cpu_kernel():
     values = list(inferred.input) + list(inferred.value_info) + list(inferred.output)
     assert not [v.name for v in values if v.type.tensor_type.elem_type == onnx.TensorProto.DOUBLE]
     assert not {n.op_type for n in model.graph.node} & {"Loop", "If", "Scan"}
-    # a Slice's bounds are read on the host: only constant ones (the flat weights' views)
+    # a Slice's or a Split's bounds are read on the host: no Slice, and the flat weights'
+    # views are one Split of constant sizes
     constants = {i.name for i in model.graph.initializer}
     constants |= {n.output[0] for n in model.graph.node if n.op_type == "Constant"}
-    slices = [n for n in model.graph.node if n.op_type == "Slice"]
-    assert slices and all(set(n.input[1:]) <= constants for n in slices)
+    assert not [n for n in model.graph.node if n.op_type == "Slice"]
+    (split,) = [n for n in model.graph.node if n.op_type == "Split"]
+    assert split.input[1] in constants
     with pytest.raises(ValueError, match="epoch-ordered"):
         build_fused_step(loss_model, TRAINABLE, ["X", "label", "weight"], Adam(),
                          epoch_ordered=["label"], batch_table=True)
