@@ -207,6 +207,12 @@ LINKS = {  # name: (nodes of link i from x to y, the constants it reads)
     "Gemm x^T x (K=1024), MatMul": lambda i, x, y: [
         helper.make_node("Gemm", [x, x], [f"g{i}"], transA=1, alpha=1e-4),
         helper.make_node("MatMul", [x, f"g{i}"], [y])],
+    # the same product as a Transpose and a MatMul (a step's weight gradient; unscaled:
+    # the time of a kernel does not depend on its values)
+    "Transpose, MatMul x^T x (K=1024), MatMul": lambda i, x, y: [
+        helper.make_node("Transpose", [x], [f"t{i}"]),
+        helper.make_node("MatMul", [f"t{i}", x], [f"g{i}"]),
+        helper.make_node("MatMul", [x, f"g{i}"], [y])],
     "ReduceSum rows, Add": lambda i, x, y: [
         helper.make_node("ReduceSum", [x, "axis0"], [f"r{i}"]),
         helper.make_node("Add", [x, f"r{i}"], [y])],
