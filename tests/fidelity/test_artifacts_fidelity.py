@@ -198,8 +198,8 @@ def test_session_options_reach_every_session(tmp_path, monkeypatch, linear_onnx)
     seen = []
     real = session_module.make_session
     monkeypatch.setattr(session_module, "make_session",
-                        lambda model, device, options: seen.append(options) or real(
-                            model, device, options))
+                        lambda model, device, options, *rest: seen.append(options) or real(
+                            model, device, options, *rest))
     options = ort.SessionOptions()
     state = api.CheckpointState.load_checkpoint(str(tmp_path / "checkpoint"))
     module = api.Module(str(tmp_path / "training_model.onnx"), state,
