@@ -30,11 +30,26 @@ def _constant(name: str, value: np.ndarray) -> onnx.NodeProto:
                             value=onnx.numpy_helper.from_array(value))
 
 
+def _node(op_type: str, inputs: list, output: str, **attributes) -> onnx.NodeProto:
+    """A node of one output, named after it."""
+    return helper.make_node(op_type, inputs, [output], name=output, **attributes)
+
+
 def _float_type(graph, value: str):
     """The element type of ``value`` when it is a float type, else None."""
     info = graph.infos.get(value)
     elem = elem_type_of(info) if info is not None else 0
     return elem if elem in FLOAT_TYPES else None
+
+
+def _each(nodes: list, op_type: str, rule) -> list:
+    """``nodes`` with each node of ONNX's ``op_type`` replaced by ``rule(node)``: the nodes
+    that compute its outputs, or None to keep it (the loop of every pass here)."""
+    out = []
+    for node in nodes:
+        new = rule(node) if node.op_type == op_type and node.domain in ("", "ai.onnx") else None
+        out.extend([node] if new is None else new)
+    return out
 
 
 def sums_as_adds(nodes: list, graph) -> list:
@@ -44,20 +59,18 @@ def sums_as_adds(nodes: list, graph) -> list:
     with one ``Sum``, which some GPU providers (WebGPU) lack: the step would
     copy its inputs to the host and back. The same additions, in the same order.
     """
-    out = []
-    for node in nodes:
-        if node.op_type != "Sum" or node.domain not in ("", "ai.onnx"):
-            out.append(node)
-            continue
+    def adds(node):
         name, total = node.output[0], node.input[0]
         if len(node.input) == 1:
-            out.append(helper.make_node("Identity", [total], [name], name=name))
-            continue
+            return [_node("Identity", [total], name)]
+        new = []
         for i, term in enumerate(node.input[1:], start=2):
             partial = name if i == len(node.input) else f"{name}.partial{i}"
-            out.append(helper.make_node("Add", [total, term], [partial], name=partial))
+            new.append(_node("Add", [total, term], partial))
             total = partial
-    return out
+        return new
+
+    return _each(nodes, "Sum", adds)
 
 
 def log_softmax_decomposed(nodes: list, graph) -> list:
@@ -69,16 +82,11 @@ def log_softmax_decomposed(nodes: list, graph) -> list:
     """
     if graph.opset < 13:
         return nodes
-    out = []
-    for node in nodes:
-        if node.op_type != "LogSoftmax" or node.domain not in ("", "ai.onnx"):
-            out.append(node)
-            continue
+
+    def decomposed(node):
         x, name, axis = node.input[0], node.output[0], attr(node, "axis", -1)
         axes = name + ".axes"
-        out.append(helper.make_node("Constant", [], [axes], name=axes,
-                                    value=onnx.numpy_helper.from_array(
-                                        np.array([axis], dtype=np.int64))))
+        new = [_constant(axes, np.array([axis], dtype=np.int64))]
         steps = [("ReduceMax", [x, axes], ".max", {"keepdims": 1}),
                  ("Sub", [x, name + ".max"], ".shifted", {}),
                  ("Exp", [name + ".shifted"], ".exp", {}),
@@ -86,12 +94,11 @@ def log_softmax_decomposed(nodes: list, graph) -> list:
                  ("Log", [name + ".sum"], ".log_sum", {})]
         if graph.opset < 18:  # ReduceMax takes its axes as an attribute before opset 18
             steps[0] = ("ReduceMax", [x], ".max", {"keepdims": 1, "axes": [axis]})
-        for op, inputs, suffix, attributes in steps:
-            out.append(helper.make_node(op, inputs, [name + suffix], name=name + suffix,
-                                        **attributes))
-        out.append(helper.make_node("Sub", [name + ".shifted", name + ".log_sum"], [name],
-                                    name=name))
-    return out
+        new += [_node(op, inputs, name + suffix, **attributes)
+                for op, inputs, suffix, attributes in steps]
+        return new + [_node("Sub", [name + ".shifted", name + ".log_sum"], name)]
+
+    return _each(nodes, "LogSoftmax", decomposed)
 
 
 def index_wraps_as_wheres(nodes: list, graph) -> list:
@@ -112,24 +119,19 @@ def index_wraps_as_wheres(nodes: list, graph) -> list:
             if dims:
                 n = dims[attr(node, "axis", 0) % len(dims)]
                 lengths.setdefault(node.input[1], set()).add(n)
-    out = []
-    for node in nodes:
-        n = constants.get(node.input[1]) if node.op_type == "Mod" else None
-        if (n is None or node.domain not in ("", "ai.onnx") or n.shape != ()
-                or n.dtype.kind != "i" or lengths.get(node.input[0]) != {int(n)} or n <= 0):
-            out.append(node)
-            continue
+
+    def where(node):
+        n = constants.get(node.input[1])
+        if (n is None or n.shape != () or n.dtype.kind != "i"
+                or lengths.get(node.input[0]) != {int(n)} or n <= 0):
+            return None
         i, name = node.input[0], node.output[0]
-        zero = name + ".zero"
-        out.append(helper.make_node("Constant", [], [zero], name=zero,
-                                    value=onnx.numpy_helper.from_array(np.zeros((), n.dtype))))
-        out.append(helper.make_node("Less", [i, zero], [name + ".negative"],
-                                    name=name + ".negative"))
-        out.append(helper.make_node("Add", [i, node.input[1]], [name + ".wrapped"],
-                                    name=name + ".wrapped"))
-        out.append(helper.make_node("Where", [name + ".negative", name + ".wrapped", i], [name],
-                                    name=name))
-    return out
+        return [_constant(name + ".zero", np.zeros((), n.dtype)),
+                _node("Less", [i, name + ".zero"], name + ".negative"),
+                _node("Add", [i, node.input[1]], name + ".wrapped"),
+                _node("Where", [name + ".negative", name + ".wrapped", i], name)]
+
+    return _each(nodes, "Mod", where)
 
 
 def signs_as_comparisons(nodes: list, graph) -> list:
@@ -139,24 +141,18 @@ def signs_as_comparisons(nodes: list, graph) -> list:
     diverged whatever follows). WebGPU has no ``Sign``; the gradients of ``Abs`` and of
     scikit-learn's hinge-like losses take one.
     """
-    out = []
-    for node in nodes:
-        elem = (_float_type(graph, node.input[0])
-                if node.op_type == "Sign" and node.domain in ("", "ai.onnx") else None)
+    def comparisons(node):
+        elem = _float_type(graph, node.input[0])
         if elem is None:
-            out.append(node)
-            continue
+            return None
         x, name = node.input[0], node.output[0]
-        zero = name + ".zero"
-        out.append(_constant(zero, np.zeros((), helper.tensor_dtype_to_np_dtype(elem))))
+        new = [_constant(name + ".zero", np.zeros((), helper.tensor_dtype_to_np_dtype(elem)))]
         for op, suffix in (("Greater", ".positive"), ("Less", ".negative")):
-            out.append(helper.make_node(op, [x, zero], [name + suffix + ".mask"],
-                                        name=name + suffix + ".mask"))
-            out.append(helper.make_node("Cast", [name + suffix + ".mask"], [name + suffix],
-                                        name=name + suffix, to=elem))
-        out.append(helper.make_node("Sub", [name + ".positive", name + ".negative"], [name],
-                                    name=name))
-    return out
+            new.append(_node(op, [x, name + ".zero"], name + suffix + ".mask"))
+            new.append(_node("Cast", [name + suffix + ".mask"], name + suffix, to=elem))
+        return new + [_node("Sub", [name + ".positive", name + ".negative"], name)]
+
+    return _each(nodes, "Sign", comparisons)
 
 
 def nan_tests_as_comparisons(nodes: list, graph) -> list:
@@ -165,16 +161,13 @@ def nan_tests_as_comparisons(nodes: list, graph) -> list:
     The same values. WebGPU has no ``IsNaN``; the join that orders a training step's
     update after every reader of the weights holds one (``training.fused``).
     """
-    out = []
-    for node in nodes:
-        if (node.op_type != "IsNaN" or node.domain not in ("", "ai.onnx")
-                or _float_type(graph, node.input[0]) is None):
-            out.append(node)
-            continue
+    def inequality(node):
+        if _float_type(graph, node.input[0]) is None:
+            return None
         x, name = node.input[0], node.output[0]
-        out.append(helper.make_node("Equal", [x, x], [name + ".same"], name=name + ".same"))
-        out.append(helper.make_node("Not", [name + ".same"], [name], name=name))
-    return out
+        return [_node("Equal", [x, x], name + ".same"), _node("Not", [name + ".same"], name)]
+
+    return _each(nodes, "IsNaN", inequality)
 
 
 def trailing_unsqueezes_as_reshapes(nodes: list, graph) -> list:
@@ -186,26 +179,24 @@ def trailing_unsqueezes_as_reshapes(nodes: list, graph) -> list:
     """
     if graph.opset < 13:
         return nodes
-    constants, out = graph.constants, []
-    for node in nodes:
-        axes = (constants.get(node.input[1]) if node.op_type == "Unsqueeze"
-                and node.domain in ("", "ai.onnx") and len(node.input) > 1 else None)
+    constants = graph.constants
+
+    def reshape(node):
+        axes = constants.get(node.input[1]) if len(node.input) > 1 else None
         info = graph.infos.get(node.input[0]) if axes is not None else None
         shape = shape_of(info) if info is not None else None
         if (shape is None or _float_type(graph, node.input[0]) is not None
                 or elem_type_of(info) == 0):
-            out.append(node)
-            continue
+            return None
         rank = len(shape) + axes.size
         if sorted(int(a) % rank for a in axes.ravel()) != list(range(len(shape), rank)):
-            out.append(node)
-            continue
+            return None
         name = node.output[0]
-        out.append(_constant(name + ".shape",
-                             np.array([0] * len(shape) + [1] * axes.size, np.int64)))
-        out.append(helper.make_node("Reshape", [node.input[0], name + ".shape"], [name],
-                                    name=name))
-    return out
+        return [_constant(name + ".shape",
+                          np.array([0] * len(shape) + [1] * axes.size, np.int64)),
+                _node("Reshape", [node.input[0], name + ".shape"], name)]
+
+    return _each(nodes, "Unsqueeze", reshape)
 
 
 def sizes_as_shape_products(nodes: list, graph) -> list:
@@ -214,21 +205,14 @@ def sizes_as_shape_products(nodes: list, graph) -> list:
     The same value up to 2**31 elements. WebGPU has no ``Size`` and no int64 ``ReduceProd``;
     a loss's mean over a batch divides by one.
     """
-    out = []
-    for node in nodes:
-        if node.op_type != "Size" or node.domain not in ("", "ai.onnx"):
-            out.append(node)
-            continue
+    def product(node):
         name = node.output[0]
-        steps = [("Shape", [node.input[0]], ".shape", {}),
-                 ("Cast", [name + ".shape"], ".shape32", {"to": TensorProto.INT32}),
-                 ("ReduceProd", [name + ".shape32"], ".size32", {"keepdims": 0})]
-        for op, inputs, suffix, attributes in steps:
-            out.append(helper.make_node(op, inputs, [name + suffix], name=name + suffix,
-                                        **attributes))
-        out.append(helper.make_node("Cast", [name + ".size32"], [name], name=name,
-                                    to=TensorProto.INT64))
-    return out
+        return [_node("Shape", [node.input[0]], name + ".shape"),
+                _node("Cast", [name + ".shape"], name + ".shape32", to=TensorProto.INT32),
+                _node("ReduceProd", [name + ".shape32"], name + ".size32", keepdims=0),
+                _node("Cast", [name + ".size32"], name, to=TensorProto.INT64)]
+
+    return _each(nodes, "Size", product)
 
 
 def constants_of_shape_as_expands(nodes: list, graph) -> list:
@@ -237,18 +221,15 @@ def constants_of_shape_as_expands(nodes: list, graph) -> list:
     The same tensor. A gradient starts from zeros of a value's shape (a scatter's base,
     a pad) with ``ConstantOfShape``, which WebGPU lacks; it expands a scalar.
     """
-    out = []
-    for node in nodes:
-        if node.op_type != "ConstantOfShape" or node.domain not in ("", "ai.onnx"):
-            out.append(node)
-            continue
+    def expand(node):
         value = next((onnx.numpy_helper.to_array(a.t) for a in node.attribute
                       if a.name == "value"), np.zeros(1, np.float32))
         scalar = node.output[0] + ".value"
-        out.append(_constant(scalar, value.reshape(())))
-        out.append(helper.make_node("Expand", [scalar, node.input[0]], [node.output[0]],
-                                    name=node.name or node.output[0]))
-    return out
+        return [_constant(scalar, value.reshape(())),
+                helper.make_node("Expand", [scalar, node.input[0]], [node.output[0]],
+                                 name=node.name or node.output[0])]
+
+    return _each(nodes, "ConstantOfShape", expand)
 
 
 def gelus_decomposed(nodes: list, graph) -> list:
@@ -258,21 +239,19 @@ def gelus_decomposed(nodes: list, graph) -> list:
     The definitions of the operator, up to rounding; WebGPU has ``Erf`` and ``Tanh``
     but no ``Gelu``. A ``Gelu`` of a value whose float type is unknown is kept.
     """
-    out = []
-    for node in nodes:
-        elem = _float_type(graph, node.input[0]) if node.op_type == "Gelu" else None
-        if elem is None or node.domain not in ("", "ai.onnx"):
-            out.append(node)
-            continue
+    def definition(node):
+        elem = _float_type(graph, node.input[0])
+        if elem is None:
+            return None
         dtype = helper.tensor_dtype_to_np_dtype(elem)
-        x, name = node.input[0], node.output[0]
+        x, name, new = node.input[0], node.output[0], []
 
         def const(suffix, value):
-            out.append(_constant(name + suffix, np.array(value, dtype)))
+            new.append(_constant(name + suffix, np.array(value, dtype)))
             return name + suffix
 
         def op(op_type, inputs, suffix):
-            out.append(helper.make_node(op_type, inputs, [name + suffix], name=name + suffix))
+            new.append(_node(op_type, inputs, name + suffix))
             return name + suffix
 
         if attr(node, "approximate", "none") == "tanh":
@@ -284,9 +263,11 @@ def gelus_decomposed(nodes: list, graph) -> list:
         else:
             curve = op("Erf", [op("Mul", [x, const(".k", 1 / np.sqrt(2))], ".arg")], ".erf")
         half = op("Mul", [x, const(".half", 0.5)], ".half_x")
-        out.append(helper.make_node("Mul", [half, op("Add", [curve, const(".one", 1.0)],
-                                                     ".one_plus")], [name], name=name))
-    return out
+        new.append(_node("Mul", [half, op("Add", [curve, const(".one", 1.0)], ".one_plus")],
+                         name))
+        return new
+
+    return _each(nodes, "Gelu", definition)
 
 
 def ors_as_ands(nodes: list, graph) -> list:
@@ -295,18 +276,13 @@ def ors_as_ands(nodes: list, graph) -> list:
     The same values. WebGPU has ``And`` and ``Not``, not ``Or``; the graph's check of
     class labels (:func:`ortlearn.graph.guard_class_labels`) takes one.
     """
-    out = []
-    for node in nodes:
-        if node.op_type != "Or" or node.domain not in ("", "ai.onnx"):
-            out.append(node)
-            continue
+    def de_morgan(node):
         name = node.output[0]
-        for i, x in enumerate(node.input):
-            out.append(helper.make_node("Not", [x], [f"{name}.not{i}"], name=f"{name}.not{i}"))
-        out.append(helper.make_node("And", [f"{name}.not0", f"{name}.not1"], [name + ".none"],
-                                    name=name + ".none"))
-        out.append(helper.make_node("Not", [name + ".none"], [name], name=name))
-    return out
+        nots = [_node("Not", [x], f"{name}.not{i}") for i, x in enumerate(node.input)]
+        return nots + [_node("And", [f"{name}.not0", f"{name}.not1"], name + ".none"),
+                       _node("Not", [name + ".none"], name)]
+
+    return _each(nodes, "Or", de_morgan)
 
 
 #: The rewrites of this module, in the order a GPU provider's step runs them.
